@@ -1,0 +1,142 @@
+// Package backend defines the seam between the node and the isolation
+// technologies: every backend (container, fncall, microvm, vm) implements
+// Backend, and every sandbox it makes implements Sandbox. The node owns
+// records, TTLs and routing; a backend owns processes, mounts, cgroups and
+// devices. Packages here must not import the node, control or API layers.
+package backend
+
+import (
+	"context"
+	"io"
+	"io/fs"
+	"time"
+)
+
+// Resources are the limits of one sandbox, already validated and defaulted
+// by the node.
+type Resources struct {
+	CPUMillis   int64 // 1000 = one core
+	MemoryBytes int64
+	DiskBytes   int64 // writable layer, blocks
+	DiskInodes  int64 // writable layer, inodes
+	Pids        int64
+}
+
+// Spec is what a backend needs to create a sandbox.
+type Spec struct {
+	ID string
+	// Layers are read-only root filesystem layers as host directories, the
+	// topmost first (overlayfs lowerdir order).
+	Layers    []string
+	Resources Resources
+	Hostname  string
+}
+
+// Backend creates sandboxes of one kind and cleans up after them.
+type Backend interface {
+	// Name is the value of CreateRequest.backend that selects this backend.
+	Name() string
+	// Create makes and starts a sandbox. On error nothing of it remains.
+	Create(ctx context.Context, spec Spec) (Sandbox, error)
+	// Recover re-attaches to a sandbox that outlived a daemon restart, from
+	// the record its Sandbox.Record returned. It returns an errdefs.NotFound
+	// error when the sandbox is no longer alive.
+	Recover(ctx context.Context, id string, record []byte) (Sandbox, error)
+	// Cleanup removes every process, mount, cgroup and file ever made for id.
+	// It is idempotent and needs no live Sandbox (record may be nil).
+	Cleanup(ctx context.Context, id string, record []byte) error
+	// Sweep removes leftovers of sandboxes for which keep returns false:
+	// what a crash between create steps may have left without a record.
+	Sweep(ctx context.Context, keep func(id string) bool) error
+}
+
+// Sandbox is one live sandbox. Methods are safe for concurrent use.
+type Sandbox interface {
+	Files
+	ID() string
+	// Record is an opaque blob the node persists so that Recover and Cleanup
+	// can find this sandbox after a restart.
+	Record() []byte
+	// Exec runs a command and streams its output to out. It returns when the
+	// command's main process has exited (background processes it started
+	// keep running). Cancelling ctx kills the command's process group.
+	Exec(ctx context.Context, spec ExecSpec, out OutputFunc) (ExecResult, error)
+	// Pause freezes every process; Resume thaws them. Both are idempotent.
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	// Done is closed when the sandbox's processes are gone for any reason.
+	Done() <-chan struct{}
+	// Stop kills every process and releases runtime resources (cgroups,
+	// mounts); the writable layer stays until Backend.Cleanup.
+	Stop(ctx context.Context) error
+}
+
+// ExecSpec is one command, already validated and defaulted by the node.
+type ExecSpec struct {
+	Argv []string
+	// Env is the complete environment ("KEY=VALUE").
+	Env []string
+	// Cwd is an absolute path inside the sandbox.
+	Cwd string
+	// User is a name from the sandbox's /etc/passwd, "uid" or "uid:gid".
+	User    string
+	Stdin   []byte
+	Timeout time.Duration
+	// OutputLimit caps stdout+stderr bytes delivered to out; past it the
+	// output pipes are closed and ExecResult.Truncated is set.
+	OutputLimit int64
+}
+
+// ExecResult is how a command ended.
+type ExecResult struct {
+	ExitCode  int // -1 when killed by a signal
+	Signal    int
+	TimedOut  bool
+	OOMKilled bool
+	Truncated bool
+	Duration  time.Duration
+}
+
+// Stream names an output stream of a command.
+type Stream int
+
+const (
+	Stdout Stream = 1
+	Stderr Stream = 2
+)
+
+// OutputFunc receives output chunks in order. p is only valid during the
+// call. An error from it kills the command and ends Exec with that error.
+type OutputFunc func(stream Stream, p []byte) error
+
+// FileInfo describes a file inside a sandbox.
+type FileInfo struct {
+	Name    string
+	Path    string // absolute inside the sandbox
+	Size    int64
+	Mode    fs.FileMode
+	ModTime time.Time
+	UID     uint32
+	GID     uint32
+}
+
+// WriteOptions control WriteFile.
+type WriteOptions struct {
+	Mode        fs.FileMode // permission bits of a new file
+	Append      bool
+	MakeParents bool
+}
+
+// Files are the file operations on a sandbox's root filesystem. Every path is
+// absolute inside the sandbox and can never resolve outside it (symlinks and
+// ".." included).
+type Files interface {
+	WriteFile(ctx context.Context, path string, r io.Reader, opts WriteOptions) (int64, error)
+	// ReadFile opens path for reading from offset, at most limit bytes
+	// (limit 0: to the end). The caller closes the reader.
+	ReadFile(ctx context.Context, path string, offset, limit int64) (io.ReadCloser, error)
+	ListDir(ctx context.Context, path string) ([]FileInfo, error)
+	Stat(ctx context.Context, path string) (FileInfo, error)
+	Remove(ctx context.Context, path string, recursive bool) error
+	MakeDir(ctx context.Context, path string, mode fs.FileMode, parents bool) error
+}

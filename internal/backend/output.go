@@ -1,0 +1,48 @@
+package backend
+
+import "sync"
+
+// OutputLimiter delivers output to an OutputFunc until a byte limit is
+// reached. Backends share it so that every backend truncates the same way:
+// the chunk that crosses the limit is cut at the limit, later chunks are
+// dropped, and the backend closes its output pipes once Deliver reports the
+// limit (the writer then gets EPIPE/SIGPIPE instead of filling memory).
+type OutputLimiter struct {
+	mu        sync.Mutex
+	remaining int64
+	out       OutputFunc
+	truncated bool
+}
+
+// NewOutputLimiter returns a limiter passing at most limit bytes to out.
+func NewOutputLimiter(limit int64, out OutputFunc) *OutputLimiter {
+	return &OutputLimiter{remaining: limit, out: out}
+}
+
+// Deliver passes p (or the part that fits) to the OutputFunc. It returns
+// more=false once the limit is reached; err is the OutputFunc's error.
+func (l *OutputLimiter) Deliver(stream Stream, p []byte) (more bool, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.truncated {
+		return false, nil
+	}
+	if int64(len(p)) > l.remaining {
+		p = p[:l.remaining]
+		l.truncated = true
+	}
+	l.remaining -= int64(len(p))
+	if len(p) > 0 {
+		if err := l.out(stream, p); err != nil {
+			return false, err
+		}
+	}
+	return !l.truncated, nil
+}
+
+// Truncated reports whether output was dropped.
+func (l *OutputLimiter) Truncated() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.truncated
+}
