@@ -1,0 +1,24 @@
+# corral build entry points. `make build` produces bin/corral and the static
+# bin/corral-init that becomes PID 1 of every container sandbox.
+GO ?= go
+
+.PHONY: build generate test lint clean
+
+build:
+	$(GO) build -o bin/corral ./cmd/corral
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/corral-init ./cmd/corral-init
+
+# Regenerate protobuf/ConnectRPC code (committed); needs protoc.
+generate:
+	./scripts/generate.sh
+
+test:
+	./scripts/test.sh
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	$(GO) vet ./...
+	staticcheck ./...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,125 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"testing"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// addr is the live server the examples talk to, started by TestMain.
+var addr string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("client examples need root to start a server; skipping")
+		os.Exit(0)
+	}
+	srv, err := testenv.Start(slog.New(slog.DiscardHandler))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	addr = srv.Addr
+	code := m.Run()
+	if err := srv.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop server:", err)
+		code = 1
+	}
+	testenv.RemoveCgroupParent(srv.Config.CgroupParent)
+	os.RemoveAll(srv.Config.DataDir)
+	os.Exit(code)
+}
+
+// Create a sandbox, run a command in it and delete it.
+func Example() {
+	ctx := context.Background()
+	c, err := client.New(addr)
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	sb, err := c.Create(ctx, client.CreateOptions{Image: "busybox"})
+	if err != nil {
+		panic(err)
+	}
+	defer sb.Delete(ctx)
+	res, err := sb.Run(ctx, client.Command{Shell: "echo hello from $(hostname)"})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Print(string(res.Stdout))
+	fmt.Println("exit code", res.ExitCode)
+	// Output:
+	// hello from sandbox
+	// exit code 0
+}
+
+// Stream a command's output as it runs.
+func ExampleSandbox_Exec() {
+	ctx := context.Background()
+	c, _ := client.New(addr)
+	defer c.Close()
+	sb, err := c.Create(ctx, client.CreateOptions{})
+	if err != nil {
+		panic(err)
+	}
+	defer sb.Delete(ctx)
+	var out bytes.Buffer
+	res, err := sb.Exec(ctx, client.Command{Args: []string{"seq", "3"}, Stdout: &out})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Print(out.String())
+	fmt.Println("exit code", res.ExitCode)
+	// Output:
+	// 1
+	// 2
+	// 3
+	// exit code 0
+}
+
+// Move files in and out of a sandbox.
+func ExampleSandbox_Files() {
+	ctx := context.Background()
+	c, _ := client.New(addr)
+	defer c.Close()
+	sb, err := c.Create(ctx, client.CreateOptions{})
+	if err != nil {
+		panic(err)
+	}
+	defer sb.Delete(ctx)
+	if err := sb.Files().Write(ctx, "/work/input.txt", []byte("3 4\n")); err != nil {
+		panic(err)
+	}
+	if _, err := sb.Run(ctx, client.Command{Shell: "read a b < /work/input.txt; echo $((a*b)) > /work/out.txt"}); err != nil {
+		panic(err)
+	}
+	data, err := sb.Files().Read(ctx, "/work/out.txt")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Print(string(data))
+	entries, _ := sb.Files().List(ctx, "/work")
+	for _, e := range entries {
+		fmt.Println(e.Name, e.Size)
+	}
+	// Output:
+	// 12
+	// input.txt 4
+	// out.txt 3
+}
+
+// Errors carry the server's code and a message naming the field.
+func ExampleIsInvalidArgument() {
+	c, _ := client.New(addr)
+	defer c.Close()
+	_, err := c.Create(context.Background(), client.CreateOptions{Resources: client.Resources{MemoryBytes: -1}})
+	fmt.Println(client.IsInvalidArgument(err))
+	// Output: true
+}

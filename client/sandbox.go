@@ -1,0 +1,306 @@
+package client
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
+)
+
+// State is a sandbox's lifecycle state.
+type State string
+
+const (
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+	StateStopped State = "stopped"
+)
+
+var stateFromProto = map[corralv1.SandboxState]State{
+	corralv1.SandboxState_SANDBOX_STATE_RUNNING: StateRunning,
+	corralv1.SandboxState_SANDBOX_STATE_PAUSED:  StatePaused,
+	corralv1.SandboxState_SANDBOX_STATE_STOPPED: StateStopped,
+}
+
+// Resources are a sandbox's limits; zero fields take the server's defaults.
+type Resources struct {
+	CPUMillis   int64 // 1000 = one core
+	MemoryBytes int64
+	DiskBytes   int64
+	Pids        int64
+}
+
+// CreateOptions describe a new sandbox. Only Image is commonly set.
+type CreateOptions struct {
+	Backend   string // "container" (default)
+	Image     string // e.g. "busybox", "debian"
+	Resources Resources
+	Env       map[string]string
+	Workdir   string
+	User      string
+	Labels    map[string]string
+	// IdleTimeout stops the sandbox after no request for this long; nil
+	// takes the server default, a pointer to 0 means never.
+	IdleTimeout *time.Duration
+	// MaxLifetime stops the sandbox this long after creation; nil takes the
+	// server default.
+	MaxLifetime *time.Duration
+}
+
+// Info describes a sandbox.
+type Info struct {
+	ID           string
+	NodeID       string
+	Backend      string
+	Image        string
+	State        State
+	Resources    Resources
+	Env          []string
+	Workdir      string
+	User         string
+	Labels       map[string]string
+	IdleTimeout  time.Duration
+	MaxLifetime  time.Duration
+	CreatedAt    time.Time
+	LastActiveAt time.Time
+	StopReason   string
+}
+
+func infoFromProto(p *corralv1.Sandbox) *Info {
+	r := p.GetResources()
+	return &Info{
+		ID: p.Id, NodeID: p.NodeId, Backend: p.Backend, Image: p.Image,
+		State: stateFromProto[p.State],
+		Resources: Resources{
+			CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(),
+			DiskBytes: r.GetDiskBytes(), Pids: r.GetPids(),
+		},
+		Env: p.Env, Workdir: p.Workdir, User: p.User, Labels: p.Labels,
+		IdleTimeout: p.IdleTimeout.AsDuration(), MaxLifetime: p.MaxLifetime.AsDuration(),
+		CreatedAt: p.CreatedAt.AsTime(), LastActiveAt: p.LastActiveAt.AsTime(),
+		StopReason: p.StopReason,
+	}
+}
+
+func optionalDuration(d *time.Duration) *durationpb.Duration {
+	if d == nil {
+		return nil
+	}
+	return durationpb.New(*d)
+}
+
+// Sandbox is a handle on one sandbox. It holds no state besides the id.
+type Sandbox struct {
+	c  *Client
+	id string
+}
+
+// Create makes a sandbox and returns once it is ready for commands.
+func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) {
+	env := make([]string, 0, len(o.Env))
+	for k, v := range o.Env {
+		env = append(env, k+"="+v)
+	}
+	resp, err := c.svc.Create(ctx, connect.NewRequest(&corralv1.CreateRequest{
+		Backend: o.Backend,
+		Image:   o.Image,
+		Resources: &corralv1.Resources{
+			CpuMillis: o.Resources.CPUMillis, MemoryBytes: o.Resources.MemoryBytes,
+			DiskBytes: o.Resources.DiskBytes, Pids: o.Resources.Pids,
+		},
+		Env: env, Workdir: o.Workdir, User: o.User, Labels: o.Labels,
+		IdleTimeout: optionalDuration(o.IdleTimeout),
+		MaxLifetime: optionalDuration(o.MaxLifetime),
+	}))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	return &Sandbox{c: c, id: resp.Msg.Sandbox.Id}, nil
+}
+
+// Sandbox returns a handle on an existing sandbox without a call.
+func (c *Client) Sandbox(id string) *Sandbox { return &Sandbox{c: c, id: id} }
+
+// Get describes a sandbox.
+func (c *Client) Get(ctx context.Context, id string) (*Info, error) {
+	resp, err := c.svc.Get(ctx, connect.NewRequest(&corralv1.GetRequest{Id: id}))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	return infoFromProto(resp.Msg.Sandbox), nil
+}
+
+// ListOptions filter List.
+type ListOptions struct {
+	Labels   map[string]string
+	State    State // empty: any
+	PageSize int   // per request; List fetches every page
+}
+
+// List returns every sandbox matching the filter, oldest first.
+func (c *Client) List(ctx context.Context, o ListOptions) ([]*Info, error) {
+	var state corralv1.SandboxState
+	for k, v := range stateFromProto {
+		if v == o.State {
+			state = k
+		}
+	}
+	if o.State != "" && state == corralv1.SandboxState_SANDBOX_STATE_UNSPECIFIED {
+		return nil, &Error{Code: CodeInvalidArgument, Message: "state: unknown state " + string(o.State)}
+	}
+	var out []*Info
+	token := ""
+	for {
+		resp, err := c.svc.List(ctx, connect.NewRequest(&corralv1.ListRequest{
+			Labels: o.Labels, State: state, PageSize: int32(o.PageSize), PageToken: token,
+		}))
+		if err != nil {
+			return nil, wrapErr(err)
+		}
+		for _, p := range resp.Msg.Sandboxes {
+			out = append(out, infoFromProto(p))
+		}
+		if token = resp.Msg.NextPageToken; token == "" {
+			return out, nil
+		}
+	}
+}
+
+// Delete removes a sandbox by id; it succeeds if the sandbox is already gone.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	_, err := c.svc.Delete(ctx, connect.NewRequest(&corralv1.DeleteRequest{Id: id}))
+	return wrapErr(err)
+}
+
+// ID is the sandbox id.
+func (s *Sandbox) ID() string { return s.id }
+
+// Info describes the sandbox.
+func (s *Sandbox) Info(ctx context.Context) (*Info, error) { return s.c.Get(ctx, s.id) }
+
+// Delete removes the sandbox; it succeeds if the sandbox is already gone.
+func (s *Sandbox) Delete(ctx context.Context) error { return s.c.Delete(ctx, s.id) }
+
+// Pause freezes every process in the sandbox. Any later command or file
+// operation resumes it.
+func (s *Sandbox) Pause(ctx context.Context) error {
+	_, err := s.c.svc.Pause(ctx, connect.NewRequest(&corralv1.PauseRequest{Id: s.id}))
+	return wrapErr(err)
+}
+
+// Resume thaws a paused sandbox.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	_, err := s.c.svc.Resume(ctx, connect.NewRequest(&corralv1.ResumeRequest{Id: s.id}))
+	return wrapErr(err)
+}
+
+// Command is one program to run in a sandbox.
+type Command struct {
+	// Args is the program and its arguments, run without a shell.
+	Args []string
+	// Shell, when set instead of Args, is run with "sh -c".
+	Shell   string
+	Env     map[string]string
+	Dir     string
+	User    string
+	Stdin   []byte
+	Timeout time.Duration // 0: server default
+	// OutputLimit caps stdout+stderr bytes; 0: server default.
+	OutputLimit int64
+	// Stdout and Stderr receive output as it arrives (Exec only).
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// Result is how a command ended.
+type Result struct {
+	ExitCode  int // -1 when killed by a signal
+	Signal    int
+	TimedOut  bool
+	OOMKilled bool
+	Truncated bool // output passed the limit and was cut
+	Duration  time.Duration
+	// Stdout and Stderr hold the output for Run (nil for Exec).
+	Stdout []byte
+	Stderr []byte
+}
+
+func (cmd Command) request(id string) *corralv1.ExecRequest {
+	req := &corralv1.ExecRequest{
+		SandboxId: id, Argv: cmd.Args, Cwd: cmd.Dir, User: cmd.User,
+		Stdin: cmd.Stdin, OutputLimitBytes: cmd.OutputLimit,
+	}
+	if cmd.Shell != "" {
+		req.Argv, req.Shell = []string{cmd.Shell}, true
+	}
+	for k, v := range cmd.Env {
+		req.Env = append(req.Env, k+"="+v)
+	}
+	if cmd.Timeout != 0 {
+		req.Timeout = durationpb.New(cmd.Timeout)
+	}
+	return req
+}
+
+func resultFromProto(p *corralv1.ExecResult) *Result {
+	return &Result{
+		ExitCode: int(p.ExitCode), Signal: int(p.Signal), TimedOut: p.TimedOut,
+		OOMKilled: p.OomKilled, Truncated: p.Truncated, Duration: p.Duration.AsDuration(),
+	}
+}
+
+// Run runs a command and returns its whole output.
+func (s *Sandbox) Run(ctx context.Context, cmd Command) (*Result, error) {
+	resp, err := s.c.svc.Run(ctx, connect.NewRequest(cmd.request(s.id)))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	res := resultFromProto(resp.Msg.Result)
+	res.Stdout, res.Stderr = resp.Msg.Stdout, resp.Msg.Stderr
+	return res, nil
+}
+
+// Exec runs a command, streaming its output to cmd.Stdout and cmd.Stderr
+// (either may be nil to discard). Cancelling ctx kills the command.
+func (s *Sandbox) Exec(ctx context.Context, cmd Command) (*Result, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := s.c.svc.Exec(ctx, connect.NewRequest(cmd.request(s.id)))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	defer stream.Close()
+	var res *Result
+	for stream.Receive() {
+		switch ev := stream.Msg().Event.(type) {
+		case *corralv1.ExecResponse_Stdout:
+			err = write(cmd.Stdout, ev.Stdout)
+		case *corralv1.ExecResponse_Stderr:
+			err = write(cmd.Stderr, ev.Stderr)
+		case *corralv1.ExecResponse_Result:
+			res = resultFromProto(ev.Result)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, wrapErr(err)
+	}
+	if res == nil {
+		return nil, &Error{Code: CodeInternal, Message: "exec stream ended without a result"}
+	}
+	return res, nil
+}
+
+func write(w io.Writer, p []byte) error {
+	if w == nil {
+		return nil
+	}
+	_, err := w.Write(p)
+	return err
+}

@@ -1,0 +1,190 @@
+// Package container is the "container" backend: each sandbox is a
+// corral-init process in fresh PID/mount/UTS/IPC/net/cgroup namespaces, in
+// its own cgroups, on an overlay of read-only layers and a writable upper
+// dir. It owns the sandbox's run dir (control socket, rootfs mount point),
+// cgroups and init process, and delegates file operations to safefs. It
+// imports backend, errdefs, safefs and the runtime packages; never the node,
+// control, state or API layers.
+package container
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/cgroup"
+	"github.com/corral-dev/corral/internal/runtime/launch"
+)
+
+// Config configures the backend.
+type Config struct {
+	// RunDir holds one 0700 directory per sandbox (control socket, rootfs
+	// mount point, init log). Required.
+	RunDir string
+	// CgroupParent is the cgroup directory name sandboxes go under, in every
+	// hierarchy. Default "corral".
+	CgroupParent string
+	// InitPath is the corral-init binary. Default: corral-init beside
+	// os.Executable().
+	InitPath string
+	// Uppers provides writable layers. Required (DirStore for no quota).
+	Uppers UpperStore
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// NoSeccomp skips the seccomp filter (runtime tests only).
+	NoSeccomp bool
+}
+
+// Backend implements backend.Backend.
+type Backend struct {
+	cfg Config
+	cg  *cgroup.Manager
+	log *slog.Logger
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New checks the config and the host (cgroups) and returns the backend.
+func New(cfg Config) (*Backend, error) {
+	if cfg.RunDir == "" || cfg.Uppers == nil {
+		return nil, errdefs.InvalidArgument("container backend: RunDir and Uppers are required")
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "corral"
+	}
+	if cfg.InitPath == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("container backend: find corral-init: %w", err)
+		}
+		cfg.InitPath = filepath.Join(filepath.Dir(exe), "corral-init")
+	}
+	if _, err := os.Stat(cfg.InitPath); err != nil {
+		return nil, errdefs.NotSupported("container backend: corral-init: %v (needs the binary beside corral or Config.InitPath)", err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cg, err := cgroup.NewManager(cfg.CgroupParent)
+	if err != nil {
+		return nil, errdefs.NotSupported("container backend: %v", err)
+	}
+	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
+		return nil, fmt.Errorf("container backend: run dir: %w", err)
+	}
+	return &Backend{cfg: cfg, cg: cg, log: cfg.Logger.With("backend", "container")}, nil
+}
+
+// Name implements backend.Backend.
+func (b *Backend) Name() string { return "container" }
+
+// record is what the node persists for Recover and Cleanup.
+type record struct {
+	Pid       int    `json:"pid"`
+	StartTime uint64 `json:"start_time"`
+}
+
+func (b *Backend) runDir(id string) string { return filepath.Join(b.cfg.RunDir, id) }
+
+func (b *Backend) sockPath(id string) string { return filepath.Join(b.runDir(id), "ctl.sock") }
+
+func validID(id string) error {
+	if id == "" || len(id) > 128 || strings.ContainsAny(id, "/\x00") || id == "." || id == ".." || strings.HasPrefix(id, ".") {
+		return errdefs.InvalidArgument("sandbox id %q: must be a plain name", id)
+	}
+	return nil
+}
+
+// Recover implements backend.Backend.
+func (b *Backend) Recover(ctx context.Context, id string, rec []byte) (backend.Sandbox, error) {
+	if err := validID(id); err != nil {
+		return nil, err
+	}
+	var r record
+	if err := json.Unmarshal(rec, &r); err != nil || r.Pid <= 0 {
+		return nil, errdefs.NotFound("sandbox %s: no usable record", id)
+	}
+	proc, err := launch.Attach(r.Pid, r.StartTime)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	s := b.newSandbox(id, b.cg.Group(id), proc)
+	if err := s.client.Ping(ctx); err != nil {
+		proc.Release()
+		return nil, errdefs.NotFound("sandbox %s: init does not answer: %v", id, err)
+	}
+	return s, nil
+}
+
+// Cleanup implements backend.Backend.
+func (b *Backend) Cleanup(ctx context.Context, id string, rec []byte) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	var errs []error
+	var r record
+	if rec != nil && json.Unmarshal(rec, &r) == nil && r.Pid > 0 {
+		if proc, err := launch.Attach(r.Pid, r.StartTime); err == nil {
+			errs = append(errs, proc.Kill())
+			proc.Release()
+		}
+	}
+	g := b.cg.Group(id)
+	if g.Exists() {
+		errs = append(errs, g.Kill(ctx), g.Remove(ctx))
+	}
+	errs = append(errs, b.removeRunDir(id), b.cfg.Uppers.Remove(ctx, id))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
+	}
+	return nil
+}
+
+// removeRunDir removes the known files one by one (never RemoveAll: the
+// rootfs directory is a mount point inside the sandbox and must never be
+// walked from here).
+func (b *Backend) removeRunDir(id string) error {
+	dir := b.runDir(id)
+	for _, name := range []string{"ctl.sock", "init.log", "rootfs"} {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("remove run dir: %w", err)
+		}
+	}
+	if err := os.Remove(dir); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("remove run dir: %w", err)
+	}
+	return nil
+}
+
+// Sweep implements backend.Backend.
+func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
+	ids, err := b.cg.List()
+	if err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(b.cfg.RunDir)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	for _, e := range ents {
+		ids = append(ids, e.Name())
+	}
+	seen := map[string]bool{}
+	var errs []error
+	for _, id := range ids {
+		if seen[id] || validID(id) != nil || keep(id) {
+			continue
+		}
+		seen[id] = true
+		b.log.Info("sweeping leftover sandbox", "id", id)
+		errs = append(errs, b.Cleanup(ctx, id, nil))
+	}
+	return errors.Join(errs...)
+}

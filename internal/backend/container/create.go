@@ -1,0 +1,175 @@
+package container
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/cgroup"
+	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"github.com/corral-dev/corral/internal/runtime/launch"
+)
+
+// undoStack runs undo functions in reverse order, once.
+type undoStack []func()
+
+func (u *undoStack) push(f func()) { *u = append(*u, f) }
+
+func (u *undoStack) run() {
+	for i := len(*u) - 1; i >= 0; i-- {
+		(*u)[i]()
+	}
+	*u = nil
+}
+
+// creation carries the state shared by the create steps.
+type creation struct {
+	b      *Backend
+	spec   backend.Spec
+	dir    string
+	group  *cgroup.Group
+	upper  string
+	work   string
+	ln     *os.File
+	proc   *launch.Process
+	setup  *initproto.Conn
+	undo   undoStack
+	failAt string // test hook: the step that fails
+}
+
+type step struct {
+	name string
+	run  func(c *creation, ctx context.Context) error
+}
+
+// createSteps are the steps of Create, in order; each pushes its own undo.
+var createSteps = []step{
+	{"rundir", (*creation).makeRunDir},
+	{"cgroup", (*creation).makeCgroup},
+	{"upper", (*creation).makeUpper},
+	{"socket", (*creation).makeSocket},
+	{"spawn", (*creation).spawn},
+	{"ready", (*creation).waitReady},
+}
+
+// failStep makes Create fail at the named step (tests only).
+var failStep string
+
+// Create implements backend.Backend.
+func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbox, error) {
+	if err := validID(spec.ID); err != nil {
+		return nil, err
+	}
+	if len(spec.Layers) == 0 {
+		return nil, errdefs.InvalidArgument("sandbox %s: layers: at least one is required", spec.ID)
+	}
+	c := &creation{b: b, spec: spec, dir: b.runDir(spec.ID), failAt: failStep}
+	timings := make([]any, 0, 2*len(createSteps))
+	for _, st := range createSteps {
+		stepStart := time.Now()
+		err := ctx.Err()
+		if err == nil && c.failAt == st.name {
+			err = fmt.Errorf("injected failure")
+		}
+		if err == nil {
+			err = st.run(c, ctx)
+		}
+		if err != nil {
+			c.undo.run()
+			return nil, fmt.Errorf("sandbox %s: %s: %w", spec.ID, st.name, err)
+		}
+		timings = append(timings, st.name, time.Since(stepStart))
+	}
+	s := b.newSandbox(spec.ID, c.group, c.proc)
+	b.log.Debug("sandbox created", append([]any{"id", spec.ID, "pid", c.proc.Pid}, timings...)...)
+	return s, nil
+}
+
+func (c *creation) makeRunDir(ctx context.Context) error {
+	if err := os.Mkdir(c.dir, 0o700); err != nil {
+		if os.IsExist(err) {
+			return errdefs.AlreadyExists("run dir %s exists", c.dir)
+		}
+		return err
+	}
+	c.undo.push(func() { _ = c.b.removeRunDir(c.spec.ID) })
+	return os.Mkdir(filepath.Join(c.dir, "rootfs"), 0o755)
+}
+
+func (c *creation) makeCgroup(ctx context.Context) error {
+	r := c.spec.Resources
+	g, err := c.b.cg.Create(c.spec.ID, cgroup.Limits{MemoryBytes: r.MemoryBytes, CPUMillis: r.CPUMillis, Pids: r.Pids})
+	if g != nil {
+		c.undo.push(func() {
+			ctx := context.WithoutCancel(ctx)
+			_ = g.Kill(ctx)
+			_ = g.Remove(ctx)
+		})
+	}
+	c.group = g
+	return err
+}
+
+func (c *creation) makeUpper(ctx context.Context) error {
+	r := c.spec.Resources
+	upper, work, err := c.b.cfg.Uppers.Create(ctx, c.spec.ID, r.DiskBytes, r.DiskInodes)
+	if err != nil {
+		return err
+	}
+	c.undo.push(func() { _ = c.b.cfg.Uppers.Remove(context.WithoutCancel(ctx), c.spec.ID) })
+	c.upper, c.work = upper, work
+	return nil
+}
+
+func (c *creation) makeSocket(ctx context.Context) error {
+	ln, err := launch.Listen(c.b.sockPath(c.spec.ID))
+	if err != nil {
+		return err
+	}
+	c.ln = ln
+	// The node never keeps the listener: init owns it after spawn.
+	c.undo.push(func() {
+		if c.ln != nil {
+			c.ln.Close()
+		}
+	})
+	return nil
+}
+
+func (c *creation) spawn(ctx context.Context) error {
+	logf, err := os.OpenFile(filepath.Join(c.dir, "init.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	proc, setup, err := launch.Spawn(launch.SpawnConfig{
+		InitPath: c.b.cfg.InitPath, Group: c.group, Listener: c.ln, Stderr: logf,
+	})
+	c.ln.Close()
+	c.ln = nil
+	if err != nil {
+		return err
+	}
+	c.proc, c.setup = proc, setup
+	c.undo.push(func() {
+		_ = proc.Kill()
+		<-proc.Done()
+		proc.Release()
+	})
+	return nil
+}
+
+func (c *creation) waitReady(ctx context.Context) error {
+	return c.proc.Setup(ctx, c.setup, initproto.Config{
+		Layers:    c.spec.Layers,
+		UpperDir:  c.upper,
+		WorkDir:   c.work,
+		Rootfs:    filepath.Join(c.dir, "rootfs"),
+		Hostname:  c.spec.Hostname,
+		NoSeccomp: c.b.cfg.NoSeccomp,
+	})
+}

@@ -1,0 +1,166 @@
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"time"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"github.com/corral-dev/corral/internal/runtime/launch"
+	"golang.org/x/sys/unix"
+)
+
+// killGrace bounds how long Exec waits for the exit report after it killed
+// the command (init may be frozen or gone).
+const killGrace = 5 * time.Second
+
+// Exec implements backend.Sandbox. Output is read on the node from pipes
+// whose write ends init hands to the command; it never lands in the sandbox.
+func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.OutputFunc) (backend.ExecResult, error) {
+	if err := s.live(); err != nil {
+		return backend.ExecResult{}, err
+	}
+	if len(spec.Argv) == 0 {
+		return backend.ExecResult{}, errdefs.InvalidArgument("sandbox %s: exec: argv must not be empty", s.id)
+	}
+	oomBefore, oomErr := s.group.OOMKills()
+	start := time.Now()
+	pipes, err := newStdio(spec.Stdin)
+	if err != nil {
+		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec: %w", s.id, err)
+	}
+	defer pipes.close()
+	req := initproto.ExecRequest{Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd, User: spec.User}
+	e, err := s.client.Exec(ctx, req, pipes.outW, pipes.errW, pipes.inR)
+	pipes.closeChildEnds()
+	if err != nil {
+		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: %w", s.id, spec.Argv[0], err)
+	}
+	defer e.Close()
+	go pipes.feedStdin(spec.Stdin)
+
+	limit := spec.OutputLimit
+	if limit <= 0 {
+		limit = math.MaxInt64
+	}
+	lim := backend.NewOutputLimiter(limit, out)
+	rd := &readers{lim: lim, outErr: make(chan error, 2)}
+	rd.start(pipes.outR, backend.Stdout)
+	rd.start(pipes.errR, backend.Stderr)
+
+	res, waitErr := s.wait(ctx, e, spec.Timeout, rd)
+	res.Duration = time.Since(start)
+	rd.finish(pipes.outR, pipes.errR)
+	res.Truncated = lim.Truncated()
+	if res.Signal == int(unix.SIGKILL) && oomErr == nil {
+		if after, err := s.group.OOMKills(); err == nil && after > oomBefore {
+			res.OOMKilled = true
+		}
+	}
+	if waitErr == nil {
+		waitErr = rd.err()
+	}
+	if waitErr != nil {
+		return res, fmt.Errorf("sandbox %s: exec %q: %w", s.id, spec.Argv[0], waitErr)
+	}
+	return res, nil
+}
+
+// wait waits for the exit, killing the process group on timeout,
+// cancellation or an output callback error.
+func (s *sandbox) wait(ctx context.Context, e *launch.Exec, timeout time.Duration, rd *readers) (backend.ExecResult, error) {
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	var res backend.ExecResult
+	var cause error
+	select {
+	case x := <-e.Exited():
+		return exitResult(x)
+	case <-timer:
+		res.TimedOut = true
+	case <-ctx.Done():
+		res.TimedOut, cause = true, ctx.Err()
+	case cause = <-rd.outErr:
+	case <-s.proc.Done():
+		return res, fmt.Errorf("sandbox stopped")
+	}
+	_ = e.Signal(int(unix.SIGKILL))
+	select {
+	case x := <-e.Exited():
+		r, err := exitResult(x)
+		r.TimedOut = res.TimedOut
+		if cause != nil {
+			err = cause
+		}
+		return r, err
+	case <-s.proc.Done():
+		return res, errors.Join(cause, fmt.Errorf("sandbox stopped"))
+	case <-time.After(killGrace):
+		return res, errors.Join(cause, fmt.Errorf("no exit report %v after kill", killGrace))
+	}
+}
+
+func exitResult(x launch.ExitResult) (backend.ExecResult, error) {
+	if x.Err != nil {
+		return backend.ExecResult{ExitCode: -1}, fmt.Errorf("lost init connection: %w", x.Err)
+	}
+	return backend.ExecResult{ExitCode: x.Code, Signal: x.Signal}, nil
+}
+
+// stdio are the node's pipes of one exec.
+type stdio struct {
+	outR, outW, errR, errW, inR, inW *os.File
+}
+
+func newStdio(stdin []byte) (*stdio, error) {
+	p := &stdio{}
+	var err error
+	if p.outR, p.outW, err = os.Pipe(); err != nil {
+		return nil, err
+	}
+	if p.errR, p.errW, err = os.Pipe(); err != nil {
+		p.close()
+		return nil, err
+	}
+	if len(stdin) > 0 {
+		if p.inR, p.inW, err = os.Pipe(); err != nil {
+			p.close()
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func (p *stdio) closeChildEnds() {
+	for _, f := range []**os.File{&p.outW, &p.errW, &p.inR} {
+		if *f != nil {
+			(*f).Close()
+			*f = nil
+		}
+	}
+}
+
+func (p *stdio) feedStdin(data []byte) {
+	if p.inW != nil {
+		_, _ = p.inW.Write(data) // EPIPE when the command does not read
+		p.inW.Close()
+	}
+}
+
+func (p *stdio) close() {
+	p.closeChildEnds()
+	for _, f := range []*os.File{p.outR, p.errR, p.inW} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}

@@ -1,0 +1,159 @@
+package container
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+var strconvItoa = strconv.Itoa
+
+// assertGone checks that nothing of sandbox id remains on the host.
+func assertGone(t *testing.T, b *Backend, id string, pid int) {
+	t.Helper()
+	if b.cg.Group(id).Exists() {
+		t.Errorf("%s: cgroup remains", id)
+	}
+	if _, err := os.Lstat(b.runDir(id)); !os.IsNotExist(err) {
+		t.Errorf("%s: run dir remains (%v)", id, err)
+	}
+	if _, err := os.Lstat(filepath.Join(tmpRoot, "upper", id)); !os.IsNotExist(err) {
+		t.Errorf("%s: upper dir remains (%v)", id, err)
+	}
+	if pid > 0 {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+			if st, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); strings.Contains(string(st), "corral-init") {
+				t.Errorf("%s: init %d still alive", id, pid)
+			}
+		}
+	}
+	// No mount namespace anywhere on the host still holds its overlay.
+	procs, _ := filepath.Glob("/proc/[0-9]*/mountinfo")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err == nil && strings.Contains(string(b), id) {
+			t.Errorf("%s: a mount remains in %s", id, p)
+			return
+		}
+	}
+}
+
+func TestCleanupLeavesNothing(t *testing.T) {
+	b := newBackend(t)
+	spec := defaultSpec(newID(t))
+	ctx := context.Background()
+	s, err := b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := s.(*sandbox).proc.Pid
+	sh(t, s, "sleep 1000 >/dev/null 2>&1 & echo x > /tmp/f")
+	mi, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/mountinfo")
+	if !strings.Contains(string(mi), "overlay") {
+		t.Fatalf("no overlay in sandbox mountinfo:\n%s", mi)
+	}
+	if hm, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(hm), spec.ID) {
+		t.Fatal("sandbox mount visible on the host")
+	}
+	if err := b.Cleanup(ctx, spec.ID, s.Record()); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, b, spec.ID, pid)
+	if err := b.Cleanup(ctx, spec.ID, s.Record()); err != nil {
+		t.Fatalf("second cleanup: %v", err)
+	}
+	if err := b.Cleanup(ctx, spec.ID, nil); err != nil {
+		t.Fatalf("cleanup without record: %v", err)
+	}
+}
+
+func TestCreateFailureAtEachStep(t *testing.T) {
+	b := newBackend(t)
+	defer func() { failStep = "" }()
+	for _, st := range createSteps {
+		failStep = st.name
+		id := newID(t)
+		spec := defaultSpec(id)
+		if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), st.name) {
+			t.Fatalf("step %s: want injected failure, got %v", st.name, err)
+		}
+		assertGone(t, b, id, 0)
+	}
+	failStep = ""
+	// A real failure inside init (missing layer) and a cancelled context.
+	spec := defaultSpec(newID(t))
+	spec.Layers = []string{"/nonexistent-layer"}
+	if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), "overlay") {
+		t.Fatalf("bad layer: %v", err)
+	}
+	assertGone(t, b, spec.ID, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	spec = defaultSpec(newID(t))
+	if _, err := b.Create(ctx, spec); err == nil {
+		t.Fatal("cancelled create succeeded")
+	}
+	assertGone(t, b, spec.ID, 0)
+}
+
+func TestRecoverAfterRestart(t *testing.T) {
+	b := newBackend(t)
+	spec := defaultSpec(newID(t))
+	ctx := context.Background()
+	s, err := b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := s.Record()
+	sh(t, s, "echo kept > /tmp/state")
+	s = nil // the old daemon's object is gone
+
+	b2 := newBackend(t)
+	s2, err := b2.Recover(ctx, spec.ID, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := sh(t, s2, "cat /tmp/state"); r.stdout != "kept\n" {
+		t.Fatalf("recovered sandbox: %q", r.stdout)
+	}
+	if _, err := b2.Recover(ctx, spec.ID, []byte(`{"pid":1,"start_time":1}`)); !errdefs.IsNotFound(err) {
+		t.Fatalf("foreign pid: want not found, got %v", err)
+	}
+	if err := b2.Cleanup(ctx, spec.ID, rec); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s2.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed after cleanup")
+	}
+	if _, err := b2.Recover(ctx, spec.ID, rec); !errdefs.IsNotFound(err) {
+		t.Fatalf("after cleanup: want not found, got %v", err)
+	}
+	assertGone(t, b2, spec.ID, 0)
+}
+
+func TestSweep(t *testing.T) {
+	b := newBackend(t)
+	keepS := newSandbox(t, b, nil)
+	spec := defaultSpec(newID(t))
+	dropS, err := b.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := dropS.(*sandbox).proc.Pid
+	err = b.Sweep(context.Background(), func(id string) bool { return id != spec.ID })
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, b, spec.ID, pid)
+	if r := sh(t, keepS, "echo ok"); r.stdout != "ok\n" {
+		t.Fatal("kept sandbox broken by sweep")
+	}
+}

@@ -1,0 +1,109 @@
+package container
+
+import (
+	"errors"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"golang.org/x/sys/unix"
+)
+
+// drainMax bounds what is read after the exit from one stream: what the
+// pipe held, not what a background process keeps writing.
+const drainMax = 1 << 20
+
+// readers copy one exec's stdout and stderr through the output limiter.
+type readers struct {
+	lim       *backend.OutputLimiter
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	outErr    chan error
+	files     []*os.File
+	mu        sync.Mutex
+	firstErr  error
+}
+
+func (r *readers) start(f *os.File, stream backend.Stream) {
+	r.files = append(r.files, f)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.copy(f, stream)
+	}()
+}
+
+func (r *readers) copy(f *os.File, stream backend.Stream) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 && !r.deliver(stream, buf[:n]) {
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			r.drain(f, stream, buf)
+			return
+		}
+		if err != nil {
+			return // EOF, or closed after the limit
+		}
+	}
+}
+
+// drain reads what is already in the pipe without waiting for more.
+func (r *readers) drain(f *os.File, stream backend.Stream, buf []byte) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	total := 0
+	for total < drainMax {
+		var n int
+		if rc.Control(func(fd uintptr) { n, _ = unix.Read(int(fd), buf) }) != nil || n <= 0 {
+			return
+		}
+		total += n
+		if !r.deliver(stream, buf[:n]) {
+			return
+		}
+	}
+}
+
+// deliver passes p on; false stops reading (limit reached or callback error,
+// in which case the pipes are closed so the writers get SIGPIPE).
+func (r *readers) deliver(stream backend.Stream, p []byte) bool {
+	more, err := r.lim.Deliver(stream, p)
+	if err != nil {
+		r.mu.Lock()
+		if r.firstErr == nil {
+			r.firstErr = err
+			r.outErr <- err
+		}
+		r.mu.Unlock()
+	}
+	if !more {
+		r.closeOnce.Do(func() {
+			for _, f := range r.files {
+				f.Close()
+			}
+		})
+	}
+	return more
+}
+
+// finish stops waiting for output: what is in the pipes is drained, then the
+// readers end even if background processes hold the write ends open.
+func (r *readers) finish(files ...*os.File) {
+	now := time.Now()
+	for _, f := range files {
+		_ = f.SetReadDeadline(now)
+	}
+	r.wg.Wait()
+}
+
+func (r *readers) err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.firstErr
+}

@@ -1,0 +1,110 @@
+package container
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/cgroup"
+	"github.com/corral-dev/corral/internal/runtime/launch"
+	"github.com/corral-dev/corral/internal/safefs"
+	"golang.org/x/sys/unix"
+)
+
+// sandbox implements backend.Sandbox.
+type sandbox struct {
+	*safefs.FS
+	b      *Backend
+	id     string
+	group  *cgroup.Group
+	proc   *launch.Process
+	client launch.Client
+	rec    []byte
+
+	stopMu  sync.Mutex
+	stopped bool
+}
+
+var _ backend.Sandbox = (*sandbox)(nil)
+
+func (b *Backend) newSandbox(id string, g *cgroup.Group, proc *launch.Process) *sandbox {
+	rec, _ := json.Marshal(record{Pid: proc.Pid, StartTime: proc.StartTime})
+	s := &sandbox{b: b, id: id, group: g, proc: proc, client: launch.Client{Path: b.sockPath(id)}, rec: rec}
+	s.FS = safefs.New(s.openRoot)
+	return s
+}
+
+// openRoot opens the sandbox's root as init sees it. The liveness check
+// after the open makes sure the pid was not reused by another process.
+func (s *sandbox) openRoot() (*os.File, error) {
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/root", s.proc.Pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if !s.proc.Alive() {
+		f.Close()
+		return nil, fmt.Errorf("sandbox %s: %w", s.id, os.ErrNotExist)
+	}
+	return f, nil
+}
+
+func (s *sandbox) ID() string            { return s.id }
+func (s *sandbox) Record() []byte        { return s.rec }
+func (s *sandbox) Done() <-chan struct{} { return s.proc.Done() }
+func (s *sandbox) Pause(ctx context.Context) error {
+	if err := s.live(); err != nil {
+		return err
+	}
+	if err := s.group.Freeze(ctx); err != nil {
+		return fmt.Errorf("sandbox %s: pause: %w", s.id, err)
+	}
+	return nil
+}
+
+func (s *sandbox) Resume(ctx context.Context) error {
+	if err := s.live(); err != nil {
+		return err
+	}
+	if err := s.group.Thaw(ctx); err != nil {
+		return fmt.Errorf("sandbox %s: resume: %w", s.id, err)
+	}
+	return nil
+}
+
+func (s *sandbox) live() error {
+	select {
+	case <-s.proc.Done():
+		return errdefs.FailedPrecondition("sandbox %s: not running", s.id)
+	default:
+		return nil
+	}
+}
+
+// Stop implements backend.Sandbox: SIGKILL to init ends the PID namespace,
+// then the cgroups are emptied and removed. The mount namespace and its
+// overlay go with the last process.
+func (s *sandbox) Stop(ctx context.Context) error {
+	s.stopMu.Lock()
+	defer s.stopMu.Unlock()
+	if s.stopped {
+		return nil
+	}
+	errs := []error{s.proc.Kill(), s.group.Kill(ctx)}
+	select {
+	case <-s.proc.Done():
+	case <-ctx.Done():
+		return fmt.Errorf("sandbox %s: stop: %w", s.id, ctx.Err())
+	}
+	errs = append(errs, s.group.Remove(ctx))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sandbox %s: stop: %w", s.id, err)
+	}
+	s.proc.Release()
+	s.stopped = true
+	return nil
+}

@@ -1,0 +1,164 @@
+package bench
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+func TestPercentile(t *testing.T) {
+	var ds []time.Duration
+	for i := 1; i <= 100; i++ {
+		ds = append(ds, time.Duration(i)*time.Millisecond)
+	}
+	// Reverse so that Summarise must sort (and not mutate the input).
+	for i, j := 0, len(ds)-1; i < j; i, j = i+1, j-1 {
+		ds[i], ds[j] = ds[j], ds[i]
+	}
+	s := Summarise(ds)
+	if s.N != 100 || s.P50 != 50 || s.P99 != 99 || s.Max != 100 {
+		t.Errorf("Summarise(1..100 ms) = %+v, want n 100, p50 50, p99 99, max 100", s)
+	}
+	if ds[0] != 100*time.Millisecond {
+		t.Errorf("Summarise reordered its input")
+	}
+	for _, tc := range []struct {
+		in     []time.Duration
+		p      float64
+		expect time.Duration
+	}{
+		{[]time.Duration{7}, 50, 7},
+		{[]time.Duration{7}, 99, 7},
+		{[]time.Duration{1, 2}, 50, 1},
+		{[]time.Duration{1, 2}, 99, 2},
+		{[]time.Duration{1, 2, 3}, 50, 2},
+		{[]time.Duration{1, 2, 3}, 100, 3},
+	} {
+		if got := Percentile(tc.in, tc.p); got != tc.expect {
+			t.Errorf("Percentile(%v, %g) = %v, want %v", tc.in, tc.p, got, tc.expect)
+		}
+	}
+	if s := Summarise(nil); s != (Percentiles{}) {
+		t.Errorf("Summarise(nil) = %+v, want zero", s)
+	}
+	if got := Summarise([]time.Duration{1500 * time.Microsecond}).P50; got != 1.5 {
+		t.Errorf("1.5ms summarised as %v ms", got)
+	}
+}
+
+// specFixture is the shape `runc spec` writes, cut down, without a network
+// namespace so that EditSpec must add one.
+const specFixture = `{
+  "ociVersion": "1.0.2-dev",
+  "process": {"terminal": true, "user": {"uid": 0, "gid": 0}, "args": ["sh"],
+              "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "cwd": "/"},
+  "root": {"path": "rootfs", "readonly": false},
+  "hostname": "runc",
+  "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
+            "maskedPaths": ["/proc/kcore"]}
+}`
+
+type testSpec struct {
+	OCIVersion string `json:"ociVersion"`
+	Process    struct {
+		Terminal bool     `json:"terminal"`
+		Args     []string `json:"args"`
+		Env      []string `json:"env"`
+	} `json:"process"`
+	Root struct {
+		Path     string `json:"path"`
+		Readonly bool   `json:"readonly"`
+	} `json:"root"`
+	Linux struct {
+		Namespaces  []struct{ Type string } `json:"namespaces"`
+		MaskedPaths []string                `json:"maskedPaths"`
+	} `json:"linux"`
+}
+
+func TestEditSpec(t *testing.T) {
+	out, err := EditSpec([]byte(specFixture), "/tmp/rootfs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s testSpec
+	if err := json.Unmarshal(out, &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Root.Path != "/tmp/rootfs" || !s.Root.Readonly {
+		t.Errorf("root = %+v, want /tmp/rootfs read-only", s.Root)
+	}
+	if s.Process.Terminal || len(s.Process.Args) != 1 || s.Process.Args[0] != "true" {
+		t.Errorf("process = %+v, want args [true] without terminal", s.Process)
+	}
+	var types []string
+	for _, ns := range s.Linux.Namespaces {
+		types = append(types, ns.Type)
+	}
+	if len(types) != 5 || types[4] != "network" {
+		t.Errorf("namespaces = %v, want the four given plus network", types)
+	}
+	if s.OCIVersion != "1.0.2-dev" || len(s.Process.Env) != 1 || len(s.Linux.MaskedPaths) != 1 {
+		t.Errorf("EditSpec dropped fields it does not own: %s", out)
+	}
+	// A spec that has the network namespace keeps exactly one.
+	again, err := EditSpec(out, "/tmp/rootfs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s2 testSpec
+	if err := json.Unmarshal(again, &s2); err != nil {
+		t.Fatal(err)
+	}
+	if len(s2.Linux.Namespaces) != 5 {
+		t.Errorf("second EditSpec: %d namespaces, want 5", len(s2.Linux.Namespaces))
+	}
+	if _, err := EditSpec([]byte(`{"linux":{}}`), "/r"); err == nil {
+		t.Error("EditSpec accepted a spec without a process")
+	}
+}
+
+func TestParseMemAvailable(t *testing.T) {
+	got, err := parseMemAvailable([]byte("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   2048 kB\n"))
+	if err != nil || got != 2048<<10 {
+		t.Errorf("parseMemAvailable = %d, %v; want %d", got, err, 2048<<10)
+	}
+	if _, err := parseMemAvailable([]byte("MemTotal: 1 kB\n")); err == nil {
+		t.Error("parseMemAvailable accepted meminfo without MemAvailable")
+	}
+}
+
+func TestNamesSandbox(t *testing.T) {
+	ids := []string{"n1-abc123", "n1-def456"}
+	want := map[string]bool{ids[0]: true, ids[1]: true}
+	for _, tc := range []struct {
+		cg   string
+		want bool
+	}{
+		{"12:memory:/corral/n1-abc123\n0::/corral/n1-abc123\n", true},
+		{"4:cpu,cpuacct:/corral/sb-n1-def456.scope\n", true},
+		{"12:memory:/user.slice\n0::/user.slice/session-1.scope\n", false},
+		{"0::/\n", false},
+	} {
+		if got := namesSandbox([]byte(tc.cg), want, ids); got != tc.want {
+			t.Errorf("namesSandbox(%q) = %v, want %v", tc.cg, got, tc.want)
+		}
+	}
+	if got := memoryCgroupUsageFile([]byte("4:cpu:/x\n9:memory:/corral/n1-abc123\n")); got != "/sys/fs/cgroup/memory/corral/n1-abc123/memory.usage_in_bytes" {
+		t.Errorf("memoryCgroupUsageFile = %q", got)
+	}
+}
+
+func TestTargets(t *testing.T) {
+	r := &ContainerResult{CreateReadyP50Ms: 12, CyclesPerS: 90, ExecP50Ms: 3, RuncReason: "runc not found"}
+	ts := containerTargets(r)
+	met := map[string]bool{}
+	for _, tg := range ts {
+		met[tg.Figure] = tg.Met
+	}
+	if !met["create_ready_p50_ms"] || met["cycles_per_s"] || !met["exec_p50_ms"] || met["ratio_vs_runc"] {
+		t.Errorf("targets = %+v", ts)
+	}
+	if ts[3].Skipped != "runc not found" {
+		t.Errorf("ratio target without runc: %+v, want skipped with the reason", ts[3])
+	}
+}

@@ -1,0 +1,365 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+)
+
+// ContainerOptions configure Container. Zero fields take the defaults.
+type ContainerOptions struct {
+	Image       string        // default "busybox"
+	N           int           // samples for create→ready and exec (default 50)
+	Concurrency int           // workers for the cycle rates (default 8)
+	Duration    time.Duration // length of each sustained-cycle phase (default 20s)
+	Rootfs      string        // runc peer's rootfs; "" builds a temporary busybox one
+	Log         io.Writer     // progress lines; nil discards
+}
+
+func (o *ContainerOptions) defaults() {
+	if o.Image == "" {
+		o.Image = "busybox"
+	}
+	if o.N <= 0 {
+		o.N = 50
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 8
+	}
+	if o.Duration <= 0 {
+		o.Duration = 20 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+}
+
+// Rate is a sustained cycle rate.
+type Rate struct {
+	Cycles   int     `json:"cycles"`
+	Errors   int     `json:"errors"`
+	Seconds  float64 `json:"seconds"`
+	PerS     float64 `json:"per_s"`
+	FirstErr string  `json:"first_error,omitempty"`
+}
+
+// ContainerResult is the outcome of Container; *_ms figures are milliseconds.
+type ContainerResult struct {
+	Image       string  `json:"image"`
+	Samples     int     `json:"samples"`
+	Concurrency int     `json:"concurrency"`
+	DurationS   float64 `json:"duration_s"`
+
+	CreateReadyP50Ms float64     `json:"create_ready_p50_ms"`
+	CreateReadyP99Ms float64     `json:"create_ready_p99_ms"`
+	CreateReady      Percentiles `json:"create_ready"`
+	CreateErrors     Errors      `json:"create_ready_errors"`
+
+	ExecP50Ms     float64     `json:"exec_p50_ms"`
+	ExecP99Ms     float64     `json:"exec_p99_ms"`
+	ForkExecP50Ms float64     `json:"fork_exec_p50_ms"`
+	ForkExecP99Ms float64     `json:"fork_exec_p99_ms"`
+	ExecStream    Percentiles `json:"exec_stream"` // the same through the streaming Exec call
+	ExecErrors    Errors      `json:"exec_errors"` // failed Run or Exec samples (retried)
+
+	CyclesPerS     float64  `json:"cycles_per_s"`
+	Cycles         Rate     `json:"cycles"`
+	RuncCyclesPerS *float64 `json:"runc_cycles_per_s"`
+	RuncCycles     *Rate    `json:"runc_cycles,omitempty"`
+	RuncReason     string   `json:"runc_reason,omitempty"`
+	RatioVsRunc    *float64 `json:"ratio_vs_runc"`
+
+	Targets []Target `json:"targets"`
+	Load    Load     `json:"load"`
+	Leaked  int      `json:"leaked"`
+}
+
+var trueCmd = client.Command{Args: []string{"true"}}
+
+// Container measures the container backend's lifecycle and exec latency
+// against runc and a host fork/exec, in this order: create→ready
+// (sequential), exec in one sandbox, host fork/exec, corral cycles, runc
+// cycles. Every sandbox it made is deleted before it returns.
+func Container(ctx context.Context, c *client.Client, o ContainerOptions) (res *ContainerResult, err error) {
+	o.defaults()
+	t := newTracker(c)
+	defer func() {
+		if res != nil {
+			res.Load.End = loadAvg()
+		}
+		left, serr := t.sweep(ctx)
+		if res != nil {
+			res.Leaked = left
+		}
+		err = errors.Join(err, serr)
+	}()
+	res = &ContainerResult{Image: o.Image, Samples: o.N, Concurrency: o.Concurrency, DurationS: o.Duration.Seconds()}
+	res.Load.Start, res.Load.CPUs = loadAvg(), runtime.NumCPU()
+	create := client.CreateOptions{Image: o.Image}
+
+	fmt.Fprintf(o.Log, "create→ready: %d sequential samples\n", o.N)
+	ready := make([]time.Duration, 0, o.N)
+	for len(ready) < o.N {
+		if err := res.CreateErrors.tooMany(o.N); err != nil {
+			return res, err
+		}
+		start := time.Now()
+		sb, err := t.create(ctx, create)
+		if err != nil {
+			res.CreateErrors.add(fmt.Errorf("create: %w", err))
+			continue
+		}
+		err = runTrue(ctx, sb)
+		if err == nil {
+			ready = append(ready, time.Since(start))
+		}
+		res.CreateErrors.add(errors.Join(err, t.delete(ctx, sb)))
+	}
+	res.CreateReady = Summarise(ready)
+	res.CreateReadyP50Ms, res.CreateReadyP99Ms = res.CreateReady.P50, res.CreateReady.P99
+
+	fmt.Fprintf(o.Log, "exec: %d samples in one sandbox, and host fork/exec of /bin/true\n", o.N)
+	if err := measureExec(ctx, t, create, o.N, res); err != nil {
+		return res, err
+	}
+
+	fmt.Fprintf(o.Log, "corral cycles (create, true, delete): %d workers for %s\n", o.Concurrency, o.Duration)
+	res.Cycles = sustain(ctx, o.Concurrency, o.Duration, func(ctx context.Context, _, _ int) error {
+		sb, err := t.create(ctx, create)
+		if err != nil {
+			return fmt.Errorf("create: %w", err)
+		}
+		rerr := runTrue(ctx, sb)
+		return errors.Join(rerr, t.delete(ctx, sb))
+	})
+	res.CyclesPerS = res.Cycles.PerS
+	if ctx.Err() != nil {
+		return res, ctx.Err()
+	}
+
+	fmt.Fprintf(o.Log, "runc cycles (runc run true): %d workers for %s\n", o.Concurrency, o.Duration)
+	runcRate, reason := runcRate(ctx, o, t.label)
+	if runcRate != nil {
+		res.RuncCycles = runcRate
+		res.RuncCyclesPerS = &runcRate.PerS
+		if runcRate.PerS > 0 {
+			r := round(res.CyclesPerS / runcRate.PerS)
+			res.RatioVsRunc = &r
+		}
+	}
+	res.RuncReason = reason
+	res.Targets = containerTargets(res)
+	return res, ctx.Err()
+}
+
+func runTrue(ctx context.Context, sb *client.Sandbox) error {
+	r, err := sb.Run(ctx, trueCmd)
+	if err != nil {
+		return fmt.Errorf("run true in %s: %w", sb.ID(), err)
+	}
+	if r.ExitCode != 0 {
+		return fmt.Errorf("run true in %s: exit code %d", sb.ID(), r.ExitCode)
+	}
+	return nil
+}
+
+// measureExec times `true` in one running sandbox through Run and through
+// the streaming Exec, and a host fork/exec of /bin/true, n samples each,
+// interleaved so that all three see the same machine.
+func measureExec(ctx context.Context, t *tracker, create client.CreateOptions, n int, res *ContainerResult) error {
+	var sb *client.Sandbox
+	defer func() {
+		if sb != nil {
+			_ = t.delete(ctx, sb)
+		}
+	}()
+	var run, stream, fork []time.Duration
+	for len(run) < n {
+		if err := res.ExecErrors.tooMany(n); err != nil {
+			return err
+		}
+		if sb == nil { // first, or after a failure: a fresh sandbox, warmed up untimed
+			var err error
+			if sb, err = t.create(ctx, create); err != nil {
+				return fmt.Errorf("create: %w", err)
+			}
+			if err := runTrue(ctx, sb); err != nil {
+				res.ExecErrors.add(err)
+				_ = t.delete(ctx, sb)
+				sb = nil
+				continue
+			}
+		}
+		start := time.Now()
+		err := runTrue(ctx, sb)
+		d := time.Since(start)
+		if err == nil {
+			start = time.Now()
+			err = execTrue(ctx, sb)
+			stream = append(stream, time.Since(start))
+		}
+		if err != nil {
+			res.ExecErrors.add(err)
+			_ = t.delete(ctx, sb)
+			sb = nil
+			continue
+		}
+		run = append(run, d)
+
+		start = time.Now()
+		if err := exec.CommandContext(ctx, "/bin/true").Run(); err != nil {
+			return fmt.Errorf("host /bin/true: %w", err)
+		}
+		fork = append(fork, time.Since(start))
+	}
+	e, f := Summarise(run), Summarise(fork)
+	res.ExecP50Ms, res.ExecP99Ms = e.P50, e.P99
+	res.ForkExecP50Ms, res.ForkExecP99Ms = f.P50, f.P99
+	res.ExecStream = Summarise(stream)
+	return nil
+}
+
+func execTrue(ctx context.Context, sb *client.Sandbox) error {
+	r, err := sb.Exec(ctx, trueCmd)
+	if err != nil {
+		return fmt.Errorf("exec (streaming) true in %s: %w", sb.ID(), err)
+	}
+	if r.ExitCode != 0 {
+		return fmt.Errorf("exec (streaming) true in %s: exit code %d", sb.ID(), r.ExitCode)
+	}
+	return nil
+}
+
+// Errors counts failed samples, keeping the first message. A failed sample
+// is retried, so the figures are over successful ones only.
+type Errors struct {
+	Count int    `json:"count"`
+	First string `json:"first,omitempty"`
+}
+
+func (e *Errors) add(err error) {
+	if err == nil {
+		return
+	}
+	if e.Count == 0 {
+		e.First = err.Error()
+	}
+	e.Count++
+}
+
+// tooMany gives up once as many samples failed as were asked for.
+func (e *Errors) tooMany(n int) error {
+	if e.Count >= max(n, 1) {
+		return fmt.Errorf("%d failed samples, first: %s", e.Count, e.First)
+	}
+	return nil
+}
+
+// sustain runs cycle on conc workers until d has passed (a cycle in flight
+// then finishes) and reports the completed rate over the wall time.
+func sustain(ctx context.Context, conc int, d time.Duration, cycle func(ctx context.Context, worker, seq int) error) Rate {
+	var ok, failed atomic.Int64
+	var once sync.Once
+	var first string
+	start := time.Now()
+	deadline := start.Add(d)
+	var wg sync.WaitGroup
+	for w := range conc {
+		wg.Go(func() {
+			for seq := 0; time.Now().Before(deadline) && ctx.Err() == nil; seq++ {
+				if err := cycle(ctx, w, seq); err != nil {
+					failed.Add(1)
+					once.Do(func() { first = err.Error() })
+					continue
+				}
+				ok.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	secs := time.Since(start).Seconds()
+	return Rate{
+		Cycles: int(ok.Load()), Errors: int(failed.Load()), Seconds: round(secs),
+		PerS: round(float64(ok.Load()) / secs), FirstErr: first,
+	}
+}
+
+// runcRate measures the runc peer, or says why it could not.
+func runcRate(ctx context.Context, o ContainerOptions, label string) (*Rate, string) {
+	runc, err := FindRunc()
+	if err != nil {
+		return nil, err.Error()
+	}
+	p, err := newRuncPeer(ctx, runc, o.Rootfs, o.Concurrency, "corral-bench-"+label)
+	if err != nil {
+		return nil, "runc peer setup: " + err.Error()
+	}
+	defer p.Close()
+	r := sustain(ctx, o.Concurrency, o.Duration, p.cycle)
+	if r.Cycles == 0 {
+		return nil, "runc completed no cycle: " + r.FirstErr
+	}
+	return &r, ""
+}
+
+func containerTargets(r *ContainerResult) []Target {
+	ts := []Target{
+		atMost("create_ready_p50_ms", r.CreateReadyP50Ms, 15),
+		atLeast("cycles_per_s", r.CyclesPerS, 100),
+		atMost("exec_p50_ms", r.ExecP50Ms, 3),
+	}
+	ratio := Target{Figure: "ratio_vs_runc", Op: ">=", Limit: 5}
+	if r.RatioVsRunc != nil {
+		ratio = atLeast("ratio_vs_runc", *r.RatioVsRunc, 5)
+	} else {
+		ratio.Skipped = r.RuncReason
+	}
+	return append(ts, ratio)
+}
+
+// WriteTable prints the result as a table, each figure beside its peer.
+func (r *ContainerResult) WriteTable(w io.Writer) error {
+	runc, ratio := "n/a: "+r.RuncReason, "n/a"
+	if r.RuncCyclesPerS != nil {
+		runc = fmt.Sprintf("runc run: %s/s (%d cycles, %d errors)", f3(*r.RuncCyclesPerS), r.RuncCycles.Cycles, r.RuncCycles.Errors)
+	}
+	if r.RatioVsRunc != nil {
+		ratio = f3(*r.RatioVsRunc) + "x"
+	}
+	rows := []row{
+		{"create→ready p50", f3(r.CreateReadyP50Ms) + " ms", "", targetFor(r.Targets, "create_ready_p50_ms")},
+		{"create→ready p99", f3(r.CreateReadyP99Ms) + " ms", "", ""},
+		{"cycles/s (create+true+delete)", fmt.Sprintf("%s/s (%d cycles, %d errors)", f3(r.CyclesPerS), r.Cycles.Cycles, r.Cycles.Errors), runc, targetFor(r.Targets, "cycles_per_s")},
+		{"ratio vs runc", ratio, "", targetFor(r.Targets, "ratio_vs_runc")},
+		{"exec true p50", f3(r.ExecP50Ms) + " ms", "fork/exec: " + f3(r.ForkExecP50Ms) + " ms", targetFor(r.Targets, "exec_p50_ms")},
+		{"exec true p99", f3(r.ExecP99Ms) + " ms", "fork/exec: " + f3(r.ForkExecP99Ms) + " ms", ""},
+		{"exec true p50 (streaming Exec)", f3(r.ExecStream.P50) + " ms", "", ""},
+		{"leaked sandboxes", fmt.Sprint(r.Leaked), "", "0"},
+	}
+	title := fmt.Sprintf("corral bench container: image %s, %d samples, %d workers for %gs per rate",
+		r.Image, r.Samples, r.Concurrency, r.DurationS)
+	if err := writeTable(w, title, rows); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, r.Load)
+	for _, e := range []struct {
+		what string
+		e    Errors
+	}{{"create→ready", r.CreateErrors}, {"exec", r.ExecErrors}} {
+		if e.e.Count > 0 {
+			fmt.Fprintf(w, "%s: %d failed samples (retried), first: %s\n", e.what, e.e.Count, e.e.First)
+		}
+	}
+	if r.Cycles.FirstErr != "" {
+		fmt.Fprintf(w, "first corral cycle error: %s\n", r.Cycles.FirstErr)
+	}
+	return nil
+}

@@ -1,0 +1,227 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+)
+
+// DensityOptions configure Density. Zero fields take the defaults.
+type DensityOptions struct {
+	N           int       // idle sandboxes (default 100)
+	Concurrency int       // default 8
+	Image       string    // default "busybox"
+	MemoryBytes int64     // per-sandbox limit (default 64 MiB)
+	Log         io.Writer // progress lines; nil discards
+}
+
+func (o *DensityOptions) defaults() {
+	if o.N <= 0 {
+		o.N = 100
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 8
+	}
+	if o.Image == "" {
+		o.Image = "busybox"
+	}
+	if o.MemoryBytes <= 0 {
+		o.MemoryBytes = 64 << 20
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+}
+
+// DensityResult is the outcome of Density.
+type DensityResult struct {
+	N           int    `json:"n"`
+	Image       string `json:"image"`
+	MemoryBytes int64  `json:"memory_bytes"`
+	Concurrency int    `json:"concurrency"`
+
+	Created      int     `json:"created"`
+	CreateErrors int     `json:"create_errors"`
+	CreateS      float64 `json:"create_s"`
+	CreatesPerS  float64 `json:"creates_per_s"`
+	FirstErr     string  `json:"first_error,omitempty"`
+
+	// Host memory: MemAvailable before creating, with all created, after deleting.
+	MemAvailableBeforeMiB float64 `json:"mem_available_before_mib"`
+	MemAvailableIdleMiB   float64 `json:"mem_available_idle_mib"`
+	MemAvailableAfterMiB  float64 `json:"mem_available_after_mib"`
+	HostMiBPerSandbox     float64 `json:"host_mib_per_sandbox"`
+	// NotReturnedMiB is MemAvailable before minus after deleting everything.
+	NotReturnedMiB float64 `json:"not_returned_mib"`
+
+	// Processes found by their cgroup naming a sandbox id (nil: not found).
+	Procs *ProcMemory `json:"procs,omitempty"`
+
+	Answered  int         `json:"answered"`
+	AllAnswer bool        `json:"all_answer"`
+	Exec      Percentiles `json:"exec"` // `true` in each idle sandbox, under load
+
+	Leaked  int      `json:"leaked"`
+	Targets []Target `json:"targets"`
+	Load    Load     `json:"load"`
+}
+
+// Density creates N idle sandboxes, measures what they cost the host, runs
+// `true` in each, deletes them all and checks none is left.
+func Density(ctx context.Context, c *client.Client, o DensityOptions) (res *DensityResult, err error) {
+	o.defaults()
+	t := newTracker(c)
+	defer func() {
+		if res != nil {
+			res.Load.End = loadAvg()
+		}
+		left, serr := t.sweep(ctx)
+		if res != nil && left > res.Leaked {
+			res.Leaked = left
+		}
+		err = errors.Join(err, serr)
+	}()
+	res = &DensityResult{N: o.N, Image: o.Image, MemoryBytes: o.MemoryBytes, Concurrency: o.Concurrency}
+	res.Load.Start, res.Load.CPUs = loadAvg(), runtime.NumCPU()
+
+	fmt.Fprintln(o.Log, "settling MemAvailable before")
+	before, err := settledMemAvailable(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.MemAvailableBeforeMiB = mib(before)
+
+	fmt.Fprintf(o.Log, "creating %d sandboxes (%d at a time, memory %d MiB)\n", o.N, o.Concurrency, o.MemoryBytes>>20)
+	sbs := make([]*client.Sandbox, o.N)
+	var failed atomic.Int64
+	var once sync.Once
+	start := time.Now()
+	create := client.CreateOptions{Image: o.Image, Resources: client.Resources{MemoryBytes: o.MemoryBytes}}
+	parallel(ctx, o.N, o.Concurrency, func(ctx context.Context, i int) {
+		sb, err := t.create(ctx, create)
+		if err != nil {
+			failed.Add(1)
+			once.Do(func() { res.FirstErr = err.Error() })
+			return
+		}
+		sbs[i] = sb
+		if done := i + 1; done%100 == 0 {
+			fmt.Fprintf(o.Log, "  %d started\n", done)
+		}
+	})
+	res.CreateS = round(time.Since(start).Seconds())
+	live := sbs[:0:0]
+	for _, sb := range sbs {
+		if sb != nil {
+			live = append(live, sb)
+		}
+	}
+	res.Created, res.CreateErrors = len(live), int(failed.Load())
+	res.CreatesPerS = round(float64(res.Created) / res.CreateS)
+	if ctx.Err() != nil {
+		return res, ctx.Err()
+	}
+
+	fmt.Fprintln(o.Log, "settling MemAvailable with all idle")
+	idle, err := settledMemAvailable(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.MemAvailableIdleMiB = mib(idle)
+	if res.Created > 0 {
+		res.HostMiBPerSandbox = round(mib(before-idle) / float64(res.Created))
+	}
+	ids := make([]string, len(live))
+	for i, sb := range live {
+		ids[i] = sb.ID()
+	}
+	res.Procs = sandboxProcMemory(ids)
+
+	fmt.Fprintf(o.Log, "running true in each of %d sandboxes\n", len(live))
+	lat := make([]time.Duration, len(live))
+	var answered atomic.Int64
+	parallel(ctx, len(live), o.Concurrency, func(ctx context.Context, i int) {
+		s := time.Now()
+		if runTrue(ctx, live[i]) == nil {
+			lat[i] = time.Since(s)
+			answered.Add(1)
+		}
+	})
+	res.Answered = int(answered.Load())
+	res.AllAnswer = res.Answered == o.N
+	ok := lat[:0:0]
+	for _, d := range lat {
+		if d > 0 {
+			ok = append(ok, d)
+		}
+	}
+	res.Exec = Summarise(ok)
+
+	fmt.Fprintf(o.Log, "deleting %d sandboxes\n", len(live))
+	var delErrs atomic.Int64
+	parallel(ctx, len(live), o.Concurrency, func(ctx context.Context, i int) {
+		if t.delete(ctx, live[i]) != nil {
+			delErrs.Add(1)
+		}
+	})
+	left, err := t.remaining(ctx)
+	if err != nil {
+		return res, fmt.Errorf("list after delete: %w", err)
+	}
+	res.Leaked = len(left)
+	if after, err := settledMemAvailable(ctx); err == nil {
+		res.MemAvailableAfterMiB = mib(after)
+		res.NotReturnedMiB = round(mib(before - after))
+	}
+	res.Targets = []Target{
+		atMost("host_mib_per_sandbox", res.HostMiBPerSandbox, 3),
+		atLeast("answered", float64(res.Answered), float64(o.N)),
+		atMost("leaked", float64(res.Leaked), 0),
+	}
+	return res, ctx.Err()
+}
+
+func mib(b int64) float64 { return round(float64(b) / (1 << 20)) }
+
+// WriteTable prints the result as a table.
+func (r *DensityResult) WriteTable(w io.Writer) error {
+	rows := []row{
+		{"created", fmt.Sprintf("%d of %d in %ss (%s/s, %d errors)", r.Created, r.N, f3(r.CreateS), f3(r.CreatesPerS), r.CreateErrors), "", ""},
+		{"host MiB per idle sandbox", f3(r.HostMiBPerSandbox) + " MiB",
+			fmt.Sprintf("MemAvailable %s → %s MiB", f3(r.MemAvailableBeforeMiB), f3(r.MemAvailableIdleMiB)),
+			targetFor(r.Targets, "host_mib_per_sandbox")},
+		r.procRow("cgroup memory usage per sandbox", func(p *ProcMemory) float64 { return p.CgroupMiB }),
+		r.procRow("PSS per sandbox", func(p *ProcMemory) float64 { return p.PSSMiB }),
+		r.procRow("RSS per sandbox", func(p *ProcMemory) float64 { return p.RSSMiB }),
+		{"answered true", fmt.Sprintf("%d of %d (all_answer %v)", r.Answered, r.N, r.AllAnswer), "", targetFor(r.Targets, "answered")},
+		{"exec true under load p50/p99", f3(r.Exec.P50) + " / " + f3(r.Exec.P99) + " ms", "", ""},
+		{"leaked after delete", fmt.Sprint(r.Leaked), "", targetFor(r.Targets, "leaked")},
+		{"MiB not returned after delete", f3(r.NotReturnedMiB), fmt.Sprintf("MemAvailable after %s MiB", f3(r.MemAvailableAfterMiB)), ""},
+	}
+	title := fmt.Sprintf("corral bench density: %d idle sandboxes, image %s, memory limit %d MiB, %d at a time",
+		r.N, r.Image, r.MemoryBytes>>20, r.Concurrency)
+	if err := writeTable(w, title, rows); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, r.Load)
+	if r.FirstErr != "" {
+		fmt.Fprintf(w, "first create error: %s\n", r.FirstErr)
+	}
+	return nil
+}
+
+// procRow shows one per-sandbox figure of the processes found in /proc.
+func (r *DensityResult) procRow(name string, f func(*ProcMemory) float64) row {
+	if r.Procs == nil {
+		return row{name, "not found", "no process with a sandbox id in its cgroup path", ""}
+	}
+	return row{name, f3(f(r.Procs)/float64(max(1, r.Created))) + " MiB",
+		fmt.Sprintf("%s MiB in %d processes, %d cgroups", f3(f(r.Procs)), r.Procs.Processes, r.Procs.Cgroups), ""}
+}

@@ -1,0 +1,66 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func TestBuildRootfs(t *testing.T) {
+	if _, err := findStaticBusybox(); err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	if err := BuildRootfs(dir); err != nil {
+		t.Fatal(err)
+	}
+	target, err := os.Readlink(filepath.Join(dir, "bin", "true"))
+	if err != nil || target != "busybox" {
+		t.Errorf("bin/true -> %q, %v; want a relative link to busybox", target, err)
+	}
+	for _, d := range []string{"proc", "dev", "sys", "tmp"} {
+		if fi, err := os.Stat(filepath.Join(dir, d)); err != nil || !fi.IsDir() {
+			t.Errorf("mount point /%s missing: %v", d, err)
+		}
+	}
+}
+
+// TestRuncPeer runs the runc peer's cycle for real: a few `runc run true`
+// on two workers. It checks that the peer works, not how fast.
+func TestRuncPeer(t *testing.T) {
+	runc, err := FindRunc()
+	if err != nil {
+		t.Skip("runc peer: ", err)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("runc peer: needs root to create containers")
+	}
+	if _, err := findStaticBusybox(); err != nil {
+		t.Skip("runc peer: ", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := newRuncPeer(ctx, runc, "", 2, "corral-bench-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := p.dir
+	defer p.Close()
+	for i := range 3 {
+		if err := p.cycle(ctx, i%2, i); err != nil {
+			t.Fatalf("cycle %d: %v", i, err)
+		}
+	}
+	r := sustain(ctx, 2, 500*time.Millisecond, p.cycle)
+	if r.Errors != 0 || r.Cycles == 0 {
+		t.Errorf("sustain: %+v, want cycles and no errors", r)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("Close left %s behind", dir)
+	}
+}

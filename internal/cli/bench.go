@@ -1,0 +1,102 @@
+package cli
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/bench"
+)
+
+func newBenchCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure a running server against peers in the same run (runc, fork/exec, host memory)",
+		Long: `Measure a running server, each figure beside a peer measured in the same run.
+
+Benchmarks create sandboxes labelled corral-bench=<random> and delete them all
+at the end, also on error or Ctrl-C. The density and runc figures read this
+host (/proc/meminfo, runc), so run them on the server's machine.`,
+	}
+	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g))
+	return cmd
+}
+
+func newBenchContainerCmd(g *globals) *cobra.Command {
+	var o bench.ContainerOptions
+	cmd := &cobra.Command{
+		Use:   "container",
+		Short: "Create→ready, exec latency and create+exec+delete cycles/s, against runc and fork/exec",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
+				o.Log = os.Stderr
+				return bench.Container(ctx, c, o)
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&o.N, "n", 50, "samples for create→ready and exec latency")
+	fl.IntVar(&o.Concurrency, "concurrency", 8, "workers for the cycle rates (corral and runc alike)")
+	fl.DurationVar(&o.Duration, "duration", 20*time.Second, "length of each cycle-rate phase")
+	fl.StringVar(&o.Image, "image", "busybox", "image to create sandboxes from")
+	fl.StringVar(&o.Rootfs, "rootfs", "", "rootfs for the runc peer (default: a temporary busybox rootfs)")
+	return cmd
+}
+
+func newBenchDensityCmd(g *globals) *cobra.Command {
+	var o bench.DensityOptions
+	var memory string
+	cmd := &cobra.Command{
+		Use:   "density",
+		Short: "Host memory per idle sandbox for N sandboxes, and whether all of them answer",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.MemoryBytes, err = parseBytes("memory", memory); err != nil {
+				return err
+			}
+			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
+				o.Log = os.Stderr
+				return bench.Density(ctx, c, o)
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&o.N, "n", 100, "idle sandboxes to create")
+	fl.IntVar(&o.Concurrency, "concurrency", 8, "creates, execs and deletes in flight")
+	fl.StringVar(&o.Image, "image", "busybox", "image to create sandboxes from")
+	fl.StringVar(&memory, "memory", "64Mi", "memory limit of each sandbox")
+	return cmd
+}
+
+// tabler is a benchmark result: printed as a table, or as JSON with --json.
+type tabler interface{ WriteTable(w io.Writer) error }
+
+// runBench runs one benchmark with Ctrl-C and SIGTERM cancelling its
+// context (the benchmark then deletes what it made) and prints its result
+// to stdout (nothing when it failed: progress on stderr shows how far it got).
+func runBench(cmd *cobra.Command, g *globals, run func(ctx context.Context, c *client.Client) (tabler, error)) error {
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := run(ctx, c)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(res)
+	}
+	return res.WriteTable(os.Stdout)
+
+}

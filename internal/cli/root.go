@@ -1,0 +1,96 @@
+// Package cli is the `corral` command line: it parses flags, talks to a
+// server through the Go SDK (package client), and starts the server for
+// `corral serve`. Logic lives below it; this package only adapts.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/corral-dev/corral/client"
+)
+
+// globals are the flags every client command shares.
+type globals struct {
+	addr string
+	json bool
+}
+
+// ExitError carries a process exit code out of a command (used by exec/run
+// to exit with the sandboxed command's code).
+type ExitError struct{ Code int }
+
+func (e *ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Code) }
+
+// NewRoot builds the root command.
+func NewRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:   "corral",
+		Short: "corral runs disposable sandboxes for training and evaluating AI agents",
+		Long: `corral runs disposable sandboxes for training and evaluating AI agents.
+
+Start a server with 'corral serve', then create sandboxes and run commands:
+  corral run -- echo hello            # one-off: create, run, delete
+  id=$(corral create --image debian)  # a sandbox that stays
+  corral exec $id -- python3 -c 'print(1+1)'
+  corral rm $id`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	defAddr := os.Getenv("CORRAL_ADDR")
+	if defAddr == "" {
+		defAddr = client.DefaultAddress
+	}
+	root.PersistentFlags().StringVar(&g.addr, "addr", defAddr, "server address: unix:///path.sock or host:port (env CORRAL_ADDR)")
+	root.PersistentFlags().BoolVar(&g.json, "json", false, "print machine-readable JSON")
+	root.AddCommand(
+		newServeCmd(),
+		newCreateCmd(g), newRunCmd(g), newExecCmd(g), newLsCmd(g), newGetCmd(g),
+		newRmCmd(g), newCpCmd(g), newPauseCmd(g), newResumeCmd(g),
+		newImageCmd(),
+		newBenchCmd(g),
+	)
+	return root
+}
+
+// Main runs the CLI and returns the process exit code.
+func Main(ctx context.Context, args []string) int {
+	root := NewRoot()
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var exit *ExitError
+	if errors.As(err, &exit) {
+		return exit.Code
+	}
+	fmt.Fprintln(os.Stderr, "corral:", describe(err))
+	return 1
+}
+
+// describe turns an error into a sentence a person can act on.
+func describe(err error) string {
+	var ce *client.Error
+	if errors.As(err, &ce) {
+		return ce.Message + " (" + string(ce.Code) + ")"
+	}
+	if client.CodeOf(err) == "" && isConnRefused(err) {
+		return err.Error() + "\n  is the server running? start it with 'corral serve' or set --addr / CORRAL_ADDR"
+	}
+	return err.Error()
+}
+
+func (g *globals) client() (*client.Client, error) { return client.New(g.addr) }
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

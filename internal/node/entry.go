@@ -1,0 +1,120 @@
+package node
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/state"
+)
+
+// entry is the node's view of one sandbox: its record, its live backend
+// handle (nil once stopped) and request bookkeeping for the TTL reaper.
+type entry struct {
+	backend backend.Backend
+
+	mu       sync.Mutex
+	rec      *state.Record
+	sb       backend.Sandbox
+	deleting bool
+
+	lastActive atomic.Int64 // unix nanos of the last request
+	inflight   atomic.Int32 // requests running now
+}
+
+func (e *entry) touch() { e.lastActive.Store(time.Now().UnixNano()) }
+
+func (e *entry) idleFor(now time.Time) time.Duration {
+	return now.Sub(time.Unix(0, e.lastActive.Load()))
+}
+
+// snapshot returns a copy of the record that is safe to use unlocked.
+func (e *entry) snapshot() *state.Record {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.snapshotLocked()
+}
+
+func (e *entry) snapshotLocked() *state.Record {
+	rec := *e.rec
+	rec.Env = slices.Clone(rec.Env)
+	rec.Labels = maps.Clone(rec.Labels)
+	return &rec
+}
+
+// markStopped records that the sandbox's processes are gone.
+func (e *entry) markStopped(reason string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.markStoppedLocked(reason)
+}
+
+func (e *entry) markStoppedLocked(reason string) {
+	e.rec.Phase = state.PhaseStopped
+	e.rec.StopReason = reason
+	e.rec.StoppedAt = time.Now()
+	e.sb = nil
+}
+
+// live returns the running sandbox, or nil once stopped.
+func (e *entry) live() backend.Sandbox {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.sb
+}
+
+// acquire returns the live sandbox for a request, resuming it first if it is
+// paused, and counts the request as in flight until release is called.
+func (n *Node) acquire(ctx context.Context, id string) (*entry, backend.Sandbox, error) {
+	e, err := n.lookup(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.deleting {
+		return nil, nil, errdefs.NotFound("sandbox %s is being deleted", id)
+	}
+	switch e.rec.Phase {
+	case state.PhaseStopped:
+		return nil, nil, errdefs.FailedPrecondition("sandbox %s is stopped (%s); create a new one", id, e.rec.StopReason)
+	case state.PhasePaused:
+		if err := e.sb.Resume(ctx); err != nil {
+			return nil, nil, err
+		}
+		e.rec.Phase = state.PhaseRunning
+		n.putLocked(e)
+	}
+	e.inflight.Add(1)
+	e.touch()
+	return e, e.sb, nil
+}
+
+func (e *entry) release() {
+	e.touch()
+	e.inflight.Add(-1)
+}
+
+func (n *Node) putLocked(e *entry) {
+	if err := n.db.Put(e.snapshotLocked()); err != nil {
+		n.log.Error("persist sandbox record", "sandbox", e.rec.ID, "err", err)
+	}
+}
+
+func (n *Node) lookup(id string) (*entry, error) {
+	if err := n.checkID(id); err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	e, ok := n.sandboxes[id]
+	n.mu.Unlock()
+	if !ok {
+		return nil, errdefs.NotFound("sandbox %s not found", id)
+	}
+	return e, nil
+}

@@ -1,0 +1,226 @@
+// Package node owns the sandboxes of one machine: admission (validation and
+// defaults), lifecycle, TTLs, routing of exec/file calls to backends, and
+// recovery after a daemon restart. Its records live in internal/state. It
+// imports backends through the backend interface and the image store; it must
+// not import the API, control or server layers.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/state"
+)
+
+// Images resolves image names to read-only layers.
+type Images interface {
+	Get(ctx context.Context, name string) (image.Image, error)
+}
+
+// Config configures a node.
+type Config struct {
+	// DataDir holds the node's state database.
+	DataDir  string
+	Backends []backend.Backend
+	Images   Images
+	Defaults Defaults
+	Limits   Limits
+	// StoppedRetention is how long a stopped sandbox's record and writable
+	// layer are kept before they are deleted.
+	StoppedRetention time.Duration
+	// ReapInterval is how often TTLs are checked.
+	ReapInterval time.Duration
+	Logger       *slog.Logger
+}
+
+// Node is one machine's sandbox manager.
+type Node struct {
+	id       string
+	cfg      Config
+	db       *state.DB
+	backends map[string]backend.Backend
+	log      *slog.Logger
+
+	mu        sync.Mutex
+	sandboxes map[string]*entry
+
+	stopReaper context.CancelFunc
+	reaperDone chan struct{}
+}
+
+// New opens the node's state, re-attaches to sandboxes that survived a
+// restart, cleans up everything else it finds, and starts the TTL reaper.
+func New(ctx context.Context, cfg Config) (*Node, error) {
+	cfg.Defaults = cfg.Defaults.withFallbacks()
+	cfg.Limits = cfg.Limits.withFallbacks()
+	if cfg.StoppedRetention == 0 {
+		cfg.StoppedRetention = time.Hour
+	}
+	if cfg.ReapInterval == 0 {
+		cfg.ReapInterval = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	db, err := state.Open(filepath.Join(cfg.DataDir, "state.db"))
+	if err != nil {
+		return nil, err
+	}
+	id, err := db.NodeID()
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("node id: %w", err)
+	}
+	n := &Node{
+		id:        id,
+		cfg:       cfg,
+		db:        db,
+		backends:  map[string]backend.Backend{},
+		log:       cfg.Logger.With("node", id),
+		sandboxes: map[string]*entry{},
+	}
+	for _, b := range cfg.Backends {
+		n.backends[b.Name()] = b
+	}
+	if err := n.recover(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("recover node %s: %w", id, err)
+	}
+	reapCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	n.stopReaper = cancel
+	n.reaperDone = make(chan struct{})
+	go n.reap(reapCtx)
+	return n, nil
+}
+
+// ID is the node's id; every sandbox id it makes starts with it.
+func (n *Node) ID() string { return n.id }
+
+// Close stops the reaper and closes the state database. Sandboxes keep
+// running: the next New re-attaches to them.
+func (n *Node) Close() error {
+	n.stopReaper()
+	<-n.reaperDone
+	return n.db.Close()
+}
+
+// Shutdown deletes every sandbox, then closes the node. Used by
+// `corral serve --cleanup-on-exit` and by tests.
+func (n *Node) Shutdown(ctx context.Context) error {
+	var errs []error
+	for _, id := range n.ids() {
+		if _, err := n.Delete(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(append(errs, n.Close())...)
+}
+
+func (n *Node) ids() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ids := make([]string, 0, len(n.sandboxes))
+	for id := range n.sandboxes {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+func (n *Node) backendNames() string {
+	names := make([]string, 0, len(n.backends))
+	for name := range n.backends {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
+// recover walks the records of the previous run: sandboxes whose processes
+// survived are re-attached, half-created ones are removed, lost ones are
+// marked stopped; then each backend sweeps what no record describes.
+func (n *Node) recover(ctx context.Context) error {
+	recs, err := n.db.All()
+	if err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	for _, rec := range recs {
+		known[rec.ID] = true
+		n.recoverOne(ctx, rec)
+	}
+	for name, b := range n.backends {
+		if err := b.Sweep(ctx, func(id string) bool { return known[id] }); err != nil {
+			return fmt.Errorf("sweep %s leftovers: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
+	log := n.log.With("sandbox", rec.ID)
+	b, ok := n.backends[rec.Backend]
+	if !ok {
+		log.Warn("record of a backend this node no longer runs; keeping it", "backend", rec.Backend)
+		return
+	}
+	e := &entry{rec: rec, backend: b}
+	switch rec.Phase {
+	case state.PhaseCreating:
+		log.Info("removing sandbox whose creation was interrupted")
+		if err := b.Cleanup(ctx, rec.ID, rec.BackendRecord); err != nil {
+			log.Error("cleanup interrupted create", "err", err)
+			return
+		}
+		if err := n.db.Delete(rec.ID); err != nil {
+			log.Error("delete record", "err", err)
+		}
+		return
+	case state.PhaseRunning, state.PhasePaused:
+		sb, err := b.Recover(ctx, rec.ID, rec.BackendRecord)
+		if err != nil {
+			log.Warn("sandbox did not survive the restart", "err", err)
+			if err := b.Cleanup(ctx, rec.ID, rec.BackendRecord); err != nil {
+				log.Error("cleanup lost sandbox", "err", err)
+			}
+			e.markStopped(fmt.Sprintf("lost at daemon restart: %v", err))
+			n.persist(e)
+			break
+		}
+		e.sb = sb
+		log.Info("re-attached sandbox", "phase", rec.Phase)
+	}
+	e.touch()
+	n.mu.Lock()
+	n.sandboxes[rec.ID] = e
+	n.mu.Unlock()
+	if e.sb != nil {
+		go n.watch(e, e.sb)
+	}
+}
+
+// persist writes e's record; a failure is logged, not returned, because the
+// sandbox itself is fine and the sweep at the next start covers a lost record.
+func (n *Node) persist(e *entry) {
+	rec := e.snapshot()
+	if err := n.db.Put(rec); err != nil {
+		n.log.Error("persist sandbox record", "sandbox", rec.ID, "err", err)
+	}
+}
+
+// watch marks a sandbox stopped when its processes die on their own.
+func (n *Node) watch(e *entry, sb backend.Sandbox) {
+	<-sb.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n.stop(ctx, e, sb, "sandbox init exited")
+}

@@ -1,0 +1,273 @@
+package node
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/state"
+)
+
+func (n *Node) describe(e *entry) *Sandbox {
+	return &Sandbox{
+		Record:       *e.snapshot(),
+		NodeID:       n.id,
+		LastActiveAt: time.Unix(0, e.lastActive.Load()),
+	}
+}
+
+// Get describes one sandbox. It does not count as activity.
+func (n *Node) Get(_ context.Context, id string) (*Sandbox, error) {
+	e, err := n.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	return n.describe(e), nil
+}
+
+// ListFilter selects sandboxes for List.
+type ListFilter struct {
+	Labels    map[string]string
+	Phase     state.Phase // empty: any
+	PageSize  int
+	PageToken string
+}
+
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+)
+
+// List returns sandboxes oldest first, a page at a time.
+func (n *Node) List(_ context.Context, f ListFilter) ([]*Sandbox, string, error) {
+	if f.PageSize < 0 || f.PageSize > maxPageSize {
+		return nil, "", errdefs.InvalidArgument("page_size: %d is out of range (allowed 0 to %d)", f.PageSize, maxPageSize)
+	}
+	size := or(f.PageSize, defaultPageSize)
+	after, err := decodePageToken(f.PageToken)
+	if err != nil {
+		return nil, "", err
+	}
+	n.mu.Lock()
+	all := make([]*Sandbox, 0, len(n.sandboxes))
+	for _, e := range n.sandboxes {
+		all = append(all, n.describe(e))
+	}
+	n.mu.Unlock()
+	sort.Slice(all, func(i, j int) bool { return pageKey(all[i]) < pageKey(all[j]) })
+	var page []*Sandbox
+	for _, sb := range all {
+		if pageKey(sb) <= after || !matches(sb, f) {
+			continue
+		}
+		if len(page) == size {
+			return page, encodePageToken(pageKey(page[len(page)-1])), nil
+		}
+		page = append(page, sb)
+	}
+	return page, "", nil
+}
+
+func matches(sb *Sandbox, f ListFilter) bool {
+	if f.Phase != "" && sb.Phase != f.Phase {
+		return false
+	}
+	for k, v := range f.Labels {
+		if got, ok := sb.Labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// pageKey orders sandboxes by creation time, then id; it is what a page
+// token carries.
+func pageKey(sb *Sandbox) string {
+	return fmt.Sprintf("%020d/%s", sb.CreatedAt.UnixNano(), sb.ID)
+}
+
+func encodePageToken(key string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(key))
+}
+
+func decodePageToken(tok string) (string, error) {
+	if tok == "" {
+		return "", nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	nanos, _, ok := strings.Cut(string(raw), "/")
+	if _, perr := strconv.ParseInt(nanos, 10, 64); err != nil || !ok || perr != nil {
+		return "", errdefs.InvalidArgument("page_token: %q is not a token from a previous List", truncate(tok))
+	}
+	return string(raw), nil
+}
+
+// Delete stops and removes a sandbox. Deleting an unknown sandbox of this
+// node succeeds with existed=false.
+func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) {
+	e, err := n.lookup(id)
+	if errdefs.IsNotFound(err) {
+		return false, n.checkID(id)
+	}
+	if err != nil {
+		return false, err
+	}
+	e.mu.Lock()
+	if e.deleting {
+		e.mu.Unlock()
+		return true, nil
+	}
+	e.deleting = true
+	sb, rec := e.sb, e.snapshotLocked()
+	e.mu.Unlock()
+	undo := func() {
+		e.mu.Lock()
+		e.deleting = false
+		e.mu.Unlock()
+	}
+	if sb != nil {
+		if err := sb.Stop(ctx); err != nil {
+			undo()
+			return true, fmt.Errorf("delete sandbox %s: %w", id, err)
+		}
+	}
+	if err := e.backend.Cleanup(ctx, id, rec.BackendRecord); err != nil {
+		e.markStopped("delete failed half-way")
+		undo()
+		n.persist(e)
+		return true, fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	if err := n.db.Delete(id); err != nil {
+		n.log.Error("delete sandbox record", "sandbox", id, "err", err)
+	}
+	n.mu.Lock()
+	delete(n.sandboxes, id)
+	n.mu.Unlock()
+	return true, nil
+}
+
+// ExecRequest is one command; zero fields take the sandbox's or node's defaults.
+type ExecRequest struct {
+	Argv        []string
+	Shell       bool
+	Env         []string
+	Cwd         string
+	User        string
+	Stdin       []byte
+	Timeout     time.Duration
+	OutputLimit int64
+}
+
+// Exec runs a command in a sandbox, streaming output to out.
+func (n *Node) Exec(ctx context.Context, id string, req ExecRequest, out backend.OutputFunc) (backend.ExecResult, error) {
+	e, sb, err := n.acquire(ctx, id)
+	if err != nil {
+		return backend.ExecResult{}, err
+	}
+	defer e.release()
+	spec, err := n.execSpec(e.snapshot(), req)
+	if err != nil {
+		return backend.ExecResult{}, err
+	}
+	return sb.Exec(ctx, spec, out)
+}
+
+func (n *Node) execSpec(rec *state.Record, req ExecRequest) (backend.ExecSpec, error) {
+	d, l := n.cfg.Defaults, n.cfg.Limits
+	argv := req.Argv
+	switch {
+	case len(argv) == 0 || argv[0] == "":
+		return backend.ExecSpec{}, errdefs.InvalidArgument("argv: must name a program (argv[0] is empty)")
+	case req.Shell && len(argv) != 1:
+		return backend.ExecSpec{}, errdefs.InvalidArgument("argv: with shell=true, argv must be one script (got %d elements)", len(argv))
+	case req.Shell:
+		argv = []string{"/bin/sh", "-c", argv[0]}
+	}
+	if len(argv) > maxArgs {
+		return backend.ExecSpec{}, errdefs.InvalidArgument("argv: %d arguments is over the limit of %d", len(argv), maxArgs)
+	}
+	total := 0
+	for i, a := range argv {
+		total += len(a)
+		if strings.ContainsRune(a, 0) {
+			return backend.ExecSpec{}, errdefs.InvalidArgument("argv[%d]: contains a NUL byte", i)
+		}
+	}
+	if int64(total) > maxArgvBytes {
+		return backend.ExecSpec{}, errdefs.InvalidArgument("argv: %d bytes is over the limit of %d", total, maxArgvBytes)
+	}
+	if int64(len(req.Stdin)) > maxStdinBytes {
+		return backend.ExecSpec{}, errdefs.InvalidArgument("stdin: %d bytes is over the limit of %d", len(req.Stdin), maxStdinBytes)
+	}
+	timeout := or(req.Timeout, d.ExecTimeout)
+	limit := or(req.OutputLimit, d.OutputLimit)
+	checks := []error{
+		checkEnv("env", req.Env),
+		checkAbsPath("cwd", req.Cwd),
+		checkUser("user", req.User),
+		checkDuration("timeout", timeout, l.MaxExecTimeout),
+		checkRange("output_limit_bytes", limit, 1, l.MaxOutputLimit, ""),
+	}
+	for _, err := range checks {
+		if err != nil {
+			return backend.ExecSpec{}, err
+		}
+	}
+	return backend.ExecSpec{
+		Argv: argv,
+		Env:  mergeEnv(rec.Env, req.Env),
+		Cwd:  or(req.Cwd, or(rec.Workdir, "/")),
+		// uid 0 needs no /etc/passwd lookup, so an agent that clobbers that
+		// file cannot break the node's next exec.
+		User:        or(req.User, or(rec.User, "0:0")),
+		Stdin:       req.Stdin,
+		Timeout:     timeout,
+		OutputLimit: limit,
+	}, nil
+}
+
+// Pause freezes a sandbox's processes.
+func (n *Node) Pause(ctx context.Context, id string) error {
+	return n.setPaused(ctx, id, true)
+}
+
+// Resume thaws a paused sandbox; resuming a running one is a no-op.
+func (n *Node) Resume(ctx context.Context, id string) error {
+	return n.setPaused(ctx, id, false)
+}
+
+func (n *Node) setPaused(ctx context.Context, id string, pause bool) error {
+	e, err := n.lookup(id)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.touch()
+	switch {
+	case e.deleting:
+		return errdefs.NotFound("sandbox %s is being deleted", id)
+	case e.rec.Phase == state.PhaseStopped:
+		return errdefs.FailedPrecondition("sandbox %s is stopped (%s)", id, e.rec.StopReason)
+	case pause && e.rec.Phase != state.PhasePaused:
+		if err := e.sb.Pause(ctx); err != nil {
+			return fmt.Errorf("pause sandbox %s: %w", id, err)
+		}
+		e.rec.Phase = state.PhasePaused
+	case !pause && e.rec.Phase == state.PhasePaused:
+		if err := e.sb.Resume(ctx); err != nil {
+			return fmt.Errorf("resume sandbox %s: %w", id, err)
+		}
+		e.rec.Phase = state.PhaseRunning
+	default:
+		return nil
+	}
+	n.putLocked(e)
+	return nil
+}

@@ -1,0 +1,69 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/state"
+)
+
+// reap enforces TTLs: it stops sandboxes idle past their idle_timeout or
+// older than their max_lifetime, and deletes stopped sandboxes once the
+// retention period has passed.
+func (n *Node) reap(ctx context.Context) {
+	defer close(n.reaperDone)
+	tick := time.NewTicker(n.cfg.ReapInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			n.reapOnce(ctx, now)
+		}
+	}
+}
+
+func (n *Node) reapOnce(ctx context.Context, now time.Time) {
+	n.mu.Lock()
+	entries := make([]*entry, 0, len(n.sandboxes))
+	for _, e := range n.sandboxes {
+		entries = append(entries, e)
+	}
+	n.mu.Unlock()
+	for _, e := range entries {
+		rec := e.snapshot()
+		switch {
+		case rec.Phase == state.PhaseStopped:
+			if now.Sub(rec.StoppedAt) > n.cfg.StoppedRetention {
+				if _, err := n.Delete(ctx, rec.ID); err != nil {
+					n.log.Error("delete expired stopped sandbox", "sandbox", rec.ID, "err", err)
+				}
+			}
+		case now.Sub(rec.CreatedAt) > rec.MaxLifetime:
+			n.stop(ctx, e, e.live(), fmt.Sprintf("max_lifetime %s reached", rec.MaxLifetime))
+		case rec.IdleTimeout > 0 && e.inflight.Load() == 0 && e.idleFor(now) > rec.IdleTimeout:
+			n.stop(ctx, e, e.live(), fmt.Sprintf("idle_timeout %s elapsed", rec.IdleTimeout))
+		}
+	}
+}
+
+// stop kills a sandbox's processes and keeps its record and writable layer
+// (until Delete or retention) with the reason. The entry stays locked while
+// the backend stops, so no request slips in and a stopped sandbox has no
+// processes left by the time anyone sees it stopped.
+func (n *Node) stop(ctx context.Context, e *entry, sb backend.Sandbox, reason string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb != sb || sb == nil || e.deleting {
+		return
+	}
+	n.log.Info("stopping sandbox", "sandbox", sb.ID(), "reason", reason)
+	if err := sb.Stop(ctx); err != nil {
+		n.log.Error("stop sandbox", "sandbox", sb.ID(), "err", err)
+	}
+	e.markStoppedLocked(reason)
+	n.putLocked(e)
+}

@@ -1,0 +1,230 @@
+// Package cgroup owns the sandbox cgroups: one directory per sandbox under a
+// configurable parent in every hierarchy corral uses, on cgroup v1+v2
+// (hybrid) and pure v2 hosts alike. Callers see one Group type; which file
+// in which hierarchy backs a limit, the freezer or the OOM counter is decided
+// here, from a mode detected once per process. It imports only the standard
+// library and golang.org/x/sys/unix, nothing from corral.
+package cgroup
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+)
+
+// v1Controllers are the v1 controllers a sandbox is placed in. cpuset is left
+// out on purpose: a v1 cpuset cgroup refuses tasks until cpus and mems are
+// copied in, and corral does not pin CPUs.
+var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer"}
+
+// Hierarchies is the cgroup layout of this host.
+type Hierarchies struct {
+	// V1 maps a v1 controller name to its mount point; empty on pure v2.
+	V1 map[string]string
+	// V2 is the cgroup2 mount point ("" when there is none).
+	V2 string
+	// V2Controllers are the controllers available in V2 (none on hybrid).
+	V2Controllers map[string]bool
+}
+
+// Unified reports a pure v2 host: the limits live in the v2 tree.
+func (h *Hierarchies) Unified() bool { return len(h.V1) == 0 && h.V2 != "" }
+
+var (
+	detectOnce sync.Once
+	detected   *Hierarchies
+	detectErr  error
+)
+
+// Detect returns the host's cgroup layout, read once from mountinfo.
+func Detect() (*Hierarchies, error) {
+	detectOnce.Do(func() { detected, detectErr = detect() })
+	return detected, detectErr
+}
+
+func detect() (*Hierarchies, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: detect: %w", err)
+	}
+	defer f.Close()
+	h := &Hierarchies{V1: map[string]string{}, V2Controllers: map[string]bool{}}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		mnt, fstype, opts, ok := parseMountinfo(sc.Text())
+		if !ok {
+			continue
+		}
+		switch fstype {
+		case "cgroup2":
+			if h.V2 == "" {
+				h.V2 = mnt
+			}
+		case "cgroup":
+			for _, o := range strings.Split(opts, ",") {
+				for _, c := range v1Controllers {
+					if o == c && h.V1[c] == "" {
+						h.V1[c] = mnt
+					}
+				}
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("cgroup: detect: %w", err)
+	}
+	if h.V2 != "" {
+		b, err := os.ReadFile(filepath.Join(h.V2, "cgroup.controllers"))
+		if err == nil {
+			for _, c := range strings.Fields(string(b)) {
+				h.V2Controllers[c] = true
+			}
+		}
+	}
+	if h.V1["memory"] == "" && !h.V2Controllers["memory"] {
+		return nil, errors.New("cgroup: not supported: no memory controller (needs cgroup v1 memory or v2 with memory)")
+	}
+	return h, nil
+}
+
+// parseMountinfo returns the mount point, fs type and super options of a
+// /proc/self/mountinfo line.
+func parseMountinfo(line string) (mnt, fstype, superOpts string, ok bool) {
+	fields := strings.Fields(line)
+	for i, f := range fields {
+		if f == "-" && i >= 5 && i+3 <= len(fields)-1 {
+			return unescape(fields[4]), fields[i+1], fields[i+3], true
+		}
+	}
+	return "", "", "", false
+}
+
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v byte
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// Manager places sandboxes under one parent cgroup name.
+type Manager struct {
+	h      *Hierarchies
+	parent string
+}
+
+// NewManager returns a manager for sandboxes under parent (e.g. "corral").
+func NewManager(parent string) (*Manager, error) {
+	if parent == "" || strings.Contains(parent, "..") {
+		return nil, fmt.Errorf("cgroup: invalid parent %q", parent)
+	}
+	h, err := Detect()
+	if err != nil {
+		return nil, err
+	}
+	return &Manager{h: h, parent: parent}, nil
+}
+
+// Hierarchies returns the detected layout.
+func (m *Manager) Hierarchies() *Hierarchies { return m.h }
+
+// dirs returns the parent directories, one per hierarchy.
+func (m *Manager) dirs() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, c := range v1Controllers {
+		if mnt := m.h.V1[c]; mnt != "" && !seen[mnt] {
+			seen[mnt] = true
+			out = append(out, filepath.Join(mnt, m.parent))
+		}
+	}
+	if m.h.V2 != "" {
+		out = append(out, filepath.Join(m.h.V2, m.parent))
+	}
+	return out
+}
+
+// Group returns the sandbox cgroup id (it may or may not exist).
+func (m *Manager) Group(id string) *Group {
+	g := &Group{id: id, v1: map[string]string{}, unified: m.h.Unified()}
+	for _, c := range v1Controllers {
+		if mnt := m.h.V1[c]; mnt != "" {
+			g.v1[c] = filepath.Join(mnt, m.parent, id)
+		}
+	}
+	if m.h.V2 != "" {
+		g.v2 = filepath.Join(m.h.V2, m.parent, id)
+	}
+	return g
+}
+
+// List returns the ids that have a cgroup directory in any hierarchy.
+func (m *Manager) List() ([]string, error) {
+	seen := map[string]bool{}
+	var ids []string
+	for _, d := range m.dirs() {
+		ents, err := os.ReadDir(d)
+		if err != nil && !os.IsNotExist(err) {
+			return nil, fmt.Errorf("cgroup: list %s: %w", d, err)
+		}
+		for _, e := range ents {
+			if e.IsDir() && !seen[e.Name()] {
+				seen[e.Name()] = true
+				ids = append(ids, e.Name())
+			}
+		}
+	}
+	return ids, nil
+}
+
+// RemoveParent removes the (empty) parent directories; tests use it.
+func (m *Manager) RemoveParent() error {
+	var errs []error
+	for _, d := range m.dirs() {
+		if err := os.Remove(d); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ensureParent creates the parent directories and, on pure v2, enables the
+// controllers sandboxes need in the root and parent subtree_control.
+func (m *Manager) ensureParent() error {
+	for _, d := range m.dirs() {
+		if err := os.Mkdir(d, 0o755); err != nil && !os.IsExist(err) {
+			return fmt.Errorf("cgroup: create parent: %w", err)
+		}
+	}
+	if !m.h.Unified() {
+		return nil
+	}
+	var enable []string
+	for _, c := range []string{"memory", "cpu", "pids"} {
+		if m.h.V2Controllers[c] {
+			enable = append(enable, "+"+c)
+		}
+	}
+	for _, d := range []string{m.h.V2, filepath.Join(m.h.V2, m.parent)} {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"),
+			[]byte(strings.Join(enable, " ")), 0); err != nil {
+			return fmt.Errorf("cgroup: enable controllers in %s: %w", d, err)
+		}
+	}
+	return nil
+}

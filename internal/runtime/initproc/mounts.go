@@ -1,0 +1,228 @@
+package initproc
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"golang.org/x/sys/unix"
+)
+
+// maskedPaths are hidden inside the sandbox: Docker's default list plus the
+// /proc/kpage* files that leak physical page state (rowhammer and
+// side-channel helpers). Files get /dev/null bound over them, directories an
+// empty read-only tmpfs.
+var maskedPaths = []string{
+	"/proc/asound",
+	"/proc/acpi",
+	"/proc/interrupts",
+	"/proc/kcore",
+	"/proc/keys",
+	"/proc/latency_stats",
+	"/proc/timer_list",
+	"/proc/timer_stats",
+	"/proc/sched_debug",
+	"/proc/scsi",
+	"/proc/kpagecgroup",
+	"/proc/kpageflags",
+	"/proc/kpagecount",
+	"/sys/firmware",
+	"/sys/devices/virtual/powercap",
+}
+
+// readonlyPaths are Docker's read-only /proc paths.
+var readonlyPaths = []string{
+	"/proc/bus",
+	"/proc/fs",
+	"/proc/irq",
+	"/proc/sys",
+	"/proc/sysrq-trigger",
+}
+
+type devNode struct {
+	name         string
+	major, minor uint32
+}
+
+var devNodes = []devNode{
+	{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7},
+	{"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
+}
+
+// buildRoot mounts the overlay, pivots into it and mounts the API
+// filesystems. Everything after pivot_root resolves inside the new root, so
+// symlinks in an image can never point a mount at a host path.
+func buildRoot(cfg *initproto.Config) error {
+	unix.Umask(0)
+	defer unix.Umask(0o022)
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / rprivate: %w", err)
+	}
+	if err := mountOverlay(cfg); err != nil {
+		return err
+	}
+	if err := pivot(cfg.Rootfs); err != nil {
+		return err
+	}
+	if err := mountAPIFS(); err != nil {
+		return err
+	}
+	if err := maskPaths(); err != nil {
+		return err
+	}
+	if cfg.Hostname != "" {
+		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+			return fmt.Errorf("set hostname: %w", err)
+		}
+	}
+	return loopbackUp()
+}
+
+func mountOverlay(cfg *initproto.Config) error {
+	if len(cfg.Layers) == 0 {
+		return errors.New("mount overlay: no layers")
+	}
+	for _, p := range append(append([]string{}, cfg.Layers...), cfg.UpperDir, cfg.WorkDir) {
+		if strings.ContainsAny(p, ",:") {
+			return fmt.Errorf("mount overlay: path %q contains ',' or ':'", p)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
+		strings.Join(cfg.Layers, ":"), cfg.UpperDir, cfg.WorkDir)
+	if len(opts) >= 4096 {
+		return fmt.Errorf("mount overlay: options of %d bytes exceed a page (too many or too long layer paths)", len(opts))
+	}
+	if err := unix.Mount("overlay", cfg.Rootfs, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount overlay: %w", err)
+	}
+	return nil
+}
+
+func pivot(root string) error {
+	if err := unix.Chdir(root); err != nil {
+		return fmt.Errorf("pivot_root: chdir: %w", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("pivot_root: detach old root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("pivot_root: chdir /: %w", err)
+	}
+	return nil
+}
+
+type mnt struct {
+	src, dst, fstype string
+	flags            uintptr
+	data             string
+}
+
+func mountAPIFS() error {
+	const nse = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	for _, m := range []mnt{
+		{"proc", "/proc", "proc", nse, ""},
+		{"tmpfs", "/dev", "tmpfs", unix.MS_NOSUID | unix.MS_STRICTATIME, "mode=755,size=65536k"},
+	} {
+		if err := mountAt(m); err != nil {
+			return err
+		}
+	}
+	if err := makeDev(); err != nil {
+		return err
+	}
+	for _, m := range []mnt{
+		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"},
+		{"shm", "/dev/shm", "tmpfs", nse, "mode=1777,size=65536k"},
+		{"sysfs", "/sys", "sysfs", nse | unix.MS_RDONLY, ""},
+	} {
+		if err := mountAt(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func mountAt(m mnt) error {
+	if err := os.MkdirAll(m.dst, 0o755); err != nil {
+		return fmt.Errorf("mount %s: %w", m.dst, err)
+	}
+	if err := unix.Mount(m.src, m.dst, m.fstype, m.flags, m.data); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", m.fstype, m.dst, err)
+	}
+	return nil
+}
+
+func makeDev() error {
+	for _, d := range devNodes {
+		p := "/dev/" + d.name
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+			return fmt.Errorf("mknod %s: %w", p, err)
+		}
+	}
+	for name, target := range map[string]string{
+		"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
+		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
+	} {
+		if err := os.Symlink(target, "/dev/"+name); err != nil {
+			return fmt.Errorf("symlink /dev/%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func maskPaths() error {
+	for _, p := range maskedPaths {
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			continue // absent on this kernel
+		}
+		var err error
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			err = unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY, "size=0")
+		} else {
+			err = unix.Mount("/dev/null", p, "", unix.MS_BIND, "")
+		}
+		if err != nil {
+			return fmt.Errorf("mask %s: %w", p, err)
+		}
+	}
+	for _, p := range readonlyPaths {
+		if _, err := os.Lstat(p); err != nil {
+			continue
+		}
+		if err := unix.Mount(p, p, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("read-only %s: %w", p, err)
+		}
+		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
+		if err := unix.Mount(p, p, "", flags, ""); err != nil {
+			return fmt.Errorf("read-only %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// loopbackUp brings lo up; the network namespace has nothing else.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("lo up: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return fmt.Errorf("lo up: %w", err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("lo up: get flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("lo up: set flags: %w", err)
+	}
+	return nil
+}

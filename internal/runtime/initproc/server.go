@@ -1,0 +1,186 @@
+package initproc
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"golang.org/x/sys/unix"
+)
+
+// server accepts node connections and tracks the processes it started.
+type server struct {
+	ln   *os.File
+	lnrc syscall.RawConn
+	null int // /dev/null of the sandbox, stdin of execs without one
+
+	// mu is held while forking and registering a child and while reaping,
+	// so that an exit is never seen before its pid is registered.
+	mu      sync.Mutex
+	waiters map[int]chan unix.WaitStatus
+}
+
+func newServer() (*server, error) {
+	unix.CloseOnExec(initproto.ListenFd)
+	if err := unix.SetNonblock(initproto.ListenFd, true); err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	ln := os.NewFile(initproto.ListenFd, "ctl")
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	null, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open /dev/null: %w", err)
+	}
+	return &server{ln: ln, lnrc: rc, null: null, waiters: map[int]chan unix.WaitStatus{}}, nil
+}
+
+// serve accepts connections forever; each gets one goroutine.
+func (s *server) serve() {
+	for {
+		var nfd int
+		var aerr error
+		err := s.lnrc.Read(func(fd uintptr) bool {
+			nfd, _, aerr = unix.Accept4(int(fd), unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
+			return aerr != unix.EAGAIN
+		})
+		if err == nil {
+			err = aerr
+		}
+		if err != nil {
+			// EMFILE and friends: nothing to do but keep serving.
+			fmt.Fprintln(os.Stderr, "corral-init: accept:", err)
+			continue
+		}
+		c, err := initproto.NewConn(nfd, "conn")
+		if err != nil {
+			continue
+		}
+		go s.handle(c)
+	}
+}
+
+func (s *server) handle(c *initproto.Conn) {
+	defer c.Close()
+	var req initproto.Request
+	fds, err := c.Recv(&req)
+	if err != nil {
+		return
+	}
+	if req.Version != initproto.Version {
+		closeFds(fds)
+		replyErr(c, initproto.ClassInvalidArgument, fmt.Errorf("%w: got %d, want %d", initproto.ErrVersion, req.Version, initproto.Version))
+		return
+	}
+	switch req.Op {
+	case initproto.OpPing:
+		closeFds(fds)
+		_ = c.Send(initproto.Reply{Op: initproto.OpPong, Pid: os.Getpid()})
+	case initproto.OpKill:
+		closeFds(fds)
+		s.kill(c, req.Pgid, req.Signal)
+	case initproto.OpExec:
+		s.exec(c, req.Exec, fds)
+	default:
+		closeFds(fds)
+		replyErr(c, initproto.ClassInvalidArgument, fmt.Errorf("unknown op %q", req.Op))
+	}
+}
+
+func (s *server) kill(c *initproto.Conn, pgid, sig int) {
+	if pgid <= 1 || sig <= 0 {
+		replyErr(c, initproto.ClassInvalidArgument, fmt.Errorf("kill: bad pgid %d or signal %d", pgid, sig))
+		return
+	}
+	if err := unix.Kill(-pgid, unix.Signal(sig)); err != nil && err != unix.ESRCH {
+		replyErr(c, initproto.ClassInternal, fmt.Errorf("kill %d: %w", -pgid, err))
+		return
+	}
+	_ = c.Send(initproto.Reply{Op: initproto.OpPong})
+}
+
+// exec starts a command, reports its pid, relays kill requests arriving on
+// the same connection, and reports the exit.
+func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) {
+	defer func() { closeFds(fds) }() // fds is set to nil once handed over
+	if req == nil || len(fds) < 2 || req.Stdin && len(fds) < 3 {
+		replyErr(c, initproto.ClassInvalidArgument, errors.New("exec: missing spec or fds"))
+		return
+	}
+	stdin := s.null
+	if req.Stdin {
+		stdin = fds[2]
+	}
+	pid, done, err := s.start(req, [3]int{stdin, fds[0], fds[1]})
+	if err != nil {
+		replyErr(c, classify(err), err)
+		return
+	}
+	closeFds(fds) // the child has its copies; the node must see EOF
+	fds = nil
+	_ = c.Send(initproto.Reply{Op: initproto.OpStarted, Pid: pid})
+	go s.relayKills(c, pid)
+	ws := <-done
+	r := initproto.Reply{Op: initproto.OpExit, ExitCode: ws.ExitStatus()}
+	if ws.Signaled() {
+		r.ExitCode, r.Signal = -1, int(ws.Signal())
+	}
+	_ = c.Send(r)
+}
+
+// relayKills signals the exec's process group for every kill request on its
+// connection, until the connection closes.
+func (s *server) relayKills(c *initproto.Conn, pgid int) {
+	for {
+		var req initproto.Request
+		fds, err := c.Recv(&req)
+		closeFds(fds)
+		if err != nil {
+			return // closed by either side
+		}
+		if req.Op == initproto.OpKill && req.Signal > 0 {
+			_ = unix.Kill(-pgid, unix.Signal(req.Signal))
+		}
+	}
+}
+
+// reap waits for every child (PID 1 inherits all orphans) on SIGCHLD and
+// hands registered exits to their exec.
+func (s *server) reap(sigs <-chan os.Signal) {
+	for sig := range sigs {
+		if sig != unix.SIGCHLD {
+			continue // caught so that PID 1 never dies of it
+		}
+		s.mu.Lock()
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || pid <= 0 {
+				break
+			}
+			if ch, ok := s.waiters[pid]; ok {
+				delete(s.waiters, pid)
+				ch <- ws
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+func replyErr(c *initproto.Conn, class string, err error) {
+	_ = c.Send(initproto.Reply{Op: initproto.OpError, Class: class, Error: err.Error()})
+}
+
+func closeFds(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}

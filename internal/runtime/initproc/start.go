@@ -1,0 +1,121 @@
+package initproc
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"golang.org/x/sys/unix"
+)
+
+// reqError is a request error with a class the node maps to errdefs.
+type reqError struct {
+	class string
+	err   error
+}
+
+func (e *reqError) Error() string { return e.err.Error() }
+
+func classify(err error) string {
+	var re *reqError
+	if errors.As(err, &re) {
+		return re.class
+	}
+	switch {
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
+		return initproto.ClassNotFound
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+		return initproto.ClassPermissionDenied
+	case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.ENOMEM):
+		return initproto.ClassResource
+	case errors.Is(err, unix.ENOEXEC), errors.Is(err, unix.E2BIG):
+		return initproto.ClassInvalidArgument
+	}
+	return initproto.ClassInternal
+}
+
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// start forks and execs one command in its own process group. The returned
+// channel receives its wait status.
+func (s *server) start(req *initproto.ExecRequest, stdio [3]int) (int, chan unix.WaitStatus, error) {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return 0, nil, &reqError{initproto.ClassInvalidArgument, errors.New("exec: empty argv")}
+	}
+	cred, err := lookupUser(req.User)
+	if err != nil {
+		return 0, nil, err
+	}
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	if st, err := os.Stat(cwd); err != nil || !st.IsDir() {
+		return 0, nil, &reqError{initproto.ClassInvalidArgument, fmt.Errorf("exec: cwd %s does not exist or is not a directory", cwd)}
+	}
+	path, err := lookPath(req.Argv[0], req.Env)
+	if err != nil {
+		return 0, nil, err
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   cwd,
+		Env:   req.Env,
+		Files: []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: cred},
+	}
+	done := make(chan unix.WaitStatus, 1)
+	s.mu.Lock()
+	pid, err := syscall.ForkExec(path, req.Argv, attr)
+	if err == nil {
+		s.waiters[pid] = done
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return 0, nil, fmt.Errorf("exec %s: %w", req.Argv[0], err)
+	}
+	// Children inherit init's -1000; give the command the default back so
+	// that a cgroup OOM picks it rather than nothing.
+	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("0"), 0)
+	return pid, done, nil
+}
+
+// lookPath resolves argv[0] inside the sandbox with the exec's PATH.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		if err := executable(name); err != nil {
+			return "", err
+		}
+		return name, nil
+	}
+	path := defaultPath
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range strings.Split(path, ":") {
+		if dir == "" {
+			dir = "."
+		}
+		p := dir + "/" + name
+		if executable(p) == nil {
+			return p, nil
+		}
+	}
+	return "", &reqError{initproto.ClassNotFound, fmt.Errorf("exec: %s: executable file not found in $PATH", name)}
+}
+
+func executable(p string) error {
+	st, err := os.Stat(p)
+	if err != nil {
+		return &reqError{initproto.ClassNotFound, fmt.Errorf("exec: %s: no such file", p)}
+	}
+	if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return &reqError{initproto.ClassPermissionDenied, fmt.Errorf("exec: %s: not an executable file", p)}
+	}
+	return nil
+}

@@ -1,0 +1,154 @@
+package initproto
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// MaxMessage bounds one packet (a big environment still fits).
+const MaxMessage = 1 << 20
+
+// maxFds bounds the descriptors accepted with one message.
+const maxFds = 4
+
+// Conn is one SOCK_SEQPACKET connection driven through the Go poller.
+type Conn struct {
+	f  *os.File
+	rc syscall.RawConn
+}
+
+// NewConn takes ownership of a connected SOCK_SEQPACKET fd; it is made
+// non-blocking and close-on-exec.
+func NewConn(fd int, name string) (*Conn, error) {
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	unix.CloseOnExec(fd)
+	f := os.NewFile(uintptr(fd), name)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &Conn{f: f, rc: rc}, nil
+}
+
+// Dial connects to init's control socket.
+func Dial(path string) (*Conn, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return NewConn(fd, path)
+}
+
+// Close closes the connection.
+func (c *Conn) Close() error { return c.f.Close() }
+
+// SetDeadline bounds pending and future Send/Recv calls.
+func (c *Conn) SetDeadline(t time.Time) error { return c.f.SetDeadline(t) }
+
+// Send writes one message with optional fds.
+func (c *Conn) Send(msg any, fds ...int) error {
+	b, err := json.Marshal(msg)
+	if err != nil {
+		return err
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	var serr error
+	err = c.rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendmsg(int(fd), b, oob, nil, unix.MSG_NOSIGNAL)
+		return serr != unix.EAGAIN
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+// Recv reads one message into msg and returns the fds that came with it
+// (close-on-exec; the caller owns them). It returns io.EOF when the peer
+// closed the connection.
+func (c *Conn) Recv(msg any) ([]int, error) {
+	var (
+		n, oobn int
+		rerr    error
+		buf     []byte
+		oob     = make([]byte, unix.CmsgSpace(maxFds*4))
+	)
+	err := c.rc.Read(func(fd uintptr) bool {
+		// Peek at the size first so that small messages need no big buffer.
+		n, _, _, _, rerr = unix.Recvmsg(int(fd), nil, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
+		if rerr == unix.EAGAIN {
+			return false
+		}
+		if rerr != nil || n == 0 {
+			return true
+		}
+		if n > MaxMessage {
+			rerr = fmt.Errorf("message of %d bytes exceeds %d", n, MaxMessage)
+			return true
+		}
+		buf = make([]byte, n)
+		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
+		return rerr != unix.EAGAIN
+	})
+	if err == nil {
+		err = rerr
+	}
+	fds := parseFds(oob[:oobn])
+	if err != nil {
+		closeAll(fds)
+		return nil, err
+	}
+	if n == 0 {
+		closeAll(fds)
+		return nil, io.EOF
+	}
+	if err := json.Unmarshal(buf[:n], msg); err != nil {
+		closeAll(fds)
+		return nil, fmt.Errorf("decode message: %w", err)
+	}
+	return fds, nil
+}
+
+func parseFds(oob []byte) []int {
+	if len(oob) == 0 {
+		return nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for i := range msgs {
+		if r, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+			fds = append(fds, r...)
+		}
+	}
+	return fds
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// ErrVersion is returned for a request of another protocol version.
+var ErrVersion = errors.New("protocol version mismatch")

@@ -1,0 +1,90 @@
+// Package initproto is the wire protocol between the node and a container
+// sandbox's init (cmd/corral-init): one JSON message per SOCK_SEQPACKET
+// packet, file descriptors passed with SCM_RIGHTS, and one integer Version
+// carried by every request and checked by init. It is imported by init, so it
+// must stay tiny: the standard library and golang.org/x/sys/unix only.
+//
+// Changelog of Version:
+//
+//	1 (2025-06): config/ready on the setup socket; ping, exec, kill.
+package initproto
+
+// Version is the protocol version; bump it with a dated changelog line.
+const Version = 1
+
+// Fds init is started with (ExtraFiles order).
+const (
+	// ListenFd is the listening SOCK_SEQPACKET control socket.
+	ListenFd = 3
+	// SetupFd is one end of a socketpair carrying Config and the ready reply.
+	SetupFd = 4
+)
+
+// Ops of requests and replies.
+const (
+	OpPing    = "ping"
+	OpExec    = "exec"
+	OpKill    = "kill"
+	OpConfig  = "config"
+	OpReady   = "ready"
+	OpPong    = "pong"
+	OpStarted = "started"
+	OpExit    = "exit"
+	OpError   = "error"
+)
+
+// Error classes in replies, mapped to errdefs by the node.
+const (
+	ClassNotFound         = "not_found"
+	ClassInvalidArgument  = "invalid_argument"
+	ClassPermissionDenied = "permission_denied"
+	ClassResource         = "resource_exhausted"
+	ClassInternal         = "internal"
+)
+
+// Config is what init needs to build the sandbox, sent on the setup socket.
+type Config struct {
+	Version int    `json:"v"`
+	Op      string `json:"op"`
+	// Layers are the overlay lower dirs, topmost first (host paths).
+	Layers   []string `json:"layers"`
+	UpperDir string   `json:"upper"`
+	WorkDir  string   `json:"work"`
+	// Rootfs is the host directory the overlay is mounted on (only inside
+	// the sandbox's mount namespace).
+	Rootfs   string `json:"rootfs"`
+	Hostname string `json:"hostname"`
+	// Seccomp disables the filter when false (tests of the runtime only).
+	NoSeccomp bool `json:"no_seccomp,omitempty"`
+}
+
+// Request is a node -> init message; the first on a connection opens it.
+type Request struct {
+	Version int          `json:"v"`
+	Op      string       `json:"op"`
+	Exec    *ExecRequest `json:"exec,omitempty"`
+	// Pgid and Signal for OpKill. On an exec connection Pgid may be 0: the
+	// exec's own group.
+	Pgid   int `json:"pgid,omitempty"`
+	Signal int `json:"sig,omitempty"`
+}
+
+// ExecRequest starts a command. The message carries stdout and stderr fds,
+// then stdin when Stdin is set.
+type ExecRequest struct {
+	Argv  []string `json:"argv"`
+	Env   []string `json:"env"`
+	Cwd   string   `json:"cwd"`
+	User  string   `json:"user"`
+	Stdin bool     `json:"stdin"`
+}
+
+// Reply is an init -> node message.
+type Reply struct {
+	Op       string `json:"op"`
+	Pid      int    `json:"pid,omitempty"`
+	ExitCode int    `json:"code"`
+	Signal   int    `json:"sig,omitempty"`
+	Error    string `json:"error,omitempty"`
+	Class    string `json:"class,omitempty"`
+}

@@ -1,0 +1,147 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/initproto"
+)
+
+// Client talks to one init over its control socket; every call is one
+// connection, so a restarted daemon simply dials again.
+type Client struct{ Path string }
+
+func (c Client) dial(ctx context.Context) (*initproto.Conn, func(), error) {
+	conn, err := initproto.Dial(c.Path)
+	if err != nil {
+		return nil, nil, errdefs.Unavailable("connect to init: %v", err)
+	}
+	if d, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(d)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	return conn, func() { stop(); conn.Close() }, nil
+}
+
+func (c Client) call(ctx context.Context, req initproto.Request) (initproto.Reply, error) {
+	conn, done, err := c.dial(ctx)
+	if err != nil {
+		return initproto.Reply{}, err
+	}
+	defer done()
+	req.Version = initproto.Version
+	var r initproto.Reply
+	if err := conn.Send(req); err != nil {
+		return r, ctxOr(ctx, err)
+	}
+	if _, err := conn.Recv(&r); err != nil {
+		return r, ctxOr(ctx, err)
+	}
+	return r, ReplyError(r)
+}
+
+// Ping checks that init answers and returns its pid inside the sandbox.
+func (c Client) Ping(ctx context.Context) error {
+	_, err := c.call(ctx, initproto.Request{Op: initproto.OpPing})
+	return err
+}
+
+// Kill signals a process group inside the sandbox.
+func (c Client) Kill(ctx context.Context, pgid, sig int) error {
+	_, err := c.call(ctx, initproto.Request{Op: initproto.OpKill, Pgid: pgid, Signal: sig})
+	return err
+}
+
+// Exec is a started command.
+type Exec struct {
+	Pid  int // also its process group, as init sees it
+	conn *initproto.Conn
+	exit chan ExitResult
+}
+
+// ExitResult is how the command's main process ended.
+type ExitResult struct {
+	Code, Signal int
+	Err          error // the connection failed before an exit was reported
+}
+
+// Exec starts a command with the given stdio (stdin may be nil). The caller
+// closes its copies of the fds after the call and must Close the Exec.
+func (c Client) Exec(ctx context.Context, req initproto.ExecRequest, stdout, stderr, stdin *os.File) (*Exec, error) {
+	conn, err := initproto.Dial(c.Path)
+	if err != nil {
+		return nil, errdefs.Unavailable("connect to init: %v", err)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	defer stop()
+	fds := []int{int(stdout.Fd()), int(stderr.Fd())}
+	if stdin != nil {
+		req.Stdin = true
+		fds = append(fds, int(stdin.Fd()))
+	}
+	var r initproto.Reply
+	err = conn.Send(initproto.Request{Version: initproto.Version, Op: initproto.OpExec, Exec: &req}, fds...)
+	if err == nil {
+		_, err = conn.Recv(&r)
+	}
+	if err == nil {
+		err = ReplyError(r)
+	}
+	if err != nil {
+		conn.Close()
+		return nil, ctxOr(ctx, err)
+	}
+	conn.SetDeadline(time.Time{})
+	e := &Exec{Pid: r.Pid, conn: conn, exit: make(chan ExitResult, 1)}
+	go e.wait()
+	return e, nil
+}
+
+func (e *Exec) wait() {
+	var r initproto.Reply
+	_, err := e.conn.Recv(&r)
+	if err == nil && r.Op != initproto.OpExit {
+		err = fmt.Errorf("unexpected reply %q", r.Op)
+	}
+	e.exit <- ExitResult{Code: r.ExitCode, Signal: r.Signal, Err: err}
+}
+
+// Exited delivers the exit once.
+func (e *Exec) Exited() <-chan ExitResult { return e.exit }
+
+// Signal signals the command's process group.
+func (e *Exec) Signal(sig int) error {
+	return e.conn.Send(initproto.Request{Version: initproto.Version, Op: initproto.OpKill, Signal: sig})
+}
+
+// Close drops the connection; the command keeps running.
+func (e *Exec) Close() error { return e.conn.Close() }
+
+// ReplyError maps an init error reply to an errdefs class.
+func ReplyError(r initproto.Reply) error {
+	if r.Op != initproto.OpError {
+		return nil
+	}
+	switch r.Class {
+	case initproto.ClassNotFound:
+		return errdefs.NotFound("%s", r.Error)
+	case initproto.ClassInvalidArgument:
+		return errdefs.InvalidArgument("%s", r.Error)
+	case initproto.ClassPermissionDenied:
+		return errdefs.PermissionDenied("%s", r.Error)
+	case initproto.ClassResource:
+		return errdefs.ResourceExhausted("%s", r.Error)
+	}
+	return errors.New(r.Error)
+}
+
+func ctxOr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}

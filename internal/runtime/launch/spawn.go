@@ -1,0 +1,194 @@
+// Package launch is the node side of a container sandbox's init: it binds the
+// control socket, starts corral-init inside fresh namespaces and the
+// sandbox's cgroups, watches it through a pidfd and talks to it with the
+// initproto protocol. It never sets up namespaces in the calling (daemon)
+// process. It imports the runtime packages, errdefs and x/sys/unix; never the
+// backend, node or API layers.
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/cgroup"
+	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"golang.org/x/sys/unix"
+)
+
+// cloneFlags are the namespaces of a sandbox. CLONE_NEWCGROUP is taken while
+// the child already sits in its cgroups, so its cgroup root is its own.
+const cloneFlags = unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS |
+	unix.CLONE_NEWIPC | unix.CLONE_NEWNET | unix.CLONE_NEWCGROUP
+
+// Listen binds the SOCK_SEQPACKET control socket at path (its directory must
+// be private to root) and returns the listening socket for init.
+func Listen(path string) (*os.File, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("control socket: bind %s: %w", path, err)
+	}
+	if err := unix.Listen(fd, 64); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("control socket: listen: %w", err)
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// SpawnConfig says how to start one init.
+type SpawnConfig struct {
+	InitPath string
+	Group    *cgroup.Group
+	Listener *os.File // from Listen; the caller closes it after Spawn
+	Stderr   *os.File // init's own log; nil for /dev/null
+}
+
+// Spawn starts init in new namespaces inside Group. The returned Setup must
+// be completed with Process.Setup.
+func Spawn(sc SpawnConfig) (*Process, *initproto.Conn, error) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("setup socket: %w", err)
+	}
+	child := os.NewFile(uintptr(pair[1]), "setup-child")
+	defer child.Close()
+	setup, err := initproto.NewConn(pair[0], "setup")
+	if err != nil {
+		return nil, nil, fmt.Errorf("setup socket: %w", err)
+	}
+	type result struct {
+		pid, pidfd int
+		err        error
+	}
+	res := make(chan result, 1)
+	// The spawning goroutine keeps its thread locked until it exits, so Go
+	// throws the thread away: it has been moved into the sandbox's cgroups.
+	go func() {
+		runtime.LockOSThread()
+		pid, pidfd, err := spawnOnThread(sc, child)
+		res <- result{pid, pidfd, err}
+	}()
+	r := <-res
+	if r.err != nil {
+		setup.Close()
+		return nil, nil, r.err
+	}
+	p, err := newProcess(r.pid, r.pidfd, true)
+	if err != nil {
+		unix.Kill(r.pid, unix.SIGKILL)
+		var ws unix.WaitStatus
+		unix.Wait4(r.pid, &ws, 0, nil)
+		setup.Close()
+		return nil, nil, err
+	}
+	return p, setup, nil
+}
+
+func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err error) {
+	restore, err := sc.Group.EnterThread()
+	if err != nil {
+		return 0, 0, err
+	}
+	if unix.Gettid() == os.Getpid() {
+		// Go never discards the main thread: move it back after the clone.
+		defer func() {
+			if rerr := restore(); rerr != nil && err == nil {
+				err = rerr
+			}
+		}()
+	}
+	cgfd, err := sc.Group.OpenV2()
+	if err != nil {
+		return 0, 0, err
+	}
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer null.Close()
+	stderr := null
+	if sc.Stderr != nil {
+		stderr = sc.Stderr
+	}
+	pidfd = -1
+	attr := &syscall.SysProcAttr{Cloneflags: cloneFlags, PidFD: &pidfd}
+	if cgfd != nil {
+		defer cgfd.Close()
+		attr.UseCgroupFD, attr.CgroupFD = true, int(cgfd.Fd())
+	}
+	files := []uintptr{null.Fd(), stderr.Fd(), stderr.Fd(), sc.Listener.Fd(), setupChild.Fd()}
+	pid, err = syscall.ForkExec(sc.InitPath, []string{"corral-init"}, &syscall.ProcAttr{
+		Env: []string{}, Files: files, Sys: attr,
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("start %s: %w", sc.InitPath, err)
+	}
+	return pid, pidfd, nil
+}
+
+// Setup sends init its config and waits until it reports ready.
+func (p *Process) Setup(ctx context.Context, setup *initproto.Conn, cfg initproto.Config) error {
+	defer setup.Close()
+	cfg.Version, cfg.Op = initproto.Version, initproto.OpConfig
+	stop := context.AfterFunc(ctx, func() { setup.SetDeadline(time.Now()) })
+	defer stop()
+	if err := setup.Send(cfg); err != nil {
+		return fmt.Errorf("send config: %w", p.ctxErr(ctx, err))
+	}
+	var r initproto.Reply
+	if _, err := setup.Recv(&r); err != nil {
+		return fmt.Errorf("wait ready: %w", p.ctxErr(ctx, err))
+	}
+	if r.Op != initproto.OpReady {
+		return fmt.Errorf("init: %s", r.Error)
+	}
+	return nil
+}
+
+func (p *Process) ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	select {
+	case <-p.done:
+		return fmt.Errorf("init exited: %w", err)
+	default:
+		return err
+	}
+}
+
+// StartTime reads the start time (clock ticks since boot) of pid.
+func StartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, errdefs.NotFound("process %d is gone", pid)
+		}
+		return 0, err
+	}
+	return parseStartTime(string(b))
+}
+
+func parseStartTime(stat string) (uint64, error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 || i+2 > len(stat) {
+		return 0, errors.New("malformed /proc/pid/stat")
+	}
+	// Fields after the comm start at "state" (field 3); starttime is 22.
+	f := strings.Fields(stat[i+2:])
+	if len(f) < 20 {
+		return 0, errors.New("malformed /proc/pid/stat")
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}

@@ -1,0 +1,151 @@
+// Package state keeps a node's sandbox records in bbolt on local disk, so a
+// restarted daemon knows every sandbox it owned. It stores opaque records and
+// must not import the node, control or backend packages.
+package state
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+var (
+	bucketSandboxes = []byte("sandboxes")
+	bucketMeta      = []byte("meta")
+	keyNodeID       = []byte("node_id")
+)
+
+// Phase is where a sandbox is in its life. Creating records exist so that a
+// crash in the middle of Create is cleaned up at the next start.
+type Phase string
+
+const (
+	PhaseCreating Phase = "creating"
+	PhaseRunning  Phase = "running"
+	PhasePaused   Phase = "paused"
+	PhaseStopped  Phase = "stopped"
+)
+
+// Record is everything the node keeps about one sandbox.
+type Record struct {
+	ID          string            `json:"id"`
+	Backend     string            `json:"backend"`
+	Image       string            `json:"image"`
+	Phase       Phase             `json:"phase"`
+	CPUMillis   int64             `json:"cpu_millis"`
+	MemoryBytes int64             `json:"memory_bytes"`
+	DiskBytes   int64             `json:"disk_bytes"`
+	Pids        int64             `json:"pids"`
+	Env         []string          `json:"env,omitempty"`
+	Workdir     string            `json:"workdir,omitempty"`
+	User        string            `json:"user,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	IdleTimeout time.Duration     `json:"idle_timeout"`
+	MaxLifetime time.Duration     `json:"max_lifetime"`
+	CreatedAt   time.Time         `json:"created_at"`
+	StoppedAt   time.Time         `json:"stopped_at,omitzero"`
+	StopReason  string            `json:"stop_reason,omitempty"`
+	// BackendRecord is the backend's own opaque record (backend.Sandbox.Record).
+	BackendRecord []byte `json:"backend_record,omitempty"`
+}
+
+// DB is the node's state database.
+type DB struct {
+	bolt *bolt.DB
+}
+
+// Open opens (creating if needed) the database at path.
+//
+// Writes are not fsynced: a daemon crash keeps them (they are in the page
+// cache), and after a host crash the node's leftover sweep removes whatever
+// a lost record described. That keeps Create off the disk's fsync latency.
+func Open(path string) (*DB, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	b, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoSync: true})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, errdefs.Unavailable("state %s is locked: is another corral serve using this --data-dir?", path)
+		}
+		return nil, fmt.Errorf("open state %s: %w", path, err)
+	}
+	err = b.Update(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{bucketSandboxes, bucketMeta} {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Close()
+		return nil, fmt.Errorf("init state %s: %w", path, err)
+	}
+	return &DB{bolt: b}, nil
+}
+
+// Close closes the database.
+func (db *DB) Close() error { return db.bolt.Close() }
+
+// NodeID returns this node's id, generating and storing one on first use.
+func (db *DB) NodeID() (string, error) {
+	var id string
+	err := db.bolt.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketMeta)
+		if v := b.Get(keyNodeID); v != nil {
+			id = string(v)
+			return nil
+		}
+		buf := make([]byte, 3)
+		if _, err := rand.Read(buf); err != nil {
+			return err
+		}
+		id = "n" + hex.EncodeToString(buf)
+		return b.Put(keyNodeID, []byte(id))
+	})
+	return id, err
+}
+
+// Put stores rec, replacing any record with the same id.
+func (db *DB) Put(rec *Record) error {
+	v, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("encode record %s: %w", rec.ID, err)
+	}
+	return db.bolt.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).Put([]byte(rec.ID), v)
+	})
+}
+
+// Delete removes the record of id; deleting a missing record is not an error.
+func (db *DB) Delete(id string) error {
+	return db.bolt.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
+	})
+}
+
+// All returns every record.
+func (db *DB) All() ([]*Record, error) {
+	var recs []*Record
+	err := db.bolt.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
+			rec := new(Record)
+			if err := json.Unmarshal(v, rec); err != nil {
+				return fmt.Errorf("decode record %s: %w", k, err)
+			}
+			recs = append(recs, rec)
+			return nil
+		})
+	})
+	return recs, err
+}

@@ -1,0 +1,239 @@
+// Package testenv starts real corral servers for tests: it builds the
+// binaries once per test process, gives each server its own data dir and
+// cgroup parent, and checks on cleanup that nothing (mounts, cgroups,
+// processes) was left behind. Only _test files import it.
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/server"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// RequireRoot skips tests that need root (namespaces, mounts, cgroups).
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates namespaces, mounts and cgroups")
+	}
+}
+
+// Binaries builds bin/corral and bin/corral-init once into a temp dir and
+// returns that dir.
+func Binaries(t testing.TB) string {
+	t.Helper()
+	dir, err := BuildBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// BuildBinaries is Binaries for callers without a testing.TB (TestMain).
+func BuildBinaries() (string, error) {
+	buildOnce.Do(func() {
+		root, err := moduleRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binDir, buildErr = os.MkdirTemp("", "corral-testbin-")
+		if buildErr != nil {
+			return
+		}
+		for _, b := range []struct{ out, pkg, cgo string }{
+			{"corral", "./cmd/corral", "1"},
+			{"corral-init", "./cmd/corral-init", "0"},
+		} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("build %s: %v\n%s", b.pkg, err, out)
+				return
+			}
+		}
+	})
+	return binDir, buildErr
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
+}
+
+// UniqueName returns prefix-<8 hex>, for cgroup parents and labels.
+func UniqueName(prefix string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return prefix + "-" + hex.EncodeToString(b)
+}
+
+// Server is a corral server running inside the test process.
+type Server struct {
+	*server.Server
+	Config server.Config
+	Client *client.Client
+	Addr   string
+}
+
+// StartServer starts an in-process server with CleanupOnExit, so that its
+// cleanup deletes every sandbox; it then asserts that no mount, cgroup or
+// process of that server remains.
+func StartServer(t testing.TB, mutate ...func(*server.Config)) *Server {
+	t.Helper()
+	RequireRoot(t)
+	srv, err := Start(slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})), mutate...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			t.Errorf("stop server: %v", err)
+		}
+		AssertNoLeaks(t, srv.Config.DataDir, srv.Config.CgroupParent)
+		RemoveCgroupParent(srv.Config.CgroupParent)
+		os.RemoveAll(srv.Config.DataDir)
+	})
+	return srv
+}
+
+// Start starts an in-process server on a fresh data dir and cgroup parent;
+// the caller stops it with Stop and removes Config.DataDir.
+func Start(logger *slog.Logger, mutate ...func(*server.Config)) (*Server, error) {
+	bins, err := BuildBinaries()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "corral-test-")
+	if err != nil {
+		return nil, err
+	}
+	cfg := server.Config{
+		DataDir:       dir,
+		CgroupParent:  UniqueName("corral-test"),
+		InitBinary:    filepath.Join(bins, "corral-init"),
+		DiskPoolBytes: 8 << 30,
+		CleanupOnExit: true,
+		Logger:        logger,
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	srv, err := server.Start(context.Background(), cfg)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("start server: %w", err)
+	}
+	addr := "unix://" + filepath.Join(dir, "corral.sock")
+	c, err := client.New(addr)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{Server: srv, Config: cfg, Client: c, Addr: addr}, nil
+}
+
+// Stop deletes every sandbox and stops the server.
+func (s *Server) Stop() error {
+	s.Client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	return s.Server.Stop(ctx)
+}
+
+// RemoveCgroupParent removes the (empty) parent cgroup directories.
+func RemoveCgroupParent(parent string) {
+	for _, dir := range CgroupDirs(parent) {
+		_ = os.Remove(dir)
+	}
+}
+
+// AssertNoLeaks fails the test if a mount under dataDir, a cgroup under
+// cgroupParent, or a process in such a cgroup remains.
+func AssertNoLeaks(t testing.TB, dataDir, cgroupParent string) {
+	t.Helper()
+	if mounts := MountsUnder(dataDir); len(mounts) > 0 {
+		t.Errorf("mounts left under %s: %v", dataDir, mounts)
+	}
+	for _, dir := range CgroupDirs(cgroupParent) {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if e.IsDir() {
+				t.Errorf("cgroup left: %s", filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	if pids := SandboxProcesses(cgroupParent); len(pids) > 0 {
+		t.Errorf("sandbox processes left in cgroup %s: %v", cgroupParent, pids)
+	}
+}
+
+// MountsUnder lists mount points (in this mount namespace) under dir.
+func MountsUnder(dir string) []string {
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir) {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// CgroupDirs returns the existing directories of a cgroup parent in every
+// hierarchy (v1 controllers and the v2 tree).
+func CgroupDirs(parent string) []string {
+	matches, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
+	if st, err := os.Stat("/sys/fs/cgroup/" + parent); err == nil && st.IsDir() {
+		matches = append(matches, "/sys/fs/cgroup/"+parent)
+	}
+	return matches
+}
+
+// SandboxProcesses returns pids of processes in any cgroup under
+// cgroupParent, in any hierarchy: every sandbox process lives there.
+func SandboxProcesses(cgroupParent string) []string {
+	entries, _ := os.ReadDir("/proc")
+	var pids []string
+	needle := []byte("/" + cgroupParent + "/")
+	for _, e := range entries {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err == nil && bytes.Contains(cg, needle) {
+			pids = append(pids, e.Name())
+		}
+	}
+	return pids
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

@@ -1,0 +1,140 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// daemon is `corral serve` as a child process, so the test can SIGKILL it.
+type daemon struct {
+	t       *testing.T
+	bins    string
+	dataDir string
+	parent  string
+	cmd     *exec.Cmd
+}
+
+func (d *daemon) start(extra ...string) *client.Client {
+	d.t.Helper()
+	args := append([]string{"serve", "--data-dir", d.dataDir, "--listen", "", "--cgroup-parent", d.parent,
+		"--init-binary", filepath.Join(d.bins, "corral-init"), "--disk-pool", "4Gi", "--log-level", "warn"}, extra...)
+	d.cmd = exec.Command(filepath.Join(d.bins, "corral"), args...)
+	d.cmd.Stdout, d.cmd.Stderr = os.Stderr, os.Stderr
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	c, err := client.New("unix://" + filepath.Join(d.dataDir, "corral.sock"))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := c.List(context.Background(), client.ListOptions{}); err == nil {
+			return c
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("daemon did not come up in 60s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (d *daemon) stop(sig syscall.Signal) {
+	d.t.Helper()
+	_ = d.cmd.Process.Signal(sig)
+	_ = d.cmd.Wait()
+}
+
+// cgroupPids lists the processes in a sandbox's pids cgroup (v1) or its v2 dir.
+func cgroupPids(parent, id string) []int {
+	var pids []int
+	for _, f := range []string{"/sys/fs/cgroup/pids/" + parent + "/" + id + "/cgroup.procs", "/sys/fs/cgroup/" + parent + "/" + id + "/cgroup.procs"} {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, s := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(s); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		break
+	}
+	return pids
+}
+
+func TestDaemonCrashKeepsOrCleansEverySandbox(t *testing.T) {
+	testenv.RequireRoot(t)
+	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	ctx := context.Background()
+	c := d.start()
+
+	survivor, err := c.Create(ctx, client.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, survivor, "echo kept > /tmp/state; sleep 1000 >/dev/null 2>&1 &")
+	victim, err := c.Create(ctx, client.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused, err := c.Create(ctx, client.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := paused.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	d.stop(syscall.SIGKILL)
+	// While the daemon is down, the victim's processes die, and a stray
+	// cgroup appears that no record describes.
+	for _, pid := range cgroupPids(d.parent, victim.ID()) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	stray := "/sys/fs/cgroup/pids/" + d.parent + "/" + strings.Split(survivor.ID(), "-")[0] + "-0123456789ab"
+	if err := os.Mkdir(stray, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	c = d.start()
+	if out := sh(t, survivor, "cat /tmp/state; ps -o comm | grep -c sleep"); out != "kept\n1\n" {
+		t.Errorf("survivor after restart: %q", out)
+	}
+	info, err := c.Get(ctx, victim.ID())
+	if err != nil || info.State != client.StateStopped {
+		t.Errorf("victim after restart: %+v %v", info, err)
+	}
+	if pids := cgroupPids(d.parent, victim.ID()); len(pids) != 0 {
+		t.Errorf("victim processes left: %v", pids)
+	}
+	if _, err := os.Stat(stray); !os.IsNotExist(err) {
+		t.Errorf("stray cgroup %s not swept: %v", stray, err)
+	}
+	if info, err := c.Get(ctx, paused.ID()); err != nil || info.State != client.StatePaused {
+		t.Errorf("paused sandbox after restart: %+v %v", info, err)
+	}
+	if out := sh(t, paused, "echo thawed"); out != "thawed\n" {
+		t.Errorf("paused sandbox exec after restart: %q", out)
+	}
+
+	// A clean shutdown with --cleanup-on-exit removes everything.
+	d.stop(syscall.SIGTERM)
+	d.start("--cleanup-on-exit")
+	d.stop(syscall.SIGTERM)
+	if d.cmd.ProcessState.ExitCode() != 0 {
+		t.Errorf("daemon exit code %d", d.cmd.ProcessState.ExitCode())
+	}
+	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
+	testenv.RemoveCgroupParent(d.parent)
+}

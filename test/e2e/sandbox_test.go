@@ -1,0 +1,279 @@
+// Package e2e tests corral end to end: a real server (in this process or as
+// a subprocess), real container sandboxes, driven through the Go SDK.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+func newSandbox(t *testing.T, c *client.Client, o client.CreateOptions) *client.Sandbox {
+	t.Helper()
+	sb, err := c.Create(context.Background(), o)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	t.Cleanup(func() { _ = sb.Delete(context.Background()) })
+	return sb
+}
+
+func run(t *testing.T, sb *client.Sandbox, cmd client.Command) *client.Result {
+	t.Helper()
+	res, err := sb.Run(context.Background(), cmd)
+	if err != nil {
+		t.Fatalf("run %v %q: %v", cmd.Args, cmd.Shell, err)
+	}
+	return res
+}
+
+func sh(t *testing.T, sb *client.Sandbox, script string) string {
+	t.Helper()
+	res := run(t, sb, client.Command{Shell: script})
+	if res.ExitCode != 0 {
+		t.Fatalf("%q exited %d (signal %d): stdout %q stderr %q", script, res.ExitCode, res.Signal, res.Stdout, res.Stderr)
+	}
+	return string(res.Stdout)
+}
+
+func TestExecStreamsOutputAndExitCode(t *testing.T) {
+	srv := testenv.StartServer(t)
+	sb := newSandbox(t, srv.Client, client.CreateOptions{Env: map[string]string{"GREETING": "hello"}, Workdir: "/tmp"})
+	var stdout, stderr bytes.Buffer
+	res, err := sb.Exec(context.Background(), client.Command{
+		Shell:  `echo "$GREETING $EXTRA from $(pwd)"; echo oops >&2; read line; echo "got $line"; exit 3`,
+		Env:    map[string]string{"EXTRA": "world"},
+		Stdin:  []byte("input\n"),
+		Stdout: &stdout, Stderr: &stderr,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stdout.String(), "hello world from /tmp\ngot input\n"; got != want {
+		t.Errorf("stdout = %q, want %q", got, want)
+	}
+	if stderr.String() != "oops\n" {
+		t.Errorf("stderr = %q", stderr.String())
+	}
+	if res.ExitCode != 3 || res.Signal != 0 || res.TimedOut || res.Truncated {
+		t.Errorf("result = %+v, want exit 3", res)
+	}
+	// argv runs without a shell: metacharacters stay literal.
+	res = run(t, sb, client.Command{Args: []string{"echo", "$HOME", ";", "ls"}})
+	if string(res.Stdout) != "$HOME ; ls\n" {
+		t.Errorf("argv exec stdout = %q", res.Stdout)
+	}
+	res = run(t, sb, client.Command{Shell: "kill -TERM $$"})
+	if res.Signal != 15 || res.ExitCode != -1 {
+		t.Errorf("signalled result = %+v", res)
+	}
+	if out := sh(t, sb, "id -u; id -un"); out != "0\nroot\n" {
+		t.Errorf("default user: %q", out)
+	}
+	if out := run(t, sb, client.Command{Args: []string{"id", "-u"}, User: "65534"}).Stdout; string(out) != "65534\n" {
+		t.Errorf("user 65534: %q", out)
+	}
+	if out := run(t, sb, client.Command{Args: []string{"id", "-u"}, User: "nobody"}).Stdout; string(out) != "65534\n" {
+		t.Errorf("user nobody: %q", out)
+	}
+}
+
+func TestSandboxSeesOnlyItsOwnProcesses(t *testing.T) {
+	srv := testenv.StartServer(t)
+	a := newSandbox(t, srv.Client, client.CreateOptions{})
+	b := newSandbox(t, srv.Client, client.CreateOptions{})
+	sh(t, a, "sleep 1000 >/dev/null 2>&1 &")
+	out := sh(t, b, "ps -o pid,comm")
+	if strings.Contains(out, "sleep") {
+		t.Errorf("sandbox b sees a's sleep:\n%s", out)
+	}
+	pids := strings.Fields(sh(t, b, "ls -d /proc/[0-9]* | wc -l"))
+	if len(pids) != 1 || pids[0] == "" {
+		t.Fatalf("bad pid count output %q", pids)
+	}
+	// init, sh, ls and wc at most: never the host's hundreds.
+	if out := sh(t, b, "ls -d /proc/[0-9]*"); strings.Count(out, "\n") > 6 {
+		t.Errorf("sandbox sees too many processes:\n%s", out)
+	}
+	if out := sh(t, a, "ps -o comm"); !strings.Contains(out, "sleep") {
+		t.Errorf("sandbox a does not see its own sleep:\n%s", out)
+	}
+	if host := sh(t, a, "hostname"); strings.TrimSpace(host) != "sandbox" {
+		t.Errorf("hostname = %q", host)
+	}
+}
+
+func TestImageWritesStayInTheSandbox(t *testing.T) {
+	srv := testenv.StartServer(t)
+	a := newSandbox(t, srv.Client, client.CreateOptions{})
+	b := newSandbox(t, srv.Client, client.CreateOptions{})
+	orig := sh(t, b, "md5sum /bin/busybox /etc/passwd")
+	// Replace the shell binary itself (the harness-hijack attempt), and a
+	// file of the image.
+	sh(t, a, `cp /bin/busybox /tmp/busybox && exec /tmp/busybox sh -c 'rm /bin/busybox && cp /tmp/busybox /bin/busybox && echo x >> /bin/busybox && echo hacked > /etc/passwd'`)
+	if got := sh(t, a, "md5sum /bin/busybox /etc/passwd"); got == orig {
+		t.Fatalf("the writes did not happen in sandbox a")
+	}
+	if got := sh(t, b, "md5sum /bin/busybox /etc/passwd"); got != orig {
+		t.Errorf("sandbox b sees a's writes:\nbefore %s\nafter  %s", orig, got)
+	}
+	c := newSandbox(t, srv.Client, client.CreateOptions{})
+	if got := sh(t, c, "md5sum /bin/busybox /etc/passwd"); got != orig {
+		t.Errorf("a new sandbox sees a's writes: %s", got)
+	}
+}
+
+func TestMemoryLimitOOMKillsInsideOnly(t *testing.T) {
+	srv := testenv.StartServer(t)
+	sb := newSandbox(t, srv.Client, client.CreateOptions{Resources: client.Resources{MemoryBytes: 64 << 20}})
+	res := run(t, sb, client.Command{Shell: `x=$(head -c 300000000 /dev/zero | tr '\0' a); echo ${#x}`})
+	if !res.OOMKilled {
+		t.Fatalf("memory bomb result = %+v, want OOMKilled", res)
+	}
+	if out := sh(t, sb, "echo alive"); out != "alive\n" {
+		t.Errorf("sandbox after OOM: %q", out)
+	}
+}
+
+func TestPidsLimitStopsForkBomb(t *testing.T) {
+	srv := testenv.StartServer(t)
+	sb := newSandbox(t, srv.Client, client.CreateOptions{Resources: client.Resources{Pids: 64}})
+	other := newSandbox(t, srv.Client, client.CreateOptions{})
+	res := run(t, sb, client.Command{Shell: `bomb() { bomb | bomb & }; bomb; sleep 2; ps | wc -l`, Timeout: 20 * time.Second})
+	if res.TimedOut {
+		t.Logf("fork bomb timed out (expected possible): %+v", res)
+	}
+	if got := sh(t, other, "echo ok"); got != "ok\n" {
+		t.Errorf("other sandbox: %q", got)
+	}
+	count := sh(t, other, "echo 1")
+	if count != "1\n" {
+		t.Errorf("other sandbox broken: %q", count)
+	}
+	// The bombed sandbox's process count never passed its limit.
+	info, err := sb.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Resources.Pids != 64 {
+		t.Errorf("pids limit recorded as %d", info.Resources.Pids)
+	}
+}
+
+func TestTimeoutKillsTheProcessGroup(t *testing.T) {
+	srv := testenv.StartServer(t)
+	sb := newSandbox(t, srv.Client, client.CreateOptions{})
+	res := run(t, sb, client.Command{Shell: "sleep 1000 & echo $! > /tmp/child; sleep 1000", Timeout: time.Second})
+	if !res.TimedOut || res.Signal != 9 {
+		t.Fatalf("result = %+v, want timed out by SIGKILL", res)
+	}
+	out := sh(t, sb, `pid=$(cat /tmp/child); if kill -0 $pid 2>/dev/null; then echo alive; else echo gone; fi`)
+	if out != "gone\n" {
+		t.Errorf("background child of the timed-out command is %s", out)
+	}
+}
+
+func TestBackgroundProcessesOutliveExec(t *testing.T) {
+	srv := testenv.StartServer(t)
+	sb := newSandbox(t, srv.Client, client.CreateOptions{})
+	start := time.Now()
+	sh(t, sb, "sleep 1000 >/dev/null 2>&1 & echo started")
+	if time.Since(start) > 30*time.Second {
+		t.Fatalf("exec waited for its background child")
+	}
+	if out := sh(t, sb, "ps -o comm | grep -c sleep"); out != "1\n" {
+		t.Errorf("background sleep not running: %q", out)
+	}
+	// A background process holding stdout open must not block the exec.
+	res := run(t, sb, client.Command{Shell: "sleep 1000 & echo done"})
+	if string(res.Stdout) != "done\n" {
+		t.Errorf("stdout = %q", res.Stdout)
+	}
+}
+
+func TestOutputLimitTruncatesYes(t *testing.T) {
+	srv := testenv.StartServer(t)
+	sb := newSandbox(t, srv.Client, client.CreateOptions{})
+	res := run(t, sb, client.Command{Args: []string{"yes"}, OutputLimit: 1 << 20, Timeout: time.Minute})
+	if !res.Truncated {
+		t.Fatalf("result = %+v, want truncated", res)
+	}
+	if len(res.Stdout) != 1<<20 {
+		t.Errorf("got %d bytes of output, want exactly the limit %d", len(res.Stdout), 1<<20)
+	}
+	if res.TimedOut {
+		t.Errorf("yes was not stopped by the closed pipe; it ran into the timeout")
+	}
+}
+
+func TestPauseResume(t *testing.T) {
+	srv := testenv.StartServer(t)
+	sb := newSandbox(t, srv.Client, client.CreateOptions{})
+	ctx := context.Background()
+	sh(t, sb, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; usleep 20000; done) >/dev/null 2>&1 &")
+	// Read the counter from the host through the sandbox's writable layer,
+	// which does not count as a request (a file call would resume it).
+	counter := func() string {
+		t.Helper()
+		paths := findUnder(srv.Config.DataDir, sb.ID(), "upper", "tmp", "count")
+		if len(paths) != 1 {
+			t.Fatalf("counter file in the upper dir: found %v", paths)
+		}
+		b, _ := os.ReadFile(paths[0])
+		return strings.TrimSpace(string(b))
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := sb.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := sb.Info(ctx); err != nil || info.State != client.StatePaused {
+		t.Fatalf("state after pause = %v (%v)", info.State, err)
+	}
+	frozen := counter()
+	time.Sleep(300 * time.Millisecond)
+	if got := counter(); got != frozen {
+		t.Errorf("counter moved while paused: %s -> %s", frozen, got)
+	}
+	if info, _ := sb.Info(ctx); info.State != client.StatePaused {
+		t.Fatalf("Get resumed the sandbox: %v", info.State)
+	}
+	// Any other request resumes transparently.
+	if _, err := sb.Files().Read(ctx, "/tmp/count"); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := sb.Info(ctx); info.State != client.StateRunning {
+		t.Fatalf("state after a file read = %v, want running", info.State)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := counter(); got == frozen {
+		t.Errorf("counter did not advance after resume: still %s", got)
+	}
+	if err := sb.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Resume(ctx); err != nil {
+		t.Errorf("resume of a running sandbox: %v", err)
+	}
+}
+
+// findUnder finds <dataDir>/.../<id>/<rest...> at depth one or two: where
+// the writable layer of sandbox id lives depends on the disk store.
+func findUnder(dataDir, id string, rest ...string) []string {
+	var found []string
+	for _, depth := range [][]string{{"*"}, {"*", "*"}} {
+		parts := append(append(append([]string{dataDir}, depth...), id), rest...)
+		m, _ := filepath.Glob(filepath.Join(parts...))
+		found = append(found, m...)
+	}
+	return found
+}
