@@ -39,8 +39,8 @@ type Backend interface {
 	// Create makes and starts a sandbox. On error nothing of it remains.
 	Create(ctx context.Context, spec Spec) (Sandbox, error)
 	// Recover re-attaches to a sandbox that outlived a daemon restart, from
-	// the record its Sandbox.Record returned. It returns an errdefs.NotFound
-	// error when the sandbox is no longer alive.
+	// the record its Sandbox.Record returned, and leaves it running (thawed).
+	// It returns an errdefs.NotFound error when the sandbox is no longer alive.
 	Recover(ctx context.Context, id string, record []byte) (Sandbox, error)
 	// Cleanup removes every process, mount, cgroup and file ever made for id.
 	// It is idempotent and needs no live Sandbox (record may be nil).

@@ -55,7 +55,7 @@ func round(f float64) float64 { return math.Round(f*1000) / 1000 }
 // Target is one promise checked against a figure measured in the run.
 type Target struct {
 	Figure string  `json:"figure"`
-	Op     string  `json:"op"` // "<=" or ">="
+	Op     string  `json:"op"` // "at_most" or "at_least"
 	Limit  float64 `json:"limit"`
 	Value  float64 `json:"value"`
 	Met    bool    `json:"met"`
@@ -64,11 +64,11 @@ type Target struct {
 }
 
 func atMost(figure string, value, limit float64) Target {
-	return Target{Figure: figure, Op: "<=", Limit: limit, Value: value, Met: value <= limit}
+	return Target{Figure: figure, Op: "at_most", Limit: limit, Value: value, Met: value <= limit}
 }
 
 func atLeast(figure string, value, limit float64) Target {
-	return Target{Figure: figure, Op: ">=", Limit: limit, Value: value, Met: value >= limit}
+	return Target{Figure: figure, Op: "at_least", Limit: limit, Value: value, Met: value >= limit}
 }
 
 // row is one line of a printed table: figure, value, peer, target.
@@ -77,7 +77,7 @@ type row struct{ figure, value, peer, target string }
 func writeTable(w io.Writer, title string, rows []row) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, title)
-	fmt.Fprintln(tw, "FIGURE\tVALUE\tPEER (same run)\tTARGET")
+	fmt.Fprintln(tw, "FIGURE\tVALUE\tPEER OR DETAIL (same run)\tTARGET")
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.figure, r.value, orDash(r.peer), orDash(r.target))
 	}
@@ -93,14 +93,15 @@ func orDash(s string) string {
 
 // verdict renders a target as "<= 15 met" or ">= 100 NOT MET".
 func verdict(t Target) string {
+	op := map[string]string{"at_most": "<=", "at_least": ">="}[t.Op]
 	if t.Skipped != "" {
-		return fmt.Sprintf("%s %g not measured", t.Op, t.Limit)
+		return fmt.Sprintf("%s %g not measured", op, t.Limit)
 	}
 	word := "met"
 	if !t.Met {
 		word = "NOT MET"
 	}
-	return fmt.Sprintf("%s %g %s", t.Op, t.Limit, word)
+	return fmt.Sprintf("%s %g %s", op, t.Limit, word)
 }
 
 func targetFor(ts []Target, figure string) string {

@@ -1,11 +1,9 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
-	"syscall"
 )
 
 // parseBytes accepts 123, 64Ki, 512Mi, 2Gi, 1Ti and the decimal K, M, G, T.
@@ -68,8 +66,4 @@ func parseKV(flag string, kvs []string) (map[string]string, error) {
 		out[k] = v
 	}
 	return out, nil
-}
-
-func isConnRefused(err error) bool {
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
 }

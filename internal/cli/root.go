@@ -77,14 +77,15 @@ func Main(ctx context.Context, args []string) int {
 
 // describe turns an error into a sentence a person can act on.
 func describe(err error) string {
+	msg := err.Error()
 	var ce *client.Error
 	if errors.As(err, &ce) {
-		return ce.Message + " (" + string(ce.Code) + ")"
+		msg = ce.Message + " (" + string(ce.Code) + ")"
 	}
-	if client.CodeOf(err) == "" && isConnRefused(err) {
-		return err.Error() + "\n  is the server running? start it with 'corral serve' or set --addr / CORRAL_ADDR"
+	if client.IsUnavailable(err) {
+		msg += "\n  is the server running? start it with 'corral serve' or point --addr / CORRAL_ADDR at it"
 	}
-	return err.Error()
+	return msg
 }
 
 func (g *globals) client() (*client.Client, error) { return client.New(g.addr) }

@@ -182,12 +182,18 @@ func truncate(s string) string {
 	return s
 }
 
+// formatBytes renders a limit for error messages: 512MiB, 23.54GiB.
 func formatBytes(n int64) string {
-	switch {
-	case n >= gib && n%gib == 0:
-		return fmt.Sprintf("%dGiB", n/gib)
-	case n >= mib && n%mib == 0:
-		return fmt.Sprintf("%dMiB", n/mib)
+	for _, u := range []struct {
+		size int64
+		name string
+	}{{gib, "GiB"}, {mib, "MiB"}, {kib, "KiB"}} {
+		switch {
+		case n >= u.size && n%u.size == 0:
+			return fmt.Sprintf("%d%s", n/u.size, u.name)
+		case n >= u.size:
+			return fmt.Sprintf("%.2f%s", float64(n)/float64(u.size), u.name)
+		}
 	}
 	return fmt.Sprintf("%dB", n)
 }

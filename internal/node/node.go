@@ -116,6 +116,7 @@ func (n *Node) Close() error {
 // Shutdown deletes every sandbox, then closes the node. Used by
 // `corral serve --cleanup-on-exit` and by tests.
 func (n *Node) Shutdown(ctx context.Context) error {
+	n.log.Info("deleting every sandbox before exit", "count", len(n.ids()))
 	var errs []error
 	for _, id := range n.ids() {
 		if _, err := n.Delete(ctx, id); err != nil {
@@ -195,6 +196,14 @@ func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
 			e.markStopped(fmt.Sprintf("lost at daemon restart: %v", err))
 			n.persist(e)
 			break
+		}
+		if rec.Phase == state.PhasePaused {
+			if err := sb.Pause(ctx); err != nil {
+				log.Warn("re-pause recovered sandbox; it stays running", "err", err)
+				rec.Phase = state.PhaseRunning
+				e.sb = sb
+				n.persist(e)
+			}
 		}
 		e.sb = sb
 		log.Info("re-attached sandbox", "phase", rec.Phase)

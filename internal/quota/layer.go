@@ -45,7 +45,7 @@ func (s *Store) Create(ctx context.Context, id string, blocksBytes, inodes int64
 			}
 		}
 	}()
-	undo = append(undo, func() { s.releaseProject(projid) })
+	undo = append(undo, func() { s.ids.release(projid) })
 
 	if err := unix.Mkdirat(s.rootFd, id, 0o700); err != nil {
 		if errors.Is(err, unix.EEXIST) {
@@ -135,7 +135,7 @@ func (s *Store) purge(ctx context.Context, rel string) error {
 		if err := setLimits(s.rootFd, projid, 0, 0); err != nil {
 			return err
 		}
-		s.releaseProject(projid)
+		s.ids.release(projid)
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"golang.org/x/sys/unix"
@@ -66,9 +67,7 @@ type Store struct {
 	life   sync.RWMutex // held shared by every operation, exclusively by Close
 	closed bool
 
-	mu   sync.Mutex
-	used map[uint32]struct{} // project ids of live and trashed layers
-	next uint32              // where the search for a free project id starts
+	ids projectIDs
 
 	trashSeq atomic.Uint64
 }
@@ -97,7 +96,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("quota dir %s: %w", cfg.Dir, err)
 	}
-	s := &Store{mnt: filepath.Join(dir, mountName), rootFd: -1, used: map[uint32]struct{}{}}
+	s := &Store{mnt: filepath.Join(dir, mountName), rootFd: -1}
 	if err := os.MkdirAll(s.mnt, 0o700); err != nil {
 		return nil, fmt.Errorf("quota mount point: %w", err)
 	}
@@ -186,7 +185,7 @@ func (s *Store) load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var highest uint32
+	var live []uint32
 	for _, id := range ids {
 		projid, err := s.projectOf(id)
 		if err != nil {
@@ -195,10 +194,9 @@ func (s *Store) load(ctx context.Context) error {
 		if projid == 0 { // a crash before Create set it; the node's sweep removes it
 			continue
 		}
-		s.used[projid] = struct{}{}
-		highest = max(highest, projid)
+		live = append(live, projid)
 	}
-	s.next = highest + 1
+	s.ids.reset(live)
 	return nil
 }
 
@@ -292,50 +290,28 @@ func (s *Store) enter() (func(), error) {
 	return s.life.RUnlock, nil
 }
 
-// allocProject reserves a project id that no layer has and nothing is
-// charged to. The second check matters because XFS frees unlinked inodes in
-// the background: just after a Remove its project may still show usage for
-// a moment, and a process holding a deleted file open keeps it charged.
+// allocProject reserves the lowest project id that no layer has and
+// nothing is charged to. The second check matters because XFS frees
+// unlinked inodes in the background: just after a Remove its project may
+// still show usage for a moment, and a process holding a deleted file open
+// keeps it charged. Such ids cool off and are offered again later.
 func (s *Store) allocProject() (uint32, error) {
 	for range 1024 {
-		p, err := s.reserveProject()
-		if err != nil {
-			return 0, err
+		p, ok := s.ids.take(time.Now())
+		if !ok {
+			return 0, errdefs.ResourceExhausted("quota store %s: every project id is in use", s.mnt)
 		}
 		bytes, inodes, err := usage(s.rootFd, p)
-		if err == nil && bytes == 0 && inodes == 0 {
-			return p, nil
-		}
-		s.releaseProject(p) // s.next moved on: it is retried only after a wrap
 		if err != nil {
+			s.ids.release(p)
 			return 0, err
 		}
-	}
-	return 0, errdefs.ResourceExhausted("quota store %s: no project id without leftover usage", s.mnt)
-}
-
-// reserveProject takes the next project id not held by a layer (never 0).
-func (s *Store) reserveProject() (uint32, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for range 1 << 20 {
-		p := s.next
-		s.next++
-		if p == 0 || p == ^uint32(0) {
-			continue
-		}
-		if _, taken := s.used[p]; !taken {
-			s.used[p] = struct{}{}
+		if bytes == 0 && inodes == 0 {
 			return p, nil
 		}
+		s.ids.cool(p, time.Now())
 	}
-	return 0, errdefs.ResourceExhausted("quota store %s: no free project id", s.mnt)
-}
-
-func (s *Store) releaseProject(p uint32) {
-	s.mu.Lock()
-	delete(s.used, p)
-	s.mu.Unlock()
+	return 0, errdefs.ResourceExhausted("quota store %s: 1024 project ids in a row still charged", s.mnt)
 }
 
 // trashPath names a fresh entry in the trash dir.

@@ -286,9 +286,7 @@ func TestChargedProjectNotReused(t *testing.T) {
 	if err := s.Remove(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-	s.mu.Lock()
-	s.next = p // make the allocator look at p first
-	s.mu.Unlock()
+	// p is the lowest free id now, so the allocator looks at it first.
 	if _, _, err := s.Create(ctx, "b", 4<<20, 100); err != nil {
 		t.Fatal(err)
 	}

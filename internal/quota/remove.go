@@ -7,15 +7,22 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
 
 // removeWorkers bounds the directories deleted in parallel. XFS spreads
 // directories over allocation groups, so unlinks in different directories
-// mostly do not contend; a few workers cut the time of a large tree well
-// below a serial walk without starving the node's other I/O.
-const removeWorkers = 4
+// mostly do not contend. On this 2-core dev VM 4 workers deleted 10,000
+// files in 100 dirs in 145-205 ms against 205-230 ms serially (8 workers:
+// 320 ms; the host was busy, so treat these as rough). Small trees
+// (most layers) stay on the caller's goroutine: only a directory of 16 or
+// more entries, or a tree past parallelAfter entries, fans out.
+const (
+	removeWorkers = 4
+	parallelAfter = 256
+)
 
 // removeTree deletes rel (relative to dirFd) and everything below it, with
 // one unlinkat per entry (file types come from getdents, so there is no
@@ -29,9 +36,10 @@ func removeTree(_ context.Context, dirFd int, rel string) error {
 }
 
 type remover struct {
-	sem chan struct{} // tokens for extra goroutines
-	mu  sync.Mutex
-	err error
+	sem  chan struct{} // tokens for extra goroutines
+	seen atomic.Int64  // entries met so far
+	mu   sync.Mutex
+	err  error
 }
 
 func (r *remover) setErr(err error) {
@@ -67,11 +75,16 @@ func (r *remover) empty(parent int, name string) error {
 	var sub sync.WaitGroup
 	for {
 		entries, err := f.ReadDir(1024)
+		parallel := r.seen.Add(int64(len(entries))) > parallelAfter || len(entries) >= 16
 		for _, e := range entries {
 			if !e.IsDir() {
 				if err := unix.Unlinkat(fd, e.Name(), 0); err != nil && !errors.Is(err, unix.ENOENT) {
 					return fmt.Errorf("unlink %s/%s: %w", name, e.Name(), err)
 				}
+				continue
+			}
+			if !parallel {
+				r.dir(fd, e.Name())
 				continue
 			}
 			select {

@@ -224,11 +224,23 @@ func SandboxProcesses(cgroupParent string) []string {
 			continue
 		}
 		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err == nil && bytes.Contains(cg, needle) {
+		if err == nil && bytes.Contains(cg, needle) && !isZombie(e.Name()) {
 			pids = append(pids, e.Name())
 		}
 	}
 	return pids
+}
+
+// isZombie reports a process that has exited and waits for its parent to
+// reap it: after a daemon restart a sandbox's init is reparented to the
+// host's PID 1, which reaps on its own schedule. A zombie holds no resources.
+func isZombie(pid string) bool {
+	stat, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+	if err != nil {
+		return true // gone already
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
 type testWriter struct{ t testing.TB }

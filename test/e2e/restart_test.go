@@ -22,6 +22,7 @@ type daemon struct {
 	dataDir string
 	parent  string
 	cmd     *exec.Cmd
+	exited  chan struct{}
 }
 
 func (d *daemon) start(extra ...string) *client.Client {
@@ -33,6 +34,8 @@ func (d *daemon) start(extra ...string) *client.Client {
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)
 	}
+	d.exited = make(chan struct{})
+	go func() { _ = d.cmd.Wait(); close(d.exited) }()
 	c, err := client.New("unix://" + filepath.Join(d.dataDir, "corral.sock"))
 	if err != nil {
 		d.t.Fatal(err)
@@ -42,17 +45,21 @@ func (d *daemon) start(extra ...string) *client.Client {
 		if _, err := c.List(context.Background(), client.ListOptions{}); err == nil {
 			return c
 		}
+		select {
+		case <-d.exited:
+			d.t.Fatalf("daemon exited during start: %v", d.cmd.ProcessState)
+		case <-time.After(50 * time.Millisecond):
+		}
 		if time.Now().After(deadline) {
 			d.t.Fatalf("daemon did not come up in 60s")
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
 func (d *daemon) stop(sig syscall.Signal) {
 	d.t.Helper()
 	_ = d.cmd.Process.Signal(sig)
-	_ = d.cmd.Wait()
+	<-d.exited
 }
 
 // cgroupPids lists the processes in a sandbox's pids cgroup (v1) or its v2 dir.

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -116,7 +117,15 @@ func (b *Backend) Recover(ctx context.Context, id string, rec []byte) (backend.S
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	s := b.newSandbox(id, b.cg.Group(id), proc)
-	if err := s.client.Ping(ctx); err != nil {
+	// A frozen init cannot answer: thaw first (the node pauses the sandbox
+	// again when its record says paused).
+	if err := s.group.Thaw(ctx); err != nil {
+		proc.Release()
+		return nil, fmt.Errorf("sandbox %s: thaw for recovery: %w", id, err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := s.client.Ping(pingCtx); err != nil {
 		proc.Release()
 		return nil, errdefs.NotFound("sandbox %s: init does not answer: %v", id, err)
 	}

@@ -2,6 +2,7 @@ package cgroup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,7 +29,8 @@ func (g *Group) Thaw(ctx context.Context) error {
 func (g *Group) setV1Freezer(ctx context.Context, dir, state string) error {
 	for {
 		if err := write(dir, "freezer.state", state); err != nil {
-			if os.IsNotExist(err) && !g.Exists() {
+			// A missing freezer cgroup holds no frozen process: nothing to thaw.
+			if errors.Is(err, os.ErrNotExist) && (state == "THAWED" || !g.Exists()) {
 				return nil
 			}
 			return fmt.Errorf("cgroup %s: freezer: %w", g.id, err)
@@ -51,7 +53,7 @@ func (g *Group) setV2Freeze(ctx context.Context, val string) error {
 		return fmt.Errorf("cgroup %s: not supported: freezer (needs v1 freezer or cgroup v2)", g.id)
 	}
 	if err := write(g.v2, "cgroup.freeze", val); err != nil {
-		if os.IsNotExist(err) && !g.Exists() {
+		if errors.Is(err, os.ErrNotExist) && (val == "0" || !g.Exists()) {
 			return nil
 		}
 		return fmt.Errorf("cgroup %s: freeze: %w", g.id, err)

@@ -3,9 +3,10 @@ package initproc
 import (
 	"fmt"
 	"os"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"unsafe"
 
 	"github.com/corral-dev/corral/internal/runtime/initproto"
@@ -28,18 +29,21 @@ var DefaultCaps = []uintptr{
 	unix.CAP_NET_BIND_SERVICE,
 }
 
-// Package-level so that the kernel reads memory that stays put while
-// AllThreadsSyscall runs on every thread.
-var (
-	capHdr  unix.CapUserHeader
-	capData [2]unix.CapUserData
-)
+// serveStage is the argument with which corral-init re-executes itself
+// after hardening (see hardenAndExec).
+const serveStage = "serve"
 
-// harden applies the containment baseline to every thread of init:
-// capabilities, no_new_privs, RLIMIT_CORE, non-dumpable, seccomp. Children
-// inherit all of it. capset, PR_CAPBSET_DROP and no_new_privs are per-thread
-// in Linux, hence AllThreadsSyscall (Go runs several threads).
-func harden(cfg *initproto.Config) error {
+// hardenAndExec applies the containment baseline — capabilities,
+// no_new_privs, RLIMIT_CORE, seccomp — to this one OS thread and then
+// re-executes corral-init from it (exe is an fd of the init binary, opened
+// before pivot_root). The new program starts single-threaded with exactly
+// these credentials and the filter, and every thread or process it makes
+// inherits them. Capabilities, the bounding set and no_new_privs are
+// per-thread in Linux; hardening a running multi-threaded Go process would
+// need one stop-the-world AllThreadsSyscall per dropped capability (about
+// 1 ms each, most of create latency). It returns only on failure.
+func hardenAndExec(cfg *initproto.Config, exe int) error {
+	runtime.LockOSThread() // never unlocked: execve replaces the process
 	// Keep init itself out of the OOM killer's reach; exec children get 0
 	// back (see server.start). Needs CAP_SYS_RESOURCE, so before the drop;
 	// best effort, as hosts that withhold it from the node exist (init is
@@ -53,22 +57,45 @@ func harden(cfg *initproto.Config) error {
 	if err := setCaps(); err != nil {
 		return err
 	}
-	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0); e != 0 {
-		return fmt.Errorf("clear ambient caps: %w", e)
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("clear ambient caps: %w", err)
 	}
-	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); e != 0 {
-		return fmt.Errorf("no_new_privs: %w", e)
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
 	}
 	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
 		return fmt.Errorf("rlimit core: %w", err)
 	}
-	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-		return fmt.Errorf("non-dumpable: %w", err)
+	if !cfg.NoSeccomp {
+		if err := installSeccomp(); err != nil {
+			return err
+		}
 	}
-	if cfg.NoSeccomp {
-		return nil
+	// The control listener and the setup socket live on in the serving stage.
+	for _, fd := range []int{initproto.ListenFd, initproto.SetupFd} {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
+			return fmt.Errorf("keep fd %d across exec: %w", fd, err)
+		}
 	}
-	return installSeccomp()
+	return execveat(exe, []string{"corral-init", serveStage})
+}
+
+// execveat runs the program behind fd with an empty environment.
+func execveat(fd int, argv []string) error {
+	argvp := make([]*byte, 0, len(argv)+1)
+	for _, a := range argv {
+		p, err := unix.BytePtrFromString(a)
+		if err != nil {
+			return err
+		}
+		argvp = append(argvp, p)
+	}
+	argvp = append(argvp, nil)
+	envp := []*byte{nil}
+	empty := []byte{0}
+	_, _, e := unix.Syscall6(unix.SYS_EXECVEAT, uintptr(fd), uintptr(unsafe.Pointer(&empty[0])),
+		uintptr(unsafe.Pointer(&argvp[0])), uintptr(unsafe.Pointer(&envp[0])), unix.AT_EMPTY_PATH, 0)
+	return fmt.Errorf("re-exec corral-init: %w", e)
 }
 
 func lastCap() (uintptr, error) {
@@ -83,44 +110,38 @@ func lastCap() (uintptr, error) {
 	return uintptr(n), nil
 }
 
-func keep(c uintptr) bool {
-	for _, k := range DefaultCaps {
-		if k == c {
-			return true
-		}
-	}
-	return false
-}
-
+// dropBounding drops every capability outside DefaultCaps from this
+// thread's bounding set.
 func dropBounding() error {
 	last, err := lastCap()
 	if err != nil {
 		return err
 	}
 	for c := uintptr(0); c <= last; c++ {
-		if keep(c) {
+		if slices.Contains(DefaultCaps, c) {
 			continue
 		}
-		if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, c, 0); e != 0 {
-			return fmt.Errorf("drop bounding cap %d: %w", c, e)
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, c, 0, 0, 0); err != nil {
+			return fmt.Errorf("drop bounding cap %d: %w", c, err)
 		}
 	}
 	return nil
 }
 
+// setCaps sets this thread's effective, permitted and inheritable sets to
+// DefaultCaps.
 func setCaps() error {
 	var mask [2]uint32
 	for _, c := range DefaultCaps {
 		mask[c/32] |= 1 << (c % 32)
 	}
-	capHdr = unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	for i := range capData {
-		capData[i] = unix.CapUserData{Effective: mask[i], Permitted: mask[i], Inheritable: mask[i]}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	for i := range data {
+		data[i] = unix.CapUserData{Effective: mask[i], Permitted: mask[i], Inheritable: mask[i]}
 	}
-	_, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET,
-		uintptr(unsafe.Pointer(&capHdr)), uintptr(unsafe.Pointer(&capData[0])), 0)
-	if e != 0 {
-		return fmt.Errorf("capset: %w", e)
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capset: %w", err)
 	}
 	return nil
 }

@@ -13,20 +13,32 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"sync"
 
 	"github.com/corral-dev/corral/internal/runtime/initproto"
 	"golang.org/x/sys/unix"
 )
 
-// Main runs init and never returns while the sandbox lives. A setup failure
-// is reported on the setup socket, then init exits (the node cleans up).
+// Main runs init and never returns while the sandbox lives. It runs in two
+// stages in one process: the setup stage (privileged) builds the root
+// filesystem, hardens its one thread and re-executes itself as the serving
+// stage, which reports ready and serves the node. A setup failure is
+// reported on the setup socket, then init exits (the node cleans up).
 func Main() {
 	runtime.GOMAXPROCS(1)
 	debug.SetGCPercent(20)
 	debug.SetMemoryLimit(4 << 20)
-	// Protect the setup from being inspected before hardening is complete.
+	// Nothing may inspect init: not during setup, and not after the re-exec
+	// (execve makes a process dumpable again).
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	if len(os.Args) > 1 && os.Args[1] == serveStage {
+		serveMain()
+		return
+	}
+	setupMain()
+}
 
+func setupMain() {
 	setup, err := initproto.NewConn(initproto.SetupFd, "setup")
 	if err != nil {
 		fail(nil, "setup socket: %v", err)
@@ -38,17 +50,27 @@ func Main() {
 	if cfg.Version != initproto.Version {
 		fail(setup, "config: %v: got %d, want %d", initproto.ErrVersion, cfg.Version, initproto.Version)
 	}
+	// The binary is re-executed after pivot_root, when its path is gone.
+	exe, err := unix.Open("/proc/self/exe", unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		fail(setup, "open own binary: %v", err)
+	}
+	if err := buildRoot(&cfg); err != nil {
+		fail(setup, "%v", err)
+	}
+	err = hardenAndExec(&cfg, exe)
+	fail(setup, "harden: %v", err)
+}
+
+func serveMain() {
+	setup, err := initproto.NewConn(initproto.SetupFd, "setup")
+	if err != nil {
+		fail(nil, "setup socket: %v", err)
+	}
 	// Signals are caught (not ignored, which children would inherit) so
 	// that a process inside cannot make PID 1 exit with SIGTERM & co.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs)
-
-	if err := buildRoot(&cfg); err != nil {
-		fail(setup, "%v", err)
-	}
-	if err := harden(&cfg); err != nil {
-		fail(setup, "harden: %v", err)
-	}
 	srv, err := newServer()
 	if err != nil {
 		fail(setup, "%v", err)
@@ -57,6 +79,9 @@ func Main() {
 		fail(nil, "send ready: %v", err)
 	}
 	setup.Close()
+	// Off the create path: the threads are needed only once a workload
+	// could fill the pids limit, which takes at least one exec.
+	go prewarmThreads()
 	go srv.reap(sigs)
 	srv.serve()
 }
@@ -69,4 +94,25 @@ func fail(setup *initproto.Conn, format string, args ...any) {
 		_ = setup.Send(initproto.Reply{Op: initproto.OpError, Error: msg, Class: initproto.ClassInternal})
 	}
 	os.Exit(1)
+}
+
+// spareThreads is how many OS threads init makes before serving. Go keeps
+// idle threads and reuses them, so init never needs a new one while a fork
+// bomb holds the sandbox's pids limit (a failed thread creation is fatal to
+// a Go program).
+const spareThreads = 6
+
+func prewarmThreads() {
+	var wg sync.WaitGroup
+	for i := 0; i < spareThreads; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// A blocking syscall makes the runtime hand the P to another
+			// thread, creating one if none is idle.
+			ts := unix.Timespec{Nsec: 2e6}
+			_ = unix.Nanosleep(&ts, nil)
+		}()
+	}
+	wg.Wait()
 }
