@@ -61,7 +61,7 @@ func (e *env) cleanup() {
 		_ = unix.Unmount(mnt, unix.MNT_DETACH)
 	}
 	for _, s := range e.stores {
-		if back := loopBackingFile(s.loopDev); back != "" {
+		if back := loopdev.BackingFile(s.loopDev); back != "" {
 			tb.Errorf("leak: %s still attached to %s", s.loopDev, back)
 		}
 	}

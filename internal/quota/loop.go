@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"golang.org/x/sys/unix"
@@ -58,72 +57,6 @@ func makeImage(ctx context.Context, path string, size int64) error {
 	return nil
 }
 
-// attachLoop binds image to a free loop device with LOOP_CTL_GET_FREE and
-// LOOP_CONFIGURE and returns the device path and an open fd on it. The device
-// has LO_FLAGS_AUTOCLEAR: it detaches itself when the last user (the fd, then
-// the mount) lets go, so a crash between attach and mount leaks nothing.
-func attachLoop(image string) (dev string, devFd int, err error) {
-	img, err := unix.Open(image, unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return "", -1, fmt.Errorf("open image: %w", err)
-	}
-	defer unix.Close(img)
-	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return "", -1, errdefs.NotSupported("disk quota: needs loop devices (/dev/loop-control)")
-		}
-		return "", -1, fmt.Errorf("open /dev/loop-control: %w", err)
-	}
-	defer unix.Close(ctl)
-
-	flags := uint32(unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO)
-	for attempt := 0; attempt < 32; attempt++ {
-		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
-		if err != nil {
-			return "", -1, fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
-		}
-		dev = "/dev/loop" + strconv.Itoa(n)
-		fd, err := openLoopDev(dev, n)
-		if err != nil {
-			return "", -1, err
-		}
-		cfg := unix.LoopConfig{Fd: uint32(img), Size: sectorSize}
-		cfg.Info.Flags = flags
-		copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], image)
-		err = unix.IoctlLoopConfigure(fd, &cfg)
-		if errors.Is(err, unix.EINVAL) && flags&unix.LO_FLAGS_DIRECT_IO != 0 {
-			// The image's filesystem cannot do direct I/O: go buffered.
-			flags &^= unix.LO_FLAGS_DIRECT_IO
-			cfg.Info.Flags = flags
-			err = unix.IoctlLoopConfigure(fd, &cfg)
-		}
-		if err == nil {
-			return dev, fd, nil
-		}
-		unix.Close(fd)
-		if !errors.Is(err, unix.EBUSY) { // EBUSY: someone else took it first
-			return "", -1, fmt.Errorf("LOOP_CONFIGURE %s: %w", dev, err)
-		}
-	}
-	return "", -1, errdefs.Unavailable("disk quota: no free loop device after 32 attempts")
-}
-
-// openLoopDev opens /dev/loopN, creating the node when /dev is not devtmpfs.
-func openLoopDev(dev string, n int) (int, error) {
-	fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ENOENT) {
-		if err := unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(7, uint32(n)))); err != nil && !errors.Is(err, unix.EEXIST) {
-			return -1, fmt.Errorf("mknod %s: %w", dev, err)
-		}
-		fd, err = unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
-	}
-	if err != nil {
-		return -1, fmt.Errorf("open %s: %w", dev, err)
-	}
-	return fd, nil
-}
-
 // xfsWithoutQuota tells a kernel built without XFS quota (which rejects
 // prjquota with EINVAL) from a bad image: it mounts dev read-only without
 // options and, if that works, unmounts it again.
@@ -133,31 +66,6 @@ func xfsWithoutQuota(dev, dir string) bool {
 	}
 	_ = unix.Unmount(dir, 0)
 	return true
-}
-
-// loopBackingFile returns the image a loop device is bound to, or "" when
-// the device is detached.
-func loopBackingFile(dev string) string {
-	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop/backing_file"))
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
-}
-
-// waitDetached waits until dev is detached. With autoclear it already is when
-// umount returns; if not, something else still holds the filesystem (an
-// overlay still using an upper dir, or a mount in another namespace).
-func waitDetached(ctx context.Context, dev string) error {
-	deadline := time.Now().Add(2 * time.Second)
-	for loopBackingFile(dev) != "" {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return errdefs.FailedPrecondition("disk quota: %s still attached after unmount: "+
-				"the filesystem is still in use (an overlay on an upper dir, or a mount in another namespace)", dev)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return nil
 }
 
 // mountEntry is one line of /proc/self/mountinfo.

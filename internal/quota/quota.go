@@ -6,7 +6,8 @@
 // filesystem (ids are directory names, project ids are on the directories),
 // so there is no state file to drift and a daemon restart just reopens it.
 //
-// It must not import corral packages other than internal/errdefs.
+// It must not import corral packages other than internal/errdefs,
+// internal/loopdev and internal/backend (for the WritableLayer type only).
 package quota
 
 import (
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/loopdev"
 	"golang.org/x/sys/unix"
 )
 
@@ -124,17 +126,18 @@ func (s *Store) mount(ctx context.Context, image string, size int64) error {
 		} else if err != nil {
 			return fmt.Errorf("quota image: %w", err)
 		}
-		dev, devFd, err := attachLoop(image)
+		devFile, err := loopdev.Attach(image, sectorSize)
 		if err != nil {
 			return fmt.Errorf("quota image %s: %w", image, err)
 		}
+		dev := devFile.Name()
 		// Once mounted the mount holds the device; closing our fd (on
 		// success or failure) lets autoclear detach it when that ends.
 		err = unix.Mount(dev, s.mnt, "xfs", unix.MS_NOATIME, "prjquota,discard")
 		if errors.Is(err, unix.EINVAL) && xfsWithoutQuota(dev, s.mnt) {
 			err = errdefs.NotSupported("disk quota: XFS mounts without prjquota only: needs a kernel with XFS quota support (CONFIG_XFS_QUOTA)")
 		}
-		unix.Close(devFd)
+		devFile.Close()
 		if errors.Is(err, unix.ENODEV) {
 			return errdefs.NotSupported("disk quota: needs the xfs filesystem in the kernel (CONFIG_XFS_FS)")
 		}
@@ -152,7 +155,7 @@ func (s *Store) mount(ctx context.Context, image string, size int64) error {
 		return errdefs.FailedPrecondition("quota mount %s: is %s from %s, want xfs from a loop device", s.mnt, m.fsType, m.source)
 	}
 	s.loopDev = m.source
-	if back := loopBackingFile(m.source); back != image {
+	if back := loopdev.BackingFile(m.source); back != image {
 		return errdefs.FailedPrecondition("quota mount %s: %s is backed by %q, want %q", s.mnt, m.source, back, image)
 	}
 	if !hasOpt(m.superOpts, "prjquota") {
@@ -247,7 +250,7 @@ func (s *Store) Close(ctx context.Context, unmount bool) error {
 		}
 	}
 	if s.loopDev != "" {
-		return waitDetached(ctx, s.loopDev)
+		return loopdev.WaitDetached(ctx, s.loopDev, 2*time.Second)
 	}
 	return nil
 }

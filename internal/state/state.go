@@ -14,6 +14,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -74,7 +75,7 @@ func Open(path string) (*DB, error) {
 	}
 	b, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoSync: true})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, errdefs.Unavailable("state %s is locked: is another corral serve using this --data-dir?", path)
 		}
 		return nil, fmt.Errorf("open state %s: %w", path, err)

@@ -1,0 +1,35 @@
+package backend
+
+import "os"
+
+// WritableLayer is a sandbox's writable root filesystem layer as a storage
+// store hands it out, in one of two forms:
+//
+//   - host directories: UpperDir and WorkDir, an overlayfs upper and work
+//     dir on one host filesystem (quota, if any, enforced there);
+//   - a block device: Device, open, with DevicePath (/dev/loopN), holding an
+//     ext4 filesystem that the sandbox mounts inside its own mount namespace
+//     (the filesystem's size is the quota).
+//
+// It lives here, not in a backend, so that stores need not import one; a VM
+// backend can hand the same device to its guest.
+type WritableLayer struct {
+	UpperDir, WorkDir string
+	// Device keeps the loop device attached until the sandbox has mounted
+	// it; the caller closes it then, or on failure.
+	Device     *os.File
+	DevicePath string
+}
+
+// IsDevice reports whether the layer is a block device.
+func (l WritableLayer) IsDevice() bool { return l.DevicePath != "" }
+
+// Close releases the layer's device fd, if any; it is safe to call twice.
+func (l *WritableLayer) Close() error {
+	if l.Device == nil {
+		return nil
+	}
+	err := l.Device.Close()
+	l.Device = nil
+	return err
+}
