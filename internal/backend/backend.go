@@ -89,9 +89,11 @@ type ExecSpec struct {
 
 // ExecResult is how a command ended.
 type ExecResult struct {
-	ExitCode  int // -1 when killed by a signal
-	Signal    int
-	TimedOut  bool
+	ExitCode int // -1 when killed by a signal
+	Signal   int
+	TimedOut bool
+	// OOMKilled: the OOM killer killed a process of the sandbox while the
+	// command ran (the command itself or one of its children).
 	OOMKilled bool
 	Truncated bool
 	Duration  time.Duration

@@ -24,7 +24,7 @@ Benchmarks create sandboxes labelled corral-bench=<random> and delete them all
 at the end, also on error or Ctrl-C. The density and runc figures read this
 host (/proc/meminfo, runc), so run them on the server's machine.`,
 	}
-	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g))
+	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g))
 	return cmd
 }
 
@@ -73,6 +73,28 @@ func newBenchDensityCmd(g *globals) *cobra.Command {
 	fl.IntVar(&o.Concurrency, "concurrency", 8, "creates, execs and deletes in flight")
 	fl.StringVar(&o.Image, "image", "busybox", "image to create sandboxes from")
 	fl.StringVar(&memory, "memory", "64Mi", "memory limit of each sandbox")
+	return cmd
+}
+
+func newBenchSDKCmd(g *globals) *cobra.Command {
+	var o bench.SDKOptions
+	cmd := &cobra.Command{
+		Use:   "sdk",
+		Short: "RL rollouts/s through the Go SDK and the Python SDK (python3 -m corral.bench) in the same run",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
+				o.Log, o.Addr = os.Stderr, g.addr
+				return bench.SDK(ctx, c, o)
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntSliceVar(&o.Concurrency, "concurrency", []int{64, 256}, "episodes in flight, one measurement each")
+	fl.IntVar(&o.Episodes, "episodes", 0, "episodes per concurrency (default 2 x concurrency)")
+	fl.StringVar(&o.Image, "image", "busybox", "image to create sandboxes from")
+	fl.StringVar(&o.Python, "python", "python3", "interpreter for the Python SDK peer; empty skips it")
+	fl.StringVar(&o.PythonPath, "python-path", "", "directory holding the corral package (default sdk/python here or beside bin/)")
 	return cmd
 }
 

@@ -20,7 +20,7 @@ func BenchmarkCreateRemove(b *testing.B) {
 	for i := range b.N {
 		id := fmt.Sprint("sb-", i)
 		start := time.Now()
-		if _, _, err := s.Create(ctx, id, 1<<30, 65536); err != nil {
+		if _, _, err := s.create(ctx, id, 1<<30, 65536); err != nil {
 			b.Fatal(err)
 		}
 		create += time.Since(start)
@@ -38,7 +38,7 @@ func BenchmarkRemoveManyFiles(b *testing.B) {
 	for i := range b.N {
 		b.StopTimer()
 		id := fmt.Sprint("sb-", i)
-		up, _, err := s.Create(ctx, id, 1<<30, 20000)
+		up, _, err := s.create(ctx, id, 1<<30, 20000)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/loopdev"
 	"golang.org/x/sys/unix"
 )
 

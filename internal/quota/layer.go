@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
@@ -15,9 +16,15 @@ const dirFlags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLO
 
 // Create makes the writable layer of sandbox id: <uppers>/<id>/{upper,work},
 // charged to a fresh XFS project limited to blocksBytes bytes and inodes
-// inodes (hard limits; writes past them fail with ENOSPC). upperDir and
-// workDir are for an overlayfs mount. On error nothing of the layer remains.
-func (s *Store) Create(ctx context.Context, id string, blocksBytes, inodes int64) (upperDir, workDir string, err error) {
+// inodes (hard limits; writes past them fail with ENOSPC). The layer's
+// UpperDir and WorkDir are for an overlayfs mount. On error nothing of the
+// layer remains.
+func (s *Store) Create(ctx context.Context, id string, blocksBytes, inodes int64) (backend.WritableLayer, error) {
+	upper, work, err := s.create(ctx, id, blocksBytes, inodes)
+	return backend.WritableLayer{UpperDir: upper, WorkDir: work}, err
+}
+
+func (s *Store) create(ctx context.Context, id string, blocksBytes, inodes int64) (upperDir, workDir string, err error) {
 	if err := checkID(id); err != nil {
 		return "", "", err
 	}

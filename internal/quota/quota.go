@@ -88,6 +88,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if size < MinSizeBytes {
 		return nil, errdefs.InvalidArgument("quota image size: %d bytes is below the minimum of %d", size, int64(MinSizeBytes))
 	}
+	if err := probeKernel(); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("quota dir: %w", err)
 	}
@@ -320,4 +323,18 @@ func (s *Store) allocProject() (uint32, error) {
 // trashPath names a fresh entry in the trash dir.
 func (s *Store) trashPath() string {
 	return filepath.Join(trashName, strconv.FormatUint(s.trashSeq.Add(1), 10))
+}
+
+// probeKernel refuses early, before any image is made, on a kernel whose
+// XFS has no quota support: XFS registers /proc/fs/xfs/xqmstat only when it
+// is built with CONFIG_XFS_QUOTA. (When XFS is not loaded yet the mount
+// below finds out.)
+func probeKernel() error {
+	if _, err := os.Stat("/proc/fs/xfs/stat"); err != nil {
+		return nil
+	}
+	if _, err := os.Stat("/proc/fs/xfs/xqmstat"); err != nil {
+		return errdefs.NotSupported("disk quota: XFS without quota support: needs a kernel with CONFIG_XFS_QUOTA")
+	}
+	return nil
 }

@@ -10,12 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
 // The container backend's seam; checked here so a drift breaks the build.
 var _ interface {
-	Create(ctx context.Context, id string, blocksBytes, inodes int64) (upperDir, workDir string, err error)
+	Create(ctx context.Context, id string, blocksBytes, inodes int64) (backend.WritableLayer, error)
 	Remove(ctx context.Context, id string) error
 } = (*Store)(nil)
 
@@ -25,11 +26,11 @@ func TestBlockLimit(t *testing.T) {
 	s, _ := testStore(t)
 	ctx := context.Background()
 	const limit = 8 << 20
-	upA, _, err := s.Create(ctx, "a", limit, 1000)
+	upA, _, err := s.create(ctx, "a", limit, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	upB, _, err := s.Create(ctx, "b", limit, 1000)
+	upB, _, err := s.create(ctx, "b", limit, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func TestBlockLimit(t *testing.T) {
 func TestInodeLimit(t *testing.T) {
 	s, _ := testStore(t)
 	const limit = 200
-	up, _, err := s.Create(context.Background(), "a", 16<<20, limit)
+	up, _, err := s.create(context.Background(), "a", 16<<20, limit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +87,7 @@ func TestOverlayChargesProject(t *testing.T) {
 		t.Fatal(err)
 	}
 	const limit = 4 << 20
-	up, work, err := s.Create(ctx, "ov", limit, 100)
+	up, work, err := s.create(ctx, "ov", limit, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestPersistAcrossReopen(t *testing.T) {
 	ctx := context.Background()
 	projids := map[uint32]string{}
 	for _, id := range []string{"a", "b"} {
-		up, _, err := s.Create(ctx, id, 4<<20, 100)
+		up, _, err := s.create(ctx, id, 4<<20, 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,7 +137,7 @@ func TestPersistAcrossReopen(t *testing.T) {
 	if err := s.Close(ctx, false); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Create(ctx, "x", 4<<20, 100); !errdefs.IsFailedPrecondition(err) {
+	if _, _, err := s.create(ctx, "x", 4<<20, 100); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("Create after Close: %v, want failed precondition", err)
 	}
 
@@ -144,7 +145,7 @@ func TestPersistAcrossReopen(t *testing.T) {
 	if ids, err := s.IDs(); err != nil || !slices.Equal(ids, []string{"a", "b"}) {
 		t.Fatalf("IDs after reopen = %v, %v; want [a b]", ids, err)
 	}
-	if _, _, err := s.Create(ctx, "c", 4<<20, 100); err != nil {
+	if _, _, err := s.create(ctx, "c", 4<<20, 100); err != nil {
 		t.Fatal(err)
 	}
 	p, _ := s.projectOf("c")
@@ -163,7 +164,7 @@ func TestPersistAcrossReopen(t *testing.T) {
 	if err != nil || string(b) != "a" {
 		t.Errorf("a's data after remount = %q, %v", b, err)
 	}
-	if _, _, err := s.Create(ctx, "d", 4<<20, 100); err != nil {
+	if _, _, err := s.create(ctx, "d", 4<<20, 100); err != nil {
 		t.Fatal(err)
 	}
 	if p, _ := s.projectOf("d"); projids[p] != "" {
@@ -178,7 +179,7 @@ func TestPersistAcrossReopen(t *testing.T) {
 func TestRemove(t *testing.T) {
 	s, _ := testStore(t)
 	ctx := context.Background()
-	up, _, err := s.Create(ctx, "a", 8<<20, 5000)
+	up, _, err := s.create(ctx, "a", 8<<20, 5000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,13 +221,13 @@ func TestRemove(t *testing.T) {
 		t.Errorf("IDs after Remove = %v", ids)
 	}
 	// The id is free again, with fresh accounting.
-	if _, _, err := s.Create(ctx, "a", 8<<20, 100); err != nil {
+	if _, _, err := s.create(ctx, "a", 8<<20, 100); err != nil {
 		t.Fatal(err)
 	}
 	if b, i, err := s.Usage("a"); err != nil || b != 0 || i != 0 {
 		t.Errorf("Usage of recreated a = %d, %d, %v; want 0, 0", b, i, err)
 	}
-	if _, _, err := s.Create(ctx, "a", 8<<20, 100); !errdefs.IsAlreadyExists(err) {
+	if _, _, err := s.create(ctx, "a", 8<<20, 100); !errdefs.IsAlreadyExists(err) {
 		t.Errorf("Create of an existing id: %v, want already exists", err)
 	}
 }
@@ -249,7 +250,7 @@ func TestInvalidArguments(t *testing.T) {
 		{"ok", 1000, 100, "disk: 1000 bytes is below the minimum of 1048576"},
 		{"ok", 8 << 20, -5, "disk inodes: -5 is below the minimum of 16"},
 	} {
-		_, _, err := s.Create(ctx, c.id, c.bytes, c.inodes)
+		_, _, err := s.create(ctx, c.id, c.bytes, c.inodes)
 		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Create(%q, %d, %d) = %v; want invalid argument %q", c.id, c.bytes, c.inodes, err, c.want)
 		}
@@ -270,7 +271,7 @@ func TestInvalidArguments(t *testing.T) {
 func TestChargedProjectNotReused(t *testing.T) {
 	s, _ := testStore(t)
 	ctx := context.Background()
-	up, _, err := s.Create(ctx, "a", 4<<20, 100)
+	up, _, err := s.create(ctx, "a", 4<<20, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +288,7 @@ func TestChargedProjectNotReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	// p is the lowest free id now, so the allocator looks at it first.
-	if _, _, err := s.Create(ctx, "b", 4<<20, 100); err != nil {
+	if _, _, err := s.create(ctx, "b", 4<<20, 100); err != nil {
 		t.Fatal(err)
 	}
 	if q, _ := s.projectOf("b"); q == p {

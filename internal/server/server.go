@@ -36,8 +36,11 @@ type Config struct {
 	CgroupParent string
 	// InitBinary is the corral-init path (default: beside this executable).
 	InitBinary string
-	// DiskPoolBytes is the (sparse) size of the filesystem holding every
-	// sandbox's writable layer.
+	// DiskStore says how writable layers get disk limits: DiskStoreAuto
+	// (default), DiskStoreXFS or DiskStoreExt4Image.
+	DiskStore string
+	// DiskPoolBytes is the (sparse) size of the XFS filesystem holding
+	// every sandbox's writable layer (DiskStoreXFS only).
 	DiskPoolBytes int64
 	// CleanupOnExit deletes every sandbox and unmounts the disk pool on
 	// shutdown instead of leaving sandboxes running for the next start.

@@ -2,52 +2,100 @@ package server
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/backend/container"
+	"github.com/corral-dev/corral/internal/diskimg"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/quota"
 )
 
-// stack is the node-local machinery below the node: the disk-quota store
-// for writable layers and the backends built on it.
+// Disk stores (Config.DiskStore): how sandboxes' writable layers get their
+// disk limits.
+const (
+	// DiskStoreAuto uses XFS project quota where the kernel has it, else
+	// per-sandbox ext4 images.
+	DiskStoreAuto = "auto"
+	// DiskStoreXFS is one sparse XFS pool with a project quota per sandbox
+	// (internal/quota).
+	DiskStoreXFS = "xfs"
+	// DiskStoreExt4Image is one small ext4 image per sandbox, mounted only
+	// inside the sandbox (internal/diskimg).
+	DiskStoreExt4Image = "ext4-image"
+)
+
+// stack is the node-local machinery below the node: the disk store for
+// writable layers and the backends built on it.
 type stack struct {
-	uppers   *quota.Store
-	backends []backend.Backend
+	uppers    *quota.Store // nil unless the XFS store is in use
+	container *container.Backend
+	backends  []backend.Backend
 }
 
 func newStack(ctx context.Context, cfg Config) (*stack, error) {
-	uppers, err := quota.Open(ctx, quota.Config{
-		Dir:       filepath.Join(cfg.DataDir, "disk"),
-		SizeBytes: cfg.DiskPoolBytes,
-	})
-	var upperStore container.UpperStore = uppers
+	store, pool, err := openDiskStore(ctx, cfg)
 	if err != nil {
-		cfg.Logger.Error("TEMP: disk pool unavailable, writable layers without quota", "err", err)
-		upperStore = container.DirStore{Root: filepath.Join(cfg.DataDir, "uppers")}
-		uppers = nil
+		return nil, err
 	}
 	ctr, err := container.New(container.Config{
 		RunDir:       filepath.Join(cfg.DataDir, "run"),
 		CgroupParent: cfg.CgroupParent,
 		InitPath:     cfg.InitBinary,
-		Uppers:       upperStore,
+		Uppers:       store,
 		Logger:       cfg.Logger,
 	})
 	if err != nil {
-		if uppers != nil {
-			uppers.Close(ctx, false)
+		if pool != nil {
+			pool.Close(ctx, false)
 		}
 		return nil, err
 	}
-	return &stack{uppers: uppers, backends: []backend.Backend{ctr}}, nil
+	return &stack{uppers: pool, container: ctr, backends: []backend.Backend{ctr}}, nil
 }
 
-// close releases the stack; unmount also detaches the disk pool (only when
-// no sandbox is left).
-func (s *stack) close(ctx context.Context, unmount bool) error {
-	if s.uppers == nil {
-		return nil
+// openDiskStore opens the store cfg.DiskStore names. With auto, the XFS
+// quota store is used when quota.Open succeeds; when it says the host
+// cannot (errdefs.NotSupported), the ext4-image store; any other error
+// fails startup. pool is the XFS store when that is in use.
+func openDiskStore(ctx context.Context, cfg Config) (store container.UpperStore, pool *quota.Store, err error) {
+	dir := filepath.Join(cfg.DataDir, "disk")
+	kind := cfg.DiskStore
+	switch kind {
+	case "", DiskStoreAuto, DiskStoreXFS:
+		pool, err := quota.Open(ctx, quota.Config{Dir: dir, SizeBytes: cfg.DiskPoolBytes})
+		if err == nil {
+			cfg.Logger.Info("disk store: xfs project quota", "dir", dir)
+			return pool, pool, nil
+		}
+		if kind == DiskStoreXFS || !errdefs.IsNotSupported(err) {
+			return nil, nil, fmt.Errorf("disk store xfs: %w", err)
+		}
+		cfg.Logger.Info("disk store: ext4 image per sandbox, as xfs project quota is not available", "reason", err.Error())
+	case DiskStoreExt4Image:
+		cfg.Logger.Info("disk store: ext4 image per sandbox, as configured")
+	default:
+		return nil, nil, errdefs.InvalidArgument("disk store %q: must be %s, %s or %s", kind, DiskStoreAuto, DiskStoreXFS, DiskStoreExt4Image)
 	}
-	return s.uppers.Close(ctx, unmount)
+	imgs, err := diskimg.Open(ctx, diskimg.Config{Dir: filepath.Join(dir, "images")})
+	if err != nil {
+		return nil, nil, fmt.Errorf("disk store ext4-image: %w", err)
+	}
+	return imgs, nil, nil
+}
+
+// close releases the stack. With cleanup (every sandbox is deleted by now)
+// it also removes the cgroup parent and detaches the XFS disk pool; the
+// ext4-image store holds nothing open.
+func (s *stack) close(ctx context.Context, cleanup bool) error {
+	var errs []error
+	if cleanup {
+		errs = append(errs, s.container.RemoveCgroupParent())
+	}
+	if s.uppers != nil {
+		errs = append(errs, s.uppers.Close(ctx, cleanup))
+	}
+	return errors.Join(errs...)
 }

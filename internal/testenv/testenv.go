@@ -231,6 +231,46 @@ func SandboxProcesses(cgroupParent string) []string {
 	return pids
 }
 
+// NetNamespaces returns the network namespaces ("net:[inode]") that the
+// given processes are in.
+func NetNamespaces(pids []string) map[string]bool {
+	out := map[string]bool{}
+	for _, pid := range pids {
+		if ns, err := os.Readlink(filepath.Join("/proc", pid, "ns", "net")); err == nil {
+			out[ns] = true
+		}
+	}
+	return out
+}
+
+// NamespaceHolders lists what still refers to any of the namespaces: a
+// process inside one, an open fd of any process, or an nsfs bind mount.
+func NamespaceHolders(namespaces map[string]bool) []string {
+	var holders []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' || isZombie(e.Name()) {
+			continue
+		}
+		if ns, err := os.Readlink(filepath.Join("/proc", e.Name(), "ns", "net")); err == nil && namespaces[ns] {
+			holders = append(holders, "process "+e.Name())
+		}
+		fds, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "fd"))
+		for _, fd := range fds {
+			if target, err := os.Readlink(filepath.Join("/proc", e.Name(), "fd", fd.Name())); err == nil && namespaces[target] {
+				holders = append(holders, "fd "+fd.Name()+" of process "+e.Name())
+			}
+		}
+	}
+	mountinfo, _ := os.ReadFile("/proc/self/mountinfo")
+	for ns := range namespaces {
+		if bytes.Contains(mountinfo, []byte(ns)) {
+			holders = append(holders, "nsfs mount of "+ns)
+		}
+	}
+	return holders
+}
+
 // isZombie reports a process that has exited and waits for its parent to
 // reap it: after a daemon restart a sandbox's init is reparented to the
 // host's PID 1, which reaps on its own schedule. A zombie holds no resources.

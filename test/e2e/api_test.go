@@ -231,6 +231,10 @@ func TestDeleteLeavesNothing(t *testing.T) {
 	if err := sbs[0].Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
+	netns := testenv.NetNamespaces(testenv.SandboxProcesses(srv.Config.CgroupParent))
+	if len(netns) != len(sbs) {
+		t.Fatalf("%d sandboxes live in %d network namespaces, want one each", len(sbs), len(netns))
+	}
 	for _, sb := range sbs {
 		if err := sb.Delete(ctx); err != nil {
 			t.Fatal(err)
@@ -245,6 +249,9 @@ func TestDeleteLeavesNothing(t *testing.T) {
 	}
 	if procs := testenv.SandboxProcesses(srv.Config.CgroupParent); len(procs) != 0 {
 		t.Errorf("processes left: %v", procs)
+	}
+	if holders := testenv.NamespaceHolders(netns); len(holders) != 0 {
+		t.Errorf("network namespaces of deleted sandboxes still held: %v", holders)
 	}
 	for _, dir := range testenv.CgroupDirs(srv.Config.CgroupParent) {
 		entries, _ := os.ReadDir(dir)

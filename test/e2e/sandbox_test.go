@@ -7,6 +7,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -218,15 +219,20 @@ func TestPauseResume(t *testing.T) {
 	sb := newSandbox(t, srv.Client, client.CreateOptions{})
 	ctx := context.Background()
 	sh(t, sb, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; usleep 20000; done) >/dev/null 2>&1 &")
-	// Read the counter from the host through the sandbox's writable layer,
-	// which does not count as a request (a file call would resume it).
+	// Read the counter from the host through the root of a process in the
+	// sandbox, which does not count as a request (a file call would resume
+	// it). The writable layer itself may not be visible on the host: with
+	// the ext4-image disk store it is mounted only inside the sandbox.
 	counter := func() string {
 		t.Helper()
-		paths := findUnder(srv.Config.DataDir, sb.ID(), "upper", "tmp", "count")
-		if len(paths) != 1 {
-			t.Fatalf("counter file in the upper dir: found %v", paths)
+		pids := cgroupPids(srv.Config.CgroupParent, sb.ID())
+		if len(pids) == 0 {
+			t.Fatal("no process in the sandbox's cgroup")
 		}
-		b, _ := os.ReadFile(paths[0])
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pids[0]), "root/tmp/count"))
+		if err != nil {
+			t.Fatalf("counter file: %v", err)
+		}
 		return strings.TrimSpace(string(b))
 	}
 	time.Sleep(100 * time.Millisecond)
@@ -266,14 +272,20 @@ func TestPauseResume(t *testing.T) {
 	}
 }
 
-// findUnder finds <dataDir>/.../<id>/<rest...> at depth one or two: where
-// the writable layer of sandbox id lives depends on the disk store.
+// findUnder finds what the node keeps for sandbox id at depth one or two
+// under dataDir (which store keeps what depends on the host): <id>/<rest...>
+// and, without rest, an <id>.img disk image too.
 func findUnder(dataDir, id string, rest ...string) []string {
+	names := []string{filepath.Join(append([]string{id}, rest...)...)}
+	if len(rest) == 0 {
+		names = append(names, id+".img")
+	}
 	var found []string
-	for _, depth := range [][]string{{"*"}, {"*", "*"}} {
-		parts := append(append(append([]string{dataDir}, depth...), id), rest...)
-		m, _ := filepath.Glob(filepath.Join(parts...))
-		found = append(found, m...)
+	for _, depth := range []string{"*", "*/*"} {
+		for _, name := range names {
+			m, _ := filepath.Glob(filepath.Join(dataDir, depth, name))
+			found = append(found, m...)
+		}
 	}
 	return found
 }

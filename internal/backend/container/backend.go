@@ -1,10 +1,11 @@
 // Package container is the "container" backend: each sandbox is a
 // corral-init process in fresh PID/mount/UTS/IPC/net/cgroup namespaces, in
-// its own cgroups, on an overlay of read-only layers and a writable upper
-// dir. It owns the sandbox's run dir (control socket, rootfs mount point),
-// cgroups and init process, and delegates file operations to safefs. It
-// imports backend, errdefs, safefs and the runtime packages; never the node,
-// control, state or API layers.
+// its own cgroups, on an overlay of read-only layers and a writable layer
+// from an UpperStore (host dirs, or an ext4 disk device that init mounts
+// inside the sandbox). It owns the sandbox's run dir (control socket, rootfs
+// and disk mount points), cgroups and init process, and delegates file
+// operations to safefs. It imports backend, errdefs, safefs and the runtime
+// packages; never the node, control, state or API layers, nor the stores.
 package container
 
 import (
@@ -83,6 +84,15 @@ func New(cfg Config) (*Backend, error) {
 	return &Backend{cfg: cfg, cg: cg, log: cfg.Logger.With("backend", "container")}, nil
 }
 
+// RemoveCgroupParent removes the backend's (empty) cgroup parent in every
+// hierarchy, for a node that shuts down with every sandbox deleted.
+func (b *Backend) RemoveCgroupParent() error {
+	if err := b.cg.RemoveParent(); err != nil {
+		return fmt.Errorf("container backend: remove cgroup parent %s: %w", b.cfg.CgroupParent, err)
+	}
+	return nil
+}
+
 // Name implements backend.Backend.
 func (b *Backend) Name() string { return "container" }
 
@@ -149,7 +159,12 @@ func (b *Backend) Cleanup(ctx context.Context, id string, rec []byte) error {
 	if g.Exists() {
 		errs = append(errs, g.Kill(ctx), g.Remove(ctx))
 	}
-	errs = append(errs, b.removeRunDir(id), b.cfg.Uppers.Remove(ctx, id))
+	// The layer before the run dir: if Remove fails (a disk still
+	// attached), the run dir keeps the id visible to the next Sweep.
+	errs = append(errs, b.cfg.Uppers.Remove(ctx, id))
+	if errs[len(errs)-1] == nil {
+		errs = append(errs, b.removeRunDir(id))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
 	}
@@ -157,11 +172,11 @@ func (b *Backend) Cleanup(ctx context.Context, id string, rec []byte) error {
 }
 
 // removeRunDir removes the known files one by one (never RemoveAll: the
-// rootfs directory is a mount point inside the sandbox and must never be
-// walked from here).
+// rootfs and disk directories are mount points inside the sandbox and must
+// never be walked from here).
 func (b *Backend) removeRunDir(id string) error {
 	dir := b.runDir(id)
-	for _, name := range []string{"ctl.sock", "init.log", "rootfs"} {
+	for _, name := range []string{"ctl.sock", "init.log", "rootfs", "disk"} {
 		if err := os.Remove(filepath.Join(dir, name)); err != nil && !os.IsNotExist(err) {
 			return fmt.Errorf("remove run dir: %w", err)
 		}
@@ -185,6 +200,11 @@ func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
 	for _, e := range ents {
 		ids = append(ids, e.Name())
 	}
+	layers, err := b.cfg.Uppers.IDs()
+	if err != nil {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	ids = append(ids, layers...)
 	seen := map[string]bool{}
 	var errs []error
 	for _, id := range ids {

@@ -32,8 +32,7 @@ type creation struct {
 	spec   backend.Spec
 	dir    string
 	group  *cgroup.Group
-	upper  string
-	work   string
+	layer  WritableLayer
 	ln     *os.File
 	proc   *launch.Process
 	setup  *initproto.Conn
@@ -97,7 +96,12 @@ func (c *creation) makeRunDir(ctx context.Context) error {
 		return err
 	}
 	c.undo.push(func() { _ = c.b.removeRunDir(c.spec.ID) })
-	return os.Mkdir(filepath.Join(c.dir, "rootfs"), 0o755)
+	for _, name := range []string{"rootfs", "disk"} {
+		if err := os.Mkdir(filepath.Join(c.dir, name), 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (c *creation) makeCgroup(ctx context.Context) error {
@@ -116,12 +120,17 @@ func (c *creation) makeCgroup(ctx context.Context) error {
 
 func (c *creation) makeUpper(ctx context.Context) error {
 	r := c.spec.Resources
-	upper, work, err := c.b.cfg.Uppers.Create(ctx, c.spec.ID, r.DiskBytes, r.DiskInodes)
+	layer, err := c.b.cfg.Uppers.Create(ctx, c.spec.ID, r.DiskBytes, r.DiskInodes)
 	if err != nil {
 		return err
 	}
-	c.undo.push(func() { _ = c.b.cfg.Uppers.Remove(context.WithoutCancel(ctx), c.spec.ID) })
-	c.upper, c.work = upper, work
+	c.layer = layer
+	// Runs after the spawn step's undo has killed init: the device is
+	// then unmounted and Remove finds it detached.
+	c.undo.push(func() {
+		_ = c.layer.Close()
+		_ = c.b.cfg.Uppers.Remove(context.WithoutCancel(ctx), c.spec.ID)
+	})
 	return nil
 }
 
@@ -163,13 +172,21 @@ func (c *creation) spawn(ctx context.Context) error {
 	return nil
 }
 
+// waitReady sends init its config and waits for ready. A disk device is
+// mounted by then (or init failed): either way the backend's fd on it goes,
+// so that from now on only the sandbox's mount holds the device.
 func (c *creation) waitReady(ctx context.Context) error {
-	return c.proc.Setup(ctx, c.setup, initproto.Config{
+	defer c.layer.Close()
+	cfg := initproto.Config{
 		Layers:    c.spec.Layers,
-		UpperDir:  c.upper,
-		WorkDir:   c.work,
+		UpperDir:  c.layer.UpperDir,
+		WorkDir:   c.layer.WorkDir,
 		Rootfs:    filepath.Join(c.dir, "rootfs"),
 		Hostname:  c.spec.Hostname,
 		NoSeccomp: c.b.cfg.NoSeccomp,
-	})
+	}
+	if c.layer.IsDevice() {
+		cfg.Disk, cfg.DiskDir = c.layer.DevicePath, filepath.Join(c.dir, "disk")
+	}
+	return c.proc.Setup(ctx, c.setup, cfg)
 }

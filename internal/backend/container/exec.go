@@ -57,7 +57,9 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	res.Duration = time.Since(start)
 	rd.finish(pipes.outR, pipes.errR)
 	res.Truncated = lim.Truncated()
-	if res.Signal == int(unix.SIGKILL) && oomErr == nil {
+	// Any OOM kill in the sandbox while the command ran counts: in
+	// `sh -c 'a | b'` the victim is usually a child, not the main process.
+	if oomErr == nil {
 		if after, err := s.group.OOMKills(); err == nil && after > oomBefore {
 			res.OOMKilled = true
 		}

@@ -15,15 +15,16 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/diskimg"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 )
 
 var (
-	initPath   string // corral-init built for the tests
-	layerDir   string // busybox rootfs, the one read-only layer
-	tmpRoot    string
-	cgParent   string
-	skipReason string
+	initPath string // corral-init built for the tests
+	layerDir string // busybox rootfs, the one read-only layer
+	tmpRoot  string
+	cgParent string
 )
 
 func TestMain(m *testing.M) {
@@ -136,6 +137,44 @@ func newBackend(t testing.TB) *Backend {
 		t.Fatal(err)
 	}
 	return b
+}
+
+var diskStore struct {
+	sync.Once
+	s   *diskimg.Store
+	err error
+}
+
+// newDiskBackend is newBackend with the ext4-image disk store (one store
+// for the whole run, under tmpRoot/disk).
+func newDiskBackend(t testing.TB) *Backend {
+	t.Helper()
+	diskStore.Do(func() {
+		diskStore.s, diskStore.err = diskimg.Open(context.Background(), diskimg.Config{Dir: diskDir()})
+	})
+	if errdefs.IsNotSupported(diskStore.err) {
+		t.Skipf("skip: %v", diskStore.err)
+	}
+	if diskStore.err != nil {
+		t.Fatal(diskStore.err)
+	}
+	b, err := New(Config{
+		RunDir:       filepath.Join(tmpRoot, "run"),
+		CgroupParent: cgParent,
+		InitPath:     initPath,
+		Uppers:       diskStore.s,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func diskDir() string { return filepath.Join(tmpRoot, "disk") }
+
+// withDisk sets a disk limit (required by the ext4-image store).
+func withDisk(bytes, inodes int64) func(*backend.Spec) {
+	return func(sp *backend.Spec) { sp.Resources.DiskBytes, sp.Resources.DiskInodes = bytes, inodes }
 }
 
 func defaultSpec(id string) backend.Spec {

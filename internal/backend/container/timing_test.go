@@ -25,7 +25,12 @@ func TestTimings(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timings")
 	}
-	b := newBackend(t)
+	t.Run("dir", func(t *testing.T) { timings(t, newBackend(t), nil) })
+	// The disk of a default sandbox: 1 GiB, one inode per 16 KiB.
+	t.Run("ext4-image", func(t *testing.T) { timings(t, newDiskBackend(t), withDisk(1<<30, 65536)) })
+}
+
+func timings(t *testing.T, b *Backend, mod func(*backend.Spec)) {
 	if os.Getenv("CORRAL_TEST_DEBUG") != "" {
 		b.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -35,7 +40,11 @@ func TestTimings(t *testing.T) {
 	var boxes []backend.Sandbox
 	for i := 0; i < n; i++ {
 		start := time.Now()
-		s, err := b.Create(ctx, defaultSpec(newID(t)))
+		spec := defaultSpec(newID(t))
+		if mod != nil {
+			mod(&spec)
+		}
+		s, err := b.Create(ctx, spec)
 		if err != nil {
 			t.Fatal(err)
 		}

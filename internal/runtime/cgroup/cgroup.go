@@ -192,7 +192,7 @@ func (m *Manager) List() ([]string, error) {
 	return ids, nil
 }
 
-// RemoveParent removes the (empty) parent directories; tests use it.
+// RemoveParent removes the (empty) parent directories.
 func (m *Manager) RemoveParent() error {
 	var errs []error
 	for _, d := range m.dirs() {

@@ -71,6 +71,7 @@ func serveMain() {
 	// that a process inside cannot make PID 1 exit with SIGTERM & co.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs)
+	prewarmThreads()
 	srv, err := newServer()
 	if err != nil {
 		fail(setup, "%v", err)
@@ -79,9 +80,6 @@ func serveMain() {
 		fail(nil, "send ready: %v", err)
 	}
 	setup.Close()
-	// Off the create path: the threads are needed only once a workload
-	// could fill the pids limit, which takes at least one exec.
-	go prewarmThreads()
 	go srv.reap(sigs)
 	srv.serve()
 }
@@ -102,17 +100,22 @@ func fail(setup *initproto.Conn, format string, args ...any) {
 // a Go program).
 const spareThreads = 6
 
+// prewarmThreads makes the runtime start spareThreads threads: each
+// goroutine pins the thread it runs on and parks, so the scheduler must start
+// a new thread for the next one. Unpinned, the threads stay idle in the
+// runtime's pool. This takes tens of microseconds, no sleeping.
 func prewarmThreads() {
-	var wg sync.WaitGroup
-	for i := 0; i < spareThreads; i++ {
-		wg.Add(1)
+	var pinned, release sync.WaitGroup
+	release.Add(1)
+	for range spareThreads {
+		pinned.Add(1)
 		go func() {
-			defer wg.Done()
-			// A blocking syscall makes the runtime hand the P to another
-			// thread, creating one if none is idle.
-			ts := unix.Timespec{Nsec: 2e6}
-			_ = unix.Nanosleep(&ts, nil)
+			runtime.LockOSThread()
+			pinned.Done()
+			release.Wait()
+			runtime.UnlockOSThread()
 		}()
 	}
-	wg.Wait()
+	pinned.Wait()
+	release.Done()
 }

@@ -84,6 +84,11 @@ func mountOverlay(cfg *initproto.Config) error {
 	if len(cfg.Layers) == 0 {
 		return errors.New("mount overlay: no layers")
 	}
+	if cfg.Disk != "" {
+		if err := mountDisk(cfg); err != nil {
+			return err
+		}
+	}
 	for _, p := range append(append([]string{}, cfg.Layers...), cfg.UpperDir, cfg.WorkDir) {
 		if strings.ContainsAny(p, ",:") {
 			return fmt.Errorf("mount overlay: path %q contains ',' or ':'", p)
@@ -96,6 +101,37 @@ func mountOverlay(cfg *initproto.Config) error {
 	}
 	if err := unix.Mount("overlay", cfg.Rootfs, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mount overlay: %w", err)
+	}
+	return nil
+}
+
+// diskFlags and diskOpts mount the sandbox's disk. noinit_itable: the inode
+// tables of the fresh filesystem are flagged uninitialised, so the kernel
+// need not zero them (which would also fill the sparse image).
+const (
+	diskFlags = unix.MS_NOSUID | unix.MS_NODEV
+	diskOpts  = "noinit_itable"
+)
+
+// mountDisk mounts the ext4 disk on cfg.DiskDir and points cfg's upper and
+// work dirs into it. / is rprivate by now: the mount exists only in this
+// namespace, and goes (with the loop device, which has autoclear) when the
+// namespace's last process does.
+func mountDisk(cfg *initproto.Config) error {
+	if cfg.DiskDir == "" || cfg.UpperDir != "" || cfg.WorkDir != "" {
+		return errors.New("mount disk: needs DiskDir, and no upper or work dir")
+	}
+	if err := unix.Mount(cfg.Disk, cfg.DiskDir, "ext4", diskFlags, diskOpts); err != nil {
+		return fmt.Errorf("mount disk %s on %s: %w", cfg.Disk, cfg.DiskDir, err)
+	}
+	cfg.UpperDir, cfg.WorkDir = cfg.DiskDir+"/upper", cfg.DiskDir+"/work"
+	for _, d := range []struct {
+		path string
+		mode uint32
+	}{{cfg.UpperDir, 0o755}, {cfg.WorkDir, 0o700}} {
+		if err := unix.Mkdir(d.path, d.mode); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("mount disk: mkdir %s: %w", d.path, err)
+		}
 	}
 	return nil
 }

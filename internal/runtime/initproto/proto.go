@@ -7,10 +7,12 @@
 // Changelog of Version:
 //
 //	1 (2025-06): config/ready on the setup socket; ping, exec, kill.
+//	2 (2026-11-30): Config.Disk and Config.DiskDir: init mounts the
+//	  sandbox's ext4 disk and keeps the overlay's upper and work dirs on it.
 package initproto
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 1
+const Version = 2
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -47,9 +49,17 @@ type Config struct {
 	Version int    `json:"v"`
 	Op      string `json:"op"`
 	// Layers are the overlay lower dirs, topmost first (host paths).
-	Layers   []string `json:"layers"`
-	UpperDir string   `json:"upper"`
-	WorkDir  string   `json:"work"`
+	Layers []string `json:"layers"`
+	// UpperDir and WorkDir are host dirs for the overlay; both empty when
+	// Disk is set.
+	UpperDir string `json:"upper,omitempty"`
+	WorkDir  string `json:"work,omitempty"`
+	// Disk is a block device (/dev/loopN) holding an ext4 filesystem that
+	// init mounts on DiskDir (a host dir, mounted only inside the sandbox's
+	// mount namespace); the overlay's upper and work dirs are DiskDir/upper
+	// and DiskDir/work, made if missing.
+	Disk    string `json:"disk,omitempty"`
+	DiskDir string `json:"disk_dir,omitempty"`
 	// Rootfs is the host directory the overlay is mounted on (only inside
 	// the sandbox's mount namespace).
 	Rootfs   string `json:"rootfs"`

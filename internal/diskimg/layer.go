@@ -1,0 +1,115 @@
+package diskimg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/loopdev"
+	"golang.org/x/sys/unix"
+)
+
+// detachWait is how long Remove waits for a loop device that still holds
+// an image to detach: the last user of a mount may still be finishing.
+const detachWait = 2 * time.Second
+
+// Create makes the disk of sandbox id: <dir>/<id>.img, an empty ext4 with
+// blocksBytes bytes and inodes inodes usable (hard limits: writes past them
+// fail with ENOSPC), attached to a loop device with autoclear. The returned
+// layer's Device keeps the device attached until whoever mounts it has done
+// so; the caller must close it then (or on failure), after which the mount
+// holds the device and its end detaches it. On error nothing of the disk
+// remains.
+func (s *Store) Create(ctx context.Context, id string, blocksBytes, inodes int64) (backend.WritableLayer, error) {
+	if err := checkID(id); err != nil {
+		return backend.WritableLayer{}, err
+	}
+	if err := checkLimits(blocksBytes, inodes); err != nil {
+		return backend.WritableLayer{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return backend.WritableLayer{}, fmt.Errorf("disk %s: %w", id, err)
+	}
+	tmpl, err := s.template(ctx, class{blocksBytes, inodes})
+	if err != nil {
+		return backend.WritableLayer{}, fmt.Errorf("disk %s: %w", id, err)
+	}
+	img := s.imagePath(id)
+	if err := s.place(tmpl, img); err != nil {
+		return backend.WritableLayer{}, fmt.Errorf("disk %s: %w", id, err)
+	}
+	dev, err := loopdev.Attach(img, blockSize)
+	if err != nil {
+		os.Remove(img)
+		return backend.WritableLayer{}, fmt.Errorf("disk %s: %w", id, err)
+	}
+	return backend.WritableLayer{Device: dev, DevicePath: dev.Name()}, nil
+}
+
+// place copies the template to img through <img>.tmp, so that an image
+// under its final name is always complete; an existing img is never
+// replaced.
+func (s *Store) place(tmpl, img string) error {
+	tmp := img + tmpExt
+	if err := s.copySparse(tmpl, tmp); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return errdefs.AlreadyExists("being created")
+		}
+		return fmt.Errorf("copy template: %w", err)
+	}
+	err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, img, unix.RENAME_NOREPLACE)
+	if err != nil {
+		os.Remove(tmp)
+		if errors.Is(err, unix.EEXIST) {
+			return errdefs.AlreadyExists("already exists")
+		}
+		return fmt.Errorf("rename copy into place: %w", err)
+	}
+	return nil
+}
+
+// Remove deletes the disk of sandbox id; it is a no-op for an id that has
+// none. The loop device detaches by itself once the sandbox's mount
+// namespace is gone; while a loop device still holds the image (the
+// sandbox, or something in its mount, is still alive) Remove waits briefly,
+// then fails with FailedPrecondition rather than delete the image under it.
+func (s *Store) Remove(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	img := s.imagePath(id)
+	if err := os.Remove(img + tmpExt); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("disk %s: %w", id, err)
+	}
+	if _, err := os.Lstat(img); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := waitUnheld(ctx, img); err != nil {
+		return fmt.Errorf("disk %s: %w", id, err)
+	}
+	if err := os.Remove(img); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("disk %s: %w", id, err)
+	}
+	return nil
+}
+
+// waitUnheld waits up to detachWait (or ctx) until no loop device holds img.
+func waitUnheld(ctx context.Context, img string) error {
+	deadline := time.Now().Add(detachWait)
+	for {
+		holders, err := loopdev.Holders(img)
+		if err != nil || len(holders) == 0 {
+			return err
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return errdefs.FailedPrecondition("image still attached to %s after %v: "+
+				"its sandbox (or a process in its mount namespace) is still alive", strings.Join(holders, ", "), detachWait)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

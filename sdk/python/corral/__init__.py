@@ -1,0 +1,52 @@
+"""corral's Python SDK: sandboxes for RL agents, from asyncio or blocking code.
+
+Standard library only. It speaks ConnectRPC's JSON protocol to a corral
+server over its unix socket or TCP::
+
+    import asyncio, corral
+
+    async def main():
+        async with corral.AsyncClient("http://127.0.0.1:7070") as c:
+            async with c.sandbox(image="busybox", memory_mb=64) as sb:
+                r = await sb.run("echo hello")
+                print(r.exit_code, r.text)
+
+    asyncio.run(main())
+
+The blocking :class:`Client` has the same methods without ``await``.
+"""
+
+from .client import AsyncClient
+from .errors import (
+    AlreadyExistsError,
+    CanceledError,
+    CorralError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnimplementedError,
+)
+from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
+from .sync import Client, Files, Sandbox, SyncExecStream
+from .types import ExecChunk, ExecResult, FileInfo, Resources, SandboxInfo, State
+
+__version__ = "0.1.0"
+
+DEFAULT_ADDRESS = "unix:///var/lib/corral/corral.sock"
+
+__all__ = [
+    "AsyncClient", "AsyncSandbox", "AsyncFiles", "ExecStream", "Command",
+    "Client", "Sandbox", "Files", "SyncExecStream",
+    "ExecChunk", "ExecResult", "FileInfo", "Resources", "SandboxInfo", "State",
+    "CorralError", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError",
+    "FailedPreconditionError", "ResourceExhaustedError", "UnavailableError",
+    "PermissionDeniedError", "UnauthenticatedError", "UnimplementedError",
+    "DeadlineExceededError", "CanceledError", "InternalError",
+    "DEFAULT_ADDRESS", "__version__",
+]

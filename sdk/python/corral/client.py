@@ -1,0 +1,197 @@
+"""The asyncio client: :class:`AsyncClient` creates, finds and deletes
+sandboxes; commands and files go through the :class:`AsyncSandbox` it
+returns."""
+
+import asyncio
+import ssl as _ssl
+from typing import Any, Dict, List, Optional, Set, Union
+
+from ._connect import Transport
+from ._http import default_address
+from .errors import UnimplementedError
+from .sandbox import AsyncSandbox
+from .types import SandboxInfo, State, env_list, format_duration
+
+__all__ = ["AsyncClient"]
+
+_MIB = 1 << 20
+
+
+class AsyncClient:
+    """A connection pool to one corral server, for one asyncio event loop.
+
+    Args:
+        addr: ``unix:///path.sock``, ``/path.sock``, ``http://host:port``,
+            ``https://host:port`` or ``host:port``; default ``$CORRAL_ADDR``,
+            else ``unix:///var/lib/corral/corral.sock``.
+        timeout: default client deadline of each call, in seconds (commands
+            get their own timeout on top, see :meth:`AsyncSandbox.run`).
+        max_connections: connections open at once (default 256); further
+            calls wait for a free one, so thousands of concurrent calls need
+            no more file descriptors than this.
+        retries: extra attempts for idempotent calls (get, list, delete, file
+            read/stat/list) after a connection error or ``unavailable``.
+        ssl: TLS context for ``https://`` addresses.
+
+    Use ``async with AsyncClient(...) as c:`` or call :meth:`close`.
+    """
+
+    def __init__(self, addr: Optional[str] = None, *, timeout: float = 120.0, max_connections: int = 256,
+                 retries: int = 3, ssl: Optional[_ssl.SSLContext] = None) -> None:
+        self.addr = addr or default_address()
+        self._t = Transport(self.addr, max_connections=max_connections, timeout=timeout,
+                            retries=retries, ssl=ssl)
+        self._background: Set["asyncio.Future[Any]"] = set()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.addr!r})"
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Wait for deletes started by ``sandbox()`` exits, then close idle
+        connections."""
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+        self._t.close()
+
+    async def create(self, image: str = "", *, backend: str = "", cpu: int = 0, memory_mb: float = 0,
+                     disk_mb: float = 0, pids: int = 0, env: Optional[Dict[str, str]] = None,
+                     workdir: str = "", user: str = "", labels: Optional[Dict[str, str]] = None,
+                     idle_timeout: Optional[float] = None, max_lifetime: Optional[float] = None,
+                     network: Any = None, request_timeout: Optional[float] = None) -> AsyncSandbox:
+        """Create a sandbox and return once it is ready for commands.
+
+        Args:
+            image: e.g. ``"busybox"`` or ``"debian"`` (default: the server's).
+            backend: ``"container"`` (default); ``"fncall"``, ``"microvm"``,
+                ``"vm"`` raise :class:`UnimplementedError` until they exist.
+            cpu: millicores (1000 = one core); 0 takes the server default.
+            memory_mb, disk_mb: limits in MiB; 0 takes the server default.
+            pids: maximum processes and threads; 0 takes the server default.
+            env: environment of every command.
+            workdir, user: defaults of every command.
+            labels: key/value labels to find the sandbox by (:meth:`list`).
+            idle_timeout: stop after this many seconds without a request
+                (None: server default; 0: never).
+            max_lifetime: stop this many seconds after creation.
+            network: reserved for network policy, which the API does not
+                have yet: anything but None raises UnimplementedError.
+        """
+        if network is not None:
+            raise UnimplementedError(
+                "network: the corral API has no network policy yet (sandboxes have loopback only); "
+                "pass network=None")
+        resources: Dict[str, str] = {}
+        for key, value, scale in (("cpuMillis", cpu, 1), ("memoryBytes", memory_mb, _MIB),
+                                  ("diskBytes", disk_mb, _MIB), ("pids", pids, 1)):
+            if value:
+                if value < 0:
+                    raise ValueError(f"{key}: {value!r} must not be negative")
+                resources[key] = str(int(value * scale))
+        req: Dict[str, Any] = {}
+        for key, val in (("image", image), ("backend", backend), ("workdir", workdir), ("user", user)):
+            if val:
+                req[key] = val
+        if resources:
+            req["resources"] = resources
+        if env:
+            req["env"] = env_list(env)
+        if labels:
+            req["labels"] = {str(k): str(v) for k, v in labels.items()}
+        if idle_timeout is not None:
+            req["idleTimeout"] = format_duration(idle_timeout, "idle_timeout")
+        if max_lifetime is not None:
+            req["maxLifetime"] = format_duration(max_lifetime, "max_lifetime")
+        resp = await self._t.unary("Create", req, timeout=request_timeout)
+        info = SandboxInfo._from_json(resp.get("sandbox") or {})
+        return AsyncSandbox(self, info.id, info)
+
+    def sandbox(self, image: str = "", **create_args: Any) -> "_SandboxContext":
+        """``async with c.sandbox(image=..., ...) as sb:`` creates a sandbox
+        (arguments of :meth:`create`) and always deletes it on exit, also on
+        an exception or cancellation (the delete then finishes in the
+        background and :meth:`close` waits for it)."""
+        return _SandboxContext(self, image, create_args)
+
+    def attach(self, sandbox_id: str) -> AsyncSandbox:
+        """A handle on an existing sandbox, without a call."""
+        return AsyncSandbox(self, sandbox_id)
+
+    async def get(self, sandbox_id: str, *, request_timeout: Optional[float] = None) -> SandboxInfo:
+        """Describe a sandbox (NotFoundError if it does not exist)."""
+        resp = await self._t.unary("Get", {"id": sandbox_id}, idempotent=True, timeout=request_timeout)
+        return SandboxInfo._from_json(resp.get("sandbox") or {})
+
+    async def list(self, *, labels: Optional[Dict[str, str]] = None, state: Union[State, str, None] = None,
+                   page_size: int = 0, request_timeout: Optional[float] = None) -> List[SandboxInfo]:
+        """Every sandbox carrying all of labels (and in state, if given),
+        oldest first, fetching all pages."""
+        req: Dict[str, Any] = {}
+        if labels:
+            req["labels"] = {str(k): str(v) for k, v in labels.items()}
+        if state is not None:
+            try:
+                st = State(state.value if isinstance(state, State) else str(state).lower())
+            except ValueError:
+                raise ValueError(f"state: unknown state {state!r} (running, paused or stopped)") from None
+            if st is not State.UNSPECIFIED:
+                req["state"] = st.proto
+        if page_size:
+            req["pageSize"] = int(page_size)
+        out: List[SandboxInfo] = []
+        while True:
+            resp = await self._t.unary("List", req, idempotent=True, timeout=request_timeout)
+            out.extend(SandboxInfo._from_json(s) for s in resp.get("sandboxes", []))
+            token = resp.get("nextPageToken")
+            if not token:
+                return out
+            req["pageToken"] = token
+
+    async def delete(self, sandbox_id: str, *, request_timeout: Optional[float] = None) -> bool:
+        """Delete a sandbox; returns False if it did not exist (no error)."""
+        resp = await self._t.unary("Delete", {"id": sandbox_id}, idempotent=True, timeout=request_timeout)
+        return bool(resp.get("existed", False))
+
+    async def _delete_shielded(self, sandbox_id: str) -> None:
+        """Delete that completes even if the awaiting task is cancelled."""
+        task = asyncio.ensure_future(self.delete(sandbox_id))
+        self._background.add(task)
+        task.add_done_callback(_forget(self._background))
+        await asyncio.shield(task)
+
+
+def _forget(tasks: Set["asyncio.Future[Any]"]) -> Any:
+    def done(task: "asyncio.Future[Any]") -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure surfaces through the awaiter
+    return done
+
+
+class _SandboxContext:
+    """The async context manager returned by :meth:`AsyncClient.sandbox`."""
+
+    def __init__(self, client: AsyncClient, image: str, create_args: Dict[str, Any]) -> None:
+        self._c = client
+        self._image = image
+        self._args = create_args
+        self._sb: Optional[AsyncSandbox] = None
+
+    async def __aenter__(self) -> AsyncSandbox:
+        self._sb = await self._c.create(self._image, **self._args)
+        return self._sb
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._sb is None:
+            return
+        try:
+            await self._c._delete_shielded(self._sb.id)
+        except Exception:
+            if exc_type is None:
+                raise
+            # The body's exception matters more; the delete's is dropped.

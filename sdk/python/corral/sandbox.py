@@ -1,0 +1,282 @@
+"""Handles on one sandbox: commands (:class:`AsyncSandbox`), files
+(:class:`AsyncFiles`) and streamed command output (:class:`ExecStream`)."""
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+
+from ._connect import ServerStream
+from .errors import InternalError, NotFoundError
+from .types import ExecChunk, ExecResult, FileInfo, SandboxInfo
+from .types import b64decode, b64encode, env_list, format_duration
+
+if TYPE_CHECKING:
+    from .client import AsyncClient
+
+__all__ = ["AsyncSandbox", "AsyncFiles", "ExecStream", "Command"]
+
+Command = Union[str, Sequence[str]]
+"""A command: a list is run as argv (no shell), a str with ``sh -c``."""
+
+# Size of each WriteFile request when writing large data (as the Go SDK).
+WRITE_CHUNK = 4 << 20
+# When a command has no timeout of its own, the client waits this long for
+# it (the server's default exec timeout) plus the client's call timeout.
+SERVER_EXEC_TIMEOUT = 600.0
+
+
+def exec_request(sandbox_id: str, cmd: Command, *, env: Optional[Dict[str, str]] = None,
+                 cwd: Optional[str] = None, user: Optional[str] = None,
+                 stdin: Union[bytes, str, None] = None, timeout: Optional[float] = None,
+                 output_limit: Optional[int] = None) -> Dict[str, Any]:
+    """The JSON ExecRequest for cmd (see :meth:`AsyncSandbox.run`)."""
+    req: Dict[str, Any] = {"sandboxId": sandbox_id}
+    if isinstance(cmd, str):
+        req["argv"], req["shell"] = [cmd], True
+    else:
+        argv = list(cmd)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError("cmd: want a non-empty list of str (argv) or a str (shell script)")
+        req["argv"] = argv
+    if env:
+        req["env"] = env_list(env)
+    if cwd:
+        req["cwd"] = cwd
+    if user:
+        req["user"] = user
+    if stdin:
+        req["stdin"] = b64encode(stdin.encode() if isinstance(stdin, str) else bytes(stdin))
+    if timeout is not None:
+        req["timeout"] = format_duration(timeout, "timeout")
+    if output_limit:
+        req["outputLimitBytes"] = str(int(output_limit))
+    return req
+
+
+class AsyncSandbox:
+    """A handle on one sandbox; it holds only the id (and ``info`` from create).
+
+    Also an async context manager that deletes the sandbox on exit.
+    """
+
+    def __init__(self, client: "AsyncClient", sandbox_id: str, info: Optional[SandboxInfo] = None) -> None:
+        self._c = client
+        self.id = sandbox_id
+        self.info = info
+        self.files = AsyncFiles(self)
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox({self.id!r})"
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._c._delete_shielded(self.id)
+
+    async def refresh(self, *, request_timeout: Optional[float] = None) -> SandboxInfo:
+        """Fetch the sandbox's current description (also stored in ``info``)."""
+        self.info = await self._c.get(self.id, request_timeout=request_timeout)
+        return self.info
+
+    async def delete(self, *, request_timeout: Optional[float] = None) -> bool:
+        """Delete the sandbox; False if it was already gone."""
+        return await self._c.delete(self.id, request_timeout=request_timeout)
+
+    async def pause(self, *, request_timeout: Optional[float] = None) -> None:
+        """Freeze every process; any later command or file call resumes it."""
+        await self._c._t.unary("Pause", {"id": self.id}, timeout=request_timeout)
+
+    async def resume(self, *, request_timeout: Optional[float] = None) -> None:
+        """Thaw a paused sandbox."""
+        await self._c._t.unary("Resume", {"id": self.id}, timeout=request_timeout)
+
+    def _exec_budget(self, timeout: Optional[float], request_timeout: Optional[float]) -> float:
+        if request_timeout is not None:
+            return self._c._t.budget(request_timeout)
+        cmd = SERVER_EXEC_TIMEOUT if timeout is None else float(timeout)
+        return cmd + self._c._t.timeout
+
+    async def run(self, cmd: Command, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+                  user: Optional[str] = None, stdin: Union[bytes, str, None] = None,
+                  timeout: Optional[float] = None, output_limit: Optional[int] = None,
+                  request_timeout: Optional[float] = None) -> ExecResult:
+        """Run a command and return its result with the whole output.
+
+        Args:
+            cmd: argv list (no shell) or a str run with ``sh -c``.
+            env: variables added to the sandbox's environment.
+            cwd: working directory (default: the sandbox's workdir).
+            user: user name, ``uid`` or ``uid:gid`` (default: the sandbox's).
+            stdin: bytes (or str, UTF-8) fed to the command.
+            timeout: seconds before the server kills the command's process
+                group (result ``timed_out``); None: the server default.
+            output_limit: cap on stdout+stderr bytes (result ``truncated``).
+            request_timeout: client deadline of the call; by default the
+                command's timeout (or the server's 600 s) plus the client's
+                ``timeout``.
+
+        Cancelling the awaiting task closes the connection, and the server
+        then kills the command.
+        """
+        req = exec_request(self.id, cmd, env=env, cwd=cwd, user=user, stdin=stdin,
+                           timeout=timeout, output_limit=output_limit)
+        resp = await self._c._t.unary("Run", req, timeout=self._exec_budget(timeout, request_timeout))
+        return ExecResult._from_json(resp.get("result"), b64decode(resp.get("stdout")), b64decode(resp.get("stderr")))
+
+    def exec_stream(self, cmd: Command, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+                    user: Optional[str] = None, stdin: Union[bytes, str, None] = None,
+                    timeout: Optional[float] = None, output_limit: Optional[int] = None,
+                    request_timeout: Optional[float] = None) -> "ExecStream":
+        """Run a command, streaming its output as it arrives::
+
+            async for chunk in sb.exec_stream(["make", "test"]):
+                if chunk.stream == "result":
+                    print("exit", chunk.result.exit_code)
+                else:
+                    print(chunk.stream, chunk.text, end="")
+
+        Arguments are those of :meth:`run`. Leaving the loop early, an
+        exception or cancelling the task kills the command on the server.
+        """
+        req = exec_request(self.id, cmd, env=env, cwd=cwd, user=user, stdin=stdin,
+                           timeout=timeout, output_limit=output_limit)
+        return ExecStream(self._c._t.stream("Exec", req, timeout=self._exec_budget(timeout, request_timeout)))
+
+
+class ExecStream:
+    """Output chunks of a running command, then one ``"result"`` chunk.
+
+    After iteration ends, ``result`` holds the :class:`ExecResult` (without
+    output). Use ``async with`` (or :meth:`aclose`) to stop early and kill
+    the command deterministically.
+    """
+
+    def __init__(self, stream: ServerStream) -> None:
+        self._s = stream
+        self.result: Optional[ExecResult] = None
+
+    def __aiter__(self) -> "ExecStream":
+        return self
+
+    async def __aenter__(self) -> "ExecStream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._s.close()
+
+    async def aclose(self) -> None:
+        """Stop reading; if the command still runs, the server kills it."""
+        self._s.close()
+
+    async def __anext__(self) -> ExecChunk:
+        try:
+            msg = await self._s.__anext__()
+        except StopAsyncIteration:
+            if self.result is None:
+                raise InternalError("exec stream ended without a result") from None
+            raise
+        if "stdout" in msg:
+            return ExecChunk("stdout", b64decode(msg["stdout"]))
+        if "stderr" in msg:
+            return ExecChunk("stderr", b64decode(msg["stderr"]))
+        if "result" in msg:
+            self.result = ExecResult._from_json(msg["result"])
+            return ExecChunk("result", result=self.result)
+        return ExecChunk("stdout")  # an empty output event
+
+    async def wait(self) -> ExecResult:
+        """Read the stream to its end, collecting output into the result."""
+        out: List[bytes] = []
+        err: List[bytes] = []
+        async for chunk in self:
+            (out if chunk.stream == "stdout" else err).append(chunk.data)
+        assert self.result is not None
+        self.result.stdout, self.result.stderr = b"".join(out), b"".join(err)
+        return self.result
+
+
+class AsyncFiles:
+    """File operations inside one sandbox; paths are absolute in the sandbox."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sb = sandbox
+
+    @property
+    def _t(self) -> Any:
+        return self._sb._c._t
+
+    async def write(self, path: str, data: Union[bytes, str], *, mode: Optional[int] = None,
+                    append: bool = False, make_parents: bool = True,
+                    request_timeout: Optional[float] = None) -> int:
+        """Create or replace path with data (str is UTF-8 encoded), or append
+        to it; returns the number of bytes written. New files get mode (default 0o644);
+        missing parents are created unless make_parents is False. Data over
+        4 MiB is sent in several requests."""
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        written = 0
+        for off in range(0, max(len(raw), 1), WRITE_CHUNK):
+            req: Dict[str, Any] = {"sandboxId": self._sb.id, "path": path,
+                                   "content": b64encode(raw[off:off + WRITE_CHUNK])}
+            if mode is not None:
+                req["mode"] = int(mode)
+            if append or off > 0:
+                req["append"] = True
+            if make_parents:
+                req["makeParents"] = True
+            resp = await self._t.unary("WriteFile", req, timeout=request_timeout)
+            written += int(resp.get("size", 0))
+        return written
+
+    async def read(self, path: str, *, offset: int = 0, limit: int = 0,
+                   request_timeout: Optional[float] = None) -> bytes:
+        """The file's bytes from offset (at most limit bytes; 0: to the end)."""
+        req: Dict[str, Any] = {"sandboxId": self._sb.id, "path": path}
+        if offset:
+            req["offset"] = str(int(offset))
+        if limit:
+            req["limit"] = str(int(limit))
+        msgs = await self._t.collect("ReadFile", req, idempotent=True, timeout=request_timeout)
+        return b"".join(b64decode(m.get("data")) for m in msgs)
+
+    async def read_text(self, path: str, *, encoding: str = "utf-8",
+                        request_timeout: Optional[float] = None) -> str:
+        """The whole file decoded (invalid bytes replaced)."""
+        return (await self.read(path, request_timeout=request_timeout)).decode(encoding, "replace")
+
+    async def list(self, path: str, *, request_timeout: Optional[float] = None) -> List[FileInfo]:
+        """The entries of a directory, sorted by name."""
+        resp = await self._t.unary("ListDir", {"sandboxId": self._sb.id, "path": path},
+                                   idempotent=True, timeout=request_timeout)
+        return [FileInfo._from_json(e) for e in resp.get("entries", [])]
+
+    async def stat(self, path: str, *, request_timeout: Optional[float] = None) -> FileInfo:
+        """Describe a file without following a final symlink."""
+        resp = await self._t.unary("Stat", {"sandboxId": self._sb.id, "path": path},
+                                   idempotent=True, timeout=request_timeout)
+        return FileInfo._from_json(resp.get("info"))
+
+    async def exists(self, path: str, *, request_timeout: Optional[float] = None) -> bool:
+        """Whether path exists (a dangling symlink counts)."""
+        try:
+            await self.stat(path, request_timeout=request_timeout)
+            return True
+        except NotFoundError:
+            return False
+
+    async def remove(self, path: str, *, recursive: bool = False,
+                     request_timeout: Optional[float] = None) -> None:
+        """Remove a file or an empty directory, or a whole tree if recursive."""
+        req: Dict[str, Any] = {"sandboxId": self._sb.id, "path": path}
+        if recursive:
+            req["recursive"] = True
+        await self._t.unary("Remove", req, timeout=request_timeout)
+
+    async def mkdir(self, path: str, *, parents: bool = False, mode: Optional[int] = None,
+                    request_timeout: Optional[float] = None) -> None:
+        """Create a directory (mode default 0o755), and its parents if asked."""
+        req: Dict[str, Any] = {"sandboxId": self._sb.id, "path": path}
+        if parents:
+            req["parents"] = True
+        if mode is not None:
+            req["mode"] = int(mode)
+        await self._t.unary("MakeDir", req, timeout=request_timeout)
+

@@ -1,0 +1,243 @@
+"""The blocking client: :class:`Client` runs an :class:`AsyncClient` on a
+private event loop in a daemon thread, so it works from plain scripts, from
+many threads at once and from inside code that already runs a loop (e.g.
+Jupyter). Methods take the same arguments as their async counterparts.
+
+Interrupting a blocking call (Ctrl-C) cancels it on the loop, which closes
+its connection and makes the server stop the command.
+"""
+
+import asyncio
+import threading
+from typing import Any, Awaitable, Iterator, List, Optional, TypeVar
+
+from .client import AsyncClient
+from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
+from .types import ExecChunk, ExecResult, FileInfo, SandboxInfo
+
+__all__ = ["Client", "Sandbox", "Files", "SyncExecStream"]
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running forever in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name="corral-client", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, aw: Awaitable[T]) -> T:
+        """Run aw on the loop and block for its result."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("corral.Client called from its own loop thread; use AsyncClient there")
+
+        async def wrap() -> T:
+            return await aw
+
+        fut = asyncio.run_coroutine_threadsafe(wrap(), self.loop)
+        try:
+            return fut.result()
+        except BaseException:
+            fut.cancel()  # e.g. KeyboardInterrupt: cancel the call on the loop
+            raise
+
+    def stop(self) -> None:
+        """Stop the loop and join its thread."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class Client:
+    """Blocking corral client; arguments as :class:`AsyncClient`.
+
+    Use ``with Client(addr) as c:`` or call :meth:`close`. Safe to share
+    between threads.
+    """
+
+    def __init__(self, addr: Optional[str] = None, **options: Any) -> None:
+        self._async = AsyncClient(addr, **options)
+        self._lt = _LoopThread()
+        self.addr = self._async.addr
+
+    def __repr__(self) -> str:
+        return f"Client({self.addr!r})"
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections and stop the client's thread."""
+        if not self._lt.loop.is_closed():
+            self._lt.run(self._async.close())
+            self._lt.stop()
+
+    def _run(self, aw: Awaitable[T]) -> T:
+        return self._lt.run(aw)
+
+    def create(self, image: str = "", **create_args: Any) -> "Sandbox":
+        """Create a sandbox; arguments as :meth:`AsyncClient.create`."""
+        return Sandbox(self, self._run(self._async.create(image, **create_args)))
+
+    def sandbox(self, image: str = "", **create_args: Any) -> "Sandbox":
+        """``with c.sandbox(image=...) as sb:`` creates a sandbox and deletes
+        it on exit (also on an exception)."""
+        return self.create(image, **create_args)
+
+    def attach(self, sandbox_id: str) -> "Sandbox":
+        """A handle on an existing sandbox, without a call."""
+        return Sandbox(self, self._async.attach(sandbox_id))
+
+    def get(self, sandbox_id: str, **kw: Any) -> SandboxInfo:
+        """Describe a sandbox; see :meth:`AsyncClient.get`."""
+        return self._run(self._async.get(sandbox_id, **kw))
+
+    def list(self, **filters: Any) -> List[SandboxInfo]:
+        """Sandboxes by labels / state, all pages; see :meth:`AsyncClient.list`."""
+        return self._run(self._async.list(**filters))
+
+    def delete(self, sandbox_id: str, **kw: Any) -> bool:
+        """Delete a sandbox; False if it did not exist."""
+        return self._run(self._async.delete(sandbox_id, **kw))
+
+
+class Sandbox:
+    """Blocking handle on one sandbox; a context manager that deletes it."""
+
+    def __init__(self, client: Client, inner: AsyncSandbox) -> None:
+        self._c = client
+        self._a = inner
+        self.id = inner.id
+        self.files = Files(client, inner.files)
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id!r})"
+
+    @property
+    def info(self) -> Optional[SandboxInfo]:
+        """The description from create or the last :meth:`refresh`."""
+        return self._a.info
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.delete()
+        except Exception:
+            if exc_type is None:
+                raise
+
+    def refresh(self, **kw: Any) -> SandboxInfo:
+        """Fetch the current description."""
+        return self._c._run(self._a.refresh(**kw))
+
+    def delete(self, **kw: Any) -> bool:
+        """Delete the sandbox; False if it was already gone."""
+        return self._c._run(self._a.delete(**kw))
+
+    def pause(self, **kw: Any) -> None:
+        """Freeze every process in the sandbox."""
+        self._c._run(self._a.pause(**kw))
+
+    def resume(self, **kw: Any) -> None:
+        """Thaw a paused sandbox."""
+        self._c._run(self._a.resume(**kw))
+
+    def run(self, cmd: Command, **kw: Any) -> ExecResult:
+        """Run a command; arguments as :meth:`AsyncSandbox.run`."""
+        return self._c._run(self._a.run(cmd, **kw))
+
+    def exec_stream(self, cmd: Command, **kw: Any) -> "SyncExecStream":
+        """Run a command, iterating its output chunks then the result chunk."""
+        return SyncExecStream(self._c, self._a.exec_stream(cmd, **kw))
+
+
+class SyncExecStream:
+    """Blocking iterator over :class:`ExecChunk` (see :class:`ExecStream`);
+    a context manager that kills the command if left early."""
+
+    def __init__(self, client: Client, inner: ExecStream) -> None:
+        self._c = client
+        self._a = inner
+
+    @property
+    def result(self) -> Optional[ExecResult]:
+        """The result, once the stream has ended."""
+        return self._a.result
+
+    def __iter__(self) -> Iterator[ExecChunk]:
+        return self
+
+    def __next__(self) -> ExecChunk:
+        try:
+            return self._c._run(self._a.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def __enter__(self) -> "SyncExecStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop reading; the server kills the command if it still runs."""
+        self._c._run(self._a.aclose())
+
+    def wait(self) -> ExecResult:
+        """Read to the end; the result then holds the collected output."""
+        return self._c._run(self._a.wait())
+
+
+class Files:
+    """Blocking file operations in one sandbox; see :class:`AsyncFiles`."""
+
+    def __init__(self, client: Client, inner: AsyncFiles) -> None:
+        self._c = client
+        self._a = inner
+
+    def write(self, path: str, data: Any, **kw: Any) -> int:
+        """Create, replace or append to a file; returns its size."""
+        return self._c._run(self._a.write(path, data, **kw))
+
+    def read(self, path: str, **kw: Any) -> bytes:
+        """The file's bytes (offset= and limit= select a range)."""
+        return self._c._run(self._a.read(path, **kw))
+
+    def read_text(self, path: str, **kw: Any) -> str:
+        """The file decoded as text."""
+        return self._c._run(self._a.read_text(path, **kw))
+
+    def list(self, path: str, **kw: Any) -> List[FileInfo]:
+        """The entries of a directory."""
+        return self._c._run(self._a.list(path, **kw))
+
+    def stat(self, path: str, **kw: Any) -> FileInfo:
+        """Describe a file."""
+        return self._c._run(self._a.stat(path, **kw))
+
+    def exists(self, path: str, **kw: Any) -> bool:
+        """Whether path exists."""
+        return self._c._run(self._a.exists(path, **kw))
+
+    def remove(self, path: str, **kw: Any) -> None:
+        """Remove a file or directory (recursive=True for a tree)."""
+        self._c._run(self._a.remove(path, **kw))
+
+    def mkdir(self, path: str, **kw: Any) -> None:
+        """Create a directory (parents=True for missing parents)."""
+        self._c._run(self._a.mkdir(path, **kw))
+
