@@ -64,6 +64,8 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&cfg.Socket, "socket", "", "unix socket for the API (default <data-dir>/corral.sock)")
 	fl.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "TCP address for the API; empty disables it")
 	fl.StringVar(&cfg.CgroupParent, "cgroup-parent", "corral", "cgroup under which sandboxes are created")
+	fl.BoolVar(&cfg.KeepCgroupMountOptions, "keep-cgroup-mount-options", false,
+		"do not turn on the host's cgroup2 favordynmods option (which makes sandbox creation ~10 ms faster on cgroup v1 hosts)")
 	fl.StringVar(&cfg.InitBinary, "init-binary", "", "path of corral-init (default: beside this binary)")
 	fl.StringVar(&cfg.DiskStore, "disk-store", server.DiskStoreAuto, "how sandbox disks are limited: auto (xfs when the kernel has XFS quota, else ext4-image), xfs or ext4-image")
 	fl.StringVar(&diskPool, "disk-pool", "64Gi", "size of the sparse XFS filesystem holding all writable layers (--disk-store xfs)")

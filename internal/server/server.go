@@ -34,6 +34,9 @@ type Config struct {
 	Listen string
 	// CgroupParent names the cgroup under which sandboxes are made.
 	CgroupParent string
+	// KeepCgroupMountOptions leaves the host's cgroup2 mount as it is;
+	// by default the node turns on favordynmods (see cgroup.FavorDynMods).
+	KeepCgroupMountOptions bool
 	// InitBinary is the corral-init path (default: beside this executable).
 	InitBinary string
 	// DiskStore says how writable layers get disk limits: DiskStoreAuto

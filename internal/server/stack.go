@@ -45,6 +45,7 @@ func newStack(ctx context.Context, cfg Config) (*stack, error) {
 		CgroupParent: cfg.CgroupParent,
 		InitPath:     cfg.InitBinary,
 		Uppers:       store,
+		FavorDynMods: !cfg.KeepCgroupMountOptions,
 		Logger:       cfg.Logger,
 	})
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/runtime/launch"
+	"github.com/corral-dev/corral/internal/runtime/seccomp"
 )
 
 // Config configures the backend.
@@ -40,6 +41,9 @@ type Config struct {
 	Uppers UpperStore
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// FavorDynMods turns on the host's cgroup2 favordynmods mount option
+	// (see cgroup.FavorDynMods): create latency drops by a grace period.
+	FavorDynMods bool
 	// NoSeccomp skips the seccomp filter (runtime tests only).
 	NoSeccomp bool
 }
@@ -47,8 +51,10 @@ type Config struct {
 // Backend implements backend.Backend.
 type Backend struct {
 	cfg Config
-	cg  *cgroup.Manager
-	log *slog.Logger
+	// seccomp is the sandbox filter, compiled once (seccomp.Encode form).
+	seccomp []byte
+	cg      *cgroup.Manager
+	log     *slog.Logger
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -78,10 +84,27 @@ func New(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, errdefs.NotSupported("container backend: %v", err)
 	}
+	var filter []byte
+	if !cfg.NoSeccomp {
+		prog, err := seccomp.Compile(seccomp.DefaultProfile())
+		if err != nil {
+			return nil, fmt.Errorf("container backend: %w", err)
+		}
+		filter = seccomp.Encode(prog)
+	}
+	if cfg.FavorDynMods {
+		changed, err := cgroup.FavorDynMods()
+		switch {
+		case err != nil:
+			cfg.Logger.Warn("cgroup moves stay slow (each waits for an RCU grace period)", "err", err)
+		case changed:
+			cfg.Logger.Info("turned on cgroup2 favordynmods: moving a sandbox into its cgroups no longer waits for an RCU grace period")
+		}
+	}
 	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("container backend: run dir: %w", err)
 	}
-	return &Backend{cfg: cfg, cg: cg, log: cfg.Logger.With("backend", "container")}, nil
+	return &Backend{cfg: cfg, seccomp: filter, cg: cg, log: cfg.Logger.With("backend", "container")}, nil
 }
 
 // RemoveCgroupParent removes the backend's (empty) cgroup parent in every

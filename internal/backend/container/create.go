@@ -183,6 +183,7 @@ func (c *creation) waitReady(ctx context.Context) error {
 		WorkDir:   c.layer.WorkDir,
 		Rootfs:    filepath.Join(c.dir, "rootfs"),
 		Hostname:  c.spec.Hostname,
+		Seccomp:   c.b.seccomp,
 		NoSeccomp: c.b.cfg.NoSeccomp,
 	}
 	if c.layer.IsDevice() {

@@ -67,7 +67,7 @@ func hardenAndExec(cfg *initproto.Config, exe int) error {
 		return fmt.Errorf("rlimit core: %w", err)
 	}
 	if !cfg.NoSeccomp {
-		if err := installSeccomp(); err != nil {
+		if err := installSeccomp(cfg); err != nil {
 			return err
 		}
 	}

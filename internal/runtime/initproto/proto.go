@@ -9,10 +9,12 @@
 //	1 (2025-06): config/ready on the setup socket; ping, exec, kill.
 //	2 (2026-11-30): Config.Disk and Config.DiskDir: init mounts the
 //	  sandbox's ext4 disk and keeps the overlay's upper and work dirs on it.
+//	3 (2026-11-30): Config.Seccomp: the node compiles the filter once and
+//	  sends the program; init installs it without compiling.
 package initproto
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 2
+const Version = 3
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -64,8 +66,10 @@ type Config struct {
 	// the sandbox's mount namespace).
 	Rootfs   string `json:"rootfs"`
 	Hostname string `json:"hostname"`
-	// Seccomp disables the filter when false (tests of the runtime only).
-	NoSeccomp bool `json:"no_seccomp,omitempty"`
+	// Seccomp is the compiled seccomp program (seccomp.Encode); init refuses
+	// a config without one unless NoSeccomp is set (runtime tests only).
+	Seccomp   []byte `json:"seccomp,omitempty"`
+	NoSeccomp bool   `json:"no_seccomp,omitempty"`
 }
 
 // Request is a node -> init message; the first on a connection opens it.

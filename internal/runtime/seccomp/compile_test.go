@@ -333,3 +333,27 @@ func TestLongJumps(t *testing.T) {
 		}
 	}
 }
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	prog, err := Compile(DefaultProfile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(Encode(prog))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(prog) {
+		t.Fatalf("decoded %d instructions, want %d", len(got), len(prog))
+	}
+	for i := range prog {
+		if got[i] != prog[i] {
+			t.Fatalf("instruction %d: got %+v, want %+v", i, got[i], prog[i])
+		}
+	}
+	for _, bad := range [][]byte{nil, make([]byte, 7), make([]byte, 8*(maxInsns+1))} {
+		if _, err := Decode(bad); err == nil {
+			t.Errorf("Decode of %d bytes succeeded", len(bad))
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package seccomp
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime"
@@ -44,4 +45,37 @@ func install(prog []unix.SockFilter, flags uintptr) error {
 		return fmt.Errorf("seccomp: install: thread %d could not be synchronized", tid)
 	}
 	return nil
+}
+
+// insnSize is the size of one struct sock_filter.
+const insnSize = 8
+
+// Encode serialises a program for sending to another process (the node
+// compiles the profile once; every sandbox init installs the bytes).
+func Encode(prog []unix.SockFilter) []byte {
+	out := make([]byte, 0, len(prog)*insnSize)
+	for _, in := range prog {
+		out = binary.LittleEndian.AppendUint16(out, in.Code)
+		out = append(out, in.Jt, in.Jf)
+		out = binary.LittleEndian.AppendUint32(out, in.K)
+	}
+	return out
+}
+
+// Decode is the inverse of Encode.
+func Decode(b []byte) ([]unix.SockFilter, error) {
+	if len(b) == 0 || len(b)%insnSize != 0 || len(b)/insnSize > maxInsns {
+		return nil, fmt.Errorf("seccomp: decode: %d bytes is not a program of 1..%d instructions", len(b), maxInsns)
+	}
+	prog := make([]unix.SockFilter, len(b)/insnSize)
+	for i := range prog {
+		in := b[i*insnSize:]
+		prog[i] = unix.SockFilter{
+			Code: binary.LittleEndian.Uint16(in),
+			Jt:   in[2],
+			Jf:   in[3],
+			K:    binary.LittleEndian.Uint32(in[4:]),
+		}
+	}
+	return prog, nil
 }
