@@ -11,7 +11,7 @@
 // Everything the store knows it reads back from the directory (ids are file
 // names), so a daemon restart just reopens it. It must not import corral
 // packages other than internal/errdefs, internal/loopdev and
-// internal/backend (for the WritableLayer type only).
+// internal/backend (for the WritableLayer type and CheckID).
 package diskimg
 
 import (
@@ -25,6 +25,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -40,7 +41,6 @@ const (
 	imageExt     = ".img"
 	tmpExt       = ".tmp"
 	templatesDir = ".templates" // ids cannot start with '.'
-	maxIDLen     = 200          // plus ".img.tmp" stays a valid file name
 )
 
 // Config says where the store lives.
@@ -118,7 +118,7 @@ func (s *Store) IDs() ([]string, error) {
 	var ids []string
 	for _, e := range ents {
 		id, ok := strings.CutSuffix(e.Name(), imageExt)
-		if ok && e.Type().IsRegular() && checkID(id) == nil {
+		if ok && e.Type().IsRegular() && backend.CheckID(id) == nil {
 			ids = append(ids, id)
 		}
 	}
@@ -126,21 +126,6 @@ func (s *Store) IDs() ([]string, error) {
 }
 
 func (s *Store) imagePath(id string) string { return filepath.Join(s.dir, id+imageExt) }
-
-// checkID rejects ids that are not a single plain file name.
-func checkID(id string) error {
-	switch {
-	case id == "":
-		return errdefs.InvalidArgument("sandbox id: must not be empty")
-	case len(id) > maxIDLen:
-		return errdefs.InvalidArgument("sandbox id: %d bytes is over the limit of %d", len(id), maxIDLen)
-	case strings.ContainsAny(id, "/\x00"):
-		return errdefs.InvalidArgument("sandbox id %q: must not contain '/' or NUL", id)
-	case strings.HasPrefix(id, "."):
-		return errdefs.InvalidArgument("sandbox id %q: must not start with '.' (covers '.' and '..')", id)
-	}
-	return nil
-}
 
 func checkLimits(bytes, inodes int64) error {
 	switch {

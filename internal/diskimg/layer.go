@@ -26,7 +26,7 @@ const detachWait = 2 * time.Second
 // holds the device and its end detaches it. On error nothing of the disk
 // remains.
 func (s *Store) Create(ctx context.Context, id string, blocksBytes, inodes int64) (backend.WritableLayer, error) {
-	if err := checkID(id); err != nil {
+	if err := backend.CheckID(id); err != nil {
 		return backend.WritableLayer{}, err
 	}
 	if err := checkLimits(blocksBytes, inodes); err != nil {
@@ -79,7 +79,7 @@ func (s *Store) place(tmpl, img string) error {
 // sandbox, or something in its mount, is still alive) Remove waits briefly,
 // then fails with FailedPrecondition rather than delete the image under it.
 func (s *Store) Remove(ctx context.Context, id string) error {
-	if err := checkID(id); err != nil {
+	if err := backend.CheckID(id); err != nil {
 		return err
 	}
 	img := s.imagePath(id)

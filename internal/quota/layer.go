@@ -25,7 +25,7 @@ func (s *Store) Create(ctx context.Context, id string, blocksBytes, inodes int64
 }
 
 func (s *Store) create(ctx context.Context, id string, blocksBytes, inodes int64) (upperDir, workDir string, err error) {
-	if err := checkID(id); err != nil {
+	if err := backend.CheckID(id); err != nil {
 		return "", "", err
 	}
 	if err := checkLimits(blocksBytes, inodes); err != nil {
@@ -94,7 +94,7 @@ func (s *Store) create(ctx context.Context, id string, blocksBytes, inodes int64
 // once and a crash mid-delete is finished by the next Open. Deletion runs to
 // completion even if ctx is cancelled, so nothing is left behind.
 func (s *Store) Remove(ctx context.Context, id string) error {
-	if err := checkID(id); err != nil {
+	if err := backend.CheckID(id); err != nil {
 		return err
 	}
 	done, err := s.enter()
@@ -150,7 +150,7 @@ func (s *Store) purge(ctx context.Context, rel string) error {
 // Usage returns what the layer of sandbox id uses: bytes of blocks and
 // inodes, the latter without the few the layout itself takes.
 func (s *Store) Usage(id string) (bytes, inodes int64, err error) {
-	if err := checkID(id); err != nil {
+	if err := backend.CheckID(id); err != nil {
 		return 0, 0, err
 	}
 	done, err := s.enter()

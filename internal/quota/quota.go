@@ -7,7 +7,7 @@
 // so there is no state file to drift and a daemon restart just reopens it.
 //
 // It must not import corral packages other than internal/errdefs,
-// internal/loopdev and internal/backend (for the WritableLayer type only).
+// internal/loopdev and internal/backend (WritableLayer and CheckID).
 package quota
 
 import (
@@ -254,21 +254,6 @@ func (s *Store) Close(ctx context.Context, unmount bool) error {
 	}
 	if s.loopDev != "" {
 		return loopdev.WaitDetached(ctx, s.loopDev, 2*time.Second)
-	}
-	return nil
-}
-
-// checkID rejects ids that are not a single plain path element.
-func checkID(id string) error {
-	switch {
-	case id == "":
-		return errdefs.InvalidArgument("sandbox id: must not be empty")
-	case len(id) > 255:
-		return errdefs.InvalidArgument("sandbox id: %d bytes is over the limit of 255", len(id))
-	case strings.ContainsAny(id, "/\x00"):
-		return errdefs.InvalidArgument("sandbox id %q: must not contain '/' or NUL", id)
-	case strings.HasPrefix(id, "."):
-		return errdefs.InvalidArgument("sandbox id %q: must not start with '.' (covers '.' and '..')", id)
 	}
 	return nil
 }

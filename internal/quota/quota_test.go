@@ -245,7 +245,7 @@ func TestInvalidArguments(t *testing.T) {
 		{"a/b", 8 << 20, 100, "must not contain '/'"},
 		{"..", 8 << 20, 100, "must not start with '.'"},
 		{".trash", 8 << 20, 100, "must not start with '.'"},
-		{strings.Repeat("x", 256), 8 << 20, 100, "over the limit of 255"},
+		{strings.Repeat("x", 256), 8 << 20, 100, "over the limit of 200"},
 		{"ok", -1, 100, "disk: -1 bytes is below the minimum of 1048576"},
 		{"ok", 1000, 100, "disk: 1000 bytes is below the minimum of 1048576"},
 		{"ok", 8 << 20, -5, "disk inodes: -5 is below the minimum of 16"},

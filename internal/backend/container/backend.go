@@ -16,7 +16,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
@@ -129,16 +128,9 @@ func (b *Backend) runDir(id string) string { return filepath.Join(b.cfg.RunDir, 
 
 func (b *Backend) sockPath(id string) string { return filepath.Join(b.runDir(id), "ctl.sock") }
 
-func validID(id string) error {
-	if id == "" || len(id) > 128 || strings.ContainsAny(id, "/\x00") || id == "." || id == ".." || strings.HasPrefix(id, ".") {
-		return errdefs.InvalidArgument("sandbox id %q: must be a plain name", id)
-	}
-	return nil
-}
-
 // Recover implements backend.Backend.
 func (b *Backend) Recover(ctx context.Context, id string, rec []byte) (backend.Sandbox, error) {
-	if err := validID(id); err != nil {
+	if err := backend.CheckID(id); err != nil {
 		return nil, err
 	}
 	var r record
@@ -167,7 +159,7 @@ func (b *Backend) Recover(ctx context.Context, id string, rec []byte) (backend.S
 
 // Cleanup implements backend.Backend.
 func (b *Backend) Cleanup(ctx context.Context, id string, rec []byte) error {
-	if err := validID(id); err != nil {
+	if err := backend.CheckID(id); err != nil {
 		return err
 	}
 	var errs []error
@@ -231,7 +223,7 @@ func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
 	seen := map[string]bool{}
 	var errs []error
 	for _, id := range ids {
-		if seen[id] || validID(id) != nil || keep(id) {
+		if seen[id] || backend.CheckID(id) != nil || keep(id) {
 			continue
 		}
 		seen[id] = true

@@ -60,7 +60,7 @@ var failStep string
 
 // Create implements backend.Backend.
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbox, error) {
-	if err := validID(spec.ID); err != nil {
+	if err := backend.CheckID(spec.ID); err != nil {
 		return nil, err
 	}
 	if len(spec.Layers) == 0 {
