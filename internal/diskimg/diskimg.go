@@ -58,6 +58,11 @@ type Store struct {
 
 	mu        sync.Mutex
 	templates map[class]*template
+	// devices remembers the loop device each image was attached to, so that
+	// Remove checks that one device instead of scanning every loop device
+	// (O(sandboxes) per delete). It is empty after a restart: Remove then
+	// scans.
+	devices map[string]string
 
 	noReflink atomic.Bool // FICLONE failed once: the host fs cannot
 	mkfsRuns  atomic.Int64
@@ -86,7 +91,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("disk image dir %s: %w", cfg.Dir, err)
 	}
-	s := &Store{dir: dir, mkfs: mkfs, templates: map[class]*template{}}
+	s := &Store{dir: dir, mkfs: mkfs, templates: map[class]*template{}, devices: map[string]string{}}
 	for _, d := range []string{dir, filepath.Join(dir, templatesDir)} {
 		if err := removeTmp(d); err != nil {
 			return nil, err

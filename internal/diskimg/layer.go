@@ -48,6 +48,9 @@ func (s *Store) Create(ctx context.Context, id string, blocksBytes, inodes int64
 		os.Remove(img)
 		return backend.WritableLayer{}, fmt.Errorf("disk %s: %w", id, err)
 	}
+	s.mu.Lock()
+	s.devices[id] = dev.Name()
+	s.mu.Unlock()
 	return backend.WritableLayer{Device: dev, DevicePath: dev.Name()}, nil
 }
 
@@ -89,20 +92,27 @@ func (s *Store) Remove(ctx context.Context, id string) error {
 	if _, err := os.Lstat(img); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	if err := waitUnheld(ctx, img); err != nil {
+	s.mu.Lock()
+	dev, known := s.devices[id]
+	s.mu.Unlock()
+	if err := waitUnheld(ctx, img, dev, known); err != nil {
 		return fmt.Errorf("disk %s: %w", id, err)
 	}
 	if err := os.Remove(img); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("disk %s: %w", id, err)
 	}
+	s.mu.Lock()
+	delete(s.devices, id)
+	s.mu.Unlock()
 	return nil
 }
 
 // waitUnheld waits up to detachWait (or ctx) until no loop device holds img.
-func waitUnheld(ctx context.Context, img string) error {
+// When this store attached img (known), only that device can hold it.
+func waitUnheld(ctx context.Context, img, dev string, known bool) error {
 	deadline := time.Now().Add(detachWait)
 	for {
-		holders, err := loopdev.Holders(img)
+		holders, err := holdersOf(img, dev, known)
 		if err != nil || len(holders) == 0 {
 			return err
 		}
@@ -112,4 +122,15 @@ func waitUnheld(ctx context.Context, img string) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+func holdersOf(img, dev string, known bool) ([]string, error) {
+	if !known {
+		return loopdev.Holders(img)
+	}
+	back := loopdev.BackingFile(dev)
+	if back == img || back == img+" (deleted)" {
+		return []string{dev}, nil
+	}
+	return nil, nil
 }
