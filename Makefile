@@ -2,7 +2,7 @@
 # bin/corral-init that becomes PID 1 of every container sandbox.
 GO ?= go
 
-.PHONY: build generate test lint clean
+.PHONY: build generate test lint clean redteam
 
 build:
 	$(GO) build -o bin/corral ./cmd/corral
@@ -22,3 +22,9 @@ lint:
 
 clean:
 	rm -rf bin
+
+# The red-team suite (THREATS.md): runs the probe in sandboxes of every
+# available backend, checks the host side and noisy neighbours, and prints
+# the table attempt × backend → blocked / expected / GAP / FAILED. As root.
+redteam:
+	CORRAL_REDTEAM=1 $(GO) test -count=1 -timeout 20m -v ./internal/redteam

@@ -27,6 +27,7 @@ const DefaultAddress = "unix:///var/lib/corral/corral.sock"
 // Client talks to a corral server. It is safe for concurrent use.
 type Client struct {
 	svc  corralv1connect.SandboxServiceClient
+	fn   corralv1connect.FnCallServiceClient
 	http *http.Client
 }
 
@@ -65,8 +66,10 @@ func New(addr string, opts ...Option) (*Client, error) {
 		}
 	}
 	hc := &http.Client{Transport: transport}
+	copts := []connect.ClientOption{connect.WithSendMaxBytes(64 << 20), connect.WithReadMaxBytes(128 << 20)}
 	return &Client{
-		svc:  corralv1connect.NewSandboxServiceClient(hc, baseURL, connect.WithSendMaxBytes(64<<20), connect.WithReadMaxBytes(128<<20)),
+		svc:  corralv1connect.NewSandboxServiceClient(hc, baseURL, copts...),
+		fn:   corralv1connect.NewFnCallServiceClient(hc, baseURL, copts...),
 		http: hc,
 	}, nil
 }

@@ -30,6 +30,23 @@ type Spec struct {
 	Layers    []string
 	Resources Resources
 	Hostname  string
+	// Resettable asks for a sandbox that implements Resetter (fncall
+	// pools). Its writable layer is a tmpfs of Resources.DiskBytes inside
+	// the sandbox, charged to its memory limit.
+	Resettable bool
+}
+
+// Resetter is implemented by sandboxes created with Spec.Resettable.
+type Resetter interface {
+	// Reset kills every process of the sandbox but keep, restores its root
+	// filesystem to the image's state and zeroes the memory peak. When the
+	// filesystem had been written to, keep is killed too and dirty is set.
+	// On error the sandbox must not be reused.
+	Reset(ctx context.Context, keep []int) (dirty bool, err error)
+	// MemoryPeak is the highest memory use since the last Reset.
+	MemoryPeak() (int64, error)
+	// OOMKills counts the OOM kills in the sandbox so far.
+	OOMKills() (uint64, error)
 }
 
 // Backend creates sandboxes of one kind and cleans up after them.
@@ -79,12 +96,18 @@ type ExecSpec struct {
 	// Cwd is an absolute path inside the sandbox.
 	Cwd string
 	// User is a name from the sandbox's /etc/passwd, "uid" or "uid:gid".
-	User    string
-	Stdin   []byte
-	Timeout time.Duration
+	User  string
+	Stdin []byte
+	// StdinReader, when set instead of Stdin, is copied to the command's
+	// stdin until EOF (a long-running helper fed by its caller).
+	StdinReader io.Reader
+	Timeout     time.Duration
 	// OutputLimit caps stdout+stderr bytes delivered to out; past it the
 	// output pipes are closed and ExecResult.Truncated is set.
 	OutputLimit int64
+	// CPULimit, when positive, is the command's CPU time limit (RLIMIT_CPU,
+	// rounded up to whole seconds).
+	CPULimit time.Duration
 }
 
 // ExecResult is how a command ended.
@@ -97,6 +120,9 @@ type ExecResult struct {
 	OOMKilled bool
 	Truncated bool
 	Duration  time.Duration
+	// CPUTime is the main process's user+system time (with the children
+	// it waited for).
+	CPUTime time.Duration
 }
 
 // Stream names an output stream of a command.

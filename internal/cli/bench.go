@@ -24,7 +24,7 @@ Benchmarks create sandboxes labelled corral-bench=<random> and delete them all
 at the end, also on error or Ctrl-C. The density and runc figures read this
 host (/proc/meminfo, runc), so run them on the server's machine.`,
 	}
-	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g))
+	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g), newBenchFnCallCmd(g))
 	return cmd
 }
 
@@ -95,6 +95,28 @@ func newBenchSDKCmd(g *globals) *cobra.Command {
 	fl.StringVar(&o.Image, "image", "busybox", "image to create sandboxes from")
 	fl.StringVar(&o.Python, "python", "python3", "interpreter for the Python SDK peer; empty skips it")
 	fl.StringVar(&o.PythonPath, "python-path", "", "directory holding the corral package (default sdk/python here or beside bin/)")
+	return cmd
+}
+
+func newBenchFnCallCmd(g *globals) *cobra.Command {
+	var o bench.FnCallOptions
+	cmd := &cobra.Command{
+		Use:   "fncall",
+		Short: "fncall calls/s (sh and python) and latency, against host fork+exec and runc run per call",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
+				o.Log = os.Stderr
+				return bench.FnCall(ctx, c, o)
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&o.Concurrency, "concurrency", 8, "calls in flight (corral, fork+exec and runc alike)")
+	fl.DurationVar(&o.Duration, "duration", 10*time.Second, "length of each rate phase")
+	fl.StringVar(&o.ShImage, "image", "busybox", "image of the sh phase")
+	fl.StringVar(&o.PyImage, "python-image", "debian", "image of the python phase (needs python3)")
+	fl.StringVar(&o.Rootfs, "rootfs", "", "rootfs for the runc peer (default: a temporary busybox rootfs)")
 	return cmd
 }
 

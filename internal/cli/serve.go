@@ -71,6 +71,8 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&diskPool, "disk-pool", "64Gi", "size of the sparse XFS filesystem holding all writable layers (--disk-store xfs)")
 	fl.BoolVar(&cfg.CleanupOnExit, "cleanup-on-exit", false, "delete every sandbox when the daemon exits")
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.IntVar(&cfg.FnCallPoolFloor, "fncall-pool-floor", 1, "fncall: warm sandboxes kept per pool (image and memory limit) even when idle")
+	fl.IntVar(&cfg.FnCallPoolCeiling, "fncall-pool-ceiling", 16, "fncall: most sandboxes per pool")
 	fl.StringVar(&d.Image, "default-image", "", "image for requests that name none (default busybox)")
 	fl.StringVar(&defMemory, "default-memory", "", "memory limit for requests that set none (default 512Mi)")
 	fl.StringVar(&defDisk, "default-disk", "", "disk limit for requests that set none (default 1Gi)")

@@ -19,6 +19,7 @@ import (
 
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/control"
+	"github.com/corral-dev/corral/internal/fncall"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/node"
 )
@@ -49,13 +50,17 @@ type Config struct {
 	// shutdown instead of leaving sandboxes running for the next start.
 	CleanupOnExit bool
 	Defaults      node.Defaults
-	Logger        *slog.Logger
+	// FnCallPoolFloor and FnCallPoolCeiling bound each fncall pool (per
+	// image and memory limit); zero takes fncall's defaults.
+	FnCallPoolFloor, FnCallPoolCeiling int
+	Logger                             *slog.Logger
 }
 
 // Server is a running corral process.
 type Server struct {
 	cfg       Config
 	node      *node.Node
+	fncall    *fncall.Service
 	stack     *stack
 	http      *http.Server
 	listeners []net.Listener
@@ -95,7 +100,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		st.close(ctx, false)
 		return nil, err
 	}
-	s := &Server{cfg: cfg, node: n, stack: st, served: make(chan error, 2)}
+	fc, err := fncall.New(fncall.Config{
+		Backend: st.container, Images: images, Logger: cfg.Logger,
+		PoolFloor: cfg.FnCallPoolFloor, PoolCeiling: cfg.FnCallPoolCeiling,
+	})
+	if err != nil {
+		n.Close()
+		st.close(ctx, false)
+		return nil, err
+	}
+	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, served: make(chan error, 2)}
 	if err := s.listen(); err != nil {
 		s.Stop(ctx)
 		return nil, err
@@ -109,6 +123,12 @@ func (s *Server) listen() error {
 	path, h := corralv1connect.NewSandboxServiceHandler(control.NewService(s.node),
 		connect.WithInterceptors(control.ErrorInterceptor{}),
 		connect.WithReadMaxBytes(80<<20))
+	mux.Handle(path, h)
+	// Calls are small and many: compressing a short reply costs more than
+	// sending it (a gzip writer's reset was ~5% of a call's server CPU).
+	path, h = corralv1connect.NewFnCallServiceHandler(control.NewFnCallService(s.fncall),
+		connect.WithInterceptors(control.ErrorInterceptor{}),
+		connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
@@ -171,6 +191,8 @@ func (s *Server) Stop(ctx context.Context) error {
 		errs = append(errs, s.http.Shutdown(shutCtx))
 		cancel()
 	}
+	// Pooled sandboxes never outlive the server: they hold no state.
+	errs = append(errs, s.fncall.Close(ctx))
 	if s.cfg.CleanupOnExit {
 		errs = append(errs, s.node.Shutdown(ctx))
 	} else {

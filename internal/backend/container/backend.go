@@ -52,8 +52,11 @@ type Backend struct {
 	cfg Config
 	// seccomp is the sandbox filter, compiled once (seccomp.Encode form).
 	seccomp []byte
-	cg      *cgroup.Manager
-	log     *slog.Logger
+	// poolSeccomp is the filter of a resettable sandbox's init, on which
+	// seccomp is stacked for its commands.
+	poolSeccomp []byte
+	cg          *cgroup.Manager
+	log         *slog.Logger
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -83,13 +86,14 @@ func New(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, errdefs.NotSupported("container backend: %v", err)
 	}
-	var filter []byte
+	var filter, poolFilter []byte
 	if !cfg.NoSeccomp {
-		prog, err := seccomp.Compile(seccomp.DefaultProfile())
-		if err != nil {
-			return nil, fmt.Errorf("container backend: %w", err)
+		if filter, err = compile(seccomp.DefaultProfile()); err != nil {
+			return nil, err
 		}
-		filter = seccomp.Encode(prog)
+		if poolFilter, err = compile(seccomp.PoolInitProfile()); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.FavorDynMods {
 		changed, err := cgroup.FavorDynMods()
@@ -103,7 +107,15 @@ func New(cfg Config) (*Backend, error) {
 	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("container backend: run dir: %w", err)
 	}
-	return &Backend{cfg: cfg, seccomp: filter, cg: cg, log: cfg.Logger.With("backend", "container")}, nil
+	return &Backend{cfg: cfg, seccomp: filter, poolSeccomp: poolFilter, cg: cg, log: cfg.Logger.With("backend", "container")}, nil
+}
+
+func compile(p *seccomp.Profile) ([]byte, error) {
+	prog, err := seccomp.Compile(p)
+	if err != nil {
+		return nil, fmt.Errorf("container backend: %w", err)
+	}
+	return seccomp.Encode(prog), nil
 }
 
 // RemoveCgroupParent removes the backend's (empty) cgroup parent in every

@@ -55,6 +55,10 @@ var createSteps = []step{
 	{"ready", (*creation).waitReady},
 }
 
+// defaultViewBytes is the writable tmpfs of a resettable sandbox without a
+// disk limit.
+const defaultViewBytes = 64 << 20
+
 // failStep makes Create fail at the named step (tests only).
 var failStep string
 
@@ -84,6 +88,12 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		timings = append(timings, st.name, time.Since(stepStart))
 	}
 	s := b.newSandbox(spec.ID, c.group, c.proc)
+	if spec.Resettable {
+		if err := s.startPool(); err != nil {
+			c.undo.run()
+			return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
 	b.log.Debug("sandbox created", append([]any{"id", spec.ID, "pid", c.proc.Pid}, timings...)...)
 	return s, nil
 }
@@ -119,6 +129,9 @@ func (c *creation) makeCgroup(ctx context.Context) error {
 }
 
 func (c *creation) makeUpper(ctx context.Context) error {
+	if c.spec.Resettable {
+		return nil // a tmpfs inside the sandbox
+	}
 	r := c.spec.Resources
 	layer, err := c.b.cfg.Uppers.Create(ctx, c.spec.ID, r.DiskBytes, r.DiskInodes)
 	if err != nil {
@@ -188,6 +201,15 @@ func (c *creation) waitReady(ctx context.Context) error {
 	}
 	if c.layer.IsDevice() {
 		cfg.Disk, cfg.DiskDir = c.layer.DevicePath, filepath.Join(c.dir, "disk")
+	}
+	if c.spec.Resettable {
+		cfg.Pool, cfg.ViewBytes = true, c.spec.Resources.DiskBytes
+		if cfg.ViewBytes <= 0 {
+			cfg.ViewBytes = defaultViewBytes
+		}
+		if !cfg.NoSeccomp {
+			cfg.Seccomp, cfg.PoolSeccomp = c.b.poolSeccomp, c.b.seccomp
+		}
 	}
 	return c.proc.Setup(ctx, c.setup, cfg)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"time"
@@ -28,21 +29,24 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	if len(spec.Argv) == 0 {
 		return backend.ExecResult{}, errdefs.InvalidArgument("sandbox %s: exec: argv must not be empty", s.id)
 	}
-	oomBefore, oomErr := s.group.OOMKills()
+	oomBefore, oomErr := s.oomBefore()
 	start := time.Now()
-	pipes, err := newStdio(spec.Stdin)
+	pipes, err := newStdio(len(spec.Stdin) > 0 || spec.StdinReader != nil)
 	if err != nil {
 		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec: %w", s.id, err)
 	}
 	defer pipes.close()
 	req := initproto.ExecRequest{Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd, User: spec.User}
+	if spec.CPULimit > 0 {
+		req.CPUSeconds = int64((spec.CPULimit + time.Second - 1) / time.Second)
+	}
 	e, err := s.client.Exec(ctx, req, pipes.outW, pipes.errW, pipes.inR)
 	pipes.closeChildEnds()
 	if err != nil {
 		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: %w", s.id, spec.Argv[0], err)
 	}
 	defer e.Close()
-	go pipes.feedStdin(spec.Stdin)
+	go pipes.feedStdin(spec.Stdin, spec.StdinReader)
 
 	limit := spec.OutputLimit
 	if limit <= 0 {
@@ -60,7 +64,7 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	// Any OOM kill in the sandbox while the command ran counts: in
 	// `sh -c 'a | b'` the victim is usually a child, not the main process.
 	if oomErr == nil {
-		if after, err := s.group.OOMKills(); err == nil && after > oomBefore {
+		if after, err := s.oomAfter(); err == nil && after > oomBefore {
 			res.OOMKilled = true
 		}
 	}
@@ -115,7 +119,7 @@ func exitResult(x launch.ExitResult) (backend.ExecResult, error) {
 	if x.Err != nil {
 		return backend.ExecResult{ExitCode: -1}, fmt.Errorf("lost init connection: %w", x.Err)
 	}
-	return backend.ExecResult{ExitCode: x.Code, Signal: x.Signal}, nil
+	return backend.ExecResult{ExitCode: x.Code, Signal: x.Signal, CPUTime: x.CPU}, nil
 }
 
 // stdio are the node's pipes of one exec.
@@ -123,7 +127,7 @@ type stdio struct {
 	outR, outW, errR, errW, inR, inW *os.File
 }
 
-func newStdio(stdin []byte) (*stdio, error) {
+func newStdio(stdin bool) (*stdio, error) {
 	p := &stdio{}
 	var err error
 	if p.outR, p.outW, err = os.Pipe(); err != nil {
@@ -133,7 +137,7 @@ func newStdio(stdin []byte) (*stdio, error) {
 		p.close()
 		return nil, err
 	}
-	if len(stdin) > 0 {
+	if stdin {
 		if p.inR, p.inW, err = os.Pipe(); err != nil {
 			p.close()
 			return nil, err
@@ -151,11 +155,17 @@ func (p *stdio) closeChildEnds() {
 	}
 }
 
-func (p *stdio) feedStdin(data []byte) {
-	if p.inW != nil {
-		_, _ = p.inW.Write(data) // EPIPE when the command does not read
-		p.inW.Close()
+func (p *stdio) feedStdin(data []byte, r io.Reader) {
+	if p.inW == nil {
+		return
 	}
+	// EPIPE when the command does not read.
+	if r != nil {
+		_, _ = io.Copy(p.inW, r)
+	} else {
+		_, _ = p.inW.Write(data)
+	}
+	p.inW.Close()
 }
 
 func (p *stdio) close() {

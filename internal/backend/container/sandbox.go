@@ -25,6 +25,7 @@ type sandbox struct {
 	proc   *launch.Process
 	client launch.Client
 	rec    []byte
+	pool   *poolState // resettable sandboxes only; the view is /v of init's root
 
 	stopMu  sync.Mutex
 	stopped bool
@@ -42,7 +43,11 @@ func (b *Backend) newSandbox(id string, g *cgroup.Group, proc *launch.Process) *
 // openRoot opens the sandbox's root as init sees it. The liveness check
 // after the open makes sure the pid was not reused by another process.
 func (s *sandbox) openRoot() (*os.File, error) {
-	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/root", s.proc.Pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	path := fmt.Sprintf("/proc/%d/root", s.proc.Pid)
+	if s.pool != nil {
+		path += "/v" // re-opened every time: a reset replaces the mount
+	}
+	f, err := os.OpenFile(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -100,6 +105,7 @@ func (s *sandbox) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("sandbox %s: stop: %w", s.id, ctx.Err())
 	}
+	s.stopPool()
 	errs = append(errs, s.group.Remove(ctx))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sandbox %s: stop: %w", s.id, err)

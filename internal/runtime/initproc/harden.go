@@ -33,6 +33,9 @@ var DefaultCaps = []uintptr{
 // after hardening (see hardenAndExec).
 const serveStage = "serve"
 
+// poolMode is the serving stage's second argument in pool mode.
+const poolMode = "pool"
+
 // hardenAndExec applies the containment baseline — capabilities,
 // no_new_privs, RLIMIT_CORE, seccomp — to this one OS thread and then
 // re-executes corral-init from it (exe is an fd of the init binary, opened
@@ -51,10 +54,15 @@ func hardenAndExec(cfg *initproto.Config, exe int) error {
 	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0); err != nil {
 		fmt.Fprintln(os.Stderr, "corral-init: oom_score_adj:", err)
 	}
-	if err := dropBounding(); err != nil {
+	caps, serve := DefaultCaps, []string{"corral-init", serveStage}
+	if cfg.Pool {
+		// Init keeps poolCaps for resets; its forking thread drops them.
+		caps, serve = append(slices.Clone(DefaultCaps), poolCaps...), append(serve, poolMode)
+	}
+	if err := dropBounding(caps); err != nil {
 		return err
 	}
-	if err := setCaps(); err != nil {
+	if err := setCaps(caps, DefaultCaps); err != nil {
 		return err
 	}
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
@@ -77,7 +85,7 @@ func hardenAndExec(cfg *initproto.Config, exe int) error {
 			return fmt.Errorf("keep fd %d across exec: %w", fd, err)
 		}
 	}
-	return execveat(exe, []string{"corral-init", serveStage})
+	return execveat(exe, serve)
 }
 
 // execveat runs the program behind fd with an empty environment.
@@ -110,15 +118,15 @@ func lastCap() (uintptr, error) {
 	return uintptr(n), nil
 }
 
-// dropBounding drops every capability outside DefaultCaps from this
-// thread's bounding set.
-func dropBounding() error {
+// dropBounding drops every capability outside keep from this thread's
+// bounding set.
+func dropBounding(keep []uintptr) error {
 	last, err := lastCap()
 	if err != nil {
 		return err
 	}
 	for c := uintptr(0); c <= last; c++ {
-		if slices.Contains(DefaultCaps, c) {
+		if slices.Contains(keep, c) {
 			continue
 		}
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, c, 0, 0, 0); err != nil {
@@ -128,17 +136,20 @@ func dropBounding() error {
 	return nil
 }
 
-// setCaps sets this thread's effective, permitted and inheritable sets to
-// DefaultCaps.
-func setCaps() error {
-	var mask [2]uint32
-	for _, c := range DefaultCaps {
+// setCaps sets this thread's effective and permitted sets to caps and its
+// inheritable set to inh.
+func setCaps(caps, inh []uintptr) error {
+	var mask, imask [2]uint32
+	for _, c := range caps {
 		mask[c/32] |= 1 << (c % 32)
+	}
+	for _, c := range inh {
+		imask[c/32] |= 1 << (c % 32)
 	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	for i := range data {
-		data[i] = unix.CapUserData{Effective: mask[i], Permitted: mask[i], Inheritable: mask[i]}
+		data[i] = unix.CapUserData{Effective: mask[i], Permitted: mask[i], Inheritable: imask[i]}
 	}
 	if err := unix.Capset(&hdr, &data[0]); err != nil {
 		return fmt.Errorf("capset: %w", err)

@@ -56,7 +56,11 @@ func setupMain() {
 	if err != nil {
 		fail(setup, "open own binary: %v", err)
 	}
-	if err := buildRoot(&cfg); err != nil {
+	build := buildRoot
+	if cfg.Pool {
+		build = buildPoolRoot
+	}
+	if err := build(&cfg); err != nil {
 		fail(setup, "%v", err)
 	}
 	err = hardenAndExec(&cfg, exe)
@@ -76,6 +80,11 @@ func serveMain() {
 	srv, err := newServer()
 	if err != nil {
 		fail(setup, "%v", err)
+	}
+	if len(os.Args) > 2 && os.Args[2] == poolMode {
+		if srv.pool, err = loadPool(); err != nil {
+			fail(setup, "%v", err)
+		}
 	}
 	if err := setup.Send(initproto.Reply{Op: initproto.OpReady, Pid: os.Getpid()}); err != nil {
 		fail(nil, "send ready: %v", err)

@@ -66,10 +66,10 @@ func buildRoot(cfg *initproto.Config) error {
 	if err := pivot(cfg.Rootfs); err != nil {
 		return err
 	}
-	if err := mountAPIFS(); err != nil {
+	if err := mountAPIFS(""); err != nil {
 		return err
 	}
-	if err := maskPaths(); err != nil {
+	if err := maskPaths(""); err != nil {
 		return err
 	}
 	if cfg.Hostname != "" {
@@ -158,23 +158,24 @@ type mnt struct {
 	data             string
 }
 
-func mountAPIFS() error {
+// mountAPIFS mounts /proc, /dev and friends under root ("" for /).
+func mountAPIFS(root string) error {
 	const nse = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 	for _, m := range []mnt{
-		{"proc", "/proc", "proc", nse, ""},
-		{"tmpfs", "/dev", "tmpfs", unix.MS_NOSUID | unix.MS_STRICTATIME, "mode=755,size=65536k"},
+		{"proc", root + "/proc", "proc", nse, ""},
+		{"tmpfs", root + "/dev", "tmpfs", unix.MS_NOSUID | unix.MS_STRICTATIME, "mode=755,size=65536k"},
 	} {
 		if err := mountAt(m); err != nil {
 			return err
 		}
 	}
-	if err := makeDev(); err != nil {
+	if err := makeDev(root); err != nil {
 		return err
 	}
 	for _, m := range []mnt{
-		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"},
-		{"shm", "/dev/shm", "tmpfs", nse, "mode=1777,size=65536k"},
-		{"sysfs", "/sys", "sysfs", nse | unix.MS_RDONLY, ""},
+		{"devpts", root + "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"},
+		{"shm", root + "/dev/shm", "tmpfs", nse, "mode=1777,size=65536k"},
+		{"sysfs", root + "/sys", "sysfs", nse | unix.MS_RDONLY, ""},
 	} {
 		if err := mountAt(m); err != nil {
 			return err
@@ -193,9 +194,9 @@ func mountAt(m mnt) error {
 	return nil
 }
 
-func makeDev() error {
+func makeDev(root string) error {
 	for _, d := range devNodes {
-		p := "/dev/" + d.name
+		p := root + "/dev/" + d.name
 		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
 			return fmt.Errorf("mknod %s: %w", p, err)
 		}
@@ -204,15 +205,17 @@ func makeDev() error {
 		"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
 		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
 	} {
-		if err := os.Symlink(target, "/dev/"+name); err != nil {
+		if err := os.Symlink(target, root+"/dev/"+name); err != nil {
 			return fmt.Errorf("symlink /dev/%s: %w", name, err)
 		}
 	}
 	return nil
 }
 
-func maskPaths() error {
+// maskPaths masks and write-protects /proc and /sys paths under root.
+func maskPaths(root string) error {
 	for _, p := range maskedPaths {
+		p = root + p
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
 			continue // absent on this kernel
@@ -221,13 +224,14 @@ func maskPaths() error {
 		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 			err = unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY, "size=0")
 		} else {
-			err = unix.Mount("/dev/null", p, "", unix.MS_BIND, "")
+			err = unix.Mount(root+"/dev/null", p, "", unix.MS_BIND, "")
 		}
 		if err != nil {
 			return fmt.Errorf("mask %s: %w", p, err)
 		}
 	}
 	for _, p := range readonlyPaths {
+		p = root + p
 		if _, err := os.Lstat(p); err != nil {
 			continue
 		}

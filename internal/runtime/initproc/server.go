@@ -20,7 +20,15 @@ type server struct {
 	// mu is held while forking and registering a child and while reaping,
 	// so that an exit is never seen before its pid is registered.
 	mu      sync.Mutex
-	waiters map[int]chan unix.WaitStatus
+	waiters map[int]chan exitStatus
+
+	pool *pool // nil unless in pool mode
+}
+
+// exitStatus is a reaped command's status and resource usage.
+type exitStatus struct {
+	ws unix.WaitStatus
+	ru unix.Rusage
 }
 
 func newServer() (*server, error) {
@@ -37,7 +45,7 @@ func newServer() (*server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open /dev/null: %w", err)
 	}
-	return &server{ln: ln, lnrc: rc, null: null, waiters: map[int]chan unix.WaitStatus{}}, nil
+	return &server{ln: ln, lnrc: rc, null: null, waiters: map[int]chan exitStatus{}}, nil
 }
 
 // serve accepts connections forever; each gets one goroutine.
@@ -86,6 +94,9 @@ func (s *server) handle(c *initproto.Conn) {
 		s.kill(c, req.Pgid, req.Signal)
 	case initproto.OpExec:
 		s.exec(c, req.Exec, fds)
+	case initproto.OpReset:
+		closeFds(fds)
+		s.reset(c, req.Keep)
 	default:
 		closeFds(fds)
 		replyErr(c, initproto.ClassInvalidArgument, fmt.Errorf("unknown op %q", req.Op))
@@ -116,7 +127,7 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 	if req.Stdin {
 		stdin = fds[2]
 	}
-	pid, done, err := s.start(req, [3]int{stdin, fds[0], fds[1]})
+	pid, done, err := s.startIn(req, [3]int{stdin, fds[0], fds[1]})
 	if err != nil {
 		replyErr(c, classify(err), err)
 		return
@@ -125,8 +136,10 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 	fds = nil
 	_ = c.Send(initproto.Reply{Op: initproto.OpStarted, Pid: pid})
 	go s.relayKills(c, pid)
-	ws := <-done
-	r := initproto.Reply{Op: initproto.OpExit, ExitCode: ws.ExitStatus()}
+	es := <-done
+	ws := es.ws
+	r := initproto.Reply{Op: initproto.OpExit, ExitCode: ws.ExitStatus(),
+		CPUNanos: es.ru.Utime.Nano() + es.ru.Stime.Nano()}
 	if ws.Signaled() {
 		r.ExitCode, r.Signal = -1, int(ws.Signal())
 	}
@@ -159,7 +172,8 @@ func (s *server) reap(sigs <-chan os.Signal) {
 		s.mu.Lock()
 		for {
 			var ws unix.WaitStatus
-			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			var ru unix.Rusage
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, &ru)
 			if err == unix.EINTR {
 				continue
 			}
@@ -168,10 +182,48 @@ func (s *server) reap(sigs <-chan os.Signal) {
 			}
 			if ch, ok := s.waiters[pid]; ok {
 				delete(s.waiters, pid)
-				ch <- ws
+				ch <- exitStatus{ws, ru}
 			}
 		}
 		s.mu.Unlock()
+	}
+}
+
+// startIn starts a command; in pool mode on the forker thread, inside the
+// view, and never concurrently with a reset.
+func (s *server) startIn(req *initproto.ExecRequest, stdio [3]int) (pid int, done chan exitStatus, err error) {
+	if s.pool == nil {
+		return s.start(req, stdio)
+	}
+	s.pool.mu.Lock()
+	defer s.pool.mu.Unlock()
+	s.pool.forker.run(func() { pid, done, err = s.start(req, stdio) })
+	return pid, done, err
+}
+
+// reset serves OpReset (pool mode only), and every further reset request
+// on the same connection: the node keeps one open for all its resets.
+func (s *server) reset(c *initproto.Conn, keep []int) {
+	if s.pool == nil {
+		replyErr(c, initproto.ClassInvalidArgument, errors.New("reset: init is not in pool mode"))
+		return
+	}
+	for {
+		dirty, err := s.pool.reset(keep)
+		if err != nil {
+			replyErr(c, initproto.ClassInternal, err)
+			return
+		}
+		if c.Send(initproto.Reply{Op: initproto.OpPong, Dirty: dirty}) != nil {
+			return
+		}
+		var req initproto.Request
+		fds, err := c.Recv(&req)
+		closeFds(fds)
+		if err != nil || req.Op != initproto.OpReset || req.Version != initproto.Version {
+			return
+		}
+		keep = req.Keep
 	}
 }
 

@@ -42,7 +42,7 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 
 // start forks and execs one command in its own process group. The returned
 // channel receives its wait status.
-func (s *server) start(req *initproto.ExecRequest, stdio [3]int) (int, chan unix.WaitStatus, error) {
+func (s *server) start(req *initproto.ExecRequest, stdio [3]int) (int, chan exitStatus, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return 0, nil, &reqError{initproto.ClassInvalidArgument, errors.New("exec: empty argv")}
 	}
@@ -67,7 +67,7 @@ func (s *server) start(req *initproto.ExecRequest, stdio [3]int) (int, chan unix
 		Files: []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])},
 		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: cred},
 	}
-	done := make(chan unix.WaitStatus, 1)
+	done := make(chan exitStatus, 1)
 	s.mu.Lock()
 	pid, err := syscall.ForkExec(path, req.Argv, attr)
 	if err == nil {
@@ -80,6 +80,10 @@ func (s *server) start(req *initproto.ExecRequest, stdio [3]int) (int, chan unix
 	// Children inherit init's -1000; give the command the default back so
 	// that a cgroup OOM picks it rather than nothing.
 	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("0"), 0)
+	if n := req.CPUSeconds; n > 0 {
+		lim := unix.Rlimit{Cur: uint64(n), Max: uint64(n) + 1}
+		_ = unix.Prlimit(pid, unix.RLIMIT_CPU, &lim, nil)
+	}
 	return pid, done, nil
 }
 

@@ -11,10 +11,15 @@
 //	  sandbox's ext4 disk and keeps the overlay's upper and work dirs on it.
 //	3 (2026-11-30): Config.Seccomp: the node compiles the filter once and
 //	  sends the program; init installs it without compiling.
+//	4 (2026-11-30): pool mode for fncall (Config.Pool, PoolSeccomp,
+//	  ViewBytes): the sandbox's view is mounted under init's own tmpfs root
+//	  and every command is chrooted into it; OpReset kills every process
+//	  and re-mounts a dirtied view (sparing Request.Keep when clean); the
+//	  exit reply carries CPU time.
 package initproto
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 3
+const Version = 4
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -29,6 +34,7 @@ const (
 	OpPing    = "ping"
 	OpExec    = "exec"
 	OpKill    = "kill"
+	OpReset   = "reset"
 	OpConfig  = "config"
 	OpReady   = "ready"
 	OpPong    = "pong"
@@ -70,6 +76,15 @@ type Config struct {
 	// a config without one unless NoSeccomp is set (runtime tests only).
 	Seccomp   []byte `json:"seccomp,omitempty"`
 	NoSeccomp bool   `json:"no_seccomp,omitempty"`
+	// Pool selects the resettable pool mode: init's root is a small tmpfs
+	// holding the layers (bind mounts) and the view, an overlay of them
+	// with its upper on a tmpfs of ViewBytes, that commands are chrooted
+	// into. Seccomp is then init's own (relaxed: mount, umount2, chroot and
+	// unshare(CLONE_FS) for resets) and PoolSeccomp the commands' filter,
+	// stacked on it. UpperDir, WorkDir and Disk are unused.
+	Pool        bool   `json:"pool,omitempty"`
+	PoolSeccomp []byte `json:"pool_seccomp,omitempty"`
+	ViewBytes   int64  `json:"view_bytes,omitempty"`
 }
 
 // Request is a node -> init message; the first on a connection opens it.
@@ -81,6 +96,9 @@ type Request struct {
 	// exec's own group.
 	Pgid   int `json:"pgid,omitempty"`
 	Signal int `json:"sig,omitempty"`
+	// Keep are pids an OpReset spares (and continues, should they be
+	// stopped) unless the view was written to: then every process goes.
+	Keep []int `json:"keep,omitempty"`
 }
 
 // ExecRequest starts a command. The message carries stdout and stderr fds,
@@ -91,6 +109,9 @@ type ExecRequest struct {
 	Cwd   string   `json:"cwd"`
 	User  string   `json:"user"`
 	Stdin bool     `json:"stdin"`
+	// CPUSeconds, when positive, is the command's RLIMIT_CPU (soft; the
+	// hard limit is one second more), set right after it starts.
+	CPUSeconds int64 `json:"cpu_s,omitempty"`
 }
 
 // Reply is an init -> node message.
@@ -101,4 +122,9 @@ type Reply struct {
 	Signal   int    `json:"sig,omitempty"`
 	Error    string `json:"error,omitempty"`
 	Class    string `json:"class,omitempty"`
+	// CPUNanos is the user+system CPU time of an exited command (and of
+	// the children it waited for), from wait4.
+	CPUNanos int64 `json:"cpu_ns,omitempty"`
+	// Dirty: a reset found the view written to and re-mounted it.
+	Dirty bool `json:"dirty,omitempty"`
 }

@@ -56,6 +56,53 @@ func (c Client) Kill(ctx context.Context, pgid, sig int) error {
 	return err
 }
 
+// Resetter resets a pooled sandbox over one connection kept open for all
+// its resets (init serves any number of resets on it). Not safe for
+// concurrent use.
+type Resetter struct {
+	Client Client
+	conn   *initproto.Conn
+}
+
+// Reset kills every process of the sandbox but init and keep, and restores
+// its view; it reports whether the view had been written to (then keep was
+// killed too). A failed reset drops the
+// connection (the caller should not reuse the sandbox anyway).
+func (r *Resetter) Reset(ctx context.Context, keep []int) (dirty bool, err error) {
+	if r.conn == nil {
+		if r.conn, err = initproto.Dial(r.Client.Path); err != nil {
+			r.conn = nil
+			return false, errdefs.Unavailable("connect to init: %v", err)
+		}
+	}
+	d, ok := ctx.Deadline()
+	if !ok {
+		d = time.Now().Add(time.Minute)
+	}
+	r.conn.SetDeadline(d)
+	var rep initproto.Reply
+	err = r.conn.Send(initproto.Request{Version: initproto.Version, Op: initproto.OpReset, Keep: keep})
+	if err == nil {
+		_, err = r.conn.Recv(&rep)
+	}
+	if err == nil {
+		err = ReplyError(rep)
+	}
+	if err != nil {
+		r.Close()
+		return false, ctxOr(ctx, err)
+	}
+	return rep.Dirty, nil
+}
+
+// Close drops the connection.
+func (r *Resetter) Close() {
+	if r.conn != nil {
+		r.conn.Close()
+		r.conn = nil
+	}
+}
+
 // Exec is a started command.
 type Exec struct {
 	Pid  int // also its process group, as init sees it
@@ -66,7 +113,8 @@ type Exec struct {
 // ExitResult is how the command's main process ended.
 type ExitResult struct {
 	Code, Signal int
-	Err          error // the connection failed before an exit was reported
+	CPU          time.Duration // user+system time, from wait4
+	Err          error         // the connection failed before an exit was reported
 }
 
 // Exec starts a command with the given stdio (stdin may be nil). The caller
@@ -107,7 +155,7 @@ func (e *Exec) wait() {
 	if err == nil && r.Op != initproto.OpExit {
 		err = fmt.Errorf("unexpected reply %q", r.Op)
 	}
-	e.exit <- ExitResult{Code: r.ExitCode, Signal: r.Signal, Err: err}
+	e.exit <- ExitResult{Code: r.ExitCode, Signal: r.Signal, CPU: time.Duration(r.CPUNanos), Err: err}
 }
 
 // Exited delivers the exit once.

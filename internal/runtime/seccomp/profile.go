@@ -1,6 +1,10 @@
 package seccomp
 
-import "fmt"
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
 
 // Profile is the reviewed policy: a table of rules keyed by x86_64 syscall name. Every
 // syscall number the ABI table (x86_64Syscalls) knows but the profile does not name gets
@@ -82,5 +86,22 @@ func DefaultProfile() *Profile {
 		}
 		p.rules[name] = r
 	}
+	return p
+}
+
+// PoolInitProfile is the filter of a pooled (resettable) sandbox's init, on
+// which the commands' DefaultProfile is stacked: init itself re-mounts the
+// sandbox's view on reset (mount, umount2) and confines the thread that
+// forks commands (unshare of CLONE_FS only, chroot). Commands never run
+// under this profile alone: they inherit DefaultProfile on top of it, and
+// with stacked filters the strictest answer wins.
+func PoolInitProfile() *Profile {
+	p := DefaultProfile()
+	for _, name := range []string{"mount", "umount2", "chroot", "mknod", "mknodat"} {
+		p.rules[name] = rule{def: actAllow, origin: "corral pool init", why: "pooled sandbox init: reset re-mounts the view; the forking thread is chrooted into it"}
+	}
+	p.rules["unshare"] = rule{def: actEPERM, origin: "corral pool init",
+		why:    "pooled sandbox init: only CLONE_FS, to give the forking thread its own root",
+		checks: []check{{when: []cond{eq(0, unix.CLONE_FS)}, then: actAllow, why: "CLONE_FS only"}}}
 	return p
 }

@@ -32,6 +32,7 @@ from .errors import (
     UnavailableError,
     UnimplementedError,
 )
+from .fncall import CallResult
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
 from .sync import Client, Files, Sandbox, SyncExecStream
 from .types import ExecChunk, ExecResult, FileInfo, Resources, SandboxInfo, State
@@ -43,7 +44,7 @@ DEFAULT_ADDRESS = "unix:///var/lib/corral/corral.sock"
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncFiles", "ExecStream", "Command",
     "Client", "Sandbox", "Files", "SyncExecStream",
-    "ExecChunk", "ExecResult", "FileInfo", "Resources", "SandboxInfo", "State",
+    "CallResult", "ExecChunk", "ExecResult", "FileInfo", "Resources", "SandboxInfo", "State",
     "CorralError", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError",
     "FailedPreconditionError", "ResourceExhaustedError", "UnavailableError",
     "PermissionDeniedError", "UnauthenticatedError", "UnimplementedError",

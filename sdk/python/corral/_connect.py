@@ -27,6 +27,12 @@ from .errors import error_from_code, error_from_http_status
 __all__ = ["Transport", "ServerStream"]
 
 _SERVICE = "/corral.v1.SandboxService/"
+
+
+def _path(method: str) -> str:
+    """The URL path of a method: SandboxService's by default, or a full
+    ``/package.Service/Method`` path as given."""
+    return method if method.startswith("/") else _SERVICE + method
 _USER_AGENT = "corral-python/0.1"
 _HAS_TIMEOUT_AT = sys.version_info >= (3, 11)
 _END_STREAM = 0x02
@@ -147,7 +153,7 @@ class Transport:
         conn = await self._acquire(method)
         reuse = False
         try:
-            resp = await conn.request(self.addr, _SERVICE + method, self._headers("application/json", deadline), body)
+            resp = await conn.request(self.addr, _path(method), self._headers("application/json", deadline), body)
             data = await resp.read_all()
             reuse = resp.keep_alive
         except (OSError, ProtocolError) as e:
@@ -238,7 +244,7 @@ class ServerStream:
         assert self._deadline is not None
         headers = self._t._headers("application/connect+json", self._deadline)
         envelope = struct.pack(">BI", 0, len(self._body)) + self._body
-        resp = await self._conn.request(self._t.addr, _SERVICE + self._method, headers, envelope)
+        resp = await self._conn.request(self._t.addr, _path(self._method), headers, envelope)
         if resp.status != 200:
             data = await resp.read_all(limit=1 << 20)
             self._release(resp.keep_alive)

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Set, Union
 from ._connect import Transport
 from ._http import default_address
 from .errors import UnimplementedError
+from .fncall import _BATCH, _CALL, CallResult, call_request
 from .sandbox import AsyncSandbox
 from .types import SandboxInfo, State, env_list, format_duration
 
@@ -110,6 +111,35 @@ class AsyncClient:
         resp = await self._t.unary("Create", req, timeout=request_timeout)
         info = SandboxInfo._from_json(resp.get("sandbox") or {})
         return AsyncSandbox(self, info.id, info)
+
+    async def call(self, source: Optional[str] = None, *, request_timeout: Optional[float] = None,
+                   **call_args: Any) -> CallResult:
+        """Run one stateless call in a warm pooled sandbox (fncall).
+
+        ``await c.call("print(1)", language="python")``, or
+        ``await c.call(args=["echo", "hi"])``. Keyword arguments: language
+        (``"python"``, ``"sh"``), args, image, stdin, env, files (path ->
+        content, relative to /tmp), output_files, timeout and cpu_timeout
+        (seconds), memory_mb, output_limit (bytes). The result's ``verdict``
+        says how the call ended; bad arguments raise InvalidArgumentError.
+        """
+        budget = request_timeout
+        if budget is None:  # the call's own wall limit (server default 10 s) comes first
+            budget = float(call_args.get("timeout") or 10) + self._t.timeout
+        resp = await self._t.unary(_CALL, call_request(source, **call_args), timeout=budget)
+        return CallResult._from_json(resp.get("result"))
+
+    async def call_batch(self, calls: List[Dict[str, Any]], *,
+                         request_timeout: Optional[float] = None) -> List[CallResult]:
+        """Run many calls in one request (concurrently on the server);
+        each item holds :meth:`call`'s arguments (``source`` included).
+        Results come back in order."""
+        reqs = [call_request(**dict(c)) for c in calls]
+        budget = request_timeout
+        if budget is None:  # as if the calls ran one after another
+            budget = sum(float(c.get("timeout") or 10) for c in calls) + self._t.timeout
+        resp = await self._t.unary(_BATCH, {"calls": reqs}, timeout=budget)
+        return [CallResult._from_json(r) for r in resp.get("results") or []]
 
     def sandbox(self, image: str = "", **create_args: Any) -> "_SandboxContext":
         """``async with c.sandbox(image=..., ...) as sb:`` creates a sandbox

@@ -9,9 +9,10 @@ its connection and makes the server stop the command.
 
 import asyncio
 import threading
-from typing import Any, Awaitable, Iterator, List, Optional, TypeVar
+from typing import Any, Awaitable, Dict, Iterator, List, Optional, TypeVar
 
 from .client import AsyncClient
+from .fncall import CallResult
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
 from .types import ExecChunk, ExecResult, FileInfo, SandboxInfo
 
@@ -95,6 +96,14 @@ class Client:
         """``with c.sandbox(image=...) as sb:`` creates a sandbox and deletes
         it on exit (also on an exception)."""
         return self.create(image, **create_args)
+
+    def call(self, source: Optional[str] = None, **kw: Any) -> CallResult:
+        """Run one stateless call (see :meth:`AsyncClient.call`)."""
+        return self._run(self._async.call(source, **kw))
+
+    def call_batch(self, calls: List[Dict[str, Any]], **kw: Any) -> List[CallResult]:
+        """Run many calls in one request (see :meth:`AsyncClient.call_batch`)."""
+        return self._run(self._async.call_batch(calls, **kw))
 
     def attach(self, sandbox_id: str) -> "Sandbox":
         """A handle on an existing sandbox, without a call."""

@@ -1,0 +1,153 @@
+// Command corral-probe is the red-team probe: a static binary the red-team
+// suite (internal/redteam) copies into a sandbox and runs as root there. It
+// makes every attempt of THREATS.md that can be made from inside a sandbox
+// and prints one JSON line per attempt:
+//
+//	{"name":"ioctl/xfs-goingdown","outcome":"blocked","errno":"EPERM","detail":"..."}
+//
+// outcome is "blocked" when the attempt failed (errno says how; "ENOENT" also
+// stands for "nothing found" in searches, "EMPTY" for a read that returned
+// no bytes, as from a masked file) and "succeeded" when it worked. Every
+// call gets valid arguments, so that a refusal comes from the policy, never
+// from EFAULT; where success could hurt the host the arguments are chosen so
+// that a call that got past the policy fails harmlessly later (invalid flags,
+// a non-ELF module) and the errno shows it got that far.
+//
+// It is never part of an image and imports only the standard library and
+// golang.org/x/sys/unix, so that it builds with CGO_ENABLED=0 and runs in
+// any image.
+//
+// Modes (first argument): "attempts" (default) reads a JSON Input from
+// stdin; "overwrite" replaces /bin/sh, /bin/bash and /usr/bin/python3 with
+// the probe and writes into a shared layer; "inodes DIR" creates files until
+// the disk refuses; "kill" sends SIGKILL to -1 and SIGKILL/SIGTERM to 1 (run
+// last: it ends every other process of the sandbox). Run under any other
+// name (after "overwrite" replaced a binary) it prints HijackMarker.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// HijackMarker is what the probe prints when it runs in place of a
+// binary it overwrote.
+const HijackMarker = "HIJACKED-BY-CORRAL-PROBE"
+
+// Input is what the suite passes on stdin: secrets never appear in argv or
+// the environment, where the probe's own search would find them.
+type Input struct {
+	// Canaries are strings planted outside the sandbox (node log, config,
+	// environment, another sandbox) that must not be readable inside.
+	Canaries []string `json:"canaries"`
+	// Sockets are host paths of sockets the node uses (its API socket,
+	// init control sockets): connecting to them must fail.
+	Sockets []string `json:"sockets"`
+	// Pids are host pids of processes outside this sandbox.
+	Pids []int `json:"pids"`
+}
+
+// Result is one attempt's outcome, one JSON line.
+type Result struct {
+	Name    string `json:"name"`
+	Outcome string `json:"outcome"`
+	Errno   string `json:"errno,omitempty"`
+	Detail  string `json:"detail,omitempty"`
+}
+
+const (
+	blocked   = "blocked"
+	succeeded = "succeeded"
+)
+
+var out = json.NewEncoder(os.Stdout)
+
+func emit(r Result) { _ = out.Encode(r) }
+
+// fromErr turns a call's error into a Result: nil is a success.
+func fromErr(name string, err error, detail string) Result {
+	if err == nil {
+		return Result{Name: name, Outcome: succeeded, Detail: detail}
+	}
+	return Result{Name: name, Outcome: blocked, Errno: errnoName(err), Detail: detail}
+}
+
+func errnoName(err error) string {
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		if n := unix.ErrnoName(errno); n != "" {
+			return n
+		}
+		return fmt.Sprintf("errno%d", int(errno))
+	}
+	return "ERROR:" + err.Error()
+}
+
+// attempt runs f and emits its results; a panic becomes a result too.
+func attempt(name string, f func() []Result) {
+	defer func() {
+		if p := recover(); p != nil {
+			emit(Result{Name: name, Outcome: blocked, Errno: "PANIC", Detail: fmt.Sprint(p)})
+		}
+	}()
+	for _, r := range f() {
+		emit(r)
+	}
+}
+
+func one(r Result) []Result { return []Result{r} }
+
+func main() {
+	debug.SetGCPercent(50)
+	if base := filepath.Base(os.Args[0]); base != "corral-probe" {
+		fmt.Println(HijackMarker, base)
+		os.Exit(42)
+	}
+	mode := "attempts"
+	if len(os.Args) > 1 {
+		mode = os.Args[1]
+	}
+	switch mode {
+	case "attempts":
+		var in Input
+		if data, err := io.ReadAll(os.Stdin); err == nil && len(strings.TrimSpace(string(data))) > 0 {
+			if err := json.Unmarshal(data, &in); err != nil {
+				fmt.Fprintln(os.Stderr, "corral-probe: bad input:", err)
+				os.Exit(2)
+			}
+		}
+		runAttempts(in)
+	case "overwrite":
+		for _, r := range overwrite() {
+			emit(r)
+		}
+	case "inodes":
+		if len(os.Args) < 3 {
+			fmt.Fprintln(os.Stderr, "usage: corral-probe inodes DIR")
+			os.Exit(2)
+		}
+		emit(fillInodes(os.Args[2]))
+	case "kill":
+		for _, r := range killAll() {
+			emit(r)
+		}
+	case "noop":
+	default:
+		fmt.Fprintln(os.Stderr, "corral-probe: unknown mode", mode)
+		os.Exit(2)
+	}
+}
+
+func runAttempts(in Input) {
+	harnessAttempts(in)
+	kernelAttempts(in)
+	surfaceAttempts()
+}

@@ -1,0 +1,116 @@
+package container
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/cgroup"
+	"github.com/corral-dev/corral/internal/runtime/launch"
+)
+
+var _ backend.Resetter = (*sandbox)(nil)
+
+// poolState is what a resettable sandbox keeps between calls: one open
+// connection for resets, the memory files held open, and the OOM kill
+// count after the last command (calls on a pooled sandbox are serial, so
+// the next command's "before" need not be read again).
+type poolState struct {
+	mu      sync.Mutex
+	resets  launch.Resetter
+	mem     *cgroup.MemoryWatch
+	oomLast uint64
+}
+
+// startPool prepares a resettable sandbox's pool state.
+func (s *sandbox) startPool() error {
+	mem, err := s.group.WatchMemory()
+	if err != nil {
+		return err
+	}
+	n, err := mem.OOMKills()
+	if err != nil {
+		mem.Close()
+		return err
+	}
+	s.pool = &poolState{resets: launch.Resetter{Client: s.client}, mem: mem, oomLast: n}
+	return nil
+}
+
+// stopPool releases the pool state (Stop).
+func (s *sandbox) stopPool() {
+	if s.pool == nil {
+		return
+	}
+	s.pool.mu.Lock()
+	defer s.pool.mu.Unlock()
+	s.pool.resets.Close()
+	s.pool.mem.Close()
+}
+
+// Reset implements backend.Resetter: init kills every process and, if the
+// view was written to, re-mounts it; then the memory peak restarts.
+func (s *sandbox) Reset(ctx context.Context, keep []int) (bool, error) {
+	if s.pool == nil {
+		return false, errdefs.FailedPrecondition("sandbox %s: reset: not a resettable sandbox", s.id)
+	}
+	if err := s.live(); err != nil {
+		return false, err
+	}
+	s.pool.mu.Lock()
+	defer s.pool.mu.Unlock()
+	dirty, err := s.pool.resets.Reset(ctx, keep)
+	if err != nil {
+		return dirty, fmt.Errorf("sandbox %s: reset: %w", s.id, err)
+	}
+	if err := s.pool.mem.ResetPeak(); err != nil {
+		return dirty, fmt.Errorf("sandbox %s: reset: %w", s.id, err)
+	}
+	return dirty, nil
+}
+
+// MemoryPeak implements backend.Resetter.
+func (s *sandbox) MemoryPeak() (int64, error) {
+	if s.pool == nil {
+		return 0, errdefs.FailedPrecondition("sandbox %s: memory peak: not a resettable sandbox", s.id)
+	}
+	s.pool.mu.Lock()
+	defer s.pool.mu.Unlock()
+	return s.pool.mem.Peak()
+}
+
+// OOMKills implements backend.Resetter.
+func (s *sandbox) OOMKills() (uint64, error) {
+	if s.pool == nil {
+		return s.group.OOMKills()
+	}
+	s.pool.mu.Lock()
+	defer s.pool.mu.Unlock()
+	return s.pool.mem.OOMKills()
+}
+
+// oomBefore is the sandbox's OOM kill count before a command.
+func (s *sandbox) oomBefore() (uint64, error) {
+	if s.pool == nil {
+		return s.group.OOMKills()
+	}
+	s.pool.mu.Lock()
+	defer s.pool.mu.Unlock()
+	return s.pool.oomLast, nil
+}
+
+// oomAfter is the count after a command.
+func (s *sandbox) oomAfter() (uint64, error) {
+	if s.pool == nil {
+		return s.group.OOMKills()
+	}
+	s.pool.mu.Lock()
+	defer s.pool.mu.Unlock()
+	n, err := s.pool.mem.OOMKills()
+	if err == nil {
+		s.pool.oomLast = n
+	}
+	return n, err
+}

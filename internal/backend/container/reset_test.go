@@ -1,0 +1,62 @@
+package container
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"golang.org/x/sys/unix"
+)
+
+func resettable(sp *backend.Spec) { sp.Resettable = true; sp.Resources.DiskBytes = 16 << 20 }
+
+func reset(t *testing.T, s backend.Sandbox) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := s.(backend.Resetter).Reset(ctx, nil); err != nil {
+		t.Fatalf("reset: %v", err)
+	}
+}
+
+// TestResetIsolates: files (overlay, /tmp, /dev/shm), background processes
+// and SysV IPC of one command are gone after a reset.
+func TestResetIsolates(t *testing.T) {
+	s := newSandbox(t, newBackend(t), resettable)
+	r := sh(t, s, "echo hi > /tmp/x; echo y > /etc/y; rm /bin/ls; echo z > /dev/shm/z; (sleep 1000 &) ; ipcmk -M 4096 >/dev/null 2>&1; cat /tmp/x")
+	if r.stdout != "hi\n" || r.ExitCode != 0 {
+		t.Fatalf("call 1: %+v", r)
+	}
+	reset(t, s)
+	r = sh(t, s, "cat /tmp/x /etc/y /dev/shm/z 2>/dev/null; test -e /bin/ls && echo ls-back; ps -o comm | grep -c sleep")
+	if r.stdout != "ls-back\n0\n" {
+		t.Fatalf("call 2 sees call 1: %q", r.stdout)
+	}
+	t.Logf("call 2: %q", r.stdout)
+	// The file API sees the view.
+	rc, err := s.ReadFile(context.Background(), "/etc/hostname", 0, 0)
+	if err == nil {
+		io.Copy(io.Discard, rc)
+		rc.Close()
+	}
+	if _, err := s.Stat(context.Background(), "/bin/sh"); err != nil {
+		t.Fatalf("stat through the file API: %v", err)
+	}
+}
+
+// TestResetConfinement: commands cannot mount, chroot or see init's root.
+func TestResetConfinement(t *testing.T) {
+	s := newSandbox(t, newBackend(t), resettable)
+	r := sh(t, s, "mkdir /m; mount -t tmpfs x /m 2>&1 && echo MOUNTED; chroot /tmp /bin/true 2>&1 && echo CHROOTED; ls /proc/1/root/ 2>&1; grep Cap /proc/self/status")
+	if strings.Contains(r.stdout, "MOUNTED") || strings.Contains(r.stdout, "CHROOTED") || strings.Contains(r.stdout, "pool.json") {
+		t.Fatalf("escaped confinement: %s", r.stdout)
+	}
+	t.Logf("%s", r.stdout)
+	r = run1(t, s, backend.ExecSpec{Argv: []string{"sh", "-c", "while :; do :; done"}, CPULimit: time.Second, Timeout: 10 * time.Second})
+	if r.TimedOut || r.Signal != int(unix.SIGXCPU) {
+		t.Fatalf("cpu limit: %+v", r.ExecResult)
+	}
+}

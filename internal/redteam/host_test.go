@@ -1,0 +1,254 @@
+package redteam
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+)
+
+// sandboxCaps is the reviewed capability set of a container sandbox
+// (CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID,
+// NET_BIND_SERVICE, SETFCAP): the bounding set must be exactly this, the
+// effective set of any process a subset.
+const sandboxCaps = 1<<0 | 1<<1 | 1<<3 | 1<<4 | 1<<5 | 1<<6 | 1<<7 | 1<<10 | 1<<31
+
+// proc is one host process of a sandbox and its cgroup paths by controller
+// ("" for the v2 tree).
+type proc struct {
+	pid     int
+	cgroups map[string]string
+}
+
+// sandboxPids lists the host processes in the sandbox's cgroup, in any
+// hierarchy.
+func sandboxPids(cgroupParent, id string) []proc {
+	entries, _ := os.ReadDir("/proc")
+	needle := "/" + cgroupParent + "/" + id
+	var out []proc
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil {
+			continue
+		}
+		p := proc{pid: pid, cgroups: map[string]string{}}
+		in := false
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			f := strings.SplitN(line, ":", 3)
+			if len(f) != 3 {
+				continue
+			}
+			if f[2] == needle || strings.HasPrefix(f[2], needle+"/") {
+				in = true
+			}
+			for _, ctrl := range strings.Split(f[1], ",") {
+				p.cgroups[ctrl] = f[2]
+			}
+		}
+		if in {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// statusField returns a field of /proc/<pid>/task/<tid>/status.
+func statusField(status, key string) string {
+	for _, line := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(line, key+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// TestHostSide checks each sandbox from the host: seccomp mode 2, no_new_privs
+// and the capability sets on every thread, the cgroup limits as written in the
+// cgroup files, no fd of the node in a sandbox process, the uid mapping and
+// RLIMIT_FSIZE.
+func TestHostSide(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, backend string) {
+		// An fd the node inherited without O_CLOEXEC, as from a harness that
+		// starts it: it must not reach the sandbox.
+		leak, err := syscall.Open(filepath.Join(t.TempDir(), "inherited"), syscall.O_RDWR|syscall.O_CREAT, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { syscall.Close(leak) })
+		srv, _ := startServer(t)
+		res := client.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, Pids: 100}
+		sb := newSandbox(t, srv, client.CreateOptions{Backend: backend, Resources: res})
+		sh(t, sb, "sleep 1000 >/dev/null 2>&1 &")
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { // a running exec, so its stdio pipes are there to look at
+			defer close(done)
+			_, _ = sb.Exec(ctx, client.Command{Args: []string{"sleep", "60"}})
+		}()
+		t.Cleanup(func() { cancel(); <-done })
+		var procs []proc
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && len(procs) < 3; time.Sleep(50 * time.Millisecond) {
+			procs = sandboxPids(srv.Config.CgroupParent, sb.ID())
+		}
+		if len(procs) < 3 {
+			t.Fatalf("found %d sandbox processes, want init, the background sleep and the exec", len(procs))
+		}
+		judge(t, backend, threadChecks(procs))
+		judge(t, backend, cgroupChecks(procs[0], res))
+		judge(t, backend, []Result{nodeFdCheck(procs)})
+		judge(t, backend, isolationChecks(procs))
+	})
+}
+
+func threadChecks(procs []proc) []Result {
+	var seccompBad, nnpBad, capBad []string
+	threads := 0
+	for _, p := range procs {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", p.pid))
+		for _, task := range tasks {
+			data, err := os.ReadFile(task)
+			if err != nil {
+				continue // exited meanwhile
+			}
+			threads++
+			st := string(data)
+			if v := statusField(st, "Seccomp"); v != "2" {
+				seccompBad = append(seccompBad, task+" Seccomp:"+v)
+			}
+			if v := statusField(st, "NoNewPrivs"); v != "1" {
+				nnpBad = append(nnpBad, task+" NoNewPrivs:"+v)
+			}
+			bnd, _ := strconv.ParseUint(statusField(st, "CapBnd"), 16, 64)
+			eff, _ := strconv.ParseUint(statusField(st, "CapEff"), 16, 64)
+			prm, _ := strconv.ParseUint(statusField(st, "CapPrm"), 16, 64)
+			if bnd != sandboxCaps || eff&^sandboxCaps != 0 || prm&^sandboxCaps != 0 {
+				capBad = append(capBad, fmt.Sprintf("%s CapBnd %#x CapEff %#x CapPrm %#x", task, bnd, eff, prm))
+			}
+		}
+	}
+	return []Result{
+		check("host/seccomp-mode-2", len(seccompBad) == 0 && threads > 0, "%d threads; bad: %v", threads, seccompBad),
+		check("host/no-new-privs", len(nnpBad) == 0 && threads > 0, "%d threads; bad: %v", threads, nnpBad),
+		check("host/capabilities", len(capBad) == 0 && threads > 0, "%d threads, want CapBnd %#x; bad: %v", threads, uint64(sandboxCaps), capBad),
+	}
+}
+
+// cgroupChecks read the limits back from the cgroup files of the
+// sandbox (v1 controllers or the v2 tree).
+func cgroupChecks(p proc, res client.Resources) []Result {
+	read := func(ctrl, file string) string {
+		dir := "/sys/fs/cgroup/" + ctrl + p.cgroups[ctrl]
+		if _, ok := p.cgroups[ctrl]; !ok {
+			dir = "/sys/fs/cgroup" + p.cgroups[""]
+		}
+		b, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return strings.TrimSpace(string(b))
+	}
+	var mem, pids, cpu string
+	var memOK, pidsOK, cpuOK bool
+	if _, v1 := p.cgroups["memory"]; v1 {
+		mem = read("memory", "memory.limit_in_bytes")
+	} else {
+		mem = read("", "memory.max")
+	}
+	memOK = mem == strconv.FormatInt(res.MemoryBytes, 10)
+	if _, v1 := p.cgroups["pids"]; v1 {
+		pids = read("pids", "pids.max")
+	} else {
+		pids = read("", "pids.max")
+	}
+	pidsOK = pids == strconv.FormatInt(res.Pids, 10)
+	var quota, period int64
+	if _, v1 := p.cgroups["cpu"]; v1 {
+		cpu = read("cpu", "cpu.cfs_quota_us") + " " + read("cpu", "cpu.cfs_period_us")
+	} else {
+		cpu = read("", "cpu.max")
+	}
+	if _, err := fmt.Sscan(cpu, &quota, &period); err == nil && period > 0 {
+		cpuOK = quota*1000/period == res.CPUMillis
+	}
+	return []Result{
+		check("host/cgroup-memory", memOK, "memory limit %s, want %d", mem, res.MemoryBytes),
+		check("host/cgroup-pids", pidsOK, "pids.max %s, want %d", pids, res.Pids),
+		check("host/cgroup-cpu", cpuOK, "cpu quota/period %s, want %d millicores", cpu, res.CPUMillis),
+	}
+}
+
+type fileID struct{ dev, ino uint64 }
+
+// nodeFdCheck: no sandbox process holds an open file of the node (this
+// test process), apart from stdio: init's log and the pipes of an exec,
+// whose other end the node reads.
+func nodeFdCheck(procs []proc) Result {
+	node := map[fileID]string{}
+	fds, _ := os.ReadDir("/proc/self/fd")
+	for _, fd := range fds {
+		var st syscall.Stat_t
+		p := "/proc/self/fd/" + fd.Name()
+		target, _ := os.Readlink(p)
+		if syscall.Stat(p, &st) == nil && !strings.HasPrefix(target, "anon_inode:") {
+			node[fileID{st.Dev, st.Ino}] = target
+		}
+	}
+	var bad, seen []string
+	for _, pr := range procs {
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pr.pid))
+		for _, fd := range fds {
+			p := fmt.Sprintf("/proc/%d/fd/%s", pr.pid, fd.Name())
+			target, _ := os.Readlink(p)
+			seen = append(seen, fmt.Sprintf("%d:%s=%s", pr.pid, fd.Name(), target))
+			var st syscall.Stat_t
+			if syscall.Stat(p, &st) != nil {
+				continue
+			}
+			nodeTarget, shared := node[fileID{st.Dev, st.Ino}]
+			// Stdio is meant to be shared: init's log and the exec pipes.
+			stdio := fd.Name() == "0" || fd.Name() == "1" || fd.Name() == "2"
+			if shared && !stdio {
+				bad = append(bad, fmt.Sprintf("pid %d fd %s = %s (node's %s)", pr.pid, fd.Name(), target, nodeTarget))
+			}
+		}
+	}
+	return check("host/node-fds", len(bad) == 0, "shared with the node: %v; all fds: %s", bad, strings.Join(seen, " "))
+}
+
+// isolationChecks: a host uid range of the sandbox's own (user namespace)
+// and RLIMIT_FSIZE on the processes init starts.
+func isolationChecks(procs []proc) []Result {
+	uidMap, _ := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", procs[0].pid))
+	m := strings.Fields(string(uidMap))
+	mapped := len(m) == 3 && m[1] != "0"
+	var fsize []string
+	for _, p := range procs[1:] {
+		limits, _ := os.ReadFile(fmt.Sprintf("/proc/%d/limits", p.pid))
+		for _, line := range strings.Split(string(limits), "\n") {
+			if strings.HasPrefix(line, "Max file size") {
+				fsize = append(fsize, strings.Join(strings.Fields(line)[3:5], "/"))
+			}
+		}
+	}
+	limited := len(fsize) > 0
+	for _, f := range fsize {
+		if strings.HasPrefix(f, "unlimited") {
+			limited = false
+		}
+	}
+	return []Result{
+		check("host/userns-uid-range", mapped, "uid_map of init: %q", strings.TrimSpace(string(uidMap))),
+		check("host/rlimit-fsize", limited, "Max file size (soft/hard) of sandbox processes: %v", fsize),
+	}
+}

@@ -1,0 +1,261 @@
+package redteam
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/server"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+var (
+	table    *Table
+	report   = NewReport()
+	probeBin string // the static probe, built by TestMain
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	if table, err = LoadTable("testdata/expected.json"); err != nil {
+		fmt.Fprintln(os.Stderr, "redteam:", err)
+		os.Exit(1)
+	}
+	if os.Getenv("CORRAL_REDTEAM") == "" {
+		// `go test ./...` (scripts/test.sh) would run it a second time.
+		fmt.Println("redteam: skipped: set CORRAL_REDTEAM=1 or run `make redteam`")
+		os.Exit(0)
+	}
+	if os.Geteuid() != 0 {
+		fmt.Println("redteam: skipped: needs root (creates namespaces, mounts and cgroups, reads other processes' /proc)")
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "corral-probe-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "redteam:", err)
+		os.Exit(1)
+	}
+	probeBin = filepath.Join(dir, "corral-probe")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", probeBin, "github.com/corral-dev/corral/cmd/corral-probe")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "redteam: build probe: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	fmt.Print("\n=== red-team table (attempt × backend) ===\n" + report.Format(table))
+	os.Exit(code)
+}
+
+// canaries are secrets planted outside every sandbox: the node's log, a
+// config file in its data dir and its environment. The probe must find none.
+type canaries struct {
+	Log, Config, Env string
+}
+
+func (c canaries) list() []string { return []string{c.Log, c.Config, c.Env} }
+
+// startServer starts a server whose log, data dir and environment carry
+// canaries; the log goes to a file in the data dir (like a harness log).
+func startServer(t *testing.T) (*testenv.Server, canaries) {
+	t.Helper()
+	c := canaries{
+		Log:    testenv.UniqueName("CANARY-LOG") + testenv.UniqueName(""),
+		Config: testenv.UniqueName("CANARY-CONFIG") + testenv.UniqueName(""),
+		Env:    testenv.UniqueName("CANARY-ENV") + testenv.UniqueName(""),
+	}
+	t.Setenv("CORRAL_GRADER_SECRET", c.Env)
+	logPath := filepath.Join(t.TempDir(), "node.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { logFile.Close() })
+	logger := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	srv := testenv.StartServer(t, func(cfg *server.Config) { cfg.Logger = logger })
+	logger.Info("grader answer", "secret", c.Log)
+	// The log also lives in the data dir, where a harness keeps its files.
+	if err := os.WriteFile(filepath.Join(srv.Config.DataDir, "harness.log"), []byte("answer="+c.Log+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(srv.Config.DataDir, "config.toml"), []byte("token = \""+c.Config+"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addDebianImage(t, srv)
+	return srv, c
+}
+
+// addDebianImage hard-links the host's cached Debian image (bash, python3)
+// into the server's store when there is one; the suite uses busybox
+// otherwise and the rows about bash and python3 report ENOENT.
+func addDebianImage(t *testing.T, srv *testenv.Server) {
+	const cached = "/var/lib/corral/images/debian"
+	if _, err := os.Stat(filepath.Join(cached, "image.json")); err != nil {
+		return
+	}
+	dst := filepath.Join(srv.Config.DataDir, "images", "debian")
+	if out, err := exec.Command("cp", "-al", cached, dst).CombinedOutput(); err != nil {
+		t.Logf("no debian image (%v: %s): using busybox", err, out)
+		os.RemoveAll(dst)
+	}
+}
+
+// image is the richest image the server has.
+func image(t *testing.T, srv *testenv.Server) string {
+	if _, err := os.Stat(filepath.Join(srv.Config.DataDir, "images", "debian", "image.json")); err == nil {
+		return "debian"
+	}
+	return "busybox"
+}
+
+// forEachBackend runs f for every backend of the table that this machine
+// has; the others get a note in the report.
+func forEachBackend(t *testing.T, f func(t *testing.T, backend string)) {
+	for _, b := range table.Backends {
+		t.Run(b, func(t *testing.T) {
+			testenv.RequireRoot(t)
+			if why := backendMissing(t, b); why != "" {
+				report.Unavailable(b, why)
+				t.Skip(why)
+			}
+			f(t, b)
+		})
+	}
+}
+
+// backendMissing asks a throwaway server for a sandbox of the backend.
+func backendMissing(t *testing.T, backend string) string {
+	srv := testenv.StartServer(t)
+	sb, err := srv.Client.Create(context.Background(), client.CreateOptions{Backend: backend})
+	if err != nil {
+		return fmt.Sprintf("create: %v", err)
+	}
+	_ = sb.Delete(context.Background())
+	return ""
+}
+
+func newSandbox(t *testing.T, srv *testenv.Server, o client.CreateOptions) *client.Sandbox {
+	t.Helper()
+	sb, err := srv.Client.Create(context.Background(), o)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	t.Cleanup(func() { _ = sb.Delete(context.Background()) })
+	return sb
+}
+
+func run(t *testing.T, sb *client.Sandbox, cmd client.Command) *client.Result {
+	t.Helper()
+	res, err := sb.Run(context.Background(), cmd)
+	if err != nil {
+		t.Fatalf("run %v %q: %v", cmd.Args, cmd.Shell, err)
+	}
+	return res
+}
+
+func sh(t *testing.T, sb *client.Sandbox, script string) string {
+	t.Helper()
+	res := run(t, sb, client.Command{Shell: script, Timeout: 2 * time.Minute})
+	if res.ExitCode != 0 {
+		t.Fatalf("%q exited %d (signal %d): stdout %q stderr %q", script, res.ExitCode, res.Signal, res.Stdout, res.Stderr)
+	}
+	return string(res.Stdout)
+}
+
+// installProbe copies the probe into the sandbox.
+func installProbe(t *testing.T, sb *client.Sandbox) {
+	t.Helper()
+	f, err := os.Open(probeBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := sb.Files().WriteFrom(context.Background(), "/corral-probe/corral-probe", f, 0o755); err != nil {
+		t.Fatalf("copy probe: %v", err)
+	}
+}
+
+// runProbe runs the probe with args and stdin and parses its lines.
+func runProbe(t *testing.T, sb *client.Sandbox, stdin []byte, args ...string) []Result {
+	t.Helper()
+	res := run(t, sb, client.Command{Args: append([]string{"/corral-probe/corral-probe"}, args...), Stdin: stdin, Timeout: 5 * time.Minute})
+	if len(res.Stderr) > 0 {
+		t.Logf("probe %v stderr: %s", args, res.Stderr)
+	}
+	var out []Result
+	sc := bufio.NewScanner(bytes.NewReader(res.Stdout))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var r Result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Errorf("probe line %q: %v", sc.Text(), err)
+			continue
+		}
+		out = append(out, r)
+	}
+	if res.ExitCode != 0 && len(args) > 0 && args[0] != "kill" {
+		t.Errorf("probe %v exited %d (signal %d)", args, res.ExitCode, res.Signal)
+	}
+	return out
+}
+
+// judge compares results with the table and records the verdicts; only
+// the attempts named in results (or in names) are judged. FAILED fails t.
+func judge(t *testing.T, backend string, results []Result, names ...string) {
+	t.Helper()
+	byName := map[string][]Result{}
+	order := append([]string{}, names...)
+	for _, r := range results {
+		if _, ok := byName[r.Name]; !ok && !containsName(order, r.Name) {
+			order = append(order, r.Name)
+		}
+		byName[r.Name] = append(byName[r.Name], r)
+	}
+	for _, n := range order {
+		a, ok := table.Lookup(n)
+		var v Verdict
+		if !ok {
+			v = Verdict{Status: StatusFailed, Why: fmt.Sprintf("not in expected.json: %+v", byName[n])}
+		} else {
+			v = Judge(a.For(backend), byName[n])
+		}
+		report.Add(n, backend, v)
+		switch v.Status {
+		case StatusFailed:
+			t.Errorf("%s [%s] FAILED: %s", n, backend, v.Why)
+		case StatusGap:
+			t.Logf("%s [%s] GAP: %s", n, backend, v.Why)
+		}
+	}
+}
+
+func containsName(names []string, n string) bool {
+	for _, x := range names {
+		if x == n {
+			return true
+		}
+	}
+	return false
+}
+
+// check builds a suite-made Result: ok when cond holds.
+func check(name string, cond bool, detail string, args ...any) Result {
+	r := Result{Name: name, Outcome: "ok", Detail: fmt.Sprintf(detail, args...)}
+	if !cond {
+		r.Outcome = "violated"
+	}
+	return r
+}
+
+func trim(b []byte) string { return strings.TrimSpace(string(b)) }

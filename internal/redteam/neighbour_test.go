@@ -1,0 +1,140 @@
+package redteam
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+)
+
+// latency measures sandbox b's `true` exec for up to d or n samples and
+// returns p50, p99 and the number of failed execs.
+func latency(b *client.Sandbox, d time.Duration, n int) (p50, p99 time.Duration, failed int) {
+	var samples []time.Duration
+	deadline := time.Now().Add(d)
+	for len(samples) < n && time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		start := time.Now()
+		res, err := b.Run(ctx, client.Command{Args: []string{"true"}})
+		cancel()
+		if err != nil || res.ExitCode != 0 {
+			failed++
+			continue
+		}
+		samples = append(samples, time.Since(start))
+	}
+	if len(samples) == 0 {
+		return 0, 0, failed
+	}
+	slices.Sort(samples)
+	return samples[len(samples)/2], samples[(len(samples)*99)/100], failed
+}
+
+// load is one noisy-neighbour attack run in sandbox A.
+type load struct {
+	name  string
+	cmd   client.Command
+	check func(res *client.Result, a, b *client.Sandbox) []Result
+}
+
+// TestNoisyNeighbours runs, in sandbox A, a fork bomb, a memory bomb, a disk
+// fill, a `yes` flood to stdout and a CPU spin on every core while sandbox B
+// answers `true` execs. It prints B's exec latency under each against idle
+// (a measurement: the 2× target of issue 8 is in the table, not asserted)
+// and asserts that A's limits held, B kept answering and the daemon
+// stayed responsive.
+func TestNoisyNeighbours(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, backend string) {
+		srv, _ := startServer(t)
+		const disk, outCap = 64 << 20, 1 << 20
+		a := newSandbox(t, srv, client.CreateOptions{Backend: backend, Resources: client.Resources{
+			CPUMillis: 2000, MemoryBytes: 128 << 20, Pids: 128, DiskBytes: disk}})
+		b := newSandbox(t, srv, client.CreateOptions{Backend: backend})
+		installProbe(t, a)
+		const window = 8 * time.Second
+		loads := []load{
+			{"fork bomb", client.Command{Shell: "bomb() { bomb | bomb & }; bomb; sleep 10", Timeout: 12 * time.Second},
+				func(res *client.Result, a, _ *client.Sandbox) []Result {
+					out := sh(t, a, "echo alive")
+					return []Result{check("resource/fork-bomb", out == "alive\n", "bomb ended %+v; sandbox afterwards %q", *res, out)}
+				}},
+			{"memory bomb", client.Command{Shell: `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo ${#x}`, Timeout: 30 * time.Second},
+				func(res *client.Result, _, _ *client.Sandbox) []Result {
+					return []Result{check("resource/memory-bomb", res.OOMKilled, "result %+v, want OOMKilled", *res)}
+				}},
+			{"disk fill", client.Command{Shell: "yes > /fill; echo rc=$?", Timeout: 60 * time.Second},
+				func(res *client.Result, a, b *client.Sandbox) []Result {
+					errs := string(res.Stderr) + string(res.Stdout)
+					full := strings.Contains(errs, "No space left") || strings.Contains(errs, "quota exceeded")
+					other := run(t, b, client.Command{Shell: "dd if=/dev/zero of=/other bs=1M count=4 2>&1 && rm /other && echo wrote"})
+					sh(t, a, "rm -f /fill")
+					return []Result{
+						check("resource/disk-fill", full, "yes > /fill: %q", errs),
+						check("resource/disk-fill-other-writes", strings.Contains(string(other.Stdout), "wrote"), "B: %q", other.Stdout),
+					}
+				}},
+			{"yes flood", client.Command{Shell: "timeout 10 yes", OutputLimit: outCap, Timeout: 12 * time.Second},
+				func(res *client.Result, _, _ *client.Sandbox) []Result {
+					return []Result{check("resource/yes-stdout", res.Truncated && len(res.Stdout)+len(res.Stderr) <= outCap,
+						"truncated %v, %d bytes kept (cap %d)", res.Truncated, len(res.Stdout)+len(res.Stderr), outCap)}
+				}},
+			{"cpu spin", client.Command{Shell: "for i in 1 2 3 4; do (while :; do :; done) & done; sleep 10", Timeout: 12 * time.Second}, nil},
+		}
+		idle50, idle99, _ := latency(b, window, 200)
+		rows := []string{fmt.Sprintf("%-12s p50 %8v  p99 %8v", "idle", idle50.Round(time.Microsecond), idle99.Round(time.Microsecond))}
+		answers, responsive := true, true
+		var why []string
+		for _, l := range loads {
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan *client.Result, 1)
+			go func() {
+				res, err := a.Run(ctx, l.cmd)
+				if err != nil {
+					res = &client.Result{ExitCode: -2, Stderr: []byte(err.Error())}
+				}
+				done <- res
+			}()
+			time.Sleep(500 * time.Millisecond) // let the attack ramp up
+			p50, p99, failed := latency(b, window, 200)
+			lctx, lcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, listErr := srv.Client.List(lctx, client.ListOptions{})
+			lcancel()
+			res := <-done
+			cancel()
+			ratio := float64(p99) / float64(idle99)
+			verdict := "within 2x"
+			if ratio > 2 {
+				verdict = "OVER 2x"
+			}
+			rows = append(rows, fmt.Sprintf("%-12s p50 %8v  p99 %8v  p99/idle %5.2f  %s  B failures %d",
+				l.name, p50.Round(time.Microsecond), p99.Round(time.Microsecond), ratio, verdict, failed))
+			if failed > 0 || p99 == 0 {
+				answers = false
+				why = append(why, fmt.Sprintf("%s: %d failed execs of B", l.name, failed))
+			}
+			if listErr != nil {
+				responsive = false
+				why = append(why, fmt.Sprintf("%s: List: %v", l.name, listErr))
+			}
+			if l.check != nil {
+				judge(t, backend, l.check(res, a, b))
+			}
+		}
+		judge(t, backend, []Result{
+			check("resource/neighbour-answers", answers, "%v", why),
+			check("resource/daemon-responsive", responsive, "%v", why),
+		})
+		judge(t, backend, runProbe(t, a, nil, "inodes", "/inodes"))
+		other := run(t, b, client.Command{Shell: "touch /after-inodes && echo ok"})
+		judge(t, backend, []Result{check("resource/inodes-other-writes", trim(other.Stdout) == "ok", "B: %q %q", other.Stdout, other.Stderr)})
+		report.Logf("noisy neighbours [%s]: sandbox B's `true` exec latency while A attacks (%v windows, 2 cores shared)", backend, window)
+		for _, r := range rows {
+			report.Logf("  %s", r)
+			t.Log(r)
+		}
+	})
+}

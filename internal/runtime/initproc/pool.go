@@ -1,0 +1,187 @@
+package initproc
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"golang.org/x/sys/unix"
+)
+
+// Pool mode (initproto.Config.Pool): init's root is a small tmpfs holding
+// the image layers (read-only bind mounts under /l), the writable layer (a
+// size-limited tmpfs on /upper) and the sandbox's view on /v: an overlay of
+// both with its own /proc, /dev and /sys. Every command runs chrooted into
+// the view (see forker), so a reset can replace the view under a live init.
+const (
+	poolLayers = "/l"
+	poolUpper  = "/upper"
+	poolView   = "/v"
+	poolState  = "/pool.json"
+)
+
+// poolCaps are the capabilities init keeps beyond DefaultCaps in pool mode:
+// mounts and device nodes for reset, chroot and bounding-set drops for the
+// forking thread.
+// That thread drops all three before it forks anything.
+var poolCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_SYS_CHROOT, unix.CAP_SETPCAP, unix.CAP_MKNOD}
+
+// poolConfig is what the serving stage needs of Config in pool mode, kept in
+// init's private root (no process inside can reach it).
+type poolConfig struct {
+	Layers    int    `json:"layers"`
+	ViewBytes int64  `json:"view_bytes"`
+	Seccomp   []byte `json:"seccomp,omitempty"`
+}
+
+// buildPoolRoot makes init's tmpfs root with the layers and the view and
+// pivots into it.
+func buildPoolRoot(cfg *initproto.Config) error {
+	unix.Umask(0)
+	defer unix.Umask(0o022)
+	if len(cfg.Layers) == 0 || cfg.ViewBytes <= 0 {
+		return errors.New("pool root: needs layers and a view size")
+	}
+	if !cfg.NoSeccomp && len(cfg.PoolSeccomp) == 0 {
+		return errors.New("pool root: the config carries no command filter")
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / rprivate: %w", err)
+	}
+	if err := unix.Mount("tmpfs", cfg.Rootfs, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=700,size=1m"); err != nil {
+		return fmt.Errorf("pool root: mount tmpfs: %w", err)
+	}
+	for i, l := range cfg.Layers {
+		dst := fmt.Sprintf("%s%s/%d", cfg.Rootfs, poolLayers, i)
+		if err := bindReadOnly(l, dst); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{poolUpper, poolView} {
+		if err := os.Mkdir(cfg.Rootfs+d, 0o755); err != nil {
+			return fmt.Errorf("pool root: %w", err)
+		}
+	}
+	if err := pivot(cfg.Rootfs); err != nil {
+		return err
+	}
+	pc := poolConfig{Layers: len(cfg.Layers), ViewBytes: cfg.ViewBytes, Seccomp: cfg.PoolSeccomp}
+	b, _ := json.Marshal(pc)
+	if err := os.WriteFile(poolState, b, 0o600); err != nil {
+		return fmt.Errorf("pool root: %w", err)
+	}
+	if err := mountView(&pc); err != nil {
+		return err
+	}
+	// init's own uses of /proc and /dev (capabilities, /dev/null) go to the
+	// view's, whichever mount is current.
+	for _, d := range []string{"/proc", "/dev"} {
+		if err := os.Symlink(poolView+d, d); err != nil {
+			return fmt.Errorf("pool root: %w", err)
+		}
+	}
+	if cfg.Hostname != "" {
+		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+			return fmt.Errorf("set hostname: %w", err)
+		}
+	}
+	return loopbackUp()
+}
+
+func bindReadOnly(src, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return fmt.Errorf("pool root: layer: %w", err)
+	}
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("pool root: bind layer %s: %w", src, err)
+	}
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV)
+	if err := unix.Mount("", dst, "", flags, ""); err != nil {
+		return fmt.Errorf("pool root: layer %s read-only: %w", src, err)
+	}
+	return nil
+}
+
+// mountView mounts a fresh writable tmpfs and the view over it.
+func mountView(pc *poolConfig) error {
+	opts := "mode=755,size=" + strconv.FormatInt(pc.ViewBytes, 10)
+	if err := unix.Mount("tmpfs", poolUpper, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("view: mount upper tmpfs: %w", err)
+	}
+	if err := os.Mkdir(poolUpper+"/u", 0o755); err != nil {
+		return fmt.Errorf("view: %w", err)
+	}
+	if err := os.Mkdir(poolUpper+"/w", 0o700); err != nil {
+		return fmt.Errorf("view: %w", err)
+	}
+	lower := make([]string, pc.Layers)
+	for i := range lower {
+		lower[i] = poolLayers + "/" + strconv.Itoa(i)
+	}
+	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s/u,workdir=%s/w", strings.Join(lower, ":"), poolUpper, poolUpper)
+	if err := unix.Mount("overlay", poolView, "overlay", 0, ovl); err != nil {
+		return fmt.Errorf("view: mount overlay: %w", err)
+	}
+	if err := mountAPIFS(poolView); err != nil {
+		return fmt.Errorf("view: %w", err)
+	}
+	return maskPaths(poolView)
+}
+
+// unmountView lazily detaches the view (with its submounts) and the upper.
+func unmountView() error {
+	for _, p := range []string{poolView, poolUpper} {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("view: unmount %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// fingerprint summarises the writable filesystems of the view: used blocks
+// and inodes and the root directory's change time of each. Any file
+// created, removed, copied up or changed in attributes moves one of them.
+type fingerprint [3][4]int64
+
+var writablePaths = [3][2]string{
+	{poolUpper, poolUpper + "/u"},
+	{poolView + "/dev", poolView + "/dev"},
+	{poolView + "/dev/shm", poolView + "/dev/shm"},
+}
+
+func takeFingerprint() (fingerprint, error) {
+	var fp fingerprint
+	for i, p := range writablePaths {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(p[0], &fs); err != nil {
+			return fp, fmt.Errorf("statfs %s: %w", p[0], err)
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p[1], &st); err != nil {
+			return fp, fmt.Errorf("stat %s: %w", p[1], err)
+		}
+		fp[i] = [4]int64{int64(fs.Blocks - fs.Bfree), int64(fs.Files - fs.Ffree), st.Ctim.Sec, st.Ctim.Nsec}
+	}
+	return fp, nil
+}
+
+// loadPool reads the serving stage's pool config and starts the forker.
+func loadPool() (*pool, error) {
+	b, err := os.ReadFile(poolState)
+	if err != nil {
+		return nil, fmt.Errorf("pool: %w", err)
+	}
+	var pc poolConfig
+	if err := json.Unmarshal(b, &pc); err != nil {
+		return nil, fmt.Errorf("pool: %w", err)
+	}
+	p := &pool{cfg: pc}
+	if err := p.renew(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}

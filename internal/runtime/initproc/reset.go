@@ -1,0 +1,169 @@
+package initproc
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// pool is the serving stage's state in pool mode.
+type pool struct {
+	cfg poolConfig
+
+	mu     sync.Mutex // held by resets and while a command is forked
+	base   fingerprint
+	forker *forker
+}
+
+// killDeadline bounds how long a reset waits for every process to go.
+const killDeadline = 5 * time.Second
+
+// renew records the view's empty state and makes a forker for it.
+func (p *pool) renew() error {
+	fp, err := takeFingerprint()
+	if err != nil {
+		return fmt.Errorf("pool: %w", err)
+	}
+	f, err := newForker(p.cfg.Seccomp)
+	if err != nil {
+		return err
+	}
+	if p.forker != nil {
+		p.forker.stop()
+	}
+	p.base, p.forker = fp, f
+	return nil
+}
+
+// reset kills every process but init and keep, removes SysV IPC objects
+// and, if anything was written, kills keep too and replaces the view with a
+// fresh one. It reports whether the view was re-mounted.
+func (p *pool) reset(keep []int) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := killAllBut(keep); err != nil {
+		return false, err
+	}
+	removeIPC()
+	fp, err := takeFingerprint()
+	if err != nil {
+		return false, fmt.Errorf("reset: %w", err)
+	}
+	if fp == p.base {
+		for _, pid := range keep {
+			_ = unix.Kill(pid, unix.SIGCONT)
+		}
+		return false, nil
+	}
+	if err := killAll(); err != nil {
+		return true, err
+	}
+	if err := unmountView(); err != nil {
+		return true, fmt.Errorf("reset: %w", err)
+	}
+	if err := mountView(&p.cfg); err != nil {
+		return true, fmt.Errorf("reset: %w", err)
+	}
+	if err := p.renew(); err != nil {
+		return true, fmt.Errorf("reset: %w", err)
+	}
+	return true, nil
+}
+
+// killAll SIGKILLs every process of the PID namespace but init until none
+// is left: kill(-1) fails with ESRCH only when no other process (zombies
+// included, which the reaper collects) exists.
+func killAll() error {
+	deadline := time.Now().Add(killDeadline)
+	for {
+		err := unix.Kill(-1, unix.SIGKILL)
+		if errors.Is(err, unix.ESRCH) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reset: kill -1: %w", err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("reset: processes left %v after SIGKILL", killDeadline)
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// killAllBut is killAll sparing the processes keep (none: killAll): it
+// SIGKILLs every other process of /proc until none is left.
+func killAllBut(keep []int) error {
+	if len(keep) == 0 {
+		return killAll()
+	}
+	deadline := time.Now().Add(killDeadline)
+	for {
+		ents, err := os.ReadDir(poolView + "/proc")
+		if err != nil {
+			return fmt.Errorf("reset: list processes: %w", err)
+		}
+		left := 0
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == 1 || slices.Contains(keep, pid) {
+				continue
+			}
+			left++
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		if left == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("reset: processes left %v after SIGKILL", killDeadline)
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// removeIPC removes every SysV shared memory segment, semaphore set and
+// message queue of the sandbox's IPC namespace (best effort).
+func removeIPC() {
+	for _, k := range []struct {
+		file string
+		rm   func(id int)
+	}{
+		{"shm", func(id int) { _, _ = unix.SysvShmCtl(id, unix.IPC_RMID, nil) }},
+		{"sem", func(id int) { _, _, _ = unix.Syscall6(unix.SYS_SEMCTL, uintptr(id), 0, unix.IPC_RMID, 0, 0, 0) }},
+		{"msg", func(id int) { _, _, _ = unix.Syscall(unix.SYS_MSGCTL, uintptr(id), unix.IPC_RMID, 0) }},
+	} {
+		for _, id := range ipcIDs(poolView + "/proc/sysvipc/" + k.file) {
+			k.rm(id)
+		}
+	}
+}
+
+// ipcIDs reads the ids (second column) of a /proc/sysvipc table.
+func ipcIDs(path string) []int {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var ids []int
+	sc := bufio.NewScanner(f)
+	sc.Scan() // header
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		if id, err := strconv.Atoi(fields[1]); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
