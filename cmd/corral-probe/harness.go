@@ -42,7 +42,12 @@ func harnessAttempts(in Input) {
 	})
 	attempt("harness/proc1-fd", func() []Result {
 		ents, err := os.ReadDir("/proc/1/fd")
-		rs := []Result{fromErr("harness/proc1-fd", err, fmt.Sprintf("%d entries", len(ents)))}
+		first := fromErr("harness/proc1-fd", err, fmt.Sprintf("%d entries", len(ents)))
+		if err == nil && len(ents) == 0 {
+			// A masked (empty) directory shows nothing of init's fds.
+			first = Result{Name: "harness/proc1-fd", Outcome: blocked, Errno: "EMPTY", Detail: "0 entries (masked)"}
+		}
+		rs := []Result{first}
 		for _, e := range ents {
 			target, err := os.Readlink("/proc/1/fd/" + e.Name())
 			rs = append(rs, fromErr("harness/proc1-fd-readlink", err, "fd "+e.Name()+" "+target))

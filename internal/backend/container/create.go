@@ -191,13 +191,14 @@ func (c *creation) spawn(ctx context.Context) error {
 func (c *creation) waitReady(ctx context.Context) error {
 	defer c.layer.Close()
 	cfg := initproto.Config{
-		Layers:    c.spec.Layers,
-		UpperDir:  c.layer.UpperDir,
-		WorkDir:   c.layer.WorkDir,
-		Rootfs:    filepath.Join(c.dir, "rootfs"),
-		Hostname:  c.spec.Hostname,
-		Seccomp:   c.b.seccomp,
-		NoSeccomp: c.b.cfg.NoSeccomp,
+		Layers:        c.spec.Layers,
+		UpperDir:      c.layer.UpperDir,
+		WorkDir:       c.layer.WorkDir,
+		Rootfs:        filepath.Join(c.dir, "rootfs"),
+		Hostname:      c.spec.Hostname,
+		Seccomp:       c.b.seccomp,
+		NoSeccomp:     c.b.cfg.NoSeccomp,
+		FileSizeBytes: fileSizeLimit(c.spec.Resources.DiskBytes),
 	}
 	if c.layer.IsDevice() {
 		cfg.Disk, cfg.DiskDir = c.layer.DevicePath, filepath.Join(c.dir, "disk")
@@ -212,4 +213,15 @@ func (c *creation) waitReady(ctx context.Context) error {
 		}
 	}
 	return c.proc.Setup(ctx, c.setup, cfg)
+}
+
+// fileSizeLimit is RLIMIT_FSIZE for a sandbox with a writable layer of
+// disk bytes: a backstop a little above the disk limit, so that a full disk
+// still ends in ENOSPC (what a program expects) and the rlimit only bites if
+// the disk limit did not hold.
+func fileSizeLimit(disk int64) int64 {
+	if disk <= 0 {
+		return 0
+	}
+	return disk + max(disk/16, 16<<20)
 }

@@ -40,6 +40,12 @@ func Main() {
 }
 
 func setupMain() {
+	// Only stdio, the control listener and the setup socket are meant to
+	// be here: any other fd the node's process had open without
+	// close-on-exec must not reach the sandbox.
+	if err := unix.CloseRange(initproto.SetupFd+1, ^uint(0), 0); err != nil {
+		fail(nil, "close inherited fds: %v", err)
+	}
 	setup, err := initproto.NewConn(initproto.SetupFd, "setup")
 	if err != nil {
 		fail(nil, "setup socket: %v", err)

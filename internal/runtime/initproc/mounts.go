@@ -15,6 +15,11 @@ import (
 // side-channel helpers). Files get /dev/null bound over them, directories an
 // empty read-only tmpfs.
 var maskedPaths = []string{
+	// init's own fd, fdinfo and map_files listings (the targets are already
+	// unreadable: init is non-dumpable).
+	"/proc/1/fd",
+	"/proc/1/fdinfo",
+	"/proc/1/map_files",
 	"/proc/asound",
 	"/proc/acpi",
 	"/proc/interrupts",

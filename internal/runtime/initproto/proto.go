@@ -16,10 +16,12 @@
 //	  and every command is chrooted into it; OpReset kills every process
 //	  and re-mounts a dirtied view (sparing Request.Keep when clean); the
 //	  exit reply carries CPU time.
+//	5 (2026-11-30): Config.FileSizeBytes: init sets RLIMIT_FSIZE for itself
+//	  and every process of the sandbox.
 package initproto
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 4
+const Version = 5
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -74,8 +76,11 @@ type Config struct {
 	Hostname string `json:"hostname"`
 	// Seccomp is the compiled seccomp program (seccomp.Encode); init refuses
 	// a config without one unless NoSeccomp is set (runtime tests only).
-	Seccomp   []byte `json:"seccomp,omitempty"`
-	NoSeccomp bool   `json:"no_seccomp,omitempty"`
+	Seccomp []byte `json:"seccomp,omitempty"`
+	// FileSizeBytes is RLIMIT_FSIZE for every process (0: unlimited): no
+	// single file outgrows the writable layer's limit.
+	FileSizeBytes int64 `json:"fsize,omitempty"`
+	NoSeccomp     bool  `json:"no_seccomp,omitempty"`
 	// Pool selects the resettable pool mode: init's root is a small tmpfs
 	// holding the layers (bind mounts) and the view, an overlay of them
 	// with its upper on a tmpfs of ViewBytes, that commands are chrooted
