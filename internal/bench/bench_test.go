@@ -76,7 +76,7 @@ type testSpec struct {
 }
 
 func TestEditSpec(t *testing.T) {
-	out, err := EditSpec([]byte(specFixture), "/tmp/rootfs")
+	out, err := EditSpec([]byte(specFixture), "/tmp/rootfs", []string{"true"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestEditSpec(t *testing.T) {
 		t.Errorf("EditSpec dropped fields it does not own: %s", out)
 	}
 	// A spec that has the network namespace keeps exactly one.
-	again, err := EditSpec(out, "/tmp/rootfs")
+	again, err := EditSpec(out, "/tmp/rootfs", []string{"true"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestEditSpec(t *testing.T) {
 	if len(s2.Linux.Namespaces) != 5 {
 		t.Errorf("second EditSpec: %d namespaces, want 5", len(s2.Linux.Namespaces))
 	}
-	if _, err := EditSpec([]byte(`{"linux":{}}`), "/r"); err == nil {
+	if _, err := EditSpec([]byte(`{"linux":{}}`), "/r", []string{"true"}); err == nil {
 		t.Error("EditSpec accepted a spec without a process")
 	}
 }

@@ -149,7 +149,7 @@ func Container(ctx context.Context, c *client.Client, o ContainerOptions) (res *
 	}
 
 	fmt.Fprintf(o.Log, "runc cycles (runc run true): %d workers for %s\n", o.Concurrency, o.Duration)
-	runcRate, reason := runcRate(ctx, o, t.label)
+	runcRate, reason := runcRate(ctx, o, trueCmd.Args, t.label)
 	if runcRate != nil {
 		res.RuncCycles = runcRate
 		res.RuncCyclesPerS = &runcRate.PerS
@@ -298,13 +298,13 @@ func sustain(ctx context.Context, conc int, d time.Duration, cycle func(ctx cont
 	}
 }
 
-// runcRate measures the runc peer, or says why it could not.
-func runcRate(ctx context.Context, o ContainerOptions, label string) (*Rate, string) {
+// runcRate measures the runc peer running args, or says why it could not.
+func runcRate(ctx context.Context, o ContainerOptions, args []string, label string) (*Rate, string) {
 	runc, err := FindRunc()
 	if err != nil {
 		return nil, err.Error()
 	}
-	p, err := newRuncPeer(ctx, runc, o.Rootfs, o.Concurrency, "corral-bench-"+label)
+	p, err := newRuncPeer(ctx, runc, o.Rootfs, args, o.Concurrency, "corral-bench-"+label)
 	if err != nil {
 		return nil, "runc peer setup: " + err.Error()
 	}

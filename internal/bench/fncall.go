@@ -110,7 +110,9 @@ func FnCall(ctx context.Context, c *client.Client, o FnCallOptions) (*FnCallResu
 		res.BarePythonPerS = &r.PerS
 	}
 	fmt.Fprintf(o.Log, "runc run per call...\n")
-	runc, reason := runcRate(ctx, ContainerOptions{Concurrency: o.Concurrency, Duration: o.Duration, Rootfs: o.Rootfs}, "fncall")
+	// The peer runs the same command as the corral side.
+	runc, reason := runcRate(ctx, ContainerOptions{Concurrency: o.Concurrency, Duration: o.Duration, Rootfs: o.Rootfs},
+		[]string{"/bin/sh", "-c", "true"}, "fncall")
 	if runc != nil {
 		res.RuncCallsPerS = &runc.PerS
 	}

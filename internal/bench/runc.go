@@ -88,10 +88,10 @@ func copyFile(src, dst string, mode os.FileMode) error {
 }
 
 // EditSpec turns the config.json written by `runc spec` into the peer's:
-// rootfs read-only at rootfs, the process `true` without a terminal, and
+// rootfs read-only at rootfs, the process args without a terminal, and
 // a network namespace among the namespaces (as a corral sandbox has).
 // Fields it does not touch are kept as runc wrote them.
-func EditSpec(raw []byte, rootfs string) ([]byte, error) {
+func EditSpec(raw []byte, rootfs string, args []string) ([]byte, error) {
 	var spec map[string]any
 	if err := json.Unmarshal(raw, &spec); err != nil {
 		return nil, fmt.Errorf("parse runc spec: %w", err)
@@ -101,7 +101,7 @@ func EditSpec(raw []byte, rootfs string) ([]byte, error) {
 	if !ok {
 		return nil, errors.New("runc spec has no process object")
 	}
-	proc["args"] = []string{"true"}
+	proc["args"] = args
 	proc["terminal"] = false
 	linux, ok := spec["linux"].(map[string]any)
 	if !ok {
@@ -120,8 +120,8 @@ func EditSpec(raw []byte, rootfs string) ([]byte, error) {
 	return json.MarshalIndent(spec, "", "  ")
 }
 
-// runcPeer runs the same cycle as corral's (create, `true`, delete) with
-// `runc run`, one OCI bundle per worker, all on one read-only rootfs.
+// runcPeer runs the same cycle as corral's (create, the command, delete)
+// with `runc run`, one OCI bundle per worker, all on one read-only rootfs.
 type runcPeer struct {
 	runc    string
 	dir     string // temp dir holding state, bundles and (by default) the rootfs
@@ -143,7 +143,7 @@ func FindRunc() (string, error) {
 
 // newRuncPeer prepares workers bundles. rootfs "" builds a temporary busybox
 // rootfs. Close removes everything it made.
-func newRuncPeer(ctx context.Context, runc, rootfs string, workers int, prefix string) (p *runcPeer, err error) {
+func newRuncPeer(ctx context.Context, runc, rootfs string, args []string, workers int, prefix string) (p *runcPeer, err error) {
 	dir, err := os.MkdirTemp("", "corral-bench-runc-")
 	if err != nil {
 		return nil, err
@@ -181,7 +181,7 @@ func newRuncPeer(ctx context.Context, runc, rootfs string, workers int, prefix s
 	if err != nil {
 		return p, err
 	}
-	config, err := EditSpec(raw, rootfs)
+	config, err := EditSpec(raw, rootfs, args)
 	if err != nil {
 		return p, err
 	}

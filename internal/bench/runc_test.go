@@ -42,7 +42,7 @@ func TestRuncPeer(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, err := newRuncPeer(ctx, runc, "", 2, "corral-bench-test")
+	p, err := newRuncPeer(ctx, runc, "", []string{"true"}, 2, "corral-bench-test")
 	if err != nil {
 		t.Fatal(err)
 	}

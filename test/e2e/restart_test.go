@@ -36,6 +36,16 @@ func (d *daemon) start(extra ...string) *client.Client {
 	}
 	d.exited = make(chan struct{})
 	go func() { _ = d.cmd.Wait(); close(d.exited) }()
+	// A test that fails half-way must not leave its daemon running.
+	exited := d.exited
+	d.t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			_ = d.cmd.Process.Signal(syscall.SIGKILL)
+			<-exited
+		}
+	})
 	c, err := client.New("unix://" + filepath.Join(d.dataDir, "corral.sock"))
 	if err != nil {
 		d.t.Fatal(err)
