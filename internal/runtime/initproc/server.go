@@ -143,7 +143,11 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 	if ws.Signaled() {
 		r.ExitCode, r.Signal = -1, int(ws.Signal())
 	}
-	_ = c.Send(r)
+	if err := c.Send(r); err != nil {
+		// The node gave up on the exec (cancelled) or the reply was lost:
+		// worth a line in init.log, which only the node can read.
+		fmt.Fprintf(os.Stderr, "corral-init: exec %d: send exit: %v\n", pid, err)
+	}
 }
 
 // relayKills signals the exec's process group for every kill request on its

@@ -72,7 +72,7 @@ func (c *Conn) Send(msg any, fds ...int) error {
 	}
 	var serr error
 	err = c.rc.Write(func(fd uintptr) bool {
-		serr = unix.Sendmsg(int(fd), b, oob, nil, unix.MSG_NOSIGNAL)
+		serr = ignoringEINTR(func() error { return unix.Sendmsg(int(fd), b, oob, nil, unix.MSG_NOSIGNAL) })
 		return serr != unix.EAGAIN
 	})
 	if err != nil {
@@ -93,7 +93,10 @@ func (c *Conn) Recv(msg any) ([]int, error) {
 	)
 	err := c.rc.Read(func(fd uintptr) bool {
 		// Peek at the size first so that small messages need no big buffer.
-		n, _, _, _, rerr = unix.Recvmsg(int(fd), nil, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
+		rerr = ignoringEINTR(func() (err error) {
+			n, _, _, _, err = unix.Recvmsg(int(fd), nil, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
+			return err
+		})
 		if rerr == unix.EAGAIN {
 			return false
 		}
@@ -105,7 +108,10 @@ func (c *Conn) Recv(msg any) ([]int, error) {
 			return true
 		}
 		buf = make([]byte, n)
-		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
+		rerr = ignoringEINTR(func() (err error) {
+			n, oobn, _, _, err = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
+			return err
+		})
 		return rerr != unix.EAGAIN
 	})
 	if err == nil {
@@ -125,6 +131,17 @@ func (c *Conn) Recv(msg any) ([]int, error) {
 		return nil, fmt.Errorf("decode message: %w", err)
 	}
 	return fds, nil
+}
+
+// ignoringEINTR repeats a socket call that a signal interrupted: init
+// catches every signal (SIGCHLD comes with each exit), and a message lost to
+// EINTR would surface as a dropped exec.
+func ignoringEINTR(call func() error) error {
+	for {
+		if err := call(); err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 func parseFds(oob []byte) []int {
