@@ -91,6 +91,11 @@ type Sandbox interface {
 // ExecSpec is one command, already validated and defaulted by the node.
 type ExecSpec struct {
 	Argv []string
+	// Shell: Argv is ["/bin/sh", "-c", script]. A backend with a shell of
+	// its own (out of the agent's reach) runs the script with that one, so
+	// that an agent replacing the image's /bin/sh cannot hijack later
+	// shell commands.
+	Shell bool
 	// Env is the complete environment ("KEY=VALUE").
 	Env []string
 	// Cwd is an absolute path inside the sandbox.

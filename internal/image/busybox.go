@@ -19,6 +19,10 @@ import (
 // busybox-static installs /bin/busybox).
 var busyboxPaths = []string{"/bin/busybox", "/usr/bin/busybox", "/sbin/busybox", "/usr/sbin/busybox"}
 
+// StaticBusybox returns the host's static busybox: the busybox image is
+// built from it, and the container backend runs shell execs with it.
+func StaticBusybox() (string, error) { return findBusybox() }
+
 // findBusybox returns the first static busybox of busyboxPaths.
 func findBusybox() (string, error) {
 	for _, p := range busyboxPaths {

@@ -221,9 +221,10 @@ func (n *Node) execSpec(rec *state.Record, req ExecRequest) (backend.ExecSpec, e
 		}
 	}
 	return backend.ExecSpec{
-		Argv: argv,
-		Env:  mergeEnv(rec.Env, req.Env),
-		Cwd:  or(req.Cwd, or(rec.Workdir, "/")),
+		Argv:  argv,
+		Shell: req.Shell,
+		Env:   mergeEnv(rec.Env, req.Env),
+		Cwd:   or(req.Cwd, or(rec.Workdir, "/")),
 		// uid 0 needs no /etc/passwd lookup, so an agent that clobbers that
 		// file cannot break the node's next exec.
 		User:        or(req.User, or(rec.User, "0:0")),

@@ -10,6 +10,7 @@ import (
 	"github.com/corral-dev/corral/internal/backend/container"
 	"github.com/corral-dev/corral/internal/diskimg"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/quota"
 )
 
@@ -36,6 +37,10 @@ type stack struct {
 }
 
 func newStack(ctx context.Context, cfg Config) (*stack, error) {
+	shell, err := image.StaticBusybox()
+	if err != nil {
+		return nil, fmt.Errorf("the sandboxes' shell: %w", err)
+	}
 	store, pool, err := openDiskStore(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -46,6 +51,7 @@ func newStack(ctx context.Context, cfg Config) (*stack, error) {
 		InitPath:     cfg.InitBinary,
 		Uppers:       store,
 		FavorDynMods: !cfg.KeepCgroupMountOptions,
+		Shell:        shell,
 		Logger:       cfg.Logger,
 	})
 	if err != nil {

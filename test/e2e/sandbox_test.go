@@ -289,3 +289,28 @@ func findUnder(dataDir, id string, rest ...string) []string {
 	}
 	return found
 }
+
+func TestReplacedShellDoesNotHijackShellExecs(t *testing.T) {
+	srv := testenv.StartServer(t)
+	sb := newSandbox(t, srv.Client, client.CreateOptions{})
+	// The agent replaces /bin/sh with a script that reports a hijack.
+	sh(t, sb, `cp /bin/busybox /tmp/busybox && exec /tmp/busybox sh -c 'rm /bin/sh && printf "#!/tmp/busybox sh\necho HIJACKED\n" > /bin/sh && chmod 755 /bin/sh'`)
+	if out := run(t, sb, client.Command{Args: []string{"/bin/sh", "-c", "echo mine"}}).Stdout; string(out) != "HIJACKED\n" {
+		t.Fatalf("the replacement /bin/sh is not in place: %q", out)
+	}
+	if out := sh(t, sb, "echo harness"); out != "harness\n" {
+		t.Errorf("a shell exec ran the agent's /bin/sh: %q", out)
+	}
+	// The node's shell cannot be touched from inside.
+	for _, attempt := range []string{
+		"echo x > /.corral/sh", "rm -f /.corral/sh", "mv /.corral /.x", "rm -rf /.corral", "touch /.corral/evil",
+	} {
+		res := run(t, sb, client.Command{Args: []string{"/tmp/busybox", "sh", "-c", attempt}})
+		if res.ExitCode == 0 {
+			t.Errorf("%q succeeded inside the sandbox", attempt)
+		}
+	}
+	if out := sh(t, sb, "echo still-mine"); out != "still-mine\n" {
+		t.Errorf("shell exec after the attempts: %q", out)
+	}
+}

@@ -43,6 +43,11 @@ type Config struct {
 	// FavorDynMods turns on the host's cgroup2 favordynmods mount option
 	// (see cgroup.FavorDynMods): create latency drops by a grace period.
 	FavorDynMods bool
+	// Shell is a host path of a static POSIX shell (busybox) that every
+	// sandbox gets read-only at initproto.ShellPath and that runs shell
+	// execs, out of the agent's reach. Empty: shell execs use the image's
+	// /bin/sh.
+	Shell string
 	// NoSeccomp skips the seccomp filter (runtime tests only).
 	NoSeccomp bool
 }

@@ -199,6 +199,7 @@ func (c *creation) waitReady(ctx context.Context) error {
 		Seccomp:       c.b.seccomp,
 		NoSeccomp:     c.b.cfg.NoSeccomp,
 		FileSizeBytes: fileSizeLimit(c.spec.Resources.DiskBytes),
+		Shell:         c.b.cfg.Shell,
 	}
 	if c.layer.IsDevice() {
 		cfg.Disk, cfg.DiskDir = c.layer.DevicePath, filepath.Join(c.dir, "disk")

@@ -36,7 +36,13 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec: %w", s.id, err)
 	}
 	defer pipes.close()
-	req := initproto.ExecRequest{Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd, User: spec.User}
+	argv := spec.Argv
+	if spec.Shell && s.b.cfg.Shell != "" {
+		// The node's shell, mounted read-only: replacing /bin/sh inside
+		// does not hijack the harness's next shell command.
+		argv = append([]string{initproto.ShellPath}, argv[1:]...)
+	}
+	req := initproto.ExecRequest{Argv: argv, Env: spec.Env, Cwd: spec.Cwd, User: spec.User}
 	if spec.CPULimit > 0 {
 		req.CPUSeconds = int64((spec.CPULimit + time.Second - 1) / time.Second)
 	}

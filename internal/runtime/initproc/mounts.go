@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/corral-dev/corral/internal/runtime/initproto"
@@ -66,6 +67,9 @@ func buildRoot(cfg *initproto.Config) error {
 		return fmt.Errorf("make / rprivate: %w", err)
 	}
 	if err := mountOverlay(cfg); err != nil {
+		return err
+	}
+	if err := mountShell(cfg); err != nil {
 		return err
 	}
 	if err := pivot(cfg.Rootfs); err != nil {
@@ -270,4 +274,52 @@ func loopbackUp() error {
 		return fmt.Errorf("lo up: set flags: %w", err)
 	}
 	return nil
+}
+
+// mountShell puts the node's static shell at initproto.ShellPath inside the
+// root: a read-only bind of the host file on a file of a tiny tmpfs, itself
+// remounted read-only. The directory is a mount point, so from inside it
+// can be neither written, renamed, removed nor mounted over.
+func mountShell(cfg *initproto.Config) error {
+	if cfg.Shell == "" {
+		return nil
+	}
+	dir := filepath.Join(cfg.Rootfs, filepath.Dir(initproto.ShellPath))
+	file := filepath.Join(cfg.Rootfs, initproto.ShellPath)
+	steps := []struct {
+		what string
+		do   func() error
+	}{
+		{"make dir", func() error { return ignoreExist(unix.Mkdir(dir, 0o755)) }},
+		{"mount tmpfs", func() error {
+			return unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=64k,mode=0755")
+		}},
+		{"make file", func() error {
+			fd, err := unix.Open(file, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o755)
+			if err == nil {
+				unix.Close(fd)
+			}
+			return err
+		}},
+		{"bind", func() error { return unix.Mount(cfg.Shell, file, "", unix.MS_BIND, "") }},
+		{"bind read-only", func() error {
+			return unix.Mount("", file, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, "")
+		}},
+		{"tmpfs read-only", func() error {
+			return unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, "size=64k,mode=0755")
+		}},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			return fmt.Errorf("mount shell %s: %s: %w", cfg.Shell, st.what, err)
+		}
+	}
+	return nil
+}
+
+func ignoreExist(err error) error {
+	if errors.Is(err, unix.EEXIST) {
+		return nil
+	}
+	return err
 }

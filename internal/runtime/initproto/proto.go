@@ -18,10 +18,17 @@
 //	  exit reply carries CPU time.
 //	5 (2026-11-30): Config.FileSizeBytes: init sets RLIMIT_FSIZE for itself
 //	  and every process of the sandbox.
+//	6 (2026-11-30): Config.Shell: init mounts the node's static shell
+//	  read-only at ShellPath for shell execs.
 package initproto
 
+// ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
+// directory is a read-only mount point, so it cannot be replaced, renamed
+// or removed from inside.
+const ShellPath = "/.corral/sh"
+
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 5
+const Version = 6
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -77,6 +84,9 @@ type Config struct {
 	// Seccomp is the compiled seccomp program (seccomp.Encode); init refuses
 	// a config without one unless NoSeccomp is set (runtime tests only).
 	Seccomp []byte `json:"seccomp,omitempty"`
+	// Shell is a host path of a static POSIX shell that init bind-mounts
+	// read-only at ShellPath inside the sandbox (empty: none).
+	Shell string `json:"shell,omitempty"`
 	// FileSizeBytes is RLIMIT_FSIZE for every process (0: unlimited): no
 	// single file outgrows the writable layer's limit.
 	FileSizeBytes int64 `json:"fsize,omitempty"`
