@@ -54,6 +54,13 @@ func run(m *testing.M) int {
 		fmt.Println("busybox rootfs:", err)
 		return 1
 	}
+	// busybox has no ipcmk/ipcs: a static helper makes and counts SysV IPC.
+	ipctool := exec.Command("go", "build", "-o", filepath.Join(layerDir, "bin", "ipctool"), "./testdata/ipctool")
+	ipctool.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := ipctool.CombinedOutput(); err != nil {
+		fmt.Printf("build ipctool: %v\n%s", err, out)
+		return 1
+	}
 	b := make([]byte, 4)
 	rand.Read(b)
 	cgParent = "corral-test-" + hex.EncodeToString(b)

@@ -26,13 +26,13 @@ func reset(t *testing.T, s backend.Sandbox) {
 // and SysV IPC of one command are gone after a reset.
 func TestResetIsolates(t *testing.T) {
 	s := newSandbox(t, newBackend(t), resettable)
-	r := sh(t, s, "echo hi > /tmp/x; echo y > /etc/y; rm /bin/ls; echo z > /dev/shm/z; (sleep 1000 &) ; ipcmk -M 4096 >/dev/null 2>&1; cat /tmp/x")
+	r := sh(t, s, "echo hi > /tmp/x; echo y > /etc/y; rm /bin/ls; echo z > /dev/shm/z; (sleep 1000 &) ; ipctool make && test $(ipctool count) = 3 && cat /tmp/x")
 	if r.stdout != "hi\n" || r.ExitCode != 0 {
 		t.Fatalf("call 1: %+v", r)
 	}
 	reset(t, s)
-	r = sh(t, s, "cat /tmp/x /etc/y /dev/shm/z 2>/dev/null; test -e /bin/ls && echo ls-back; ps -o comm | grep -c sleep")
-	if r.stdout != "ls-back\n0\n" {
+	r = sh(t, s, "cat /tmp/x /etc/y /dev/shm/z 2>/dev/null; test -e /bin/ls && echo ls-back; ps -o comm | grep -c sleep; ipctool count")
+	if r.stdout != "ls-back\n0\n0\n" {
 		t.Fatalf("call 2 sees call 1: %q", r.stdout)
 	}
 	t.Logf("call 2: %q", r.stdout)

@@ -18,6 +18,16 @@ func lookupUser(user string) (*syscall.Credential, error) {
 		user = "0"
 	}
 	name, group, hasGroup := strings.Cut(user, ":")
+	if hasGroup {
+		// "uid:gid", both numeric (the node's default "0:0"): no lookup
+		// and no supplementary groups, so an exec reads no file of the
+		// sandbox first.
+		uid, uerr := strconv.ParseUint(name, 10, 32)
+		gid, gerr := strconv.ParseUint(group, 10, 32)
+		if uerr == nil && gerr == nil {
+			return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, nil
+		}
+	}
 	cred := &syscall.Credential{}
 	uid, err := strconv.ParseUint(name, 10, 32)
 	pw, found := findPasswd(func(f []string) bool {

@@ -1,0 +1,41 @@
+// Command ipctool makes SysV IPC objects ("make") or counts those in its
+// IPC namespace ("count"), for the reset tests: busybox has no ipcmk/ipcs.
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+func main() {
+	switch os.Args[1] {
+	case "make":
+		if _, err := unix.SysvShmGet(unix.IPC_PRIVATE, 4096, unix.IPC_CREAT|0o600); err != nil {
+			fail(err)
+		}
+		if _, _, e := unix.Syscall(unix.SYS_SEMGET, unix.IPC_PRIVATE, 2, unix.IPC_CREAT|0o600); e != 0 {
+			fail(e)
+		}
+		if _, _, e := unix.Syscall(unix.SYS_MSGGET, unix.IPC_PRIVATE, unix.IPC_CREAT|0o600, 0); e != 0 {
+			fail(e)
+		}
+	case "count":
+		n := 0
+		for _, t := range []string{"shm", "sem", "msg"} {
+			b, err := os.ReadFile("/proc/sysvipc/" + t)
+			if err != nil {
+				fail(err)
+			}
+			n += strings.Count(strings.TrimSpace(string(b)), "\n") // minus the header line
+		}
+		fmt.Println(n)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "ipctool:", err)
+	os.Exit(1)
+}
