@@ -91,17 +91,8 @@ var trueCmd = client.Command{Args: []string{"true"}}
 func Container(ctx context.Context, c *client.Client, o ContainerOptions) (res *ContainerResult, err error) {
 	o.defaults()
 	t := newTracker(c)
-	defer func() {
-		if res != nil {
-			res.Load.End = loadAvg()
-		}
-		left, serr := t.sweep(ctx)
-		if res != nil {
-			res.Leaked = left
-		}
-		err = errors.Join(err, serr)
-	}()
 	res = &ContainerResult{Image: o.Image, Samples: o.N, Concurrency: o.Concurrency, DurationS: o.Duration.Seconds()}
+	defer func() { err = t.finish(ctx, &res.Load, &res.Leaked, err) }()
 	res.Load.Start, res.Load.CPUs = loadAvg(), runtime.NumCPU()
 	create := client.CreateOptions{Image: o.Image}
 

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"runtime"
@@ -78,17 +77,8 @@ type DensityResult struct {
 func Density(ctx context.Context, c *client.Client, o DensityOptions) (res *DensityResult, err error) {
 	o.defaults()
 	t := newTracker(c)
-	defer func() {
-		if res != nil {
-			res.Load.End = loadAvg()
-		}
-		left, serr := t.sweep(ctx)
-		if res != nil && left > res.Leaked {
-			res.Leaked = left
-		}
-		err = errors.Join(err, serr)
-	}()
 	res = &DensityResult{N: o.N, Image: o.Image, MemoryBytes: o.MemoryBytes, Concurrency: o.Concurrency}
+	defer func() { err = t.finish(ctx, &res.Load, &res.Leaked, err) }()
 	res.Load.Start, res.Load.CPUs = loadAvg(), runtime.NumCPU()
 
 	fmt.Fprintln(o.Log, "settling MemAvailable before")

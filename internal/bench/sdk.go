@@ -84,17 +84,8 @@ type SDKResult struct {
 func SDK(ctx context.Context, c *client.Client, o SDKOptions) (res *SDKResult, err error) {
 	o.defaults()
 	t := newTracker(c)
-	defer func() {
-		if res != nil {
-			res.Load.End = loadAvg()
-		}
-		left, serr := t.sweep(ctx)
-		if res != nil {
-			res.Leaked = left
-		}
-		err = errors.Join(err, serr)
-	}()
 	res = &SDKResult{Image: o.Image}
+	defer func() { err = t.finish(ctx, &res.Load, &res.Leaked, err) }()
 	res.Load.Start, res.Load.CPUs = loadAvg(), runtime.NumCPU()
 	python, pypath, reason := findPythonSDK(ctx, o)
 	res.PythonReason = reason

@@ -137,3 +137,13 @@ func parallel(ctx context.Context, n, conc int, fn func(ctx context.Context, i i
 	close(next)
 	wg.Wait()
 }
+
+// finish ends a benchmark run: it records the end load, sweeps what the run
+// made (leaked becomes the larger of its value and what the sweep found
+// left) and joins the sweep's error to err.
+func (t *tracker) finish(ctx context.Context, load *Load, leaked *int, err error) error {
+	load.End = loadAvg()
+	left, serr := t.sweep(ctx)
+	*leaked = max(*leaked, left)
+	return errors.Join(err, serr)
+}
