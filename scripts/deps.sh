@@ -3,7 +3,7 @@
 # Debian packages it uses at run time and in tests, Go modules, staticcheck.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(busybox-static mmdebstrap runc xfsprogs iproute2 ca-certificates protobuf-compiler python3)
+pkgs=(busybox-static mmdebstrap erofs-utils runc xfsprogs iproute2 ca-certificates protobuf-compiler python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

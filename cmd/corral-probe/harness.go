@@ -246,15 +246,17 @@ func overwrite() []Result {
 	var rs []Result
 	for _, target := range []string{"/bin/sh", "/bin/bash", "/usr/bin/python3"} {
 		name := "overwrite/write:" + target
-		if _, err := os.Lstat(target); err != nil {
-			rs = append(rs, Result{Name: name, Outcome: blocked, Errno: "ENOENT", Detail: "not in this image"})
-			continue
-		}
+		// Absent in this image: planting the binary where a harness would
+		// look for it is the same attack.
+		detail := "replaced with the probe"
 		err := os.Remove(target)
+		if errors.Is(err, os.ErrNotExist) {
+			detail, err = "planted (absent in this image)", os.MkdirAll(filepath.Dir(target), 0o755)
+		}
 		if err == nil {
 			err = os.WriteFile(target, self, 0o755)
 		}
-		rs = append(rs, fromErr(name, err, "replaced with the probe"))
+		rs = append(rs, fromErr(name, err, detail))
 	}
 	err = os.MkdirAll("/usr/lib", 0o755)
 	if err == nil {

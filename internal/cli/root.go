@@ -54,6 +54,7 @@ Start a server with 'corral serve', then create sandboxes and run commands:
 		newCreateCmd(g), newRunCmd(g), newExecCmd(g), newLsCmd(g), newGetCmd(g),
 		newRmCmd(g), newCpCmd(g), newPauseCmd(g), newResumeCmd(g),
 		newImageCmd(),
+		newLayerCmd(),
 		newCallCmd(g),
 		newBenchCmd(g),
 	)

@@ -38,9 +38,14 @@ func recipeNames() string {
 	return strings.Join(names, ", ")
 }
 
-// make builds name into a temporary directory of the store and moves it
-// into place in one rename, so that a crash leaves either the old image or
-// the new one (and a .tmp- leftover that Open removes), never half of one.
+// recipeVersion is the layer version a recipe builds: NAME@1.
+const recipeVersion = "1"
+
+// make builds name's rootfs into a temporary directory of the store, turns
+// it into the layer NAME@1 (replacing an earlier build of it), and moves
+// the image's composition into place in one rename, so that a crash leaves
+// either the old image or the new one (and .tmp- leftovers that Open
+// removes), never half of one.
 func (s *Store) make(ctx context.Context, name string, r recipe, progress io.Writer) error {
 	tmp, err := os.MkdirTemp(s.dir, tmpPrefix+name+"-")
 	if err != nil {
@@ -51,14 +56,25 @@ func (s *Store) make(ctx context.Context, name string, r recipe, progress io.Wri
 	if err := os.Chmod(tmp, 0o755); err != nil { // MkdirTemp made it 0700
 		return err
 	}
-	rootfs := filepath.Join(tmp, rootfsDir)
+	rootfs := filepath.Join(tmp, "rootfs")
 	if err := r.build(ctx, rootfs, progress); err != nil {
 		return err
 	}
 	if err := seal(rootfs); err != nil {
 		return err
 	}
-	m, err := json.MarshalIndent(meta{Name: name, Recipe: name, Env: r.env}, "", "  ")
+	if err := keepPycValid(rootfs); err != nil {
+		return err
+	}
+	l, err := s.createLayer(ctx, name+"@"+recipeVersion, rootfs, true)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(progress, "%s: layer %s %s\n", name, l.Ref, l.Digest)
+	if err := os.RemoveAll(rootfs); err != nil {
+		return err
+	}
+	m, err := json.MarshalIndent(meta{Name: name, Recipe: name, Env: r.env, Layers: []Layer{l}}, "", "  ")
 	if err != nil {
 		return err
 	}

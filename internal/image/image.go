@@ -1,9 +1,11 @@
-// Package image owns corral's read-only root filesystem images: the store
-// on local disk (<dir>/<name>/rootfs plus image.json), the built-in recipes
-// that make them (busybox, debian) and the atomic build that never leaves a
-// half image behind. For now an image is one plain directory; EROFS layers
-// replace it later without changing Image: Layers stay host directories the
-// container backend overlays.
+// Package image owns corral's read-only root filesystem images and the
+// layers they are made of. A layer is an EROFS image file, content-
+// addressed by its sha256 and named NAME@VERSION (layer.go), mounted
+// file-backed once per node and shared by every sandbox (mount.go). An
+// image is a composition: a name, a default environment and an ordered
+// list of layers, base first, recorded in <dir>/<name>/image.json. The
+// built-in recipes (busybox, debian) build a directory tree and turn it
+// into one layer (build.go); a build never leaves a half image behind.
 //
 // The package may import internal/errdefs and internal/backend types only;
 // nothing here knows about sandboxes, the node or the API.
@@ -28,23 +30,27 @@ import (
 // Image is a named, read-only root filesystem made of layers.
 type Image struct {
 	Name string
-	// Layers are host directories, the topmost first (overlay lowerdir
-	// order). Nothing may write to them.
+	// Stack is the composition, the base layer first (Docker order).
+	Stack []Layer
+	// Layers are the mounted Stack as host directories, the topmost first
+	// (overlay lowerdir order). Get mounts them; nothing may write to them.
 	Layers []string
 	// Env is the default environment ("KEY=VALUE"), e.g. PATH.
 	Env []string
 }
 
-// meta is what image.json records next to an image's rootfs.
+// meta is what image.json records: the composition, base layer first. An
+// image.json without layers is a directory image of an earlier version,
+// which is rebuilt.
 type meta struct {
 	Name   string   `json:"name"`
 	Recipe string   `json:"recipe"`
 	Env    []string `json:"env"`
+	Layers []Layer  `json:"layers"`
 }
 
 const (
 	metaFile  = "image.json"
-	rootfsDir = "rootfs"
 	tmpPrefix = ".tmp-" // builds in progress, and replaced images on the way out
 )
 
@@ -52,8 +58,8 @@ var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
 
 // checkName validates an image name (field "name").
 func checkName(name string) error {
-	if !nameRE.MatchString(name) {
-		return errdefs.InvalidArgument("name %q: must be 1-64 characters of a-z, 0-9, '.', '_', '-', starting with a letter or digit", name)
+	if !nameRE.MatchString(name) || name == layersDir {
+		return errdefs.InvalidArgument("name %q: must be 1-64 characters of a-z, 0-9, '.', '_', '-', starting with a letter or digit, not %q", name, layersDir)
 	}
 	return nil
 }
@@ -61,14 +67,19 @@ func checkName(name string) error {
 // Store keeps images in a directory, one subdirectory per image. It is
 // safe for concurrent use; builds of one name are serialized.
 type Store struct {
-	dir string
+	dir    string
+	layers string // <dir>/layers
+
+	mountMu sync.Mutex // serializes mounting layers
 
 	mu       sync.Mutex
 	building map[string]chan struct{} // closed when that name's build ends
 }
 
-// Open opens (creating it if needed) the image store in dir and removes
-// what interrupted builds left there. Only one process may use a store.
+// Open opens (creating it if needed) the image store in dir, removes what
+// interrupted builds left there, and brings the layer mounts back to what
+// an earlier run left: missing ones mounted again, stale ones removed.
+// Close(true) unmounts them.
 func Open(ctx context.Context, dir string) (*Store, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -77,16 +88,25 @@ func Open(ctx context.Context, dir string) (*Store, error) {
 	if err := os.MkdirAll(abs, 0o755); err != nil {
 		return nil, fmt.Errorf("image store: %w", err)
 	}
-	s := &Store{dir: abs, building: map[string]chan struct{}{}}
-	if err := s.sweep(ctx); err != nil {
+	s := &Store{dir: abs, layers: filepath.Join(abs, layersDir), building: map[string]chan struct{}{}}
+	if err := os.MkdirAll(s.layers, 0o755); err != nil {
+		return nil, fmt.Errorf("image store: %w", err)
+	}
+	if err := s.sweep(ctx, s.dir); err != nil {
+		return nil, err
+	}
+	if err := s.sweep(ctx, s.layers); err != nil {
+		return nil, err
+	}
+	if err := s.reconcile(); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
 // sweep removes leftovers of builds interrupted by a crash.
-func (s *Store) sweep(ctx context.Context) error {
-	entries, err := os.ReadDir(s.dir)
+func (s *Store) sweep(ctx context.Context, dir string) error {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("image store: %w", err)
 	}
@@ -95,7 +115,7 @@ func (s *Store) sweep(ctx context.Context) error {
 			return err
 		}
 		if strings.HasPrefix(e.Name(), tmpPrefix) {
-			if err := os.RemoveAll(filepath.Join(s.dir, e.Name())); err != nil {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 				return fmt.Errorf("image store: remove leftover build: %w", err)
 			}
 		}
@@ -103,7 +123,7 @@ func (s *Store) sweep(ctx context.Context) error {
 	return nil
 }
 
-// Get returns the image called name.
+// Get returns the image called name, its layers mounted.
 func (s *Store) Get(ctx context.Context, name string) (Image, error) {
 	if err := checkName(name); err != nil {
 		return Image{}, err
@@ -112,7 +132,20 @@ func (s *Store) Get(ctx context.Context, name string) (Image, error) {
 	if errors.Is(err, os.ErrNotExist) {
 		return Image{}, s.notFound(ctx, name)
 	}
-	return img, err
+	if err != nil {
+		return Image{}, err
+	}
+	return img, s.mountImage(img)
+}
+
+// mountImage mounts the layers of img that are not mounted yet.
+func (s *Store) mountImage(img Image) error {
+	for _, l := range img.Stack {
+		if err := s.mountLayer(l.Digest); err != nil {
+			return fmt.Errorf("image %q: %w", img.Name, err)
+		}
+	}
+	return nil
 }
 
 // notFound says which images exist and how to build the missing one.
@@ -141,10 +174,21 @@ func (s *Store) load(name string) (Image, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return Image{}, fmt.Errorf("image %q: %s: %w", name, metaFile, err)
 	}
-	return Image{Name: name, Layers: []string{filepath.Join(s.dir, name, rootfsDir)}, Env: m.Env}, nil
+	if len(m.Layers) == 0 { // a directory image of an earlier version
+		return Image{}, fmt.Errorf("image %q: no layers (built by an earlier version): %w", name, os.ErrNotExist)
+	}
+	img := Image{Name: name, Stack: m.Layers, Env: m.Env}
+	for i := len(m.Layers) - 1; i >= 0; i-- {
+		if !digestRE.MatchString(m.Layers[i].Digest) {
+			return Image{}, fmt.Errorf("image %q: layer %s: bad digest %q", name, m.Layers[i].Ref, m.Layers[i].Digest)
+		}
+		img.Layers = append(img.Layers, s.layerMount(m.Layers[i].Digest))
+	}
+	return img, nil
 }
 
-// List returns the store's images sorted by name.
+// List returns the store's images sorted by name (their layers are not
+// mounted by List).
 func (s *Store) List(ctx context.Context) ([]Image, error) {
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
@@ -202,14 +246,21 @@ func (s *Store) build(ctx context.Context, name string, progress io.Writer, forc
 	defer unlock()
 	if !force {
 		img, err := s.load(name)
-		if err == nil || !errors.Is(err, os.ErrNotExist) {
+		if err == nil {
+			return img, s.mountImage(img)
+		}
+		if !errors.Is(err, os.ErrNotExist) {
 			return img, err
 		}
 	}
 	if err := s.make(ctx, name, r, progress); err != nil {
 		return Image{}, fmt.Errorf("build image %q: %w", name, err)
 	}
-	return s.load(name)
+	img, err := s.load(name)
+	if err != nil {
+		return Image{}, err
+	}
+	return img, s.mountImage(img)
 }
 
 // lock serializes builds of one name.

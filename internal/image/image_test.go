@@ -22,6 +22,11 @@ func openStore(t *testing.T) (*Store, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if err := s.Close(true); err != nil {
+			t.Error(err)
+		}
+	})
 	return s, dir
 }
 
@@ -43,9 +48,15 @@ func TestBusybox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rootfs := filepath.Join(dir, "busybox", "rootfs")
-	if img.Name != "busybox" || len(img.Layers) != 1 || img.Layers[0] != rootfs || !strings.HasPrefix(img.Env[0], "PATH=") {
+	if img.Name != "busybox" || len(img.Layers) != 1 || len(img.Stack) != 1 || img.Stack[0].Ref != "busybox@1" ||
+		img.Layers[0] != filepath.Join(dir, "layers", "sha256-"+strings.TrimPrefix(img.Stack[0].Digest, "sha256:")) ||
+		!strings.HasPrefix(img.Env[0], "PATH=") {
 		t.Fatalf("image %+v", img)
+	}
+	rootfs := img.Layers[0]
+	assertMounted(t, rootfs, true)
+	if _, err := os.Stat(filepath.Join(dir, "busybox", "rootfs")); !os.IsNotExist(err) {
+		t.Fatalf("the build's rootfs directory is left: %v", err)
 	}
 	if !strings.Contains(progress.String(), "applets") {
 		t.Fatalf("progress %q", progress.String())
@@ -66,24 +77,23 @@ func TestBusybox(t *testing.T) {
 		t.Fatalf("tmp: %v %v", st.Mode(), err)
 	}
 
-	// Cached: a second Build leaves the image alone; Rebuild replaces it.
-	stamp := filepath.Join(rootfs, "stamp")
-	if err := os.WriteFile(stamp, nil, 0o644); err != nil {
-		t.Fatal(err)
+	// Read-only.
+	if err := os.WriteFile(filepath.Join(rootfs, "stamp"), nil, 0o644); err == nil {
+		t.Fatal("wrote into a layer")
 	}
-	if _, err := s.Build(ctx, "busybox", nil); err != nil {
-		t.Fatal(err)
+
+	// Cached: a second Build returns the image; Rebuild makes it again,
+	// and the busybox recipe is reproducible: the same digest.
+	again, err := s.Build(ctx, "busybox", nil)
+	if err != nil || again.Stack[0] != img.Stack[0] {
+		t.Fatalf("Build again: %+v %v", again, err)
 	}
-	if _, err := os.Stat(stamp); err != nil {
-		t.Fatalf("Build rebuilt a cached image: %v", err)
-	}
-	if _, err := s.Rebuild(ctx, "busybox", nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(stamp); !os.IsNotExist(err) {
-		t.Fatalf("Rebuild kept the old image: %v", err)
+	re, err := s.Rebuild(ctx, "busybox", &progress)
+	if err != nil || re.Stack[0] != img.Stack[0] {
+		t.Fatalf("Rebuild: %+v %v (was %+v)", re, err, img.Stack[0])
 	}
 	assertNoLeftovers(t, dir)
+	assertNoLeftovers(t, filepath.Join(dir, "layers"))
 }
 
 func assertNoLeftovers(t *testing.T, dir string) {
@@ -129,7 +139,7 @@ func TestGetList(t *testing.T) {
 func TestInvalidNames(t *testing.T) {
 	s, _ := openStore(t)
 	ctx := context.Background()
-	for _, name := range []string{"", "Busybox", ".hidden", "-x", "a/b", "..", "a b", strings.Repeat("a", 65), ".tmp-busybox-1"} {
+	for _, name := range []string{"", "Busybox", ".hidden", "-x", "a/b", "..", "a b", strings.Repeat("a", 65), ".tmp-busybox-1", "layers"} {
 		_, err := s.Get(ctx, name)
 		wantErr(t, err, errdefs.ErrInvalidArgument, "name")
 		_, err = s.Build(ctx, name, nil)
@@ -148,10 +158,19 @@ func TestOpenSweepsInterruptedBuilds(t *testing.T) {
 	if err := os.MkdirAll(left, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(context.Background(), dir); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, "layers", tmpPrefix+"tar-1", "x"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, "layers", tmpPrefix+"layer-1"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(true)
 	assertNoLeftovers(t, dir)
+	assertNoLeftovers(t, filepath.Join(dir, "layers"))
 }
 
 // TestDebian builds the debian image with mmdebstrap (about a minute, from

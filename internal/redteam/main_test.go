@@ -83,7 +83,12 @@ func startServer(t *testing.T) (*testenv.Server, canaries) {
 	}
 	t.Cleanup(func() { logFile.Close() })
 	logger := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	srv := testenv.StartServer(t, func(cfg *server.Config) { cfg.Logger = logger })
+	srv := testenv.StartServer(t, func(cfg *server.Config) {
+		cfg.Logger = logger
+		// Before the server starts: its store then turns layers/ into a
+		// mount of its own, across which nothing can be hard-linked.
+		addDebianImage(t, filepath.Join(cfg.DataDir, "images"))
+	})
 	logger.Info("grader answer", "secret", c.Log)
 	// The log also lives in the data dir, where a harness keeps its files.
 	if err := os.WriteFile(filepath.Join(srv.Config.DataDir, "harness.log"), []byte("answer="+c.Log+"\n"), 0o600); err != nil {
@@ -92,31 +97,45 @@ func startServer(t *testing.T) (*testenv.Server, canaries) {
 	if err := os.WriteFile(filepath.Join(srv.Config.DataDir, "config.toml"), []byte("token = \""+c.Config+"\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addDebianImage(t, srv)
 	return srv, c
 }
 
-// addDebianImage hard-links the host's cached Debian image (bash, python3)
+// addDebianImage links the host's cached Debian image (bash, python3)
 // into the server's store when there is one; the suite uses busybox
-// otherwise and the rows about bash and python3 report ENOENT.
-func addDebianImage(t *testing.T, srv *testenv.Server) {
-	const cached = "/var/lib/corral/images/debian"
-	if _, err := os.Stat(filepath.Join(cached, "image.json")); err != nil {
+// otherwise (the probe then plants bash and python3 instead of replacing them).
+func addDebianImage(t *testing.T, dst string) {
+	const cached = "/var/lib/corral/images"
+	if _, err := os.Stat(filepath.Join(cached, "debian", "image.json")); err != nil {
 		return
 	}
-	dst := filepath.Join(srv.Config.DataDir, "images", "debian")
-	if out, err := exec.Command("cp", "-al", cached, dst).CombinedOutput(); err != nil {
-		t.Logf("no debian image (%v: %s): using busybox", err, out)
-		os.RemoveAll(dst)
+	// The image's composition and its EROFS layer files, hard-linked.
+	layers, _ := filepath.Glob(filepath.Join(cached, "layers", "*.erofs"))
+	cmds := [][]string{{"mkdir", "-p", dst}, {"cp", "-al", filepath.Join(cached, "debian"), filepath.Join(dst, "debian")}}
+	if len(layers) > 0 {
+		cmds = append(cmds, []string{"mkdir", "-p", filepath.Join(dst, "layers")},
+			// Symlinks: the cached layers directory is a mount point of its
+			// store, across which files cannot be hard-linked.
+			append(append([]string{"ln", "-s"}, layers...), filepath.Join(dst, "layers")))
+	}
+	for _, c := range cmds {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Logf("no debian image (%v: %s): using busybox", err, out)
+			os.RemoveAll(filepath.Join(dst, "debian"))
+			return
+		}
 	}
 }
 
-// image is the richest image the server has.
+// image is the richest image the server can start: debian when the copy
+// above gave it a usable one, else busybox.
 func image(t *testing.T, srv *testenv.Server) string {
-	if _, err := os.Stat(filepath.Join(srv.Config.DataDir, "images", "debian", "image.json")); err == nil {
-		return "debian"
+	sb, err := srv.Client.Create(context.Background(), client.CreateOptions{Image: "debian"})
+	if err != nil {
+		t.Logf("no usable debian image (%v): using busybox", err)
+		return "busybox"
 	}
-	return "busybox"
+	_ = sb.Delete(context.Background())
+	return "debian"
 }
 
 // forEachBackend runs f for every backend of the table that this machine

@@ -62,6 +62,7 @@ type Server struct {
 	node      *node.Node
 	fncall    *fncall.Service
 	stack     *stack
+	images    *image.Store
 	http      *http.Server
 	listeners []net.Listener
 	served    chan error
@@ -83,10 +84,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if _, err := images.Build(ctx, "busybox", nil); err != nil {
+		images.Close(false)
 		return nil, fmt.Errorf("build the busybox image: %w", err)
 	}
 	st, err := newStack(ctx, cfg)
 	if err != nil {
+		images.Close(false)
 		return nil, err
 	}
 	n, err := node.New(ctx, node.Config{
@@ -98,6 +101,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	})
 	if err != nil {
 		st.close(ctx, false)
+		images.Close(false)
 		return nil, err
 	}
 	fc, err := fncall.New(fncall.Config{
@@ -107,9 +111,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		n.Close()
 		st.close(ctx, false)
+		images.Close(false)
 		return nil, err
 	}
-	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, served: make(chan error, 2)}
+	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, served: make(chan error, 2)}
 	if err := s.listen(); err != nil {
 		s.Stop(ctx)
 		return nil, err
@@ -199,6 +204,8 @@ func (s *Server) Stop(ctx context.Context) error {
 		errs = append(errs, s.node.Close())
 	}
 	errs = append(errs, s.stack.close(ctx, s.cfg.CleanupOnExit))
+	// Layer mounts stay for sandboxes that outlive the server.
+	errs = append(errs, s.images.Close(s.cfg.CleanupOnExit))
 	if s.cfg.CleanupOnExit {
 		_ = os.Remove(s.cfg.Socket)
 	}

@@ -129,6 +129,39 @@ func TestImageWritesStayInTheSandbox(t *testing.T) {
 	if got := sh(t, c, "md5sum /bin/busybox /etc/passwd"); got != orig {
 		t.Errorf("a new sandbox sees a's writes: %s", got)
 	}
+	// The three share one file-backed EROFS mount of the busybox layer,
+	// which a's writes did not touch.
+	layers := filepath.Join(srv.Config.DataDir, "images", "layers")
+	mounts := erofsMounts(t, layers)
+	if len(mounts) != 1 {
+		t.Fatalf("erofs mounts under %s: %v, want the busybox layer once", layers, mounts)
+	}
+	for mp, source := range mounts {
+		if strings.HasPrefix(source, "/dev/loop") || source != mp+".erofs" {
+			t.Errorf("layer %s mounted from %s, want its image file (no loop device)", mp, source)
+		}
+		if b, err := os.ReadFile(filepath.Join(mp, "etc/passwd")); err != nil || strings.Contains(string(b), "hacked") {
+			t.Errorf("layer's etc/passwd: %q %v", b, err)
+		}
+	}
+}
+
+// erofsMounts returns the EROFS mounts under dir: mount point -> source.
+func erofsMounts(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		fields, tail := strings.Fields(pre), strings.Fields(post)
+		if ok && len(fields) > 4 && len(tail) > 1 && tail[0] == "erofs" && strings.HasPrefix(fields[4], dir+"/") {
+			out[fields[4]] = tail[1]
+		}
+	}
+	return out
 }
 
 func TestMemoryLimitOOMKillsInsideOnly(t *testing.T) {

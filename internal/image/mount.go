@@ -1,0 +1,188 @@
+package image
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Layers are mounted read-only, file-backed (the kernel reads the EROFS
+// image file itself: no loop device), once per node at
+// layers/sha256-<hex>/, and shared by every sandbox that uses them. The
+// layers directory is a private bind mount of itself, so that mounting a
+// layer never propagates into the copies of the mount table that sandbox
+// mount namespaces hold.
+
+const layerMountFlags = unix.MS_RDONLY | unix.MS_NODEV | unix.MS_NOSUID
+
+// mountinfo returns the mount points under dir (dir itself included) from
+// /proc/self/mountinfo.
+func mountinfo(dir string) (map[string]bool, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]bool{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescape(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out[mp] = true
+		}
+	}
+	return out, sc.Err()
+}
+
+// unescape undoes mountinfo's octal escapes (\040 for a space).
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// privatize makes the layers directory a private mount of its own.
+func (s *Store) privatize(mounted map[string]bool) error {
+	if !mounted[s.layers] {
+		if err := unix.Mount(s.layers, s.layers, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("layer store: bind %s: %w", s.layers, err)
+		}
+	}
+	if err := unix.Mount("", s.layers, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("layer store: make %s private: %w", s.layers, err)
+	}
+	return nil
+}
+
+// reconcile runs at Open: mount directories left by an earlier run are
+// mounted again when their layer is missing from the mount table (after a
+// reboot), and mounts whose layer file is gone are removed.
+func (s *Store) reconcile() error {
+	mounted, err := mountinfo(s.layers)
+	if err != nil {
+		return fmt.Errorf("layer store: %w", err)
+	}
+	if err := s.privatize(mounted); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(s.layers)
+	if err != nil {
+		return fmt.Errorf("layer store: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		if !e.IsDir() || !strings.HasPrefix(name, digestAlgo+"-") {
+			continue
+		}
+		mp := filepath.Join(s.layers, name)
+		digest := digestAlgo + ":" + strings.TrimPrefix(name, digestAlgo+"-")
+		_, statErr := os.Stat(s.layerFile(digest))
+		switch {
+		case !digestRE.MatchString(digest) || errors.Is(statErr, os.ErrNotExist):
+			if mounted[mp] {
+				errs = append(errs, unmount(mp))
+			}
+			errs = append(errs, removeDir(mp))
+		case !mounted[mp]:
+			errs = append(errs, s.mountLayer(digest))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("layer store: %w", err)
+	}
+	return nil
+}
+
+// mountLayer mounts digest's image at its mount point unless it is there.
+func (s *Store) mountLayer(digest string) error {
+	s.mountMu.Lock()
+	defer s.mountMu.Unlock()
+	mp := s.layerMount(digest)
+	mounted, err := mountinfo(mp)
+	if err != nil {
+		return err
+	}
+	if mounted[mp] {
+		return nil
+	}
+	if err := os.Mkdir(mp, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("mount layer %s: %w", digest, err)
+	}
+	if err := unix.Mount(s.layerFile(digest), mp, "erofs", layerMountFlags, ""); err != nil {
+		return fmt.Errorf("mount layer %s: %w", digest, err)
+	}
+	return nil
+}
+
+// unmount detaches the mount at mp, lazily when it is busy (a sandbox
+// overlay keeps its own reference to the layer).
+func unmount(mp string) error {
+	err := unix.Unmount(mp, 0)
+	if err == unix.EBUSY {
+		err = unix.Unmount(mp, unix.MNT_DETACH)
+	}
+	if err != nil && err != unix.EINVAL { // EINVAL: not mounted
+		return fmt.Errorf("unmount %s: %w", mp, err)
+	}
+	return nil
+}
+
+// Close releases the store. With unmount, every layer mount and the
+// private bind of the layers directory go too; without, they stay for the
+// next Open (sandboxes keep running across daemon restarts).
+func (s *Store) Close(unmountAll bool) error {
+	if !unmountAll {
+		return nil
+	}
+	s.mountMu.Lock()
+	defer s.mountMu.Unlock()
+	mounted, err := mountinfo(s.layers)
+	if err != nil {
+		return fmt.Errorf("layer store: %w", err)
+	}
+	var errs []error
+	for mp := range mounted {
+		if mp != s.layers {
+			errs = append(errs, unmount(mp), removeDir(mp))
+		}
+	}
+	if mounted[s.layers] {
+		errs = append(errs, unmount(s.layers))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("layer store: close: %w", err)
+	}
+	return nil
+}
+
+// removeDir removes an empty mount point directory, if it is there.
+func removeDir(dir string) error {
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
