@@ -1,8 +1,6 @@
 package redteam
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -46,17 +44,7 @@ func TestProbeFnCall(t *testing.T) {
 	if len(res.Stderr) > 0 {
 		t.Logf("probe stderr: %s", res.Stderr)
 	}
-	var results []Result
-	sc := bufio.NewScanner(bytes.NewReader(res.Stdout))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var r Result
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Errorf("probe line %q: %v", sc.Text(), err)
-			continue
-		}
-		results = append(results, r)
-	}
+	results := parseProbeOutput(t, res.Stdout)
 	if len(results) < 40 {
 		t.Fatalf("probe reported %d results (verdict %s, exit %d): %s", len(results), res.Verdict, res.ExitCode, res.Stdout)
 	}

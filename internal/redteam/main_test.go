@@ -217,8 +217,18 @@ func runProbe(t *testing.T, sb *client.Sandbox, stdin []byte, args ...string) []
 	if len(res.Stderr) > 0 {
 		t.Logf("probe %v stderr: %s", args, res.Stderr)
 	}
+	out := parseProbeOutput(t, res.Stdout)
+	if res.ExitCode != 0 && len(args) > 0 && args[0] != "kill" {
+		t.Errorf("probe %v exited %d (signal %d)", args, res.ExitCode, res.Signal)
+	}
+	return out
+}
+
+// parseProbeOutput reads the probe's JSON lines.
+func parseProbeOutput(t *testing.T, stdout []byte) []Result {
+	t.Helper()
 	var out []Result
-	sc := bufio.NewScanner(bytes.NewReader(res.Stdout))
+	sc := bufio.NewScanner(bytes.NewReader(stdout))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		var r Result
@@ -227,9 +237,6 @@ func runProbe(t *testing.T, sb *client.Sandbox, stdin []byte, args ...string) []
 			continue
 		}
 		out = append(out, r)
-	}
-	if res.ExitCode != 0 && len(args) > 0 && args[0] != "kill" {
-		t.Errorf("probe %v exited %d (signal %d)", args, res.ExitCode, res.Signal)
 	}
 	return out
 }
