@@ -267,3 +267,32 @@ func TestDeleteLeavesNothing(t *testing.T) {
 		}
 	}
 }
+
+func TestMaxLifetimeStopsABusySandbox(t *testing.T) {
+	srv := testenv.StartServer(t)
+	ctx := context.Background()
+	never, lifetime := time.Duration(0), 2*time.Second
+	sb := newSandbox(t, srv.Client, client.CreateOptions{IdleTimeout: &never, MaxLifetime: &lifetime})
+	// A command still running at the deadline does not keep it alive.
+	res, err := sb.Run(ctx, client.Command{Args: []string{"sleep", "30"}})
+	if err == nil && !res.TimedOut && res.Signal == 0 {
+		t.Errorf("sleep 30 finished normally past a 2s lifetime: %+v", res)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := sb.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State == client.StateStopped {
+			if !strings.Contains(info.StopReason, "max_lifetime") {
+				t.Errorf("stop reason = %q", info.StopReason)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox still %s 30s after a 2s max lifetime", info.State)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
