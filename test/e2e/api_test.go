@@ -190,23 +190,7 @@ func TestIdleTimeoutStopsSandbox(t *testing.T) {
 	ctx := context.Background()
 	idle := time.Second
 	sb := newSandbox(t, srv.Client, client.CreateOptions{IdleTimeout: &idle})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		info, err := sb.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.State == client.StateStopped {
-			if !strings.Contains(info.StopReason, "idle_timeout") {
-				t.Errorf("stop reason = %q", info.StopReason)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sandbox still %s 30s after a 1s idle timeout", info.State)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitStopped(t, sb, "idle_timeout")
 	_, err := sb.Run(ctx, client.Command{Args: []string{"true"}})
 	if !client.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "stopped") {
 		t.Errorf("exec on a stopped sandbox: %v", err)
@@ -278,20 +262,27 @@ func TestMaxLifetimeStopsABusySandbox(t *testing.T) {
 	if err == nil && !res.TimedOut && res.Signal == 0 {
 		t.Errorf("sleep 30 finished normally past a 2s lifetime: %+v", res)
 	}
+	waitStopped(t, sb, "max_lifetime")
+}
+
+// waitStopped waits (up to 30 s: the TTLs under test are 1–2 s) until the
+// reaper has stopped sb, and checks the reason names the TTL.
+func waitStopped(t *testing.T, sb *client.Sandbox, reason string) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		info, err := sb.Info(ctx)
+		info, err := sb.Info(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
 		if info.State == client.StateStopped {
-			if !strings.Contains(info.StopReason, "max_lifetime") {
-				t.Errorf("stop reason = %q", info.StopReason)
+			if !strings.Contains(info.StopReason, reason) {
+				t.Errorf("stop reason = %q, want one naming %s", info.StopReason, reason)
 			}
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("sandbox still %s 30s after a 2s max lifetime", info.State)
+			t.Fatalf("sandbox still %s 30s later, waiting for its %s", info.State, reason)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
