@@ -1,7 +1,6 @@
 package image
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/mountinfo"
 )
 
 func needMkfs(t *testing.T) {
@@ -62,20 +62,13 @@ func tree(t *testing.T, files map[string]string) string {
 // mountSource returns the fstype and source of the mount at mp.
 func mountSource(t *testing.T, mp string) (fstype, source string) {
 	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 5 && unescape(fields[4]) == mp {
-			for i, f := range fields {
-				if f == "-" && i+2 < len(fields) {
-					fstype, source = fields[i+1], fields[i+2]
-				}
-			}
+	for _, m := range mounts {
+		if m.MountPoint == mp {
+			fstype, source = m.FSType, m.Source
 		}
 	}
 	return fstype, source
@@ -313,7 +306,7 @@ func TestRemount(t *testing.T) {
 	if err := s2.Close(true); err != nil {
 		t.Fatal(err)
 	}
-	mounted, err := mountinfo(dir)
+	mounted, err := mountsUnder(dir)
 	if err != nil || len(mounted) != 0 {
 		t.Fatalf("mounts left after Close(true): %v %v", mounted, err)
 	}

@@ -1,15 +1,15 @@
 package image
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/mountinfo"
 )
 
 // Layers are mounted read-only, file-backed (the kernel reads the EROFS
@@ -21,47 +21,19 @@ import (
 
 const layerMountFlags = unix.MS_RDONLY | unix.MS_NODEV | unix.MS_NOSUID
 
-// mountinfo returns the mount points under dir (dir itself included) from
-// /proc/self/mountinfo.
-func mountinfo(dir string) (map[string]bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+// mountsUnder returns the mount points under dir (dir itself included).
+func mountsUnder(dir string) (map[string]bool, error) {
+	mounts, err := mountinfo.Read()
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	out := map[string]bool{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescape(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out[mp] = true
+	for _, m := range mounts {
+		if m.MountPoint == dir || strings.HasPrefix(m.MountPoint, dir+"/") {
+			out[m.MountPoint] = true
 		}
 	}
-	return out, sc.Err()
-}
-
-// unescape undoes mountinfo's octal escapes (\040 for a space).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return out, nil
 }
 
 // privatize makes the layers directory a private mount of its own.
@@ -81,7 +53,7 @@ func (s *Store) privatize(mounted map[string]bool) error {
 // mounted again when their layer is missing from the mount table (after a
 // reboot), and mounts whose layer file is gone are removed.
 func (s *Store) reconcile() error {
-	mounted, err := mountinfo(s.layers)
+	mounted, err := mountsUnder(s.layers)
 	if err != nil {
 		return fmt.Errorf("layer store: %w", err)
 	}
@@ -122,7 +94,7 @@ func (s *Store) mountLayer(digest string) error {
 	s.mountMu.Lock()
 	defer s.mountMu.Unlock()
 	mp := s.layerMount(digest)
-	mounted, err := mountinfo(mp)
+	mounted, err := mountsUnder(mp)
 	if err != nil {
 		return err
 	}
@@ -160,7 +132,7 @@ func (s *Store) Close(unmountAll bool) error {
 	}
 	s.mountMu.Lock()
 	defer s.mountMu.Unlock()
-	mounted, err := mountinfo(s.layers)
+	mounted, err := mountsUnder(s.layers)
 	if err != nil {
 		return fmt.Errorf("layer store: %w", err)
 	}

@@ -58,7 +58,7 @@ func (e *env) cleanup() {
 	}
 	mnt := filepath.Join(e.dir, mountName)
 	if m, _ := findMount(mnt); m != nil {
-		tb.Errorf("leak: %s still mounted (%s)", mnt, m.source)
+		tb.Errorf("leak: %s still mounted (%s)", mnt, m.Source)
 		_ = unix.Unmount(mnt, unix.MNT_DETACH)
 	}
 	for _, s := range e.stores {

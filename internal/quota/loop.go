@@ -1,7 +1,6 @@
 package quota
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -10,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -66,73 +66,17 @@ func xfsWithoutQuota(dev, dir string) bool {
 	return true
 }
 
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	mountPoint, fsType, source, superOpts string
-}
-
 // findMount returns the topmost mount at mountPoint, or nil.
-func findMount(mountPoint string) (*mountEntry, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+func findMount(mountPoint string) (*mountinfo.Mount, error) {
+	mounts, err := mountinfo.Read()
 	if err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
+		return nil, err
 	}
-	defer f.Close()
-	var found *mountEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent maj:min root mountpoint opts [optional...] - fstype source superopts
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" && i >= 6 {
-				sep = i
-				break
-			}
+	var found *mountinfo.Mount
+	for i := range mounts {
+		if mounts[i].MountPoint == mountPoint {
+			found = &mounts[i]
 		}
-		if len(fields) < 5 || sep < 0 || len(fields) < sep+4 {
-			continue
-		}
-		if unescapeOctal(fields[4]) == mountPoint {
-			found = &mountEntry{
-				mountPoint: mountPoint,
-				fsType:     fields[sep+1],
-				source:     unescapeOctal(fields[sep+2]),
-				superOpts:  fields[sep+3],
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
 	return found, nil
-}
-
-// unescapeOctal undoes mountinfo's \ooo escapes of space, tab, newline and \.
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func hasOpt(opts, want string) bool {
-	for _, o := range strings.Split(opts, ",") {
-		if o == want {
-			return true
-		}
-	}
-	return false
 }

@@ -7,7 +7,8 @@
 // so there is no state file to drift and a daemon restart just reopens it.
 //
 // It must not import corral packages other than internal/errdefs,
-// internal/loopdev and internal/backend (WritableLayer and CheckID).
+// internal/loopdev, internal/mountinfo and internal/backend (WritableLayer
+// and CheckID).
 package quota
 
 import (
@@ -154,15 +155,15 @@ func (s *Store) mount(ctx context.Context, image string, size int64) error {
 			return fmt.Errorf("mount %s on %s: not in mountinfo after mounting", dev, s.mnt)
 		}
 	}
-	if m.fsType != "xfs" || !strings.HasPrefix(m.source, "/dev/loop") {
-		return errdefs.FailedPrecondition("quota mount %s: is %s from %s, want xfs from a loop device", s.mnt, m.fsType, m.source)
+	if m.FSType != "xfs" || !strings.HasPrefix(m.Source, "/dev/loop") {
+		return errdefs.FailedPrecondition("quota mount %s: is %s from %s, want xfs from a loop device", s.mnt, m.FSType, m.Source)
 	}
-	s.loopDev = m.source
-	if back := loopdev.BackingFile(m.source); back != image {
-		return errdefs.FailedPrecondition("quota mount %s: %s is backed by %q, want %q", s.mnt, m.source, back, image)
+	s.loopDev = m.Source
+	if back := loopdev.BackingFile(m.Source); back != image {
+		return errdefs.FailedPrecondition("quota mount %s: %s is backed by %q, want %q", s.mnt, m.Source, back, image)
 	}
-	if !hasOpt(m.superOpts, "prjquota") {
-		return errdefs.FailedPrecondition("quota mount %s: mounted without enforced project quota (options %s); unmount it", s.mnt, m.superOpts)
+	if !m.HasSuperOption("prjquota") {
+		return errdefs.FailedPrecondition("quota mount %s: mounted without enforced project quota (options %s); unmount it", s.mnt, strings.Join(m.SuperOptions, ","))
 	}
 	fd, err := unix.Open(s.mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {

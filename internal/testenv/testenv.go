@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/mountinfo"
 	"github.com/corral-dev/corral/internal/server"
 )
 
@@ -192,12 +193,11 @@ func AssertNoLeaks(t testing.TB, dataDir, cgroupParent string) {
 
 // MountsUnder lists mount points (in this mount namespace) under dir.
 func MountsUnder(dir string) []string {
-	data, _ := os.ReadFile("/proc/self/mountinfo")
+	mounts, _ := mountinfo.Read()
 	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && strings.HasPrefix(f[4], dir) {
-			out = append(out, f[4])
+	for _, m := range mounts {
+		if strings.HasPrefix(m.MountPoint, dir) {
+			out = append(out, m.MountPoint)
 		}
 	}
 	return out
@@ -262,9 +262,9 @@ func NamespaceHolders(namespaces map[string]bool) []string {
 			}
 		}
 	}
-	mountinfo, _ := os.ReadFile("/proc/self/mountinfo")
+	table, _ := os.ReadFile("/proc/self/mountinfo")
 	for ns := range namespaces {
-		if bytes.Contains(mountinfo, []byte(ns)) {
+		if bytes.Contains(table, []byte(ns)) {
 			holders = append(holders, "nsfs mount of "+ns)
 		}
 	}

@@ -7,13 +7,14 @@
 package cgroup
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"github.com/corral-dev/corral/internal/mountinfo"
 )
 
 // v1Controllers are the v1 controllers a sandbox is placed in. cpuset is left
@@ -47,35 +48,24 @@ func Detect() (*Hierarchies, error) {
 }
 
 func detect() (*Hierarchies, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read()
 	if err != nil {
 		return nil, fmt.Errorf("cgroup: detect: %w", err)
 	}
-	defer f.Close()
 	h := &Hierarchies{V1: map[string]string{}, V2Controllers: map[string]bool{}}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		mnt, fstype, opts, ok := parseMountinfo(sc.Text())
-		if !ok {
-			continue
-		}
-		switch fstype {
+	for _, m := range mounts {
+		switch m.FSType {
 		case "cgroup2":
 			if h.V2 == "" {
-				h.V2 = mnt
+				h.V2 = m.MountPoint
 			}
 		case "cgroup":
-			for _, o := range strings.Split(opts, ",") {
-				for _, c := range v1Controllers {
-					if o == c && h.V1[c] == "" {
-						h.V1[c] = mnt
-					}
+			for _, c := range v1Controllers {
+				if m.HasSuperOption(c) && h.V1[c] == "" {
+					h.V1[c] = m.MountPoint
 				}
 			}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("cgroup: detect: %w", err)
 	}
 	if h.V2 != "" {
 		b, err := os.ReadFile(filepath.Join(h.V2, "cgroup.controllers"))
@@ -89,37 +79,6 @@ func detect() (*Hierarchies, error) {
 		return nil, errors.New("cgroup: not supported: no memory controller (needs cgroup v1 memory or v2 with memory)")
 	}
 	return h, nil
-}
-
-// parseMountinfo returns the mount point, fs type and super options of a
-// /proc/self/mountinfo line.
-func parseMountinfo(line string) (mnt, fstype, superOpts string, ok bool) {
-	fields := strings.Fields(line)
-	for i, f := range fields {
-		if f == "-" && i >= 5 && i+3 <= len(fields)-1 {
-			return unescape(fields[4]), fields[i+1], fields[i+3], true
-		}
-	}
-	return "", "", "", false
-}
-
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v byte
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // Manager places sandboxes under one parent cgroup name.

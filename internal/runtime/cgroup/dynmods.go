@@ -1,13 +1,13 @@
 package cgroup
 
 import (
-	"bufio"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/mountinfo"
 )
 
 // FavorDynMods turns on the cgroup2 mount option favordynmods (Linux ≥ 6.0)
@@ -21,37 +21,34 @@ import (
 // without a cgroup2 mount, or a kernel that refuses the option, is left as
 // it is and reported as an error for the caller to log.
 func FavorDynMods() (changed bool, err error) {
-	mnt, opts, err := cgroup2Mount()
-	if err != nil || mnt == "" {
+	m, err := cgroup2Mount()
+	if err != nil || m == nil {
 		return false, err
 	}
-	if slices.Contains(opts, "favordynmods") {
+	if m.HasSuperOption("favordynmods") {
 		return false, nil
 	}
 	// Remount keeps the existing super options (nsdelegate,
 	// memory_recursiveprot … on systemd hosts): cgroup2 resets what is not
 	// named again.
-	keep := slices.DeleteFunc(slices.Clone(opts), func(o string) bool { return o == "rw" || o == "ro" })
+	keep := slices.DeleteFunc(slices.Clone(m.SuperOptions), func(o string) bool { return o == "rw" || o == "ro" })
 	data := strings.Join(append(keep, "favordynmods"), ",")
-	if err := unix.Mount("none", mnt, "cgroup2", unix.MS_REMOUNT, data); err != nil {
-		return false, fmt.Errorf("cgroup: remount %s with favordynmods: %w", mnt, err)
+	if err := unix.Mount("none", m.MountPoint, "cgroup2", unix.MS_REMOUNT, data); err != nil {
+		return false, fmt.Errorf("cgroup: remount %s with favordynmods: %w", m.MountPoint, err)
 	}
 	return true, nil
 }
 
-// cgroup2Mount returns the first cgroup2 mount point and its super options.
-func cgroup2Mount() (string, []string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+// cgroup2Mount returns the first cgroup2 mount, or nil.
+func cgroup2Mount() (*mountinfo.Mount, error) {
+	mounts, err := mountinfo.Read()
 	if err != nil {
-		return "", nil, fmt.Errorf("cgroup: %w", err)
+		return nil, fmt.Errorf("cgroup: %w", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		mnt, fstype, opts, ok := parseMountinfo(sc.Text())
-		if ok && fstype == "cgroup2" {
-			return mnt, strings.Split(opts, ","), nil
+	for _, m := range mounts {
+		if m.FSType == "cgroup2" {
+			return &m, nil
 		}
 	}
-	return "", nil, sc.Err()
+	return nil, nil
 }
