@@ -23,8 +23,8 @@ func TestProbeFnCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	secretB := testenv.UniqueName("CANARY-SANDBOX-B") + testenv.UniqueName("")
-	b := newSandbox(t, srv, client.CreateOptions{Env: map[string]string{"B_SECRET": secretB}})
-	sh(t, b, "echo "+secretB+" > /root-secret; sleep 1000 >/dev/null 2>&1 &")
+	b := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Env: map[string]string{"B_SECRET": secretB}})
+	testenv.Sh(t, b, "echo "+secretB+" > /root-secret; sleep 1000 >/dev/null 2>&1 &")
 	stdin, _ := json.Marshal(probeInput{
 		Canaries: append(c.list(), secretB),
 		Sockets:  hostSockets(srv),

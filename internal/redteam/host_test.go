@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // sandboxCaps is the reviewed capability set of a container sandbox
@@ -88,8 +89,8 @@ func TestHostSide(t *testing.T) {
 		t.Cleanup(func() { syscall.Close(leak) })
 		srv, _ := startServer(t)
 		res := client.Resources{CPUMillis: 500, MemoryBytes: 256 << 20, Pids: 100}
-		sb := newSandbox(t, srv, client.CreateOptions{Backend: backend, Resources: res})
-		sh(t, sb, "sleep 1000 >/dev/null 2>&1 &")
+		sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend, Resources: res})
+		testenv.Sh(t, sb, "sleep 1000 >/dev/null 2>&1 &")
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { // a running exec, so its stdio pipes are there to look at

@@ -169,34 +169,6 @@ func backendMissing(t *testing.T, backend string) string {
 	return ""
 }
 
-func newSandbox(t *testing.T, srv *testenv.Server, o client.CreateOptions) *client.Sandbox {
-	t.Helper()
-	sb, err := srv.Client.Create(context.Background(), o)
-	if err != nil {
-		t.Fatalf("create: %v", err)
-	}
-	t.Cleanup(func() { _ = sb.Delete(context.Background()) })
-	return sb
-}
-
-func run(t *testing.T, sb *client.Sandbox, cmd client.Command) *client.Result {
-	t.Helper()
-	res, err := sb.Run(context.Background(), cmd)
-	if err != nil {
-		t.Fatalf("run %v %q: %v", cmd.Args, cmd.Shell, err)
-	}
-	return res
-}
-
-func sh(t *testing.T, sb *client.Sandbox, script string) string {
-	t.Helper()
-	res := run(t, sb, client.Command{Shell: script, Timeout: 2 * time.Minute})
-	if res.ExitCode != 0 {
-		t.Fatalf("%q exited %d (signal %d): stdout %q stderr %q", script, res.ExitCode, res.Signal, res.Stdout, res.Stderr)
-	}
-	return string(res.Stdout)
-}
-
 // installProbe copies the probe into the sandbox.
 func installProbe(t *testing.T, sb *client.Sandbox) {
 	t.Helper()
@@ -213,7 +185,7 @@ func installProbe(t *testing.T, sb *client.Sandbox) {
 // runProbe runs the probe with args and stdin and parses its lines.
 func runProbe(t *testing.T, sb *client.Sandbox, stdin []byte, args ...string) []Result {
 	t.Helper()
-	res := run(t, sb, client.Command{Args: append([]string{"/corral-probe/corral-probe"}, args...), Stdin: stdin, Timeout: 5 * time.Minute})
+	res := testenv.Run(t, sb, client.Command{Args: append([]string{"/corral-probe/corral-probe"}, args...), Stdin: stdin, Timeout: 5 * time.Minute})
 	if len(res.Stderr) > 0 {
 		t.Logf("probe %v stderr: %s", args, res.Stderr)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // latency measures sandbox b's `true` exec for up to d or n samples and
@@ -51,15 +52,15 @@ func TestNoisyNeighbours(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, backend string) {
 		srv, _ := startServer(t)
 		const disk, outCap = 64 << 20, 1 << 20
-		a := newSandbox(t, srv, client.CreateOptions{Backend: backend, Resources: client.Resources{
+		a := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend, Resources: client.Resources{
 			CPUMillis: 2000, MemoryBytes: 128 << 20, Pids: 128, DiskBytes: disk}})
-		b := newSandbox(t, srv, client.CreateOptions{Backend: backend})
+		b := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend})
 		installProbe(t, a)
 		const window = 8 * time.Second
 		loads := []load{
 			{"fork bomb", client.Command{Shell: "bomb() { bomb | bomb & }; bomb; sleep 10", Timeout: 12 * time.Second},
 				func(res *client.Result, a, _ *client.Sandbox) []Result {
-					out := sh(t, a, "echo alive")
+					out := testenv.Sh(t, a, "echo alive")
 					return []Result{check("resource/fork-bomb", out == "alive\n", "bomb ended %+v; sandbox afterwards %q", *res, out)}
 				}},
 			{"memory bomb", client.Command{Shell: `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo ${#x}`, Timeout: 30 * time.Second},
@@ -70,8 +71,8 @@ func TestNoisyNeighbours(t *testing.T) {
 				func(res *client.Result, a, b *client.Sandbox) []Result {
 					errs := string(res.Stderr) + string(res.Stdout)
 					full := strings.Contains(errs, "No space left") || strings.Contains(errs, "quota exceeded")
-					other := run(t, b, client.Command{Shell: "dd if=/dev/zero of=/other bs=1M count=4 2>&1 && rm /other && echo wrote"})
-					sh(t, a, "rm -f /fill")
+					other := testenv.Run(t, b, client.Command{Shell: "dd if=/dev/zero of=/other bs=1M count=4 2>&1 && rm /other && echo wrote"})
+					testenv.Sh(t, a, "rm -f /fill")
 					return []Result{
 						check("resource/disk-fill", full, "yes > /fill: %q", errs),
 						check("resource/disk-fill-other-writes", strings.Contains(string(other.Stdout), "wrote"), "B: %q", other.Stdout),
@@ -129,7 +130,7 @@ func TestNoisyNeighbours(t *testing.T) {
 			check("resource/daemon-responsive", responsive, "%v", why),
 		})
 		judge(t, backend, runProbe(t, a, nil, "inodes", "/inodes"))
-		other := run(t, b, client.Command{Shell: "touch /after-inodes && echo ok"})
+		other := testenv.Run(t, b, client.Command{Shell: "touch /after-inodes && echo ok"})
 		judge(t, backend, []Result{check("resource/inodes-other-writes", trim(other.Stdout) == "ok", "B: %q %q", other.Stdout, other.Stderr)})
 		report.Logf("noisy neighbours [%s]: sandbox B's `true` exec latency while A attacks (%v windows, 2 cores shared)", backend, window)
 		for _, r := range rows {

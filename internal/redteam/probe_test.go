@@ -29,9 +29,9 @@ func TestProbe(t *testing.T) {
 		srv, c := startServer(t)
 		img := image(t, srv)
 		secretB := testenv.UniqueName("CANARY-SANDBOX-B") + testenv.UniqueName("")
-		a := newSandbox(t, srv, client.CreateOptions{Backend: backend, Image: img})
-		b := newSandbox(t, srv, client.CreateOptions{Backend: backend, Image: img, Env: map[string]string{"B_SECRET": secretB}})
-		sh(t, b, "echo "+secretB+" > /root-secret; sleep 1000 >/dev/null 2>&1 &")
+		a := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend, Image: img})
+		b := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend, Image: img, Env: map[string]string{"B_SECRET": secretB}})
+		testenv.Sh(t, b, "echo "+secretB+" > /root-secret; sleep 1000 >/dev/null 2>&1 &")
 		installProbe(t, a)
 
 		in := probeInput{
@@ -47,8 +47,8 @@ func TestProbe(t *testing.T) {
 		judge(t, backend, results)
 
 		overwriteAndCheck(t, backend, srv, img, a, b)
-		after := newSandbox(t, srv, client.CreateOptions{Backend: backend})
-		res := run(t, after, client.Command{Shell: "dd if=/dev/zero of=/after bs=1M count=4 2>&1 && sync && stat -c %s /after"})
+		after := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend})
+		res := testenv.Run(t, after, client.Command{Shell: "dd if=/dev/zero of=/after bs=1M count=4 2>&1 && sync && stat -c %s /after"})
 		judge(t, backend, []Result{check("ioctl/no-host-fs-shutdown", res.ExitCode == 0 && strings.HasSuffix(trim(res.Stdout), strconv.Itoa(4<<20)),
 			"a new sandbox writes and syncs 4 MiB after the ioctls: exit %d %q", res.ExitCode, res.Stdout)})
 	})
@@ -81,23 +81,23 @@ func hostPids(cgroupParent, id string) []int {
 // exec, a shell exec, and that B and a new sandbox see the original bytes.
 func overwriteAndCheck(t *testing.T, backend string, srv *testenv.Server, img string, a, b *client.Sandbox) {
 	const digest = "for f in /bin/sh /bin/bash /usr/bin/python3 /bin/busybox; do [ -e $f ] && md5sum $f; done; ls /usr/lib/corral-probe-shared-layer 2>&1; true"
-	before := sh(t, b, digest)
+	before := testenv.Sh(t, b, digest)
 	judge(t, backend, runProbe(t, a, nil, "overwrite"))
 
 	// The node's next exec with argv: runs exactly what was asked.
-	res := run(t, a, client.Command{Args: []string{"/corral-probe/corral-probe", "noop"}})
+	res := testenv.Run(t, a, client.Command{Args: []string{"/corral-probe/corral-probe", "noop"}})
 	ok := res.ExitCode == 0 && !strings.Contains(string(res.Stdout), "HIJACKED")
-	res2 := run(t, a, client.Command{Args: []string{"env"}})
+	res2 := testenv.Run(t, a, client.Command{Args: []string{"env"}})
 	ok = ok && res2.ExitCode == 0 && !strings.Contains(string(res2.Stdout), "HIJACKED")
 	judge(t, backend, []Result{check("overwrite/next-argv-exec", ok, "argv exec after the overwrite: %q %q", res.Stdout, trim(res2.Stdout))})
 	// A shell exec: the node runs "sh -c" from the sandbox's own root.
-	res = run(t, a, client.Command{Shell: "echo shell-ok"})
+	res = testenv.Run(t, a, client.Command{Shell: "echo shell-ok"})
 	judge(t, backend, []Result{check("overwrite/next-shell-exec", trim(res.Stdout) == "shell-ok",
 		"Shell exec after /bin/sh was replaced: exit %d stdout %q", res.ExitCode, res.Stdout)})
 
-	during := sh(t, b, digest)
-	c := newSandbox(t, srv, client.CreateOptions{Backend: backend, Image: img})
-	fresh := sh(t, c, digest)
+	during := testenv.Sh(t, b, digest)
+	c := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend, Image: img})
+	fresh := testenv.Sh(t, c, digest)
 	judge(t, backend, []Result{
 		check("overwrite/other-sandbox-digest", during == before && fresh == before,
 			"digests in B before %q, while A is hijacked %q, in a new sandbox %q", before, during, fresh),
@@ -112,10 +112,10 @@ func overwriteAndCheck(t *testing.T, backend string, srv *testenv.Server, img st
 func TestKill(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, backend string) {
 		srv, _ := startServer(t)
-		k := newSandbox(t, srv, client.CreateOptions{Backend: backend})
-		other := newSandbox(t, srv, client.CreateOptions{Backend: backend})
-		sh(t, k, "sleep 1000 >/dev/null 2>&1 &")
-		sh(t, other, "sleep 1000 >/dev/null 2>&1 &")
+		k := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend})
+		other := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend})
+		testenv.Sh(t, k, "sleep 1000 >/dev/null 2>&1 &")
+		testenv.Sh(t, other, "sleep 1000 >/dev/null 2>&1 &")
 		installProbe(t, k)
 		judge(t, backend, runProbe(t, k, nil, "kill"))
 
@@ -141,7 +141,7 @@ func TestKill(t *testing.T) {
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		out := sh(t, other, "ps -o comm | grep -c sleep; echo alive")
+		out := testenv.Sh(t, other, "ps -o comm | grep -c sleep; echo alive")
 		_, listErr := srv.Client.List(ctx, client.ListOptions{})
 		judge(t, backend, []Result{
 			check("kill/own-processes-only", killedOwn, "sandbox after the kills: %s", state),

@@ -30,6 +30,38 @@ var (
 	buildErr  error
 )
 
+// NewSandbox creates a sandbox that is deleted when the test ends.
+func NewSandbox(t testing.TB, c *client.Client, o client.CreateOptions) *client.Sandbox {
+	t.Helper()
+	sb, err := c.Create(context.Background(), o)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	t.Cleanup(func() { _ = sb.Delete(context.Background()) })
+	return sb
+}
+
+// Run runs cmd in sb and fails the test if the call itself fails.
+func Run(t testing.TB, sb *client.Sandbox, cmd client.Command) *client.Result {
+	t.Helper()
+	res, err := sb.Run(context.Background(), cmd)
+	if err != nil {
+		t.Fatalf("run %v %q: %v", cmd.Args, cmd.Shell, err)
+	}
+	return res
+}
+
+// Sh runs a shell script in sb (for at most two minutes), fails the test
+// unless it exits 0, and returns its stdout.
+func Sh(t testing.TB, sb *client.Sandbox, script string) string {
+	t.Helper()
+	res := Run(t, sb, client.Command{Shell: script, Timeout: 2 * time.Minute})
+	if res.ExitCode != 0 {
+		t.Fatalf("%q exited %d (signal %d): stdout %q stderr %q", script, res.ExitCode, res.Signal, res.Stdout, res.Stderr)
+	}
+	return string(res.Stdout)
+}
+
 // RequireRoot skips tests that need root (namespaces, mounts, cgroups).
 func RequireRoot(t testing.TB) {
 	t.Helper()

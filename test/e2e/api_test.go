@@ -49,7 +49,7 @@ func TestBadInputsGetClearErrors(t *testing.T) {
 		t.Errorf("failed creates left sandboxes: %v %v", sbs, err)
 	}
 
-	sb := newSandbox(t, c, client.CreateOptions{})
+	sb := testenv.NewSandbox(t, c, client.CreateOptions{})
 	execCases := []struct {
 		name    string
 		cmd     client.Command
@@ -84,7 +84,7 @@ func TestBadInputsGetClearErrors(t *testing.T) {
 func TestFilesStayInsideTheSandbox(t *testing.T) {
 	srv := testenv.StartServer(t)
 	ctx := context.Background()
-	sb := newSandbox(t, srv.Client, client.CreateOptions{})
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
 	f := sb.Files()
 
 	// A canary on the host that no file call may read, change or delete.
@@ -99,7 +99,7 @@ func TestFilesStayInsideTheSandbox(t *testing.T) {
 		"/escape" + canary,
 		"/up/../../../../../.." + canary,
 	}
-	sh(t, sb, "ln -s / /escape; ln -s ../../../../../../../../ /up")
+	testenv.Sh(t, sb, "ln -s / /escape; ln -s ../../../../../../../../ /up")
 	for _, p := range escapes {
 		if data, err := f.Read(ctx, p); err == nil && bytes.Contains(data, []byte("host secret")) {
 			t.Errorf("read %s returned the host canary", p)
@@ -124,7 +124,7 @@ func TestFilesStayInsideTheSandbox(t *testing.T) {
 	if err != nil || !bytes.Equal(got, big) {
 		t.Fatalf("big file round trip: %d bytes, err %v", len(got), err)
 	}
-	if out := sh(t, sb, "md5sum < /data/deep/big.bin | cut -c1-32; stat -c %a /data/deep/big.bin"); !strings.HasSuffix(out, "600\n") {
+	if out := testenv.Sh(t, sb, "md5sum < /data/deep/big.bin | cut -c1-32; stat -c %a /data/deep/big.bin"); !strings.HasSuffix(out, "600\n") {
 		t.Errorf("inside view of the written file: %q", out)
 	}
 	st, err := f.Stat(ctx, "/data/deep/big.bin")
@@ -161,9 +161,9 @@ func TestListFiltersAndPages(t *testing.T) {
 	ctx := context.Background()
 	c := srv.Client
 	for i := range 5 {
-		newSandbox(t, c, client.CreateOptions{Labels: map[string]string{"job": "a", "n": fmt.Sprint(i)}})
+		testenv.NewSandbox(t, c, client.CreateOptions{Labels: map[string]string{"job": "a", "n": fmt.Sprint(i)}})
 	}
-	other := newSandbox(t, c, client.CreateOptions{Labels: map[string]string{"job": "b"}})
+	other := testenv.NewSandbox(t, c, client.CreateOptions{Labels: map[string]string{"job": "b"}})
 	all, err := c.List(ctx, client.ListOptions{Labels: map[string]string{"job": "a"}, PageSize: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -189,7 +189,7 @@ func TestIdleTimeoutStopsSandbox(t *testing.T) {
 	srv := testenv.StartServer(t)
 	ctx := context.Background()
 	idle := time.Second
-	sb := newSandbox(t, srv.Client, client.CreateOptions{IdleTimeout: &idle})
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{IdleTimeout: &idle})
 	waitStopped(t, sb, "idle_timeout")
 	_, err := sb.Run(ctx, client.Command{Args: []string{"true"}})
 	if !client.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "stopped") {
@@ -209,7 +209,7 @@ func TestDeleteLeavesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sh(t, sb, "sleep 1000 >/dev/null 2>&1 & echo x > /tmp/x")
+		testenv.Sh(t, sb, "sleep 1000 >/dev/null 2>&1 & echo x > /tmp/x")
 		sbs = append(sbs, sb)
 	}
 	if err := sbs[0].Pause(ctx); err != nil {
@@ -256,7 +256,7 @@ func TestMaxLifetimeStopsABusySandbox(t *testing.T) {
 	srv := testenv.StartServer(t)
 	ctx := context.Background()
 	never, lifetime := time.Duration(0), 2*time.Second
-	sb := newSandbox(t, srv.Client, client.CreateOptions{IdleTimeout: &never, MaxLifetime: &lifetime})
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{IdleTimeout: &never, MaxLifetime: &lifetime})
 	// A command still running at the deadline does not keep it alive.
 	res, err := sb.Run(ctx, client.Command{Args: []string{"sleep", "30"}})
 	if err == nil && !res.TimedOut && res.Signal == 0 {

@@ -100,7 +100,7 @@ func TestDaemonCrashKeepsOrCleansEverySandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sh(t, survivor, "echo kept > /tmp/state; sleep 1000 >/dev/null 2>&1 &")
+	testenv.Sh(t, survivor, "echo kept > /tmp/state; sleep 1000 >/dev/null 2>&1 &")
 	victim, err := c.Create(ctx, client.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +125,7 @@ func TestDaemonCrashKeepsOrCleansEverySandbox(t *testing.T) {
 	}
 
 	c = d.start()
-	if out := sh(t, survivor, "cat /tmp/state; ps -o comm | grep -c sleep"); out != "kept\n1\n" {
+	if out := testenv.Sh(t, survivor, "cat /tmp/state; ps -o comm | grep -c sleep"); out != "kept\n1\n" {
 		t.Errorf("survivor after restart: %q", out)
 	}
 	info, err := c.Get(ctx, victim.ID())
@@ -141,7 +141,7 @@ func TestDaemonCrashKeepsOrCleansEverySandbox(t *testing.T) {
 	if info, err := c.Get(ctx, paused.ID()); err != nil || info.State != client.StatePaused {
 		t.Errorf("paused sandbox after restart: %+v %v", info, err)
 	}
-	if out := sh(t, paused, "echo thawed"); out != "thawed\n" {
+	if out := testenv.Sh(t, paused, "echo thawed"); out != "thawed\n" {
 		t.Errorf("paused sandbox exec after restart: %q", out)
 	}
 

@@ -16,37 +16,9 @@ import (
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
-func newSandbox(t *testing.T, c *client.Client, o client.CreateOptions) *client.Sandbox {
-	t.Helper()
-	sb, err := c.Create(context.Background(), o)
-	if err != nil {
-		t.Fatalf("create: %v", err)
-	}
-	t.Cleanup(func() { _ = sb.Delete(context.Background()) })
-	return sb
-}
-
-func run(t *testing.T, sb *client.Sandbox, cmd client.Command) *client.Result {
-	t.Helper()
-	res, err := sb.Run(context.Background(), cmd)
-	if err != nil {
-		t.Fatalf("run %v %q: %v", cmd.Args, cmd.Shell, err)
-	}
-	return res
-}
-
-func sh(t *testing.T, sb *client.Sandbox, script string) string {
-	t.Helper()
-	res := run(t, sb, client.Command{Shell: script})
-	if res.ExitCode != 0 {
-		t.Fatalf("%q exited %d (signal %d): stdout %q stderr %q", script, res.ExitCode, res.Signal, res.Stdout, res.Stderr)
-	}
-	return string(res.Stdout)
-}
-
 func TestExecStreamsOutputAndExitCode(t *testing.T) {
 	srv := testenv.StartServer(t)
-	sb := newSandbox(t, srv.Client, client.CreateOptions{Env: map[string]string{"GREETING": "hello"}, Workdir: "/tmp"})
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Env: map[string]string{"GREETING": "hello"}, Workdir: "/tmp"})
 	var stdout, stderr bytes.Buffer
 	res, err := sb.Exec(context.Background(), client.Command{
 		Shell:  `echo "$GREETING $EXTRA from $(pwd)"; echo oops >&2; read line; echo "got $line"; exit 3`,
@@ -67,66 +39,66 @@ func TestExecStreamsOutputAndExitCode(t *testing.T) {
 		t.Errorf("result = %+v, want exit 3", res)
 	}
 	// argv runs without a shell: metacharacters stay literal.
-	res = run(t, sb, client.Command{Args: []string{"echo", "$HOME", ";", "ls"}})
+	res = testenv.Run(t, sb, client.Command{Args: []string{"echo", "$HOME", ";", "ls"}})
 	if string(res.Stdout) != "$HOME ; ls\n" {
 		t.Errorf("argv exec stdout = %q", res.Stdout)
 	}
-	res = run(t, sb, client.Command{Shell: "kill -TERM $$"})
+	res = testenv.Run(t, sb, client.Command{Shell: "kill -TERM $$"})
 	if res.Signal != 15 || res.ExitCode != -1 {
 		t.Errorf("signalled result = %+v", res)
 	}
-	if out := sh(t, sb, "id -u; id -un"); out != "0\nroot\n" {
+	if out := testenv.Sh(t, sb, "id -u; id -un"); out != "0\nroot\n" {
 		t.Errorf("default user: %q", out)
 	}
-	if out := run(t, sb, client.Command{Args: []string{"id", "-u"}, User: "65534"}).Stdout; string(out) != "65534\n" {
+	if out := testenv.Run(t, sb, client.Command{Args: []string{"id", "-u"}, User: "65534"}).Stdout; string(out) != "65534\n" {
 		t.Errorf("user 65534: %q", out)
 	}
-	if out := run(t, sb, client.Command{Args: []string{"id", "-u"}, User: "nobody"}).Stdout; string(out) != "65534\n" {
+	if out := testenv.Run(t, sb, client.Command{Args: []string{"id", "-u"}, User: "nobody"}).Stdout; string(out) != "65534\n" {
 		t.Errorf("user nobody: %q", out)
 	}
 }
 
 func TestSandboxSeesOnlyItsOwnProcesses(t *testing.T) {
 	srv := testenv.StartServer(t)
-	a := newSandbox(t, srv.Client, client.CreateOptions{})
-	b := newSandbox(t, srv.Client, client.CreateOptions{})
-	sh(t, a, "sleep 1000 >/dev/null 2>&1 &")
-	out := sh(t, b, "ps -o pid,comm")
+	a := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
+	b := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
+	testenv.Sh(t, a, "sleep 1000 >/dev/null 2>&1 &")
+	out := testenv.Sh(t, b, "ps -o pid,comm")
 	if strings.Contains(out, "sleep") {
 		t.Errorf("sandbox b sees a's sleep:\n%s", out)
 	}
-	pids := strings.Fields(sh(t, b, "ls -d /proc/[0-9]* | wc -l"))
+	pids := strings.Fields(testenv.Sh(t, b, "ls -d /proc/[0-9]* | wc -l"))
 	if len(pids) != 1 || pids[0] == "" {
 		t.Fatalf("bad pid count output %q", pids)
 	}
 	// init, sh, ls and wc at most: never the host's hundreds.
-	if out := sh(t, b, "ls -d /proc/[0-9]*"); strings.Count(out, "\n") > 6 {
+	if out := testenv.Sh(t, b, "ls -d /proc/[0-9]*"); strings.Count(out, "\n") > 6 {
 		t.Errorf("sandbox sees too many processes:\n%s", out)
 	}
-	if out := sh(t, a, "ps -o comm"); !strings.Contains(out, "sleep") {
+	if out := testenv.Sh(t, a, "ps -o comm"); !strings.Contains(out, "sleep") {
 		t.Errorf("sandbox a does not see its own sleep:\n%s", out)
 	}
-	if host := sh(t, a, "hostname"); strings.TrimSpace(host) != "sandbox" {
+	if host := testenv.Sh(t, a, "hostname"); strings.TrimSpace(host) != "sandbox" {
 		t.Errorf("hostname = %q", host)
 	}
 }
 
 func TestImageWritesStayInTheSandbox(t *testing.T) {
 	srv := testenv.StartServer(t)
-	a := newSandbox(t, srv.Client, client.CreateOptions{})
-	b := newSandbox(t, srv.Client, client.CreateOptions{})
-	orig := sh(t, b, "md5sum /bin/busybox /etc/passwd")
+	a := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
+	b := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
+	orig := testenv.Sh(t, b, "md5sum /bin/busybox /etc/passwd")
 	// Replace the shell binary itself (the harness-hijack attempt), and a
 	// file of the image.
-	sh(t, a, `cp /bin/busybox /tmp/busybox && exec /tmp/busybox sh -c 'rm /bin/busybox && cp /tmp/busybox /bin/busybox && echo x >> /bin/busybox && echo hacked > /etc/passwd'`)
-	if got := sh(t, a, "md5sum /bin/busybox /etc/passwd"); got == orig {
+	testenv.Sh(t, a, `cp /bin/busybox /tmp/busybox && exec /tmp/busybox sh -c 'rm /bin/busybox && cp /tmp/busybox /bin/busybox && echo x >> /bin/busybox && echo hacked > /etc/passwd'`)
+	if got := testenv.Sh(t, a, "md5sum /bin/busybox /etc/passwd"); got == orig {
 		t.Fatalf("the writes did not happen in sandbox a")
 	}
-	if got := sh(t, b, "md5sum /bin/busybox /etc/passwd"); got != orig {
+	if got := testenv.Sh(t, b, "md5sum /bin/busybox /etc/passwd"); got != orig {
 		t.Errorf("sandbox b sees a's writes:\nbefore %s\nafter  %s", orig, got)
 	}
-	c := newSandbox(t, srv.Client, client.CreateOptions{})
-	if got := sh(t, c, "md5sum /bin/busybox /etc/passwd"); got != orig {
+	c := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
+	if got := testenv.Sh(t, c, "md5sum /bin/busybox /etc/passwd"); got != orig {
 		t.Errorf("a new sandbox sees a's writes: %s", got)
 	}
 	// The three share one file-backed EROFS mount of the busybox layer,
@@ -166,28 +138,28 @@ func erofsMounts(t *testing.T, dir string) map[string]string {
 
 func TestMemoryLimitOOMKillsInsideOnly(t *testing.T) {
 	srv := testenv.StartServer(t)
-	sb := newSandbox(t, srv.Client, client.CreateOptions{Resources: client.Resources{MemoryBytes: 64 << 20}})
-	res := run(t, sb, client.Command{Shell: `x=$(head -c 300000000 /dev/zero | tr '\0' a); echo ${#x}`})
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Resources: client.Resources{MemoryBytes: 64 << 20}})
+	res := testenv.Run(t, sb, client.Command{Shell: `x=$(head -c 300000000 /dev/zero | tr '\0' a); echo ${#x}`})
 	if !res.OOMKilled {
 		t.Fatalf("memory bomb result = %+v, want OOMKilled", res)
 	}
-	if out := sh(t, sb, "echo alive"); out != "alive\n" {
+	if out := testenv.Sh(t, sb, "echo alive"); out != "alive\n" {
 		t.Errorf("sandbox after OOM: %q", out)
 	}
 }
 
 func TestPidsLimitStopsForkBomb(t *testing.T) {
 	srv := testenv.StartServer(t)
-	sb := newSandbox(t, srv.Client, client.CreateOptions{Resources: client.Resources{Pids: 64}})
-	other := newSandbox(t, srv.Client, client.CreateOptions{})
-	res := run(t, sb, client.Command{Shell: `bomb() { bomb | bomb & }; bomb; sleep 2; ps | wc -l`, Timeout: 20 * time.Second})
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Resources: client.Resources{Pids: 64}})
+	other := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
+	res := testenv.Run(t, sb, client.Command{Shell: `bomb() { bomb | bomb & }; bomb; sleep 2; ps | wc -l`, Timeout: 20 * time.Second})
 	if res.TimedOut {
 		t.Logf("fork bomb timed out (expected possible): %+v", res)
 	}
-	if got := sh(t, other, "echo ok"); got != "ok\n" {
+	if got := testenv.Sh(t, other, "echo ok"); got != "ok\n" {
 		t.Errorf("other sandbox: %q", got)
 	}
-	count := sh(t, other, "echo 1")
+	count := testenv.Sh(t, other, "echo 1")
 	if count != "1\n" {
 		t.Errorf("other sandbox broken: %q", count)
 	}
@@ -203,12 +175,12 @@ func TestPidsLimitStopsForkBomb(t *testing.T) {
 
 func TestTimeoutKillsTheProcessGroup(t *testing.T) {
 	srv := testenv.StartServer(t)
-	sb := newSandbox(t, srv.Client, client.CreateOptions{})
-	res := run(t, sb, client.Command{Shell: "sleep 1000 & echo $! > /tmp/child; sleep 1000", Timeout: time.Second})
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
+	res := testenv.Run(t, sb, client.Command{Shell: "sleep 1000 & echo $! > /tmp/child; sleep 1000", Timeout: time.Second})
 	if !res.TimedOut || res.Signal != 9 {
 		t.Fatalf("result = %+v, want timed out by SIGKILL", res)
 	}
-	out := sh(t, sb, `pid=$(cat /tmp/child); if kill -0 $pid 2>/dev/null; then echo alive; else echo gone; fi`)
+	out := testenv.Sh(t, sb, `pid=$(cat /tmp/child); if kill -0 $pid 2>/dev/null; then echo alive; else echo gone; fi`)
 	if out != "gone\n" {
 		t.Errorf("background child of the timed-out command is %s", out)
 	}
@@ -216,17 +188,17 @@ func TestTimeoutKillsTheProcessGroup(t *testing.T) {
 
 func TestBackgroundProcessesOutliveExec(t *testing.T) {
 	srv := testenv.StartServer(t)
-	sb := newSandbox(t, srv.Client, client.CreateOptions{})
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
 	start := time.Now()
-	sh(t, sb, "sleep 1000 >/dev/null 2>&1 & echo started")
+	testenv.Sh(t, sb, "sleep 1000 >/dev/null 2>&1 & echo started")
 	if time.Since(start) > 30*time.Second {
 		t.Fatalf("exec waited for its background child")
 	}
-	if out := sh(t, sb, "ps -o comm | grep -c sleep"); out != "1\n" {
+	if out := testenv.Sh(t, sb, "ps -o comm | grep -c sleep"); out != "1\n" {
 		t.Errorf("background sleep not running: %q", out)
 	}
 	// A background process holding stdout open must not block the exec.
-	res := run(t, sb, client.Command{Shell: "sleep 1000 & echo done"})
+	res := testenv.Run(t, sb, client.Command{Shell: "sleep 1000 & echo done"})
 	if string(res.Stdout) != "done\n" {
 		t.Errorf("stdout = %q", res.Stdout)
 	}
@@ -234,8 +206,8 @@ func TestBackgroundProcessesOutliveExec(t *testing.T) {
 
 func TestOutputLimitTruncatesYes(t *testing.T) {
 	srv := testenv.StartServer(t)
-	sb := newSandbox(t, srv.Client, client.CreateOptions{})
-	res := run(t, sb, client.Command{Args: []string{"yes"}, OutputLimit: 1 << 20, Timeout: time.Minute})
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
+	res := testenv.Run(t, sb, client.Command{Args: []string{"yes"}, OutputLimit: 1 << 20, Timeout: time.Minute})
 	if !res.Truncated {
 		t.Fatalf("result = %+v, want truncated", res)
 	}
@@ -249,9 +221,9 @@ func TestOutputLimitTruncatesYes(t *testing.T) {
 
 func TestPauseResume(t *testing.T) {
 	srv := testenv.StartServer(t)
-	sb := newSandbox(t, srv.Client, client.CreateOptions{})
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
 	ctx := context.Background()
-	sh(t, sb, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; usleep 20000; done) >/dev/null 2>&1 &")
+	testenv.Sh(t, sb, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; usleep 20000; done) >/dev/null 2>&1 &")
 	// Read the counter from the host through the root of a process in the
 	// sandbox, which does not count as a request (a file call would resume
 	// it). The writable layer itself may not be visible on the host: with
@@ -325,25 +297,25 @@ func findUnder(dataDir, id string, rest ...string) []string {
 
 func TestReplacedShellDoesNotHijackShellExecs(t *testing.T) {
 	srv := testenv.StartServer(t)
-	sb := newSandbox(t, srv.Client, client.CreateOptions{})
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
 	// The agent replaces /bin/sh with a script that reports a hijack.
-	sh(t, sb, `cp /bin/busybox /tmp/busybox && exec /tmp/busybox sh -c 'rm /bin/sh && printf "#!/tmp/busybox sh\necho HIJACKED\n" > /bin/sh && chmod 755 /bin/sh'`)
-	if out := run(t, sb, client.Command{Args: []string{"/bin/sh", "-c", "echo mine"}}).Stdout; string(out) != "HIJACKED\n" {
+	testenv.Sh(t, sb, `cp /bin/busybox /tmp/busybox && exec /tmp/busybox sh -c 'rm /bin/sh && printf "#!/tmp/busybox sh\necho HIJACKED\n" > /bin/sh && chmod 755 /bin/sh'`)
+	if out := testenv.Run(t, sb, client.Command{Args: []string{"/bin/sh", "-c", "echo mine"}}).Stdout; string(out) != "HIJACKED\n" {
 		t.Fatalf("the replacement /bin/sh is not in place: %q", out)
 	}
-	if out := sh(t, sb, "echo harness"); out != "harness\n" {
+	if out := testenv.Sh(t, sb, "echo harness"); out != "harness\n" {
 		t.Errorf("a shell exec ran the agent's /bin/sh: %q", out)
 	}
 	// The node's shell cannot be touched from inside.
 	for _, attempt := range []string{
 		"echo x > /.corral/sh", "rm -f /.corral/sh", "mv /.corral /.x", "rm -rf /.corral", "touch /.corral/evil",
 	} {
-		res := run(t, sb, client.Command{Args: []string{"/tmp/busybox", "sh", "-c", attempt}})
+		res := testenv.Run(t, sb, client.Command{Args: []string{"/tmp/busybox", "sh", "-c", attempt}})
 		if res.ExitCode == 0 {
 			t.Errorf("%q succeeded inside the sandbox", attempt)
 		}
 	}
-	if out := sh(t, sb, "echo still-mine"); out != "still-mine\n" {
+	if out := testenv.Sh(t, sb, "echo still-mine"); out != "still-mine\n" {
 		t.Errorf("shell exec after the attempts: %q", out)
 	}
 }
