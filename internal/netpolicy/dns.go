@@ -1,0 +1,172 @@
+package netpolicy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// minLearnedTTL keeps an answer's addresses allowed at least this long, so
+// that a client that resolves and connects right away (TTL 0 answers) gets
+// through.
+const minLearnedTTL = 10 * time.Second
+
+// maxLearnedTTL bounds how long one answer keeps an address open.
+const maxLearnedTTL = time.Hour
+
+// answerTypes are the query types the proxy forwards for an allowed name.
+// TXT, NULL, MX and the rest are refused: they carry no address a sandbox
+// connects to and are the usual channels of DNS tunnelling.
+var answerTypes = map[uint16]bool{dns.TypeA: true, dns.TypeAAAA: true, dns.TypeCNAME: true, dns.TypeHTTPS: true, dns.TypeSVCB: true}
+
+// dnsProxy is the node's resolver for sandboxes, listening on the bridge's
+// gateway addresses: the only resolver a sandbox's programs let it reach.
+type dnsProxy struct {
+	m         *Manager
+	ns        *os.File
+	upstreams []string
+	servers   []*dns.Server
+	log       *slog.Logger
+}
+
+// start listens on UDP and TCP port 53 of each gateway address, inside the
+// node namespace.
+func (p *dnsProxy) start(addrs []netip.Addr) error {
+	for _, a := range addrs {
+		hostport := netip.AddrPortFrom(a, 53).String()
+		var pc net.PacketConn
+		var ln net.Listener
+		err := InNetns(p.ns, func() error {
+			var err error
+			if pc, err = net.ListenPacket("udp", hostport); err != nil {
+				return err
+			}
+			ln, err = net.Listen("tcp", hostport)
+			return err
+		})
+		if err != nil {
+			if pc != nil {
+				pc.Close()
+			}
+			p.stop()
+			return fmt.Errorf("dns proxy: listen on %s: %w", hostport, err)
+		}
+		for _, s := range []*dns.Server{{PacketConn: pc, Handler: p}, {Listener: ln, Handler: p}} {
+			p.servers = append(p.servers, s)
+			started := make(chan struct{})
+			s.NotifyStartedFunc = func() { close(started) }
+			go func() { _ = s.ActivateAndServe() }()
+			<-started
+		}
+	}
+	return nil
+}
+
+func (p *dnsProxy) stop() {
+	for _, s := range p.servers {
+		_ = s.Shutdown()
+	}
+	p.servers = nil
+}
+
+// ServeDNS answers one query of a sandbox, identified by its source
+// address (a sandbox cannot change it: it has no CAP_NET_ADMIN).
+func (p *dnsProxy) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
+	reply := func(rcode int) {
+		m := new(dns.Msg)
+		m.SetRcode(r, rcode)
+		_ = w.WriteMsg(m)
+	}
+	src, err := netip.ParseAddrPort(w.RemoteAddr().String())
+	if err != nil {
+		reply(dns.RcodeRefused)
+		return
+	}
+	sb := p.m.bySource(src.Addr().Unmap())
+	if sb == nil || len(r.Question) != 1 || r.Opcode != dns.OpcodeQuery {
+		reply(dns.RcodeRefused)
+		return
+	}
+	q := r.Question[0]
+	name := strings.TrimSuffix(strings.ToLower(q.Name), ".")
+	entries := sb.nameEntries(name)
+	// A name no rule lists gets no answer at all: no address to try, and
+	// no channel out through the upstream resolver.
+	if len(entries) == 0 || !answerTypes[q.Qtype] || q.Qclass != dns.ClassINET {
+		sb.countRefusedName(name)
+		reply(dns.RcodeRefused)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := p.exchange(ctx, r)
+	if err != nil {
+		p.log.Warn("dns proxy: upstream failed", "name", name, "err", err)
+		reply(dns.RcodeServerFailure)
+		return
+	}
+	resp.Answer = sb.learn(name, resp.Answer, entries)
+	resp.Ns, resp.Extra = nil, nil
+	resp.Id = r.Id
+	_ = w.WriteMsg(resp)
+}
+
+// exchange asks the upstreams in turn, from the node namespace.
+func (p *dnsProxy) exchange(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+	q := r.Copy()
+	q.Id = dns.Id()
+	var errs []error
+	for _, up := range p.upstreams {
+		for _, network := range []string{"udp", "tcp"} {
+			var conn net.Conn
+			err := InNetns(p.ns, func() error {
+				var err error
+				conn, err = (&net.Dialer{}).DialContext(ctx, network, up)
+				return err
+			})
+			if err != nil {
+				errs = append(errs, err)
+				break
+			}
+			dl, _ := ctx.Deadline()
+			_ = conn.SetDeadline(dl)
+			c := &dns.Conn{Conn: conn}
+			err = c.WriteMsg(q)
+			var resp *dns.Msg
+			if err == nil {
+				resp, err = c.ReadMsg()
+			}
+			conn.Close()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s %s: %w", network, up, err))
+				break
+			}
+			if resp.Truncated && network == "udp" {
+				continue
+			}
+			return resp, nil
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+// answerAddr returns the address of an A or AAAA record.
+func answerAddr(rr dns.RR) (netip.Addr, bool) {
+	switch v := rr.(type) {
+	case *dns.A:
+		a, ok := netip.AddrFromSlice(v.A)
+		return a.Unmap(), ok
+	case *dns.AAAA:
+		a, ok := netip.AddrFromSlice(v.AAAA)
+		return a, ok
+	}
+	return netip.Addr{}, false
+}

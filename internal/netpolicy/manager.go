@@ -1,0 +1,794 @@
+package netpolicy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/miekg/dns"
+)
+
+// Config configures a node's sandbox networking.
+type Config struct {
+	// Bridge is the node bridge's name (default "corral0").
+	Bridge string
+	// Subnet4 and Subnet6 hold the sandboxes' addresses; the first host
+	// address of each is the gateway (and DNS proxy). Defaults
+	// 100.96.0.0/16 and fd63:6f72:7261:6c00::/64. Both lie in ranges every
+	// sandbox is denied, so sandboxes never reach each other.
+	Subnet4, Subnet6 netip.Prefix
+	// NodeNetns is the network namespace (a /proc/.../ns/net or
+	// /run/netns path) that plays the node's side: bridge, NAT, DNS proxy.
+	// Empty: the daemon's own. Tests use a namespace of their own so that
+	// the host's forwarding settings stay untouched.
+	NodeNetns string
+	// Upstreams are the DNS servers ("ip:port") the proxy asks. Default:
+	// the nameservers of /etc/resolv.conf.
+	Upstreams []string
+	// Presets are named rule lists (default DefaultPresets()).
+	Presets map[string][]string
+	// PoolSize is how many sandbox namespaces are kept ready (default 4).
+	PoolSize int
+	Logger   *slog.Logger
+}
+
+// Manager is a node's sandbox networking. Nothing on the host changes until
+// the first networked sandbox needs it.
+type Manager struct {
+	cfg Config
+	log *slog.Logger
+
+	startMu sync.Mutex
+	started bool
+	ns      *os.File
+	node    *nodeSide
+	dns     *dnsProxy
+	deny    []netip.Prefix // always denied, node addresses included
+	pool    chan *slot
+	stop    chan struct{}
+	wg      sync.WaitGroup
+
+	mu        sync.Mutex
+	used      map[uint32]bool
+	bySrc     map[netip.Addr]*Sandbox
+	sandboxes map[string]*Sandbox
+}
+
+// NewManager checks the config; the node side is set up on first use.
+func NewManager(cfg Config) (*Manager, error) {
+	if cfg.Bridge == "" {
+		cfg.Bridge = "corral0"
+	}
+	if len(cfg.Bridge) > 15 {
+		return nil, errdefs.InvalidArgument("network: bridge name %q is longer than 15 characters", cfg.Bridge)
+	}
+	if !cfg.Subnet4.IsValid() {
+		cfg.Subnet4 = netip.MustParsePrefix("100.96.0.0/16")
+	}
+	if !cfg.Subnet6.IsValid() {
+		cfg.Subnet6 = netip.MustParsePrefix("fd63:6f72:7261:6c00::/64")
+	}
+	if !cfg.Subnet4.Addr().Is4() || cfg.Subnet4.Bits() > 28 || cfg.Subnet4 != cfg.Subnet4.Masked() {
+		return nil, errdefs.InvalidArgument("network: subnet4 %s must be an IPv4 prefix of at most /28", cfg.Subnet4)
+	}
+	if !cfg.Subnet6.Addr().Is6() || cfg.Subnet6.Bits() > 120 || cfg.Subnet6 != cfg.Subnet6.Masked() {
+		return nil, errdefs.InvalidArgument("network: subnet6 %s must be an IPv6 prefix of at most /120", cfg.Subnet6)
+	}
+	if cfg.Presets == nil {
+		cfg.Presets = DefaultPresets()
+	}
+	for name, rules := range cfg.Presets {
+		if _, err := Validate(Policy{Mode: ModeAllowlist, Allow: rules}, nil); err != nil {
+			return nil, fmt.Errorf("network: preset %s: %w", name, err)
+		}
+	}
+	if cfg.PoolSize <= 0 {
+		cfg.PoolSize = 4
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Manager{cfg: cfg, log: cfg.Logger.With("component", "netpolicy"),
+		used: map[uint32]bool{}, bySrc: map[netip.Addr]*Sandbox{}, sandboxes: map[string]*Sandbox{}}, nil
+}
+
+// Presets returns the node's presets.
+func (m *Manager) Presets() map[string][]string { return m.cfg.Presets }
+
+func (m *Manager) gateways() (netip.Prefix, netip.Prefix) {
+	return netip.PrefixFrom(m.cfg.Subnet4.Addr().Next(), m.cfg.Subnet4.Bits()),
+		netip.PrefixFrom(m.cfg.Subnet6.Addr().Next(), m.cfg.Subnet6.Bits())
+}
+
+// ensure sets up the node side, the DNS proxy and the pool, once.
+func (m *Manager) ensure() error {
+	m.startMu.Lock()
+	defer m.startMu.Unlock()
+	if m.started {
+		return nil
+	}
+	if err := m.openNode(); err != nil {
+		return err
+	}
+	if err := m.node.setUp(); err != nil {
+		return fmt.Errorf("network: node side: %w", err)
+	}
+	addrs, err := m.node.addresses()
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	m.deny = slices.Clone(alwaysDenied)
+	m.deny = append(m.deny, addrs...)
+	for i := range m.deny {
+		m.deny[i] = to16(m.deny[i])
+	}
+	ups := m.cfg.Upstreams
+	if len(ups) == 0 {
+		ups = resolvConfServers("/etc/resolv.conf")
+	}
+	m.dns = &dnsProxy{m: m, ns: m.ns, upstreams: ups, log: m.log}
+	gw4, gw6 := m.gateways()
+	if err := m.dns.start([]netip.Addr{gw4.Addr(), gw6.Addr()}); err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	m.pool = make(chan *slot, m.cfg.PoolSize)
+	m.stop = make(chan struct{})
+	m.wg.Add(2)
+	go m.fill()
+	go m.expire()
+	m.started = true
+	m.log.Info("sandbox networking ready", "bridge", m.cfg.Bridge, "gateway4", gw4, "gateway6", gw6, "upstreams", ups)
+	return nil
+}
+
+// openNode opens the node namespace and a netlink handle in it.
+func (m *Manager) openNode() error {
+	if m.node != nil {
+		return nil
+	}
+	if m.cfg.NodeNetns != "" {
+		f, err := os.Open(m.cfg.NodeNetns)
+		if err != nil {
+			return fmt.Errorf("network: node netns: %w", err)
+		}
+		m.ns = f
+	}
+	nl, err := handleIn(m.ns)
+	if err != nil {
+		return fmt.Errorf("network: netlink: %w", err)
+	}
+	gw4, gw6 := m.gateways()
+	m.node = &nodeSide{ns: m.ns, nl: nl, bridge: m.cfg.Bridge, gw4: gw4, gw6: gw6}
+	return nil
+}
+
+// resolvConfServers reads the nameserver lines of a resolv.conf.
+func resolvConfServers(path string) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "nameserver" {
+			if a, err := netip.ParseAddr(fields[1]); err == nil {
+				out = append(out, netip.AddrPortFrom(a, 53).String())
+			}
+		}
+	}
+	return out
+}
+
+// fill keeps the pool full.
+func (m *Manager) fill() {
+	defer m.wg.Done()
+	for {
+		s, err := m.newSlot()
+		if err != nil {
+			m.log.Warn("network pool: make namespace", "err", err)
+			select {
+			case <-m.stop:
+				return
+			case <-time.After(time.Second):
+				continue
+			}
+		}
+		select {
+		case m.pool <- s:
+		case <-m.stop:
+			m.freeSlot(s)
+			return
+		}
+	}
+}
+
+// expire drops DNS-learned addresses whose TTL has run out.
+func (m *Manager) expire() {
+	defer m.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case now := <-t.C:
+			m.mu.Lock()
+			sbs := make([]*Sandbox, 0, len(m.sandboxes))
+			for _, s := range m.sandboxes {
+				sbs = append(sbs, s)
+			}
+			m.mu.Unlock()
+			for _, s := range sbs {
+				if err := s.expire(now); err != nil {
+					m.log.Warn("network: expire DNS answers", "id", s.id, "err", err)
+				}
+			}
+		}
+	}
+}
+
+// vethName is unique per bridge and index, and at most 15 characters.
+func (m *Manager) vethName(index uint32) string {
+	h := fnv.New32a()
+	h.Write([]byte(m.cfg.Bridge))
+	return fmt.Sprintf("cr%06x-%x", h.Sum32()&0xffffff, index)
+}
+
+func (m *Manager) newSlot() (*slot, error) {
+	m.mu.Lock()
+	hostBits := 32 - m.cfg.Subnet4.Bits()
+	limit := uint32(1)<<hostBits - 2 // no broadcast
+	var index uint32
+	for i := uint32(2); i < limit; i++ {
+		if !m.used[i] {
+			index = i
+			break
+		}
+	}
+	if index == 0 {
+		m.mu.Unlock()
+		return nil, errdefs.ResourceExhausted("network: no free address in %s", m.cfg.Subnet4)
+	}
+	m.used[index] = true
+	m.mu.Unlock()
+	s, err := m.node.makeSlot(index, addAddr(m.cfg.Subnet4.Addr(), index), addAddr(m.cfg.Subnet6.Addr(), index), m.vethName(index))
+	if err != nil {
+		m.mu.Lock()
+		delete(m.used, index)
+		m.mu.Unlock()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (m *Manager) freeSlot(s *slot) {
+	if err := s.destroy(m.node); err != nil {
+		m.log.Warn("network: remove namespace", "veth", s.hostVeth, "err", err)
+	}
+	m.mu.Lock()
+	delete(m.used, s.index)
+	m.mu.Unlock()
+}
+
+// addAddr returns base + n (n small enough for the prefix).
+func addAddr(base netip.Addr, n uint32) netip.Addr {
+	b := base.AsSlice()
+	carry := uint64(n)
+	for i := len(b) - 1; i >= 0 && carry > 0; i-- {
+		v := uint64(b[i]) + carry
+		b[i] = byte(v)
+		carry = v >> 8
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// take returns a ready slot: from the pool, or made now if it is empty.
+func (m *Manager) take(ctx context.Context) (*slot, error) {
+	select {
+	case s := <-m.pool:
+		return s, nil
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return m.newSlot()
+}
+
+// Record is what the backend persists to find a sandbox's network again.
+type Record struct {
+	Index    uint32   `json:"index"`
+	Addr4    string   `json:"addr4"`
+	Addr6    string   `json:"addr6"`
+	HostVeth string   `json:"host_veth"`
+	Mode     Mode     `json:"mode"`
+	Allow    []string `json:"allow,omitempty"`
+}
+
+// Attach gives sandbox id a namespace from the pool and attaches the
+// programs, with p's rules in place, to its cgroup v2 directory. The
+// sandbox's init must be started inside Sandbox.Netns. On error nothing
+// remains.
+func (m *Manager) Attach(ctx context.Context, id, cgroupDir string, p Policy) (*Sandbox, error) {
+	rules, err := Validate(p, m.cfg.Presets)
+	if err != nil {
+		return nil, err
+	}
+	if p.Mode == ModeNone {
+		return nil, errdefs.InvalidArgument("network.mode: none needs no network (use the sandbox's own loopback namespace)")
+	}
+	if cgroupDir == "" {
+		return nil, errdefs.NotSupported("network: no cgroup v2 directory for the eBPF programs (needs a cgroup2 mount)")
+	}
+	if err := m.ensure(); err != nil {
+		return nil, err
+	}
+	s, err := m.take(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	sb := &Sandbox{m: m, id: id, index: s.index, addr4: s.addr4, addr6: s.addr6, hostVeth: s.hostVeth,
+		ns: s.ns, filter: s.filter, mode: p.Mode, allow: slices.Clone(p.Allow), rules: rules,
+		learned: map[netip.Addr]learned{}, refusedNames: map[string]uint64{}}
+	// The rules go in before the programs: from the first packet on, the
+	// sandbox meets its policy, never an empty (all-denying) map or none.
+	if err := sb.sync(); err != nil {
+		m.freeSlot(s)
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	if err := s.filter.attach(cgroupDir); err != nil {
+		m.freeSlot(s)
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	m.register(sb)
+	return sb, nil
+}
+
+func (m *Manager) register(sb *Sandbox) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.used[sb.index] = true
+	m.bySrc[sb.addr4] = sb
+	m.bySrc[sb.addr6] = sb
+	m.sandboxes[sb.id] = sb
+}
+
+// Recover finds the network of a sandbox that outlived a daemon restart
+// (its programs and maps are still attached to its cgroup).
+func (m *Manager) Recover(ctx context.Context, id, cgroupDir string, rec Record) (*Sandbox, error) {
+	a4, err4 := netip.ParseAddr(rec.Addr4)
+	a6, err6 := netip.ParseAddr(rec.Addr6)
+	if err := errors.Join(err4, err6); err != nil {
+		return nil, fmt.Errorf("network: record of %s: %w", id, err)
+	}
+	if err := m.ensure(); err != nil {
+		return nil, err
+	}
+	f, err := recoverFilter(cgroupDir)
+	if err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	rules, err := Validate(Policy{Mode: rec.Mode, Allow: rec.Allow}, m.cfg.Presets)
+	if err != nil {
+		f.maps.close()
+		return nil, fmt.Errorf("network: record of %s: %w", id, err)
+	}
+	sb := &Sandbox{m: m, id: id, index: rec.Index, addr4: a4, addr6: a6, hostVeth: rec.HostVeth, filter: f,
+		mode: rec.Mode, allow: rec.Allow, rules: rules, learned: map[netip.Addr]learned{}, refusedNames: map[string]uint64{}}
+	m.register(sb)
+	return sb, nil
+}
+
+// Remove deletes what the network of a dead sandbox left without a live
+// Sandbox (its host veth); the namespace went with its processes.
+func (m *Manager) Remove(rec Record) error {
+	if rec.HostVeth == "" {
+		return nil
+	}
+	if err := m.openNode(); err != nil {
+		return err
+	}
+	return m.node.deleteLink(rec.HostVeth)
+}
+
+// Sweep removes bridge ports that keep does not claim (a crash between
+// create steps, or a sandbox whose record is gone).
+func (m *Manager) Sweep(keep func(hostVeth string) bool) error {
+	if err := m.openNode(); err != nil {
+		return err
+	}
+	br, err := m.node.nl.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return nil // never set up
+	}
+	m.node.brIndex = br.Attrs().Index
+	ports, err := m.node.ports()
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	// Sandboxes and the pool's slots hold indexes; their veths stay.
+	live := map[string]bool{}
+	for i := range m.used {
+		live[m.vethName(i)] = true
+	}
+	m.mu.Unlock()
+	var errs []error
+	for _, p := range ports {
+		if !live[p] && !keep(p) && strings.HasPrefix(p, "cr") {
+			m.log.Info("sweeping leftover sandbox veth", "veth", p)
+			errs = append(errs, m.node.deleteLink(p))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Manager) bySource(a netip.Addr) *Sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.bySrc[a]
+}
+
+// Close stops the pool and the DNS proxy. With no sandbox left it also
+// removes the bridge and the NAT table.
+func (m *Manager) Close() error {
+	m.startMu.Lock()
+	defer m.startMu.Unlock()
+	if !m.started {
+		if m.node != nil {
+			m.node.nl.Close()
+		}
+		if m.ns != nil {
+			m.ns.Close()
+		}
+		return nil
+	}
+	close(m.stop)
+	m.wg.Wait()
+	close(m.pool)
+	for s := range m.pool {
+		m.freeSlot(s)
+	}
+	m.dns.stop()
+	var err error
+	m.mu.Lock()
+	empty := len(m.sandboxes) == 0
+	m.mu.Unlock()
+	if empty {
+		err = m.node.tearDown()
+	}
+	m.node.nl.Close()
+	if m.ns != nil {
+		m.ns.Close()
+	}
+	m.started = false
+	m.node = nil
+	return err
+}
+
+// learned is an address a DNS answer allowed.
+type learned struct {
+	names   []string // the queried names that led to it
+	entries []entry
+	expires time.Time
+}
+
+// Sandbox is one sandbox's network.
+type Sandbox struct {
+	m        *Manager
+	id       string
+	index    uint32
+	addr4    netip.Addr
+	addr6    netip.Addr
+	hostVeth string
+	ns       *os.File // nil after a restart
+	filter   *filter
+
+	mu           sync.Mutex
+	mode         Mode
+	allow        []string
+	rules        []Rule
+	learned      map[netip.Addr]learned
+	refusedNames map[string]uint64
+	closed       bool
+}
+
+// Netns is the namespace the sandbox's init must start in.
+func (s *Sandbox) Netns() *os.File { return s.ns }
+
+// Addrs are the sandbox's IPv4 and IPv6 addresses.
+func (s *Sandbox) Addrs() (netip.Addr, netip.Addr) { return s.addr4, s.addr6 }
+
+// Resolver is the address a sandbox's resolv.conf names.
+func (s *Sandbox) Resolver() netip.Addr {
+	gw4, _ := s.m.gateways()
+	return gw4.Addr()
+}
+
+// Record is what Recover and Remove need later.
+func (s *Sandbox) Record() Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Record{Index: s.index, Addr4: s.addr4.String(), Addr6: s.addr6.String(), HostVeth: s.hostVeth,
+		Mode: s.mode, Allow: slices.Clone(s.allow)}
+}
+
+// Policy is the sandbox's current policy.
+func (s *Sandbox) Policy() Policy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Policy{Mode: s.mode, Allow: slices.Clone(s.allow)}
+}
+
+// Update replaces the policy. It is in force when Update returns: the
+// allow map is rewritten, and flows the old rules allowed are forgotten
+// so that the catch-all cuts connections the new rules refuse.
+func (s *Sandbox) Update(ctx context.Context, p Policy) error {
+	rules, err := Validate(p, s.m.cfg.Presets)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errdefs.FailedPrecondition("sandbox %s: network is closed", s.id)
+	}
+	s.mode, s.allow, s.rules = p.Mode, slices.Clone(p.Allow), rules
+	// Learned addresses keep what the new rules allow for their names.
+	for a, l := range s.learned {
+		l.entries = nil
+		for _, n := range l.names {
+			l.entries = mergeEntries(l.entries, s.nameEntriesLocked(n))
+		}
+		s.learned[a] = l
+	}
+	if err := s.syncLocked(); err != nil {
+		return err
+	}
+	return clearMap(s.filter.maps.flows)
+}
+
+// nameEntries are the (ports, protocols) the rules allow for name.
+func (s *Sandbox) nameEntries(name string) []entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nameEntriesLocked(name)
+}
+
+func (s *Sandbox) nameEntriesLocked(name string) []entry {
+	if s.mode == ModeOpen {
+		return []entry{{First: 0, Last: 65535, Protos: uint32(protoAll)}}
+	}
+	var out []entry
+	for _, r := range s.rules {
+		if r.Matches(name) {
+			out = mergeEntries(out, r.portEntries())
+		}
+	}
+	return out
+}
+
+func (s *Sandbox) countRefusedName(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.refusedNames) < refusedMapEntries || s.refusedNames[name] > 0 {
+		s.refusedNames[name]++
+	}
+}
+
+// learn allows the addresses of an answer (before the proxy replies) and
+// returns the records the sandbox may see.
+func (s *Sandbox) learn(name string, answer []dns.RR, entries []entry) []dns.RR {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var out []dns.RR
+	for _, rr := range answer {
+		a, isAddr := answerAddr(rr)
+		if !isAddr {
+			out = append(out, rr)
+			continue
+		}
+		// DNS rebinding: an allowed name whose answer points at the
+		// node, a private range or metadata gets no entry and the record
+		// is dropped, unless a rule lists that range by itself.
+		if s.deniedLocked(a) {
+			continue
+		}
+		ttl := min(max(time.Duration(rr.Header().Ttl)*time.Second, minLearnedTTL), maxLearnedTTL)
+		l := s.learned[a]
+		l.entries = mergeEntries(l.entries, entries)
+		if !slices.Contains(l.names, name) {
+			l.names = append(l.names, name)
+		}
+		if exp := now.Add(ttl); exp.After(l.expires) {
+			l.expires = exp
+		}
+		s.learned[a] = l
+		out = append(out, rr)
+	}
+	if err := s.syncLocked(); err != nil {
+		s.m.log.Warn("network: allow DNS answer", "id", s.id, "err", err)
+	}
+	return out
+}
+
+// deniedLocked reports whether a lies in an always-denied range that no
+// rule of the sandbox names.
+func (s *Sandbox) deniedLocked(a netip.Addr) bool {
+	k := to16(netip.PrefixFrom(a, a.BitLen()))
+	for _, d := range s.m.deny {
+		if !contains(d, k) {
+			continue
+		}
+		for _, r := range s.rules {
+			if r.Prefix.IsValid() && contains(d, to16(r.Prefix)) && contains(to16(r.Prefix), k) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+func (s *Sandbox) expire(now time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := false
+	for a, l := range s.learned {
+		if now.After(l.expires) {
+			delete(s.learned, a)
+			changed = true
+		}
+	}
+	if !changed || s.closed {
+		return nil
+	}
+	return s.syncLocked()
+}
+
+func (s *Sandbox) sync() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.syncLocked()
+}
+
+// syncLocked writes the allow map from the mode, the rules, the learned
+// addresses and the sandbox's fixed needs.
+func (s *Sandbox) syncLocked() error {
+	all := []entry{{First: 0, Last: 65535, Protos: uint32(protoAll)}}
+	host := func(a netip.Addr) netip.Prefix { return to16(netip.PrefixFrom(a, a.BitLen())) }
+	items := []item{
+		// The sandbox's own loopback and addresses (its namespace's lo;
+		// the host's loopback is not reachable from another namespace).
+		{to16(netip.MustParsePrefix("127.0.0.0/8")), all},
+		{host(netip.IPv6Loopback()), all},
+		{host(s.addr4), all},
+		{host(s.addr6), all},
+	}
+	if s.mode != ModeNone {
+		// The DNS proxy: the only port of the node a sandbox reaches.
+		gw4, gw6 := s.m.gateways()
+		dnsPort := []entry{{First: 53, Last: 53, Protos: uint32(ProtoTCP | ProtoUDP)}}
+		items = append(items, item{host(gw4.Addr()), dnsPort}, item{host(gw6.Addr()), dnsPort})
+	}
+	if s.mode == ModeOpen {
+		items = append(items, item{netip.MustParsePrefix("::/0"), all},
+			item{to16(netip.MustParsePrefix("0.0.0.0/0")), all})
+	}
+	for _, r := range s.rules {
+		if r.Prefix.IsValid() && s.mode != ModeNone {
+			items = append(items, item{to16(r.Prefix), r.portEntries()})
+		}
+	}
+	for a, l := range s.learned {
+		if len(l.entries) > 0 && s.mode != ModeNone {
+			items = append(items, item{host(a), l.entries})
+		}
+	}
+	table, err := buildTable(items, s.m.deny)
+	if err != nil {
+		s.m.log.Warn("network: rules", "id", s.id, "err", err)
+	}
+	return syncMap(s.filter.maps.allow, table)
+}
+
+// Refusal is one refused destination and how often.
+type Refusal struct {
+	Addr  netip.Addr
+	Port  uint16
+	Proto string // tcp, udp, icmp or the protocol number
+	Hook  string // connect, sendmsg, egress, or dns (Name set)
+	Name  string // the refused name, for DNS refusals
+	Count uint64
+}
+
+// Stats are the refusals of one sandbox.
+type Stats struct {
+	Total    uint64 // every refused connect, send and packet
+	Refusals []Refusal
+}
+
+// Stats reads the refusal counters.
+func (s *Sandbox) Stats() (Stats, error) {
+	var st Stats
+	if err := s.filter.maps.total.Lookup(uint32(0), &st.Total); err != nil {
+		return st, fmt.Errorf("network: read counters: %w", err)
+	}
+	var k flowKey
+	var n uint64
+	it := s.filter.maps.refused.Iterate()
+	for it.Next(&k, &n) {
+		a := netip.AddrFrom16(k.Addr).Unmap()
+		st.Refusals = append(st.Refusals, Refusal{Addr: a, Port: k.Port, Proto: protoName(k.Proto),
+			Hook: [...]string{"", "connect", "sendmsg", "egress"}[min(int(k.Hook), 3)], Count: n})
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("network: read counters: %w", err)
+	}
+	s.mu.Lock()
+	for name, n := range s.refusedNames {
+		st.Refusals = append(st.Refusals, Refusal{Hook: "dns", Name: name, Count: n})
+	}
+	s.mu.Unlock()
+	slices.SortFunc(st.Refusals, func(a, b Refusal) int {
+		if a.Count != b.Count {
+			return int(b.Count) - int(a.Count)
+		}
+		return strings.Compare(a.Addr.String()+a.Name, b.Addr.String()+b.Name)
+	})
+	return st, nil
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case 6:
+		return "tcp"
+	case 17:
+		return "udp"
+	case 1, 58:
+		return "icmp"
+	}
+	return fmt.Sprint(p)
+}
+
+// Close releases the sandbox's network: its veth pair, address and
+// handles. The programs go with the cgroup.
+func (s *Sandbox) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	m := s.m
+	m.mu.Lock()
+	delete(m.bySrc, s.addr4)
+	delete(m.bySrc, s.addr6)
+	delete(m.sandboxes, s.id)
+	m.mu.Unlock()
+	err := m.node.deleteLink(s.hostVeth)
+	if s.ns != nil {
+		s.ns.Close()
+	}
+	s.filter.close()
+	m.mu.Lock()
+	delete(m.used, s.index)
+	m.mu.Unlock()
+	return err
+}
