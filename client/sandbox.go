@@ -49,6 +49,9 @@ type CreateOptions struct {
 	// MaxLifetime stops the sandbox this long after creation; nil takes the
 	// server default.
 	MaxLifetime *time.Duration
+	// Network is the sandbox's network policy; the zero value is
+	// NetworkNone (loopback only).
+	Network Network
 }
 
 // Info describes a sandbox.
@@ -68,6 +71,7 @@ type Info struct {
 	CreatedAt    time.Time
 	LastActiveAt time.Time
 	StopReason   string
+	Network      Network
 }
 
 func infoFromProto(p *corralv1.Sandbox) *Info {
@@ -83,6 +87,7 @@ func infoFromProto(p *corralv1.Sandbox) *Info {
 		IdleTimeout: p.IdleTimeout.AsDuration(), MaxLifetime: p.MaxLifetime.AsDuration(),
 		CreatedAt: p.CreatedAt.AsTime(), LastActiveAt: p.LastActiveAt.AsTime(),
 		StopReason: p.StopReason,
+		Network:    networkFromProto(p.GetNetwork()),
 	}
 }
 
@@ -115,6 +120,7 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) 
 		Env: env, Workdir: o.Workdir, User: o.User, Labels: o.Labels,
 		IdleTimeout: optionalDuration(o.IdleTimeout),
 		MaxLifetime: optionalDuration(o.MaxLifetime),
+		Network:     o.Network.toProto(),
 	}))
 	if err != nil {
 		return nil, wrapErr(err)

@@ -34,6 +34,43 @@ type Spec struct {
 	// pools). Its writable layer is a tmpfs of Resources.DiskBytes inside
 	// the sandbox, charged to its memory limit.
 	Resettable bool
+	// Network is the network policy; the zero value is mode none
+	// (loopback only).
+	Network Network
+}
+
+// Network is a sandbox's network policy: Mode "none", "allowlist" or
+// "open", and allow rules in the syntax of netpolicy.ParseRule. The backend
+// validates it (errors name network.mode and network.allow[i]).
+type Network struct {
+	Mode  string
+	Allow []string
+}
+
+// Networker is implemented by sandboxes whose network policy can change
+// while they run (those created with a mode other than none).
+type Networker interface {
+	// UpdateNetwork replaces the policy; it is in force on return.
+	UpdateNetwork(ctx context.Context, n Network) error
+	// NetworkStats reads the refused attempts.
+	NetworkStats(ctx context.Context) (NetworkStats, error)
+}
+
+// NetworkStats are a sandbox's refused attempts.
+type NetworkStats struct {
+	// Total counts every refused connect, send and packet.
+	Total    uint64
+	Refusals []NetworkRefusal
+}
+
+// NetworkRefusal is one refused destination (or name, for Hook "dns").
+type NetworkRefusal struct {
+	Address  string
+	Port     uint16
+	Protocol string
+	Hook     string
+	Name     string
+	Count    uint64
 }
 
 // Resetter is implemented by sandboxes created with Spec.Resettable.

@@ -17,7 +17,8 @@ import (
 type createFlags struct {
 	backend, image, cpu, memory, disk, workdir, user string
 	pids                                             int64
-	env, labels                                      []string
+	env, labels, allow                               []string
+	net                                              string
 	idleTimeout, maxLifetime                         time.Duration
 }
 
@@ -35,6 +36,8 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fl.StringArrayVarP(&f.labels, "label", "l", nil, "label KEY=VALUE (repeatable)")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", -1, "stop after no request for this long (0: never; default: server's)")
 	fl.DurationVar(&f.maxLifetime, "max-lifetime", 0, "stop this long after creation (default: server's)")
+	fl.StringVar(&f.net, "net", "", "network mode: none (loopback only, the default), allowlist (only --allow), open (all but the node, private and metadata ranges)")
+	fl.StringArrayVar(&f.allow, "allow", nil, "allow a destination (repeatable; implies --net allowlist): a preset (pypi, npm, github, goproxy), a name (example.org:443, *.example.org), an address or prefix (203.0.113.0/24:80,443, [2001:db8::1]:53/udp)")
 }
 
 func (f *createFlags) options() (client.CreateOptions, error) {
@@ -50,6 +53,7 @@ func (f *createFlags) options() (client.CreateOptions, error) {
 		return o, err
 	}
 	o.Resources.Pids = f.pids
+	o.Network = client.Network{Mode: client.NetworkMode(f.net), Allow: f.allow}
 	if o.Env, err = parseKV("env", f.env); err != nil {
 		return o, err
 	}

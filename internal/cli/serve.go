@@ -2,22 +2,28 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
+	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/server"
 )
 
 func newServeCmd() *cobra.Command {
 	var cfg server.Config
-	var logLevel, diskPool, defMemory, defDisk string
+	var logLevel, diskPool, defMemory, defDisk, subnet4, subnet6, presetsFile string
+	var presets []string
 	var d node.Defaults
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -44,6 +50,9 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 				return err
 			}
 			cfg.Defaults = d
+			if err := netFlags(&cfg.Network, subnet4, subnet6, presetsFile, presets); err != nil {
+				return err
+			}
 			if os.Geteuid() != 0 {
 				return fmt.Errorf("corral serve must run as root (it creates namespaces, mounts and cgroups)")
 			}
@@ -78,7 +87,51 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&defDisk, "default-disk", "", "disk limit for requests that set none (default 1Gi)")
 	fl.DurationVar(&d.IdleTimeout, "default-idle-timeout", 0, "idle timeout for requests that set none (default 30m)")
 	fl.DurationVar(&d.MaxLifetime, "default-max-lifetime", 0, "lifetime for requests that set none (default 24h)")
+	fl.StringVar(&cfg.Network.Bridge, "net-bridge", "corral0", "bridge that networked sandboxes' veths join (created on first use)")
+	fl.StringVar(&subnet4, "net-subnet4", "100.96.0.0/16", "IPv4 addresses of networked sandboxes; the first is the gateway and DNS proxy")
+	fl.StringVar(&subnet6, "net-subnet6", "fd63:6f72:7261:6c00::/64", "IPv6 addresses of networked sandboxes")
+	fl.StringSliceVar(&cfg.Network.Upstreams, "net-dns-upstream", nil, "DNS servers (ip:port) the sandboxes' DNS proxy asks (default: /etc/resolv.conf's)")
+	fl.StringArrayVar(&presets, "net-preset", nil, "a rule of a network preset, NAME=RULE (repeatable: the rules of one NAME add up and replace a default preset of that name)")
+	fl.StringVar(&presetsFile, "net-presets-file", "", "JSON file {\"name\": [\"rule\", ...]} of network presets, merged over the defaults (pypi, npm, github, goproxy)")
+	fl.StringVar(&cfg.Network.NodeNetns, "net-node-netns", "", "network namespace path for the node's side (bridge, NAT, DNS proxy); default the daemon's own")
+	fl.IntVar(&cfg.Network.PoolSize, "net-pool", 4, "network namespaces kept ready for networked sandboxes")
 	return cmd
+}
+
+// netFlags fills the network config from the serve flags.
+func netFlags(nc *netpolicy.Config, subnet4, subnet6, presetsFile string, presets []string) error {
+	var err error
+	if nc.Subnet4, err = netip.ParsePrefix(subnet4); err != nil {
+		return fmt.Errorf("--net-subnet4: %w", err)
+	}
+	if nc.Subnet6, err = netip.ParsePrefix(subnet6); err != nil {
+		return fmt.Errorf("--net-subnet6: %w", err)
+	}
+	nc.Presets = netpolicy.DefaultPresets()
+	if presetsFile != "" {
+		b, err := os.ReadFile(presetsFile)
+		if err != nil {
+			return fmt.Errorf("--net-presets-file: %w", err)
+		}
+		var m map[string][]string
+		if err := json.Unmarshal(b, &m); err != nil {
+			return fmt.Errorf("--net-presets-file %s: %w", presetsFile, err)
+		}
+		maps.Copy(nc.Presets, m)
+	}
+	replaced := map[string]bool{}
+	for _, p := range presets {
+		name, rule, ok := strings.Cut(p, "=")
+		if !ok || name == "" || rule == "" {
+			return fmt.Errorf("--net-preset %q: want NAME=RULE", p)
+		}
+		if !replaced[name] {
+			replaced[name] = true
+			nc.Presets[name] = nil
+		}
+		nc.Presets[name] = append(nc.Presets[name], rule)
+	}
+	return nil
 }
 
 func joinErr(a, b error) error {

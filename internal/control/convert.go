@@ -55,7 +55,44 @@ func sandboxToProto(sb *node.Sandbox) *corralv1.Sandbox {
 		CreatedAt:    timestamppb.New(sb.CreatedAt),
 		LastActiveAt: timestamppb.New(sb.LastActiveAt),
 		StopReason:   sb.StopReason,
+		Network:      networkToProto(sb.NetworkMode, sb.NetworkAllow),
 	}
+}
+
+var modeToProto = map[string]corralv1.NetworkMode{
+	"":          corralv1.NetworkMode_NETWORK_MODE_NONE,
+	"none":      corralv1.NetworkMode_NETWORK_MODE_NONE,
+	"allowlist": corralv1.NetworkMode_NETWORK_MODE_ALLOWLIST,
+	"open":      corralv1.NetworkMode_NETWORK_MODE_OPEN,
+}
+
+func networkToProto(mode string, allow []string) *corralv1.NetworkPolicy {
+	return &corralv1.NetworkPolicy{Mode: modeToProto[mode], Allow: allow}
+}
+
+// networkModeFromProto maps the enum to the node's mode names; UNSPECIFIED is "".
+func networkModeFromProto(field string, m corralv1.NetworkMode) (string, error) {
+	switch m {
+	case corralv1.NetworkMode_NETWORK_MODE_UNSPECIFIED:
+		return "", nil
+	case corralv1.NetworkMode_NETWORK_MODE_NONE:
+		return "none", nil
+	case corralv1.NetworkMode_NETWORK_MODE_ALLOWLIST:
+		return "allowlist", nil
+	case corralv1.NetworkMode_NETWORK_MODE_OPEN:
+		return "open", nil
+	}
+	return "", errdefs.InvalidArgument("%s: unknown network mode %d", field, m)
+}
+
+func statsToProto(st backend.NetworkStats) *corralv1.NetworkStatsResponse {
+	out := &corralv1.NetworkStatsResponse{RefusedTotal: st.Total}
+	for _, r := range st.Refusals {
+		out.Refusals = append(out.Refusals, &corralv1.NetworkRefusal{
+			Address: r.Address, Port: uint32(r.Port), Protocol: r.Protocol, Hook: r.Hook, Name: r.Name, Count: r.Count,
+		})
+	}
+	return out
 }
 
 // optionalDuration converts an unset field to nil and checks a set one.
@@ -79,8 +116,13 @@ func createFromProto(req *corralv1.CreateRequest) (node.CreateRequest, error) {
 	if err != nil {
 		return node.CreateRequest{}, err
 	}
+	mode, err := networkModeFromProto("network.mode", req.GetNetwork().GetMode())
+	if err != nil {
+		return node.CreateRequest{}, err
+	}
 	r := req.GetResources()
 	return node.CreateRequest{
+		Network: backend.Network{Mode: mode, Allow: req.GetNetwork().GetAllow()},
 		Backend: req.Backend,
 		Image:   req.Image,
 		Resources: node.Resources{

@@ -297,3 +297,32 @@ func (s *Service) Resume(ctx context.Context, req *connect.Request[corralv1.Resu
 	}
 	return connect.NewResponse(&corralv1.ResumeResponse{}), nil
 }
+
+func (s *Service) UpdateNetwork(ctx context.Context, req *connect.Request[corralv1.UpdateNetworkRequest]) (*connect.Response[corralv1.UpdateNetworkResponse], error) {
+	m := req.Msg
+	n, err := s.route(m.Id)
+	if err != nil {
+		return nil, err
+	}
+	mode, err := networkModeFromProto("mode", m.Mode)
+	if err != nil {
+		return nil, err
+	}
+	nw, err := n.UpdateNetwork(ctx, m.Id, node.NetworkUpdate{Mode: mode, Allow: m.Allow, Deny: m.Deny, Replace: m.Replace})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.UpdateNetworkResponse{Network: networkToProto(nw.Mode, nw.Allow)}), nil
+}
+
+func (s *Service) NetworkStats(ctx context.Context, req *connect.Request[corralv1.NetworkStatsRequest]) (*connect.Response[corralv1.NetworkStatsResponse], error) {
+	n, err := s.route(req.Msg.Id)
+	if err != nil {
+		return nil, err
+	}
+	st, err := n.NetworkStats(ctx, req.Msg.Id)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(statsToProto(st)), nil
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/state"
 )
 
@@ -37,6 +38,8 @@ type CreateRequest struct {
 	IdleTimeout *time.Duration
 	// nil takes the node default.
 	MaxLifetime *time.Duration
+	// Network is the policy; the zero value is mode none.
+	Network backend.Network
 }
 
 // Sandbox describes a sandbox to callers.
@@ -102,6 +105,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		ID:       rec.ID,
 		Layers:   img.Layers,
 		Hostname: "sandbox",
+		Network:  backend.Network{Mode: rec.NetworkMode, Allow: rec.NetworkAllow},
 		Resources: backend.Resources{
 			CPUMillis:   rec.CPUMillis,
 			MemoryBytes: rec.MemoryBytes,
@@ -167,10 +171,12 @@ func (n *Node) admit(req CreateRequest) (*state.Record, error) {
 		Workdir:     req.Workdir,
 		User:        req.User,
 		Labels:      req.Labels,
+		NetworkMode: req.Network.Mode,
 		IdleTimeout: d.IdleTimeout,
 		MaxLifetime: d.MaxLifetime,
 		CreatedAt:   time.Now(),
 	}
+	rec.NetworkAllow = req.Network.Allow
 	if req.IdleTimeout != nil {
 		rec.IdleTimeout = *req.IdleTimeout
 	}
@@ -189,6 +195,7 @@ func (n *Node) admit(req CreateRequest) (*state.Record, error) {
 		checkDuration("idle_timeout", rec.IdleTimeout, l.MaxLifetime),
 		checkDuration("max_lifetime", rec.MaxLifetime, l.MaxLifetime),
 	}
+	checks = append(checks, checkNetwork(req.Network))
 	for _, err := range checks {
 		if err != nil {
 			return nil, err
@@ -232,4 +239,22 @@ func mergeEnv(base, overrides []string) []string {
 		out = append(out, kv)
 	}
 	return out
+}
+
+// checkNetwork checks the mode and the rules' syntax; presets are the
+// backend's to expand.
+func checkNetwork(nw backend.Network) error {
+	mode, err := netpolicy.ParseMode(nw.Mode)
+	if err != nil {
+		return err
+	}
+	if mode == netpolicy.ModeNone && len(nw.Allow) > 0 {
+		return errdefs.InvalidArgument("network.allow: mode none takes no rules (use allowlist)")
+	}
+	for i, s := range nw.Allow {
+		if _, err := netpolicy.ParseRule(s); err != nil {
+			return errdefs.InvalidArgument("network.allow[%d]: %v", i, err)
+		}
+	}
+	return nil
 }

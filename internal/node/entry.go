@@ -19,6 +19,7 @@ type entry struct {
 	backend backend.Backend
 
 	mu       sync.Mutex
+	netMu    sync.Mutex // serialises network updates
 	rec      *state.Record
 	sb       backend.Sandbox
 	deleting bool
@@ -44,6 +45,7 @@ func (e *entry) snapshotLocked() *state.Record {
 	rec := *e.rec
 	rec.Env = slices.Clone(rec.Env)
 	rec.Labels = maps.Clone(rec.Labels)
+	rec.NetworkAllow = slices.Clone(rec.NetworkAllow)
 	return &rec
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/fncall"
 	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/node"
 )
 
@@ -53,7 +54,11 @@ type Config struct {
 	// FnCallPoolFloor and FnCallPoolCeiling bound each fncall pool (per
 	// image and memory limit); zero takes fncall's defaults.
 	FnCallPoolFloor, FnCallPoolCeiling int
-	Logger                             *slog.Logger
+	// Network configures sandbox networking (bridge, NAT, DNS proxy,
+	// presets). Nothing on the host changes until a sandbox asks for a
+	// network mode other than none.
+	Network netpolicy.Config
+	Logger  *slog.Logger
 }
 
 // Server is a running corral process.

@@ -11,6 +11,7 @@ import (
 	"github.com/corral-dev/corral/internal/diskimg"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/quota"
 )
 
@@ -33,6 +34,7 @@ const (
 type stack struct {
 	uppers    *quota.Store // nil unless the XFS store is in use
 	container *container.Backend
+	network   *netpolicy.Manager
 	backends  []backend.Backend
 }
 
@@ -40,6 +42,14 @@ func newStack(ctx context.Context, cfg Config) (*stack, error) {
 	shell, err := image.StaticBusybox()
 	if err != nil {
 		return nil, fmt.Errorf("the sandboxes' shell: %w", err)
+	}
+	ncfg := cfg.Network
+	if ncfg.Logger == nil {
+		ncfg.Logger = cfg.Logger
+	}
+	network, err := netpolicy.NewManager(ncfg)
+	if err != nil {
+		return nil, err
 	}
 	store, pool, err := openDiskStore(ctx, cfg)
 	if err != nil {
@@ -52,6 +62,7 @@ func newStack(ctx context.Context, cfg Config) (*stack, error) {
 		Uppers:       store,
 		FavorDynMods: !cfg.KeepCgroupMountOptions,
 		Shell:        shell,
+		Network:      network,
 		Logger:       cfg.Logger,
 	})
 	if err != nil {
@@ -60,7 +71,7 @@ func newStack(ctx context.Context, cfg Config) (*stack, error) {
 		}
 		return nil, err
 	}
-	return &stack{uppers: pool, container: ctr, backends: []backend.Backend{ctr}}, nil
+	return &stack{uppers: pool, container: ctr, network: network, backends: []backend.Backend{ctr}}, nil
 }
 
 // openDiskStore opens the store cfg.DiskStore names. With auto, the XFS
@@ -97,7 +108,9 @@ func openDiskStore(ctx context.Context, cfg Config) (store container.UpperStore,
 // it also removes the cgroup parent and detaches the XFS disk pool; the
 // ext4-image store holds nothing open.
 func (s *stack) close(ctx context.Context, cleanup bool) error {
-	var errs []error
+	// The bridge and NAT stay while sandboxes that outlive the server
+	// still use them.
+	errs := []error{s.network.Close()}
 	if cleanup {
 		errs = append(errs, s.container.RemoveCgroupParent())
 	}

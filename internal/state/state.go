@@ -55,6 +55,10 @@ type Record struct {
 	CreatedAt   time.Time         `json:"created_at"`
 	StoppedAt   time.Time         `json:"stopped_at,omitzero"`
 	StopReason  string            `json:"stop_reason,omitempty"`
+	// NetworkMode and NetworkAllow are the current network policy ("" is
+	// mode none).
+	NetworkMode  string   `json:"network_mode,omitempty"`
+	NetworkAllow []string `json:"network_allow,omitempty"`
 	// BackendRecord is the backend's own opaque record (backend.Sandbox.Record).
 	BackendRecord []byte `json:"backend_record,omitempty"`
 }

@@ -26,6 +26,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type NetworkMode int32
+
+const (
+	// UNSPECIFIED: NONE at create; unchanged in UpdateNetwork.
+	NetworkMode_NETWORK_MODE_UNSPECIFIED NetworkMode = 0
+	// NONE: loopback only (the default).
+	NetworkMode_NETWORK_MODE_NONE NetworkMode = 1
+	// ALLOWLIST: only the destinations in allow (and the node's DNS proxy,
+	// which answers only names in allow).
+	NetworkMode_NETWORK_MODE_ALLOWLIST NetworkMode = 2
+	// OPEN: everything but the always-denied ranges (the node's addresses,
+	// link-local and metadata, private and shared ranges), unless listed.
+	NetworkMode_NETWORK_MODE_OPEN NetworkMode = 3
+)
+
+// Enum value maps for NetworkMode.
+var (
+	NetworkMode_name = map[int32]string{
+		0: "NETWORK_MODE_UNSPECIFIED",
+		1: "NETWORK_MODE_NONE",
+		2: "NETWORK_MODE_ALLOWLIST",
+		3: "NETWORK_MODE_OPEN",
+	}
+	NetworkMode_value = map[string]int32{
+		"NETWORK_MODE_UNSPECIFIED": 0,
+		"NETWORK_MODE_NONE":        1,
+		"NETWORK_MODE_ALLOWLIST":   2,
+		"NETWORK_MODE_OPEN":        3,
+	}
+)
+
+func (x NetworkMode) Enum() *NetworkMode {
+	p := new(NetworkMode)
+	*p = x
+	return p
+}
+
+func (x NetworkMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NetworkMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_corral_v1_sandbox_proto_enumTypes[0].Descriptor()
+}
+
+func (NetworkMode) Type() protoreflect.EnumType {
+	return &file_corral_v1_sandbox_proto_enumTypes[0]
+}
+
+func (x NetworkMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NetworkMode.Descriptor instead.
+func (NetworkMode) EnumDescriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{0}
+}
+
 type SandboxState int32
 
 const (
@@ -64,11 +122,11 @@ func (x SandboxState) String() string {
 }
 
 func (SandboxState) Descriptor() protoreflect.EnumDescriptor {
-	return file_corral_v1_sandbox_proto_enumTypes[0].Descriptor()
+	return file_corral_v1_sandbox_proto_enumTypes[1].Descriptor()
 }
 
 func (SandboxState) Type() protoreflect.EnumType {
-	return &file_corral_v1_sandbox_proto_enumTypes[0]
+	return &file_corral_v1_sandbox_proto_enumTypes[1]
 }
 
 func (x SandboxState) Number() protoreflect.EnumNumber {
@@ -77,7 +135,374 @@ func (x SandboxState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SandboxState.Descriptor instead.
 func (SandboxState) EnumDescriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
+type NetworkPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mode  NetworkMode            `protobuf:"varint,1,opt,name=mode,proto3,enum=corral.v1.NetworkMode" json:"mode,omitempty"`
+	// Allowed destinations, each "TARGET[:PORTS][/PROTOCOLS]": a node preset
+	// ("pypi", "npm", "github", "goproxy"), a name ("example.org:443",
+	// "*.example.org"), an address or prefix ("203.0.113.0/24:80,443",
+	// "[2001:db8::/32]:443"); PORTS are ports and ranges ("8000-8100"),
+	// every port when absent; PROTOCOLS are tcp, udp, icmp joined by "+",
+	// tcp+udp when absent.
+	Allow         []string `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkPolicy) Reset() {
+	*x = NetworkPolicy{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkPolicy) ProtoMessage() {}
+
+func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
+func (*NetworkPolicy) Descriptor() ([]byte, []int) {
 	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *NetworkPolicy) GetMode() NetworkMode {
+	if x != nil {
+		return x.Mode
+	}
+	return NetworkMode_NETWORK_MODE_UNSPECIFIED
+}
+
+func (x *NetworkPolicy) GetAllow() []string {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+type UpdateNetworkRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// UNSPECIFIED keeps the mode.
+	Mode NetworkMode `protobuf:"varint,2,opt,name=mode,proto3,enum=corral.v1.NetworkMode" json:"mode,omitempty"`
+	// Rules added to the allow list (or replacing it, with replace).
+	Allow []string `protobuf:"bytes,3,rep,name=allow,proto3" json:"allow,omitempty"`
+	// Rules removed from the allow list (matched by canonical form).
+	Deny          []string `protobuf:"bytes,4,rep,name=deny,proto3" json:"deny,omitempty"`
+	Replace       bool     `protobuf:"varint,5,opt,name=replace,proto3" json:"replace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateNetworkRequest) Reset() {
+	*x = UpdateNetworkRequest{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateNetworkRequest) ProtoMessage() {}
+
+func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
+func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *UpdateNetworkRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateNetworkRequest) GetMode() NetworkMode {
+	if x != nil {
+		return x.Mode
+	}
+	return NetworkMode_NETWORK_MODE_UNSPECIFIED
+}
+
+func (x *UpdateNetworkRequest) GetAllow() []string {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *UpdateNetworkRequest) GetDeny() []string {
+	if x != nil {
+		return x.Deny
+	}
+	return nil
+}
+
+func (x *UpdateNetworkRequest) GetReplace() bool {
+	if x != nil {
+		return x.Replace
+	}
+	return false
+}
+
+type UpdateNetworkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Network       *NetworkPolicy         `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateNetworkResponse) Reset() {
+	*x = UpdateNetworkResponse{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateNetworkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateNetworkResponse) ProtoMessage() {}
+
+func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
+func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *UpdateNetworkResponse) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+type NetworkStatsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkStatsRequest) Reset() {
+	*x = NetworkStatsRequest{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkStatsRequest) ProtoMessage() {}
+
+func (x *NetworkStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkStatsRequest.ProtoReflect.Descriptor instead.
+func (*NetworkStatsRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *NetworkStatsRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type NetworkRefusal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Destination address; empty for a DNS refusal.
+	Address string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Port    uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// tcp, udp, icmp or the IP protocol number.
+	Protocol string `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// Where it was refused: connect, sendmsg, egress (a packet), dns.
+	Hook string `protobuf:"bytes,4,opt,name=hook,proto3" json:"hook,omitempty"`
+	// The refused name, for hook dns.
+	Name          string `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	Count         uint64 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkRefusal) Reset() {
+	*x = NetworkRefusal{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkRefusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkRefusal) ProtoMessage() {}
+
+func (x *NetworkRefusal) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkRefusal.ProtoReflect.Descriptor instead.
+func (*NetworkRefusal) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *NetworkRefusal) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NetworkRefusal) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *NetworkRefusal) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *NetworkRefusal) GetHook() string {
+	if x != nil {
+		return x.Hook
+	}
+	return ""
+}
+
+func (x *NetworkRefusal) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NetworkRefusal) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type NetworkStatsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every refused connect, send and packet (DNS refusals not included).
+	RefusedTotal uint64 `protobuf:"varint,1,opt,name=refused_total,json=refusedTotal,proto3" json:"refused_total,omitempty"`
+	// The most refused destinations first.
+	Refusals      []*NetworkRefusal `protobuf:"bytes,2,rep,name=refusals,proto3" json:"refusals,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkStatsResponse) Reset() {
+	*x = NetworkStatsResponse{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkStatsResponse) ProtoMessage() {}
+
+func (x *NetworkStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkStatsResponse.ProtoReflect.Descriptor instead.
+func (*NetworkStatsResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *NetworkStatsResponse) GetRefusedTotal() uint64 {
+	if x != nil {
+		return x.RefusedTotal
+	}
+	return 0
+}
+
+func (x *NetworkStatsResponse) GetRefusals() []*NetworkRefusal {
+	if x != nil {
+		return x.Refusals
+	}
+	return nil
 }
 
 type Resources struct {
@@ -96,7 +521,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[0]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -108,7 +533,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[0]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -121,7 +546,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{0}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Resources) GetCpuMillis() int64 {
@@ -169,14 +594,16 @@ type CreateRequest struct {
 	// Stop the sandbox after no request for this long. Unset: node default; 0s: never.
 	IdleTimeout *durationpb.Duration `protobuf:"bytes,8,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	// Stop the sandbox this long after creation. Unset: node default.
-	MaxLifetime   *durationpb.Duration `protobuf:"bytes,9,opt,name=max_lifetime,json=maxLifetime,proto3" json:"max_lifetime,omitempty"`
+	MaxLifetime *durationpb.Duration `protobuf:"bytes,9,opt,name=max_lifetime,json=maxLifetime,proto3" json:"max_lifetime,omitempty"`
+	// Network policy; unset: mode NONE (loopback only).
+	Network       *NetworkPolicy `protobuf:"bytes,10,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[1]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -188,7 +615,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[1]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -201,7 +628,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateRequest) GetBackend() string {
@@ -267,6 +694,13 @@ func (x *CreateRequest) GetMaxLifetime() *durationpb.Duration {
 	return nil
 }
 
+func (x *CreateRequest) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
 type CreateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -276,7 +710,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[2]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -288,7 +722,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[2]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -301,7 +735,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -328,14 +762,15 @@ type Sandbox struct {
 	CreatedAt    *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	LastActiveAt *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=last_active_at,json=lastActiveAt,proto3" json:"last_active_at,omitempty"`
 	// Why the sandbox stopped, when state is STOPPED.
-	StopReason    string `protobuf:"bytes,15,opt,name=stop_reason,json=stopReason,proto3" json:"stop_reason,omitempty"`
+	StopReason    string         `protobuf:"bytes,15,opt,name=stop_reason,json=stopReason,proto3" json:"stop_reason,omitempty"`
+	Network       *NetworkPolicy `protobuf:"bytes,16,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[3]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -347,7 +782,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[3]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -360,7 +795,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Sandbox) GetId() string {
@@ -468,6 +903,13 @@ func (x *Sandbox) GetStopReason() string {
 	return ""
 }
 
+func (x *Sandbox) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
 type GetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -477,7 +919,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[4]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -489,7 +931,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[4]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -502,7 +944,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetRequest) GetId() string {
@@ -521,7 +963,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[5]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -533,7 +975,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[5]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -546,7 +988,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -572,7 +1014,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[6]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -584,7 +1026,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[6]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -597,7 +1039,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -639,7 +1081,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[7]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +1093,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[7]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +1106,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -690,7 +1132,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[8]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -702,7 +1144,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[8]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -715,7 +1157,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -735,7 +1177,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[9]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +1189,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[9]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +1202,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteResponse) GetExisted() bool {
@@ -794,7 +1236,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +1248,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +1261,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -899,7 +1341,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -911,7 +1353,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -924,7 +1366,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -1000,7 +1442,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1454,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1467,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -1081,7 +1523,7 @@ type RunResponse struct {
 
 func (x *RunResponse) Reset() {
 	*x = RunResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1535,7 @@ func (x *RunResponse) String() string {
 func (*RunResponse) ProtoMessage() {}
 
 func (x *RunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1548,7 @@ func (x *RunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResponse.ProtoReflect.Descriptor instead.
 func (*RunResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RunResponse) GetStdout() []byte {
@@ -1147,7 +1589,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1601,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1614,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -1226,7 +1668,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1680,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1693,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -1274,7 +1716,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1286,7 +1728,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1299,7 +1741,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -1339,7 +1781,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1793,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1806,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -1391,7 +1833,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1845,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1858,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *FileInfo) GetName() string {
@@ -1492,7 +1934,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1946,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1959,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -1543,7 +1985,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1997,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +2010,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -1588,7 +2030,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +2042,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +2055,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -1639,7 +2081,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +2093,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +2106,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -1685,7 +2127,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1697,7 +2139,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1710,7 +2152,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -1742,7 +2184,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +2196,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +2209,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 type MakeDirRequest struct {
@@ -1782,7 +2224,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +2236,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +2249,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -1846,7 +2288,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1858,7 +2300,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1871,7 +2313,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 type PauseRequest struct {
@@ -1883,7 +2325,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +2337,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +2350,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1926,7 +2368,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1938,7 +2380,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1951,7 +2393,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 type ResumeRequest struct {
@@ -1963,7 +2405,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1975,7 +2417,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1988,7 +2430,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -2006,7 +2448,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2460,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,21 +2473,44 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 var File_corral_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x17corral/v1/sandbox.proto\x12\tcorral.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x01\n" +
+	"\x17corral/v1/sandbox.proto\x12\tcorral.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"Q\n" +
+	"\rNetworkPolicy\x12*\n" +
+	"\x04mode\x18\x01 \x01(\x0e2\x16.corral.v1.NetworkModeR\x04mode\x12\x14\n" +
+	"\x05allow\x18\x02 \x03(\tR\x05allow\"\x96\x01\n" +
+	"\x14UpdateNetworkRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12*\n" +
+	"\x04mode\x18\x02 \x01(\x0e2\x16.corral.v1.NetworkModeR\x04mode\x12\x14\n" +
+	"\x05allow\x18\x03 \x03(\tR\x05allow\x12\x12\n" +
+	"\x04deny\x18\x04 \x03(\tR\x04deny\x12\x18\n" +
+	"\areplace\x18\x05 \x01(\bR\areplace\"K\n" +
+	"\x15UpdateNetworkResponse\x122\n" +
+	"\anetwork\x18\x01 \x01(\v2\x18.corral.v1.NetworkPolicyR\anetwork\"%\n" +
+	"\x13NetworkStatsRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x98\x01\n" +
+	"\x0eNetworkRefusal\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x12\n" +
+	"\x04hook\x18\x04 \x01(\tR\x04hook\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\x12\x14\n" +
+	"\x05count\x18\x06 \x01(\x04R\x05count\"r\n" +
+	"\x14NetworkStatsResponse\x12#\n" +
+	"\rrefused_total\x18\x01 \x01(\x04R\frefusedTotal\x125\n" +
+	"\brefusals\x18\x02 \x03(\v2\x19.corral.v1.NetworkRefusalR\brefusals\"\x80\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
 	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\x03R\x04pids\"\xa8\x03\n" +
+	"\x04pids\x18\x04 \x01(\x03R\x04pids\"\xdc\x03\n" +
 	"\rCreateRequest\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x122\n" +
@@ -2055,12 +2520,14 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x04user\x18\x06 \x01(\tR\x04user\x12<\n" +
 	"\x06labels\x18\a \x03(\v2$.corral.v1.CreateRequest.LabelsEntryR\x06labels\x12<\n" +
 	"\fidle_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12<\n" +
-	"\fmax_lifetime\x18\t \x01(\v2\x19.google.protobuf.DurationR\vmaxLifetime\x1a9\n" +
+	"\fmax_lifetime\x18\t \x01(\v2\x19.google.protobuf.DurationR\vmaxLifetime\x122\n" +
+	"\anetwork\x18\n" +
+	" \x01(\v2\x18.corral.v1.NetworkPolicyR\anetwork\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
 	"\x0eCreateResponse\x12,\n" +
-	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\x92\x05\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\xc6\x05\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -2079,7 +2546,8 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"created_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12@\n" +
 	"\x0elast_active_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\flastActiveAt\x12\x1f\n" +
 	"\vstop_reason\x18\x0f \x01(\tR\n" +
-	"stopReason\x1a9\n" +
+	"stopReason\x122\n" +
+	"\anetwork\x18\x10 \x01(\v2\x18.corral.v1.NetworkPolicyR\anetwork\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1c\n" +
@@ -2193,12 +2661,17 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\rPauseResponse\"\x1f\n" +
 	"\rResumeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x10\n" +
-	"\x0eResumeResponse*}\n" +
+	"\x0eResumeResponse*u\n" +
+	"\vNetworkMode\x12\x1c\n" +
+	"\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11NETWORK_MODE_NONE\x10\x01\x12\x1a\n" +
+	"\x16NETWORK_MODE_ALLOWLIST\x10\x02\x12\x15\n" +
+	"\x11NETWORK_MODE_OPEN\x10\x03*}\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x02\x12\x19\n" +
-	"\x15SANDBOX_STATE_STOPPED\x10\x032\xf5\x06\n" +
+	"\x15SANDBOX_STATE_STOPPED\x10\x032\x9a\b\n" +
 	"\x0eSandboxService\x12=\n" +
 	"\x06Create\x12\x18.corral.v1.CreateRequest\x1a\x19.corral.v1.CreateResponse\x124\n" +
 	"\x03Get\x12\x15.corral.v1.GetRequest\x1a\x16.corral.v1.GetResponse\x127\n" +
@@ -2213,7 +2686,9 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x06Remove\x12\x18.corral.v1.RemoveRequest\x1a\x19.corral.v1.RemoveResponse\x12@\n" +
 	"\aMakeDir\x12\x19.corral.v1.MakeDirRequest\x1a\x1a.corral.v1.MakeDirResponse\x12:\n" +
 	"\x05Pause\x12\x17.corral.v1.PauseRequest\x1a\x18.corral.v1.PauseResponse\x12=\n" +
-	"\x06Resume\x12\x18.corral.v1.ResumeRequest\x1a\x19.corral.v1.ResumeResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"\x06Resume\x12\x18.corral.v1.ResumeRequest\x1a\x19.corral.v1.ResumeResponse\x12R\n" +
+	"\rUpdateNetwork\x12\x1f.corral.v1.UpdateNetworkRequest\x1a .corral.v1.UpdateNetworkResponse\x12O\n" +
+	"\fNetworkStats\x12\x1e.corral.v1.NetworkStatsRequest\x1a\x1f.corral.v1.NetworkStatsResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_sandbox_proto_rawDescOnce sync.Once
@@ -2227,104 +2702,121 @@ func file_corral_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_corral_v1_sandbox_proto_rawDescData
 }
 
-var file_corral_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_corral_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_corral_v1_sandbox_proto_goTypes = []any{
-	(SandboxState)(0),             // 0: corral.v1.SandboxState
-	(*Resources)(nil),             // 1: corral.v1.Resources
-	(*CreateRequest)(nil),         // 2: corral.v1.CreateRequest
-	(*CreateResponse)(nil),        // 3: corral.v1.CreateResponse
-	(*Sandbox)(nil),               // 4: corral.v1.Sandbox
-	(*GetRequest)(nil),            // 5: corral.v1.GetRequest
-	(*GetResponse)(nil),           // 6: corral.v1.GetResponse
-	(*ListRequest)(nil),           // 7: corral.v1.ListRequest
-	(*ListResponse)(nil),          // 8: corral.v1.ListResponse
-	(*DeleteRequest)(nil),         // 9: corral.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 10: corral.v1.DeleteResponse
-	(*ExecRequest)(nil),           // 11: corral.v1.ExecRequest
-	(*ExecResponse)(nil),          // 12: corral.v1.ExecResponse
-	(*ExecResult)(nil),            // 13: corral.v1.ExecResult
-	(*RunResponse)(nil),           // 14: corral.v1.RunResponse
-	(*WriteFileRequest)(nil),      // 15: corral.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 16: corral.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),       // 17: corral.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 18: corral.v1.ReadFileResponse
-	(*FileInfo)(nil),              // 19: corral.v1.FileInfo
-	(*ListDirRequest)(nil),        // 20: corral.v1.ListDirRequest
-	(*ListDirResponse)(nil),       // 21: corral.v1.ListDirResponse
-	(*StatRequest)(nil),           // 22: corral.v1.StatRequest
-	(*StatResponse)(nil),          // 23: corral.v1.StatResponse
-	(*RemoveRequest)(nil),         // 24: corral.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 25: corral.v1.RemoveResponse
-	(*MakeDirRequest)(nil),        // 26: corral.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),       // 27: corral.v1.MakeDirResponse
-	(*PauseRequest)(nil),          // 28: corral.v1.PauseRequest
-	(*PauseResponse)(nil),         // 29: corral.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 30: corral.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 31: corral.v1.ResumeResponse
-	nil,                           // 32: corral.v1.CreateRequest.LabelsEntry
-	nil,                           // 33: corral.v1.Sandbox.LabelsEntry
-	nil,                           // 34: corral.v1.ListRequest.LabelsEntry
-	(*durationpb.Duration)(nil),   // 35: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(NetworkMode)(0),              // 0: corral.v1.NetworkMode
+	(SandboxState)(0),             // 1: corral.v1.SandboxState
+	(*NetworkPolicy)(nil),         // 2: corral.v1.NetworkPolicy
+	(*UpdateNetworkRequest)(nil),  // 3: corral.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil), // 4: corral.v1.UpdateNetworkResponse
+	(*NetworkStatsRequest)(nil),   // 5: corral.v1.NetworkStatsRequest
+	(*NetworkRefusal)(nil),        // 6: corral.v1.NetworkRefusal
+	(*NetworkStatsResponse)(nil),  // 7: corral.v1.NetworkStatsResponse
+	(*Resources)(nil),             // 8: corral.v1.Resources
+	(*CreateRequest)(nil),         // 9: corral.v1.CreateRequest
+	(*CreateResponse)(nil),        // 10: corral.v1.CreateResponse
+	(*Sandbox)(nil),               // 11: corral.v1.Sandbox
+	(*GetRequest)(nil),            // 12: corral.v1.GetRequest
+	(*GetResponse)(nil),           // 13: corral.v1.GetResponse
+	(*ListRequest)(nil),           // 14: corral.v1.ListRequest
+	(*ListResponse)(nil),          // 15: corral.v1.ListResponse
+	(*DeleteRequest)(nil),         // 16: corral.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 17: corral.v1.DeleteResponse
+	(*ExecRequest)(nil),           // 18: corral.v1.ExecRequest
+	(*ExecResponse)(nil),          // 19: corral.v1.ExecResponse
+	(*ExecResult)(nil),            // 20: corral.v1.ExecResult
+	(*RunResponse)(nil),           // 21: corral.v1.RunResponse
+	(*WriteFileRequest)(nil),      // 22: corral.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 23: corral.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),       // 24: corral.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 25: corral.v1.ReadFileResponse
+	(*FileInfo)(nil),              // 26: corral.v1.FileInfo
+	(*ListDirRequest)(nil),        // 27: corral.v1.ListDirRequest
+	(*ListDirResponse)(nil),       // 28: corral.v1.ListDirResponse
+	(*StatRequest)(nil),           // 29: corral.v1.StatRequest
+	(*StatResponse)(nil),          // 30: corral.v1.StatResponse
+	(*RemoveRequest)(nil),         // 31: corral.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 32: corral.v1.RemoveResponse
+	(*MakeDirRequest)(nil),        // 33: corral.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),       // 34: corral.v1.MakeDirResponse
+	(*PauseRequest)(nil),          // 35: corral.v1.PauseRequest
+	(*PauseResponse)(nil),         // 36: corral.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 37: corral.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 38: corral.v1.ResumeResponse
+	nil,                           // 39: corral.v1.CreateRequest.LabelsEntry
+	nil,                           // 40: corral.v1.Sandbox.LabelsEntry
+	nil,                           // 41: corral.v1.ListRequest.LabelsEntry
+	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
 }
 var file_corral_v1_sandbox_proto_depIdxs = []int32{
-	1,  // 0: corral.v1.CreateRequest.resources:type_name -> corral.v1.Resources
-	32, // 1: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
-	35, // 2: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
-	35, // 3: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
-	4,  // 4: corral.v1.CreateResponse.sandbox:type_name -> corral.v1.Sandbox
-	0,  // 5: corral.v1.Sandbox.state:type_name -> corral.v1.SandboxState
-	1,  // 6: corral.v1.Sandbox.resources:type_name -> corral.v1.Resources
-	33, // 7: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
-	35, // 8: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	35, // 9: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	36, // 10: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	36, // 11: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
-	4,  // 12: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
-	34, // 13: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
-	0,  // 14: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
-	4,  // 15: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
-	35, // 16: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	13, // 17: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
-	35, // 18: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	13, // 19: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
-	36, // 20: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	19, // 21: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
-	19, // 22: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
-	2,  // 23: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
-	5,  // 24: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
-	7,  // 25: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
-	9,  // 26: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
-	11, // 27: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
-	11, // 28: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
-	15, // 29: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
-	17, // 30: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
-	20, // 31: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
-	22, // 32: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
-	24, // 33: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
-	26, // 34: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
-	28, // 35: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
-	30, // 36: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
-	3,  // 37: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
-	6,  // 38: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
-	8,  // 39: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
-	10, // 40: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
-	12, // 41: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
-	14, // 42: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
-	16, // 43: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
-	18, // 44: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
-	21, // 45: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
-	23, // 46: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
-	25, // 47: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
-	27, // 48: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
-	29, // 49: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
-	31, // 50: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
-	37, // [37:51] is the sub-list for method output_type
-	23, // [23:37] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	0,  // 0: corral.v1.NetworkPolicy.mode:type_name -> corral.v1.NetworkMode
+	0,  // 1: corral.v1.UpdateNetworkRequest.mode:type_name -> corral.v1.NetworkMode
+	2,  // 2: corral.v1.UpdateNetworkResponse.network:type_name -> corral.v1.NetworkPolicy
+	6,  // 3: corral.v1.NetworkStatsResponse.refusals:type_name -> corral.v1.NetworkRefusal
+	8,  // 4: corral.v1.CreateRequest.resources:type_name -> corral.v1.Resources
+	39, // 5: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
+	42, // 6: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
+	42, // 7: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
+	2,  // 8: corral.v1.CreateRequest.network:type_name -> corral.v1.NetworkPolicy
+	11, // 9: corral.v1.CreateResponse.sandbox:type_name -> corral.v1.Sandbox
+	1,  // 10: corral.v1.Sandbox.state:type_name -> corral.v1.SandboxState
+	8,  // 11: corral.v1.Sandbox.resources:type_name -> corral.v1.Resources
+	40, // 12: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
+	42, // 13: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	42, // 14: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	43, // 15: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	43, // 16: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
+	2,  // 17: corral.v1.Sandbox.network:type_name -> corral.v1.NetworkPolicy
+	11, // 18: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
+	41, // 19: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
+	1,  // 20: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
+	11, // 21: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
+	42, // 22: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	20, // 23: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
+	42, // 24: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	20, // 25: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
+	43, // 26: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	26, // 27: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
+	26, // 28: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
+	9,  // 29: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
+	12, // 30: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
+	14, // 31: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
+	16, // 32: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
+	18, // 33: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
+	18, // 34: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
+	22, // 35: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
+	24, // 36: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
+	27, // 37: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
+	29, // 38: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
+	31, // 39: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
+	33, // 40: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
+	35, // 41: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
+	37, // 42: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
+	3,  // 43: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
+	5,  // 44: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
+	10, // 45: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
+	13, // 46: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
+	15, // 47: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
+	17, // 48: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
+	19, // 49: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
+	21, // 50: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
+	23, // 51: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
+	25, // 52: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
+	28, // 53: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
+	30, // 54: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
+	32, // 55: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
+	34, // 56: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
+	36, // 57: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
+	38, // 58: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
+	4,  // 59: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
+	7,  // 60: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
+	45, // [45:61] is the sub-list for method output_type
+	29, // [29:45] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_sandbox_proto_init() }
@@ -2332,7 +2824,7 @@ func file_corral_v1_sandbox_proto_init() {
 	if File_corral_v1_sandbox_proto != nil {
 		return
 	}
-	file_corral_v1_sandbox_proto_msgTypes[11].OneofWrappers = []any{
+	file_corral_v1_sandbox_proto_msgTypes[17].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Result)(nil),
@@ -2342,8 +2834,8 @@ func file_corral_v1_sandbox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_sandbox_proto_rawDesc), len(file_corral_v1_sandbox_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   34,
+			NumEnums:      2,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

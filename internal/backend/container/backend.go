@@ -20,6 +20,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 	"github.com/corral-dev/corral/internal/runtime/seccomp"
@@ -50,6 +51,9 @@ type Config struct {
 	Shell string
 	// NoSeccomp skips the seccomp filter (runtime tests only).
 	NoSeccomp bool
+	// Network wires sandboxes with a network mode other than none; nil:
+	// such sandboxes are refused as not supported.
+	Network *netpolicy.Manager
 }
 
 // Backend implements backend.Backend.
@@ -137,8 +141,9 @@ func (b *Backend) Name() string { return "container" }
 
 // record is what the node persists for Recover and Cleanup.
 type record struct {
-	Pid       int    `json:"pid"`
-	StartTime uint64 `json:"start_time"`
+	Pid       int               `json:"pid"`
+	StartTime uint64            `json:"start_time"`
+	Net       *netpolicy.Record `json:"net,omitempty"`
 }
 
 func (b *Backend) runDir(id string) string { return filepath.Join(b.cfg.RunDir, id) }
@@ -158,7 +163,17 @@ func (b *Backend) Recover(ctx context.Context, id string, rec []byte) (backend.S
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	s := b.newSandbox(id, b.cg.Group(id), proc)
+	s := b.newSandbox(id, b.cg.Group(id), proc, nil)
+	if r.Net != nil {
+		if b.cfg.Network == nil {
+			proc.Release()
+			return nil, errdefs.NotSupported("sandbox %s: has a network, and this node has no network manager", id)
+		}
+		if s.net, err = b.cfg.Network.Recover(ctx, id, s.group.V2Path(), *r.Net); err != nil {
+			proc.Release()
+			return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+	}
 	// A frozen init cannot answer: thaw first (the node pauses the sandbox
 	// again when its record says paused).
 	if err := s.group.Thaw(ctx); err != nil {
@@ -191,6 +206,11 @@ func (b *Backend) Cleanup(ctx context.Context, id string, rec []byte) error {
 	if g.Exists() {
 		errs = append(errs, g.Kill(ctx), g.Remove(ctx))
 	}
+	// The namespace went with the processes, and its veth pair with it;
+	// the host end is removed in case anything still held the namespace.
+	if r.Net != nil && b.cfg.Network != nil {
+		errs = append(errs, b.cfg.Network.Remove(*r.Net))
+	}
 	// The layer before the run dir: if Remove fails (a disk still
 	// attached), the run dir keeps the id visible to the next Sweep.
 	errs = append(errs, b.cfg.Uppers.Remove(ctx, id))
@@ -208,7 +228,7 @@ func (b *Backend) Cleanup(ctx context.Context, id string, rec []byte) error {
 // never be walked from here).
 func (b *Backend) removeRunDir(id string) error {
 	dir := b.runDir(id)
-	for _, name := range []string{"ctl.sock", "init.log", "rootfs", "disk"} {
+	for _, name := range []string{"ctl.sock", "init.log", "resolv.conf", "rootfs", "disk"} {
 		if err := os.Remove(filepath.Join(dir, name)); err != nil && !os.IsNotExist(err) {
 			return fmt.Errorf("remove run dir: %w", err)
 		}
@@ -246,6 +266,10 @@ func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
 		seen[id] = true
 		b.log.Info("sweeping leftover sandbox", "id", id)
 		errs = append(errs, b.Cleanup(ctx, id, nil))
+	}
+	if b.cfg.Network != nil {
+		// Veths of live and pooled sandboxes are known to the manager.
+		errs = append(errs, b.cfg.Network.Sweep(func(string) bool { return false }))
 	}
 	return errors.Join(errs...)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/runtime/initproto"
 	"github.com/corral-dev/corral/internal/runtime/launch"
@@ -35,6 +36,7 @@ type creation struct {
 	layer  WritableLayer
 	ln     *os.File
 	proc   *launch.Process
+	net    *netpolicy.Sandbox
 	setup  *initproto.Conn
 	undo   undoStack
 	failAt string // test hook: the step that fails
@@ -49,6 +51,7 @@ type step struct {
 var createSteps = []step{
 	{"rundir", (*creation).makeRunDir},
 	{"cgroup", (*creation).makeCgroup},
+	{"network", (*creation).makeNetwork},
 	{"upper", (*creation).makeUpper},
 	{"socket", (*creation).makeSocket},
 	{"spawn", (*creation).spawn},
@@ -87,7 +90,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		}
 		timings = append(timings, st.name, time.Since(stepStart))
 	}
-	s := b.newSandbox(spec.ID, c.group, c.proc)
+	s := b.newSandbox(spec.ID, c.group, c.proc, c.net)
 	if spec.Resettable {
 		if err := s.startPool(); err != nil {
 			c.undo.run()
@@ -126,6 +129,35 @@ func (c *creation) makeCgroup(ctx context.Context) error {
 	}
 	c.group = g
 	return err
+}
+
+// makeNetwork takes a wired namespace from the pool and attaches the
+// policy's programs to the sandbox's cgroup before anything runs in it.
+func (c *creation) makeNetwork(ctx context.Context) error {
+	mode, err := netpolicy.ParseMode(c.spec.Network.Mode)
+	if err != nil {
+		return err
+	}
+	if mode == netpolicy.ModeNone {
+		if len(c.spec.Network.Allow) > 0 {
+			return errdefs.InvalidArgument("network.allow: mode none takes no rules (use allowlist)")
+		}
+		return nil
+	}
+	if c.b.cfg.Network == nil {
+		return errdefs.NotSupported("network.mode: %s needs the node's network manager (this node runs without one)", mode)
+	}
+	if c.spec.Resettable {
+		return errdefs.NotSupported("network.mode: %s is not available to resettable (fncall) sandboxes", mode)
+	}
+	n, err := c.b.cfg.Network.Attach(ctx, c.spec.ID, c.group.V2Path(), netpolicy.Policy{Mode: mode, Allow: c.spec.Network.Allow})
+	if err != nil {
+		return err
+	}
+	c.net = n
+	c.undo.push(func() { _ = n.Close() })
+	resolv := fmt.Sprintf("nameserver %s\noptions timeout:2 attempts:2\n", n.Resolver())
+	return os.WriteFile(filepath.Join(c.dir, "resolv.conf"), []byte(resolv), 0o644)
 }
 
 func (c *creation) makeUpper(ctx context.Context) error {
@@ -168,9 +200,11 @@ func (c *creation) spawn(ctx context.Context) error {
 		return err
 	}
 	defer logf.Close()
-	proc, setup, err := launch.Spawn(launch.SpawnConfig{
-		InitPath: c.b.cfg.InitPath, Group: c.group, Listener: c.ln, Stderr: logf,
-	})
+	sc := launch.SpawnConfig{InitPath: c.b.cfg.InitPath, Group: c.group, Listener: c.ln, Stderr: logf}
+	if c.net != nil {
+		sc.Netns = c.net.Netns()
+	}
+	proc, setup, err := launch.Spawn(sc)
 	c.ln.Close()
 	c.ln = nil
 	if err != nil {
@@ -200,6 +234,9 @@ func (c *creation) waitReady(ctx context.Context) error {
 		NoSeccomp:     c.b.cfg.NoSeccomp,
 		FileSizeBytes: fileSizeLimit(c.spec.Resources.DiskBytes),
 		Shell:         c.b.cfg.Shell,
+	}
+	if c.net != nil {
+		cfg.ResolvConf = filepath.Join(c.dir, "resolv.conf")
 	}
 	if c.layer.IsDevice() {
 		cfg.Disk, cfg.DiskDir = c.layer.DevicePath, filepath.Join(c.dir, "disk")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 	"github.com/corral-dev/corral/internal/safefs"
@@ -24,8 +25,8 @@ type sandbox struct {
 	group  *cgroup.Group
 	proc   *launch.Process
 	client launch.Client
-	rec    []byte
-	pool   *poolState // resettable sandboxes only; the view is /v of init's root
+	pool   *poolState         // resettable sandboxes only; the view is /v of init's root
+	net    *netpolicy.Sandbox // nil for network mode none
 
 	stopMu  sync.Mutex
 	stopped bool
@@ -33,9 +34,8 @@ type sandbox struct {
 
 var _ backend.Sandbox = (*sandbox)(nil)
 
-func (b *Backend) newSandbox(id string, g *cgroup.Group, proc *launch.Process) *sandbox {
-	rec, _ := json.Marshal(record{Pid: proc.Pid, StartTime: proc.StartTime})
-	s := &sandbox{b: b, id: id, group: g, proc: proc, client: launch.Client{Path: b.sockPath(id)}, rec: rec}
+func (b *Backend) newSandbox(id string, g *cgroup.Group, proc *launch.Process, net *netpolicy.Sandbox) *sandbox {
+	s := &sandbox{b: b, id: id, group: g, proc: proc, client: launch.Client{Path: b.sockPath(id)}, net: net}
 	s.FS = safefs.New(s.openRoot)
 	return s
 }
@@ -58,8 +58,18 @@ func (s *sandbox) openRoot() (*os.File, error) {
 	return f, nil
 }
 
-func (s *sandbox) ID() string            { return s.id }
-func (s *sandbox) Record() []byte        { return s.rec }
+func (s *sandbox) ID() string { return s.id }
+
+// Record implements backend.Sandbox; it changes with UpdateNetwork.
+func (s *sandbox) Record() []byte {
+	r := record{Pid: s.proc.Pid, StartTime: s.proc.StartTime}
+	if s.net != nil {
+		nr := s.net.Record()
+		r.Net = &nr
+	}
+	b, _ := json.Marshal(r)
+	return b
+}
 func (s *sandbox) Done() <-chan struct{} { return s.proc.Done() }
 func (s *sandbox) Pause(ctx context.Context) error {
 	if err := s.live(); err != nil {
@@ -107,10 +117,53 @@ func (s *sandbox) Stop(ctx context.Context) error {
 	}
 	s.stopPool()
 	errs = append(errs, s.group.Remove(ctx))
+	if s.net != nil {
+		errs = append(errs, s.net.Close())
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sandbox %s: stop: %w", s.id, err)
 	}
 	s.proc.Release()
 	s.stopped = true
 	return nil
+}
+
+var _ backend.Networker = (*sandbox)(nil)
+
+// UpdateNetwork implements backend.Networker.
+func (s *sandbox) UpdateNetwork(ctx context.Context, n backend.Network) error {
+	if s.net == nil {
+		return errdefs.FailedPrecondition("sandbox %s: created with network mode none: it has no interface to open (create it with mode allowlist, even with no rules, to change its network later)", s.id)
+	}
+	if err := s.live(); err != nil {
+		return err
+	}
+	mode, err := netpolicy.ParseMode(n.Mode)
+	if err != nil {
+		return err
+	}
+	if err := s.net.Update(ctx, netpolicy.Policy{Mode: mode, Allow: n.Allow}); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	return nil
+}
+
+// NetworkStats implements backend.Networker.
+func (s *sandbox) NetworkStats(ctx context.Context) (backend.NetworkStats, error) {
+	if s.net == nil {
+		return backend.NetworkStats{}, nil
+	}
+	st, err := s.net.Stats()
+	if err != nil {
+		return backend.NetworkStats{}, fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	out := backend.NetworkStats{Total: st.Total}
+	for _, r := range st.Refusals {
+		nr := backend.NetworkRefusal{Port: r.Port, Protocol: r.Proto, Hook: r.Hook, Name: r.Name, Count: r.Count}
+		if r.Addr.IsValid() {
+			nr.Address = r.Addr.String()
+		}
+		out.Refusals = append(out.Refusals, nr)
+	}
+	return out, nil
 }

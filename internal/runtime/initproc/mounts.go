@@ -72,6 +72,9 @@ func buildRoot(cfg *initproto.Config) error {
 	if err := mountShell(cfg); err != nil {
 		return err
 	}
+	if err := mountResolvConf(cfg); err != nil {
+		return err
+	}
 	if err := pivot(cfg.Rootfs); err != nil {
 		return err
 	}
@@ -312,6 +315,60 @@ func mountShell(cfg *initproto.Config) error {
 	for _, st := range steps {
 		if err := st.do(); err != nil {
 			return fmt.Errorf("mount shell %s: %s: %w", cfg.Shell, st.what, err)
+		}
+	}
+	return nil
+}
+
+// mountResolvConf binds the node's resolv.conf read-only over
+// /etc/resolv.conf, so that every resolver library asks the node's DNS
+// proxy. It is convenience, not enforcement: the eBPF programs refuse any
+// other resolver whatever the file says. A symlink in the image (Debian's
+// points into /run) is replaced by a file in the sandbox's upper layer
+// first, never followed.
+func mountResolvConf(cfg *initproto.Config) error {
+	if cfg.ResolvConf == "" {
+		return nil
+	}
+	etc := filepath.Join(cfg.Rootfs, "etc")
+	file := filepath.Join(etc, "resolv.conf")
+	steps := []struct {
+		what string
+		do   func() error
+	}{
+		{"make /etc", func() error { return ignoreExist(unix.Mkdir(etc, 0o755)) }},
+		{"check /etc", func() error {
+			var st unix.Stat_t
+			if err := unix.Lstat(etc, &st); err != nil {
+				return err
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				return fmt.Errorf("/etc is not a directory")
+			}
+			return nil
+		}},
+		{"replace a symlink", func() error {
+			var st unix.Stat_t
+			if err := unix.Lstat(file, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				return unix.Unlink(file)
+			}
+			return nil
+		}},
+		{"make file", func() error {
+			fd, err := unix.Open(file, unix.O_CREAT|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+			if err == nil {
+				unix.Close(fd)
+			}
+			return err
+		}},
+		{"bind", func() error { return unix.Mount(cfg.ResolvConf, file, "", unix.MS_BIND, "") }},
+		{"bind read-only", func() error {
+			return unix.Mount("", file, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+		}},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			return fmt.Errorf("mount resolv.conf: %s: %w", st.what, err)
 		}
 	}
 	return nil

@@ -20,6 +20,8 @@
 //	  and every process of the sandbox.
 //	6 (2026-11-30): Config.Shell: init mounts the node's static shell
 //	  read-only at ShellPath for shell execs.
+//	7 (2026-11-30): Config.ResolvConf: init binds the node's resolv.conf
+//	  (naming the DNS proxy) read-only over /etc/resolv.conf.
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
@@ -28,7 +30,7 @@ package initproto
 const ShellPath = "/.corral/sh"
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 6
+const Version = 7
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -87,6 +89,9 @@ type Config struct {
 	// Shell is a host path of a static POSIX shell that init bind-mounts
 	// read-only at ShellPath inside the sandbox (empty: none).
 	Shell string `json:"shell,omitempty"`
+	// ResolvConf is a host file init bind-mounts read-only over the
+	// sandbox's /etc/resolv.conf (empty: the image's own).
+	ResolvConf string `json:"resolv_conf,omitempty"`
 	// FileSizeBytes is RLIMIT_FSIZE for every process (0: unlimited): no
 	// single file outgrows the writable layer's limit.
 	FileSizeBytes int64 `json:"fsize,omitempty"`

@@ -52,6 +52,10 @@ type SpawnConfig struct {
 	Group    *cgroup.Group
 	Listener *os.File // from Listen; the caller closes it after Spawn
 	Stderr   *os.File // init's own log; nil for /dev/null
+	// Netns, when set, is the network namespace init starts in (a
+	// networked sandbox's, wired by netpolicy); nil: a fresh one with
+	// only loopback.
+	Netns *os.File
 }
 
 // Spawn starts init in new namespaces inside Group. The returned Setup must
@@ -121,8 +125,23 @@ func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err err
 	if sc.Stderr != nil {
 		stderr = sc.Stderr
 	}
+	flags := uintptr(cloneFlags)
+	if sc.Netns != nil {
+		restoreNet, err := enterNetns(sc.Netns)
+		if err != nil {
+			return 0, 0, err
+		}
+		if unix.Gettid() == os.Getpid() {
+			defer func() {
+				if rerr := restoreNet(); rerr != nil && err == nil {
+					err = rerr
+				}
+			}()
+		}
+		flags &^= unix.CLONE_NEWNET
+	}
 	pidfd = -1
-	attr := &syscall.SysProcAttr{Cloneflags: cloneFlags, PidFD: &pidfd}
+	attr := &syscall.SysProcAttr{Cloneflags: flags, PidFD: &pidfd}
 	if cgfd != nil {
 		defer cgfd.Close()
 		attr.UseCgroupFD, attr.CgroupFD = true, int(cgfd.Fd())
@@ -135,6 +154,27 @@ func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err err
 		return 0, 0, fmt.Errorf("start %s: %w", sc.InitPath, err)
 	}
 	return pid, pidfd, nil
+}
+
+// enterNetns moves the calling (locked) thread into ns, so that the clone
+// inherits it; restore moves it back (needed only on the main thread, which
+// Go never discards).
+func enterNetns(ns *os.File) (restore func() error, err error) {
+	orig, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return nil, fmt.Errorf("open own netns: %w", err)
+	}
+	if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+		orig.Close()
+		return nil, fmt.Errorf("enter sandbox netns: %w", err)
+	}
+	return func() error {
+		defer orig.Close()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("leave sandbox netns: %w", err)
+		}
+		return nil
+	}, nil
 }
 
 // Setup sends init its config and waits until it reports ready.

@@ -64,6 +64,12 @@ const (
 	SandboxServicePauseProcedure = "/corral.v1.SandboxService/Pause"
 	// SandboxServiceResumeProcedure is the fully-qualified name of the SandboxService's Resume RPC.
 	SandboxServiceResumeProcedure = "/corral.v1.SandboxService/Resume"
+	// SandboxServiceUpdateNetworkProcedure is the fully-qualified name of the SandboxService's
+	// UpdateNetwork RPC.
+	SandboxServiceUpdateNetworkProcedure = "/corral.v1.SandboxService/UpdateNetwork"
+	// SandboxServiceNetworkStatsProcedure is the fully-qualified name of the SandboxService's
+	// NetworkStats RPC.
+	SandboxServiceNetworkStatsProcedure = "/corral.v1.SandboxService/NetworkStats"
 )
 
 // SandboxServiceClient is a client for the corral.v1.SandboxService service.
@@ -88,6 +94,12 @@ type SandboxServiceClient interface {
 	// Get, List and Delete resumes it transparently.
 	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
 	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// UpdateNetwork changes a running sandbox's network policy; the new rules
+	// are in force when it returns. A sandbox created with mode NONE has no
+	// interface and cannot be given one.
+	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
+	// NetworkStats returns the sandbox's refused attempts, per destination.
+	NetworkStats(context.Context, *connect.Request[v1.NetworkStatsRequest]) (*connect.Response[v1.NetworkStatsResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the corral.v1.SandboxService service. By default,
@@ -185,25 +197,39 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
 			connect.WithClientOptions(opts...),
 		),
+		updateNetwork: connect.NewClient[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse](
+			httpClient,
+			baseURL+SandboxServiceUpdateNetworkProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("UpdateNetwork")),
+			connect.WithClientOptions(opts...),
+		),
+		networkStats: connect.NewClient[v1.NetworkStatsRequest, v1.NetworkStatsResponse](
+			httpClient,
+			baseURL+SandboxServiceNetworkStatsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("NetworkStats")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // sandboxServiceClient implements SandboxServiceClient.
 type sandboxServiceClient struct {
-	create    *connect.Client[v1.CreateRequest, v1.CreateResponse]
-	get       *connect.Client[v1.GetRequest, v1.GetResponse]
-	list      *connect.Client[v1.ListRequest, v1.ListResponse]
-	delete    *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
-	exec      *connect.Client[v1.ExecRequest, v1.ExecResponse]
-	run       *connect.Client[v1.ExecRequest, v1.RunResponse]
-	writeFile *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
-	readFile  *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
-	listDir   *connect.Client[v1.ListDirRequest, v1.ListDirResponse]
-	stat      *connect.Client[v1.StatRequest, v1.StatResponse]
-	remove    *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
-	makeDir   *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
-	pause     *connect.Client[v1.PauseRequest, v1.PauseResponse]
-	resume    *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
+	create        *connect.Client[v1.CreateRequest, v1.CreateResponse]
+	get           *connect.Client[v1.GetRequest, v1.GetResponse]
+	list          *connect.Client[v1.ListRequest, v1.ListResponse]
+	delete        *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
+	exec          *connect.Client[v1.ExecRequest, v1.ExecResponse]
+	run           *connect.Client[v1.ExecRequest, v1.RunResponse]
+	writeFile     *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	readFile      *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	listDir       *connect.Client[v1.ListDirRequest, v1.ListDirResponse]
+	stat          *connect.Client[v1.StatRequest, v1.StatResponse]
+	remove        *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
+	makeDir       *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
+	pause         *connect.Client[v1.PauseRequest, v1.PauseResponse]
+	resume        *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
+	updateNetwork *connect.Client[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse]
+	networkStats  *connect.Client[v1.NetworkStatsRequest, v1.NetworkStatsResponse]
 }
 
 // Create calls corral.v1.SandboxService.Create.
@@ -276,6 +302,16 @@ func (c *sandboxServiceClient) Resume(ctx context.Context, req *connect.Request[
 	return c.resume.CallUnary(ctx, req)
 }
 
+// UpdateNetwork calls corral.v1.SandboxService.UpdateNetwork.
+func (c *sandboxServiceClient) UpdateNetwork(ctx context.Context, req *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
+	return c.updateNetwork.CallUnary(ctx, req)
+}
+
+// NetworkStats calls corral.v1.SandboxService.NetworkStats.
+func (c *sandboxServiceClient) NetworkStats(ctx context.Context, req *connect.Request[v1.NetworkStatsRequest]) (*connect.Response[v1.NetworkStatsResponse], error) {
+	return c.networkStats.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the corral.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v1.CreateResponse], error)
@@ -298,6 +334,12 @@ type SandboxServiceHandler interface {
 	// Get, List and Delete resumes it transparently.
 	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
 	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// UpdateNetwork changes a running sandbox's network policy; the new rules
+	// are in force when it returns. A sandbox created with mode NONE has no
+	// interface and cannot be given one.
+	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
+	// NetworkStats returns the sandbox's refused attempts, per destination.
+	NetworkStats(context.Context, *connect.Request[v1.NetworkStatsRequest]) (*connect.Response[v1.NetworkStatsResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -391,6 +433,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceUpdateNetworkHandler := connect.NewUnaryHandler(
+		SandboxServiceUpdateNetworkProcedure,
+		svc.UpdateNetwork,
+		connect.WithSchema(sandboxServiceMethods.ByName("UpdateNetwork")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceNetworkStatsHandler := connect.NewUnaryHandler(
+		SandboxServiceNetworkStatsProcedure,
+		svc.NetworkStats,
+		connect.WithSchema(sandboxServiceMethods.ByName("NetworkStats")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/corral.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -421,6 +475,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServicePauseHandler.ServeHTTP(w, r)
 		case SandboxServiceResumeProcedure:
 			sandboxServiceResumeHandler.ServeHTTP(w, r)
+		case SandboxServiceUpdateNetworkProcedure:
+			sandboxServiceUpdateNetworkHandler.ServeHTTP(w, r)
+		case SandboxServiceNetworkStatsProcedure:
+			sandboxServiceNetworkStatsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -484,4 +542,12 @@ func (UnimplementedSandboxServiceHandler) Pause(context.Context, *connect.Reques
 
 func (UnimplementedSandboxServiceHandler) Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.SandboxService.Resume is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.SandboxService.UpdateNetwork is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) NetworkStats(context.Context, *connect.Request[v1.NetworkStatsRequest]) (*connect.Response[v1.NetworkStatsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.SandboxService.NetworkStats is not implemented"))
 }

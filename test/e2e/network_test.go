@@ -1,0 +1,115 @@
+package e2e
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/netpolicy/netlab"
+	"github.com/corral-dev/corral/internal/server"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// netServer is a server whose sandbox networking has the lab's node
+// namespace as its node side, the lab's DNS as upstream and presets naming
+// the lab's hosts.
+func netServer(t *testing.T) *testenv.Server {
+	t.Helper()
+	testenv.RequireRoot(t)
+	lab, err := netlab.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lab.Close() })
+	return testenv.StartServer(t, func(c *server.Config) {
+		c.Network = netpolicy.Config{
+			Bridge:    testenv.UniqueName("ce")[:11],
+			NodeNetns: lab.NodePath,
+			Upstreams: []string{netip.AddrPortFrom(netlab.DNS4, 53).String()},
+			Presets:   map[string][]string{"pypi": {"pypi.test:80"}, "npm": {"npm.test:80"}},
+			PoolSize:  1,
+		}
+	})
+}
+
+// httpGet is a shell command fetching / from addr port 80.
+func httpGet(addr netip.Addr) string {
+	return `printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 5 ` + addr.String() + " 80"
+}
+
+func TestNetworkThroughTheAPI(t *testing.T) {
+	srv := netServer(t)
+	ctx := context.Background()
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Network: client.Network{Allow: []string{"pypi"}}})
+	info, err := sb.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Network.Mode != client.NetworkAllowlist || strings.Join(info.Network.Allow, " ") != "pypi" {
+		t.Errorf("network in Get: %+v", info.Network)
+	}
+	// (Busybox's static wget crashes in glibc's NSS even for an address:
+	// HTTP goes through nc.)
+	// Resolvers read /etc/resolv.conf, which names the node's DNS proxy.
+	// (The static busybox's getaddrinfo cannot run without glibc's NSS
+	// modules, so names go through its own nslookup.)
+	if out := testenv.Sh(t, sb, "cat /etc/resolv.conf; nslookup pypi.test"); !strings.Contains(out, netlab.PyPI4.String()) {
+		t.Errorf("allowed name: %q", out)
+	}
+	if out := testenv.Sh(t, sb, httpGet(netlab.PyPI4)); !strings.Contains(out, "lab host "+netlab.PyPI4.String()) {
+		t.Errorf("allowed name's address: %q", out)
+	}
+	res := testenv.Run(t, sb, client.Command{Shell: "nslookup npm.test", Timeout: time.Minute})
+	if res.ExitCode == 0 || strings.Contains(string(res.Stdout), netlab.NPM4.String()) {
+		t.Errorf("denied name resolved: %q", res.Stdout)
+	}
+	res = testenv.Run(t, sb, client.Command{Shell: httpGet(netlab.NPM4), Timeout: time.Minute})
+	if res.ExitCode == 0 || !strings.Contains(string(res.Stderr), "not permitted") {
+		t.Errorf("denied address: exit %d stderr %q", res.ExitCode, res.Stderr)
+	}
+
+	// The task moves on: npm now, pypi no more.
+	nw, err := sb.UpdateNetwork(ctx, client.NetworkUpdate{Allow: []string{"npm"}, Deny: []string{"pypi"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(nw.Allow, " ") != "npm" {
+		t.Errorf("policy after update: %+v", nw)
+	}
+	if out := testenv.Sh(t, sb, "nslookup npm.test >/dev/null && "+httpGet(netlab.NPM4)); !strings.Contains(out, "lab host "+netlab.NPM4.String()) {
+		t.Errorf("newly allowed name: %q", out)
+	}
+	res = testenv.Run(t, sb, client.Command{Shell: httpGet(netlab.PyPI4), Timeout: time.Minute})
+	if res.ExitCode == 0 {
+		t.Errorf("revoked address still reachable: %q", res.Stdout)
+	}
+	st, err := sb.NetworkStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.RefusedTotal < 2 {
+		t.Errorf("refused total %d, want the refused connects counted: %+v", st.RefusedTotal, st.Refusals)
+	}
+
+	_, err = sb.UpdateNetwork(ctx, client.NetworkUpdate{Allow: []string{"nosuch"}})
+	if err == nil || !strings.Contains(err.Error(), "unknown preset") {
+		t.Errorf("unknown preset: %v", err)
+	}
+	_, err = sb.UpdateNetwork(ctx, client.NetworkUpdate{Allow: []string{"example.org:0"}})
+	if err == nil || !strings.Contains(err.Error(), "allow[0]") {
+		t.Errorf("bad rule: %v", err)
+	}
+
+	// A sandbox without a network stays without one.
+	plain := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
+	if _, err := plain.UpdateNetwork(ctx, client.NetworkUpdate{Allow: []string{"pypi"}}); err == nil || !strings.Contains(err.Error(), "mode none") {
+		t.Errorf("opening a none sandbox: %v", err)
+	}
+	if _, err := srv.Client.Create(ctx, client.CreateOptions{Network: client.Network{Mode: client.NetworkAllowlist, Allow: []string{"*.org"}}}); err == nil || !strings.Contains(err.Error(), "network.allow[0]") {
+		t.Errorf("bad rule at create: %v", err)
+	}
+}
