@@ -37,7 +37,8 @@ type Config struct {
 	Upstreams []string
 	// Presets are named rule lists (default DefaultPresets()).
 	Presets map[string][]string
-	// PoolSize is how many sandbox namespaces are kept ready (default 4).
+	// PoolSize is how many sandbox namespaces are kept ready (default 4);
+	// the pool's filler holds one more while it waits for room.
 	PoolSize int
 	Logger   *slog.Logger
 }

@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -112,4 +114,69 @@ func TestNetworkThroughTheAPI(t *testing.T) {
 	if _, err := srv.Client.Create(ctx, client.CreateOptions{Network: client.Network{Mode: client.NetworkAllowlist, Allow: []string{"*.org"}}}); err == nil || !strings.Contains(err.Error(), "network.allow[0]") {
 		t.Errorf("bad rule at create: %v", err)
 	}
+}
+
+// TestNetworkSurvivesDaemonCrash: after a SIGKILL of the daemon the
+// programs stay attached (the sandbox stays confined), and the restarted
+// daemon finds the maps again: DNS answers, updates and counters work.
+// A clean shutdown then removes the bridge, the veths and the NAT table.
+func TestNetworkSurvivesDaemonCrash(t *testing.T) {
+	testenv.RequireRoot(t)
+	lab, err := netlab.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lab.Close()
+	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	netFlags := []string{"--net-node-netns", lab.NodePath, "--net-bridge", testenv.UniqueName("cr")[:11],
+		"--net-dns-upstream", netip.AddrPortFrom(netlab.DNS4, 53).String(),
+		"--net-preset", "pypi=pypi.test:80", "--net-preset", "npm=npm.test:80", "--net-pool", "1"}
+	ctx := context.Background()
+	c := d.start(netFlags...)
+	sb, err := c.Create(ctx, client.CreateOptions{Network: client.Network{Allow: []string{"pypi"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.stop(syscall.SIGKILL)
+	// With no daemon, the sandbox is still confined by its programs.
+	c = d.start(netFlags...)
+	sb = c.Sandbox(sb.ID())
+	if out := testenv.Sh(t, sb, "nslookup pypi.test && "+httpGet(netlab.PyPI4)); !strings.Contains(out, "lab host "+netlab.PyPI4.String()) {
+		t.Errorf("allowed after restart: %q", out)
+	}
+	if res := testenv.Run(t, sb, client.Command{Shell: httpGet(netlab.NPM4)}); res.ExitCode == 0 {
+		t.Errorf("denied address reachable after restart: %q", res.Stdout)
+	}
+	if _, err := sb.UpdateNetwork(ctx, client.NetworkUpdate{Allow: []string{"npm"}, Replace: true}); err != nil {
+		t.Fatal(err)
+	}
+	if out := testenv.Sh(t, sb, "nslookup npm.test && "+httpGet(netlab.NPM4)); !strings.Contains(out, "lab host "+netlab.NPM4.String()) {
+		t.Errorf("update after restart: %q", out)
+	}
+	if res := testenv.Run(t, sb, client.Command{Shell: httpGet(netlab.PyPI4)}); res.ExitCode == 0 {
+		t.Errorf("revoked address reachable: %q", res.Stdout)
+	}
+	st, err := sb.NetworkStats(ctx)
+	if err != nil || st.RefusedTotal < 2 {
+		t.Errorf("counters after restart: %+v %v", st, err)
+	}
+	d.stop(syscall.SIGTERM)
+	d.start(append(netFlags, "--cleanup-on-exit")...)
+	d.stop(syscall.SIGTERM)
+	var links []string
+	err = netpolicy.InNetns(lab.Node, func() error {
+		ifs, err := net.Interfaces()
+		for _, i := range ifs {
+			links = append(links, i.Name)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(links, " ") != "lo uplink" {
+		t.Errorf("node namespace after cleanup: %v", links)
+	}
+	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
+	testenv.RemoveCgroupParent(d.parent)
 }
