@@ -1,5 +1,6 @@
-# corral build entry points. `make build` produces bin/corral and the static
-# bin/corral-init that becomes PID 1 of every container sandbox.
+# corral build entry points. `make build` produces bin/corral, the static
+# bin/corral-init that becomes PID 1 of every container sandbox, and the
+# static bin/corral-probe (red-team attempts, the load of `corral bench net`).
 GO ?= go
 
 .PHONY: build generate test lint clean redteam
@@ -7,6 +8,7 @@ GO ?= go
 build:
 	$(GO) build -o bin/corral ./cmd/corral
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/corral-init ./cmd/corral-init
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/corral-probe ./cmd/corral-probe
 
 # Regenerate protobuf/ConnectRPC code (committed); needs protoc.
 generate:

@@ -21,7 +21,8 @@
 // stdin; "overwrite" replaces /bin/sh, /bin/bash and /usr/bin/python3 with
 // the probe and writes into a shared layer; "inodes DIR" creates files until
 // the disk refuses; "kill" sends SIGKILL to -1 and SIGKILL/SIGTERM to 1 (run
-// last: it ends every other process of the sandbox). Run under any other
+// last: it ends every other process of the sandbox); "httpload URL SECONDS
+// CONCURRENCY" is the load generator of `corral bench net`. Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
 
@@ -139,6 +140,8 @@ func main() {
 		for _, r := range killAll() {
 			emit(r)
 		}
+	case "httpload":
+		httpLoad(os.Args[2:])
 	case "noop":
 	default:
 		fmt.Fprintln(os.Stderr, "corral-probe: unknown mode", mode)

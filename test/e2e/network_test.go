@@ -2,8 +2,12 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -179,4 +183,41 @@ func TestNetworkSurvivesDaemonCrash(t *testing.T) {
 	}
 	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
 	testenv.RemoveCgroupParent(d.parent)
+}
+
+// TestBenchNetRuns runs `corral bench net` briefly: both figures and their
+// peers are measured, nothing leaks (no timing is judged here).
+func TestBenchNetRuns(t *testing.T) {
+	testenv.RequireRoot(t)
+	bins := testenv.Binaries(t)
+	probe := filepath.Join(t.TempDir(), "corral-probe")
+	build := exec.Command("go", "build", "-o", probe, "github.com/corral-dev/corral/cmd/corral-probe")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build probe: %v\n%s", err, out)
+	}
+	cmd := exec.Command(filepath.Join(bins, "corral"), "bench", "net", "--json", "--n", "3", "--rounds", "1",
+		"--duration", "500ms", "--probe", probe)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("bench net: %v", err)
+	}
+	var res struct {
+		CreateReadyP50Ms     float64 `json:"create_ready_p50_ms"`
+		CreateReadyNoneP50Ms float64 `json:"create_ready_none_p50_ms"`
+		SandboxReqPerS       float64 `json:"sandbox_req_per_s"`
+		HostReqPerS          float64 `json:"host_req_per_s"`
+		ThroughputRatio      float64 `json:"throughput_ratio"`
+		Leaked               int     `json:"leaked_sandboxes"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("bench output %q: %v", out, err)
+	}
+	if res.CreateReadyP50Ms <= 0 || res.CreateReadyNoneP50Ms <= 0 || res.SandboxReqPerS <= 0 || res.HostReqPerS <= 0 || res.ThroughputRatio <= 0 {
+		t.Errorf("figures missing: %+v", res)
+	}
+	if res.Leaked != 0 {
+		t.Errorf("leaked %d sandboxes", res.Leaked)
+	}
 }
