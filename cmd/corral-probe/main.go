@@ -21,7 +21,8 @@
 // stdin; "overwrite" replaces /bin/sh, /bin/bash and /usr/bin/python3 with
 // the probe and writes into a shared layer; "inodes DIR" creates files until
 // the disk refuses; "kill" sends SIGKILL to -1 and SIGKILL/SIGTERM to 1 (run
-// last: it ends every other process of the sandbox); "httpload URL SECONDS
+// last: it ends every other process of the sandbox); "net" reads a
+// NetInput from stdin and makes the network rows; "httpload URL SECONDS
 // CONCURRENCY" is the load generator of `corral bench net`. Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
@@ -82,6 +83,14 @@ func fromErr(name string, err error, detail string) Result {
 }
 
 func errnoName(err error) string {
+	var rcode rcodeError
+	if errors.As(err, &rcode) {
+		return rcode.Error() // a DNS refusal: REFUSED, NXDOMAIN …
+	}
+	var ne interface{ Timeout() bool }
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "ETIMEDOUT"
+	}
 	var errno unix.Errno
 	if errors.As(err, &errno) {
 		if n := unix.ErrnoName(errno); n != "" {
@@ -140,6 +149,13 @@ func main() {
 		for _, r := range killAll() {
 			emit(r)
 		}
+	case "net":
+		var in NetInput
+		if err := json.NewDecoder(os.Stdin).Decode(&in); err != nil {
+			fmt.Fprintln(os.Stderr, "corral-probe net: bad input:", err)
+			os.Exit(2)
+		}
+		netAttempts(in)
 	case "httpload":
 		httpLoad(os.Args[2:])
 	case "noop":
