@@ -400,6 +400,14 @@ func (m *Manager) Remove(rec Record) error {
 	if rec.HostVeth == "" {
 		return nil
 	}
+	m.mu.Lock()
+	// The index (and so the veth's name) may already belong to a pooled
+	// namespace or a new sandbox: theirs is not this record's to remove.
+	reused := m.used[rec.Index]
+	m.mu.Unlock()
+	if reused {
+		return nil
+	}
 	if err := m.openNode(); err != nil {
 		return err
 	}
@@ -596,6 +604,9 @@ func (s *Sandbox) countRefusedName(name string) {
 func (s *Sandbox) learn(name string, answer []dns.RR, entries []entry) []dns.RR {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
 	now := time.Now()
 	var out []dns.RR
 	for _, rr := range answer {
