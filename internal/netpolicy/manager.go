@@ -464,6 +464,7 @@ func (m *Manager) Close() error {
 		if m.ns != nil {
 			m.ns.Close()
 		}
+		m.node, m.ns = nil, nil
 		return nil
 	}
 	close(m.stop)
@@ -473,19 +474,22 @@ func (m *Manager) Close() error {
 		m.freeSlot(s)
 	}
 	m.dns.stop()
-	var err error
+	m.started = false
 	m.mu.Lock()
 	empty := len(m.sandboxes) == 0
 	m.mu.Unlock()
-	if empty {
-		err = m.node.tearDown()
+	if !empty {
+		// Sandboxes outlive the manager (a daemon stop without cleanup):
+		// the bridge and NAT stay for them, and so does the handle a late
+		// Sandbox.Close needs.
+		return nil
 	}
+	err := m.node.tearDown()
 	m.node.nl.Close()
 	if m.ns != nil {
 		m.ns.Close()
 	}
-	m.started = false
-	m.node = nil
+	m.node, m.ns = nil, nil
 	return err
 }
 
