@@ -221,3 +221,48 @@ func TestBenchNetRuns(t *testing.T) {
 		t.Errorf("leaked %d sandboxes", res.Leaked)
 	}
 }
+
+// TestNetworkCLI drives `corral create --allow` and `corral net`.
+func TestNetworkCLI(t *testing.T) {
+	srv := netServer(t)
+	bin := filepath.Join(testenv.Binaries(t), "corral")
+	corral := func(args ...string) (string, error) {
+		out, err := exec.Command(bin, append([]string{"--addr", srv.Addr}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	out, err := corral("create", "--allow", "pypi", "--allow", netlab.Denied4.String()+":8080")
+	if err != nil {
+		t.Fatalf("create: %v: %s", err, out)
+	}
+	id := strings.TrimSpace(out)
+	t.Cleanup(func() { _, _ = corral("rm", id) })
+	if out, err := corral("exec", id, "--sh", httpGet(netlab.NPM4)); err == nil {
+		t.Errorf("denied address reachable: %s", out)
+	}
+	out, err = corral("net", id)
+	if err != nil || !strings.Contains(out, "mode: allowlist") || !strings.Contains(out, "allow: pypi "+netlab.Denied4.String()+":8080") ||
+		!strings.Contains(out, netlab.NPM4.String()+" port 80") {
+		t.Errorf("corral net: %v\n%s", err, out)
+	}
+	out, err = corral("net", id, "--allow", "npm", "--deny", "pypi")
+	if err != nil || !strings.Contains(out, "allow: "+netlab.Denied4.String()+":8080 npm") {
+		t.Errorf("corral net --allow --deny: %v\n%s", err, out)
+	}
+	if out, err := corral("exec", id, "--sh", "nslookup npm.test >/dev/null && "+httpGet(netlab.NPM4)); err != nil || !strings.Contains(out, "lab host") {
+		t.Errorf("npm after the update: %v %s", err, out)
+	}
+	out, err = corral("--json", "net", id)
+	var js struct {
+		Network struct{ Mode string }
+		Stats   struct{ RefusedTotal uint64 }
+	}
+	if err != nil || json.Unmarshal([]byte(out), &js) != nil || js.Network.Mode != "allowlist" || js.Stats.RefusedTotal == 0 {
+		t.Errorf("corral --json net: %v %+v\n%s", err, js, out)
+	}
+	if out, err := corral("create", "--allow", "*.org"); err == nil || !strings.Contains(out, "network.allow[0]") {
+		t.Errorf("bad rule: %v %s", err, out)
+	}
+	if out, err := corral("create", "--net", "closed"); err == nil || !strings.Contains(out, "network.mode") {
+		t.Errorf("bad mode: %v %s", err, out)
+	}
+}
