@@ -123,3 +123,34 @@ func ExampleIsInvalidArgument() {
 	fmt.Println(client.IsInvalidArgument(err))
 	// Output: true
 }
+
+// A sandbox that reaches PyPI and one HTTPS host and nothing else, opened
+// to npm for the next stage of its task. (Not run here: it needs a node
+// whose network reaches those hosts.)
+func ExampleSandbox_UpdateNetwork() {
+	ctx := context.Background()
+	c, err := client.New(addr)
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	sb, err := c.Create(ctx, client.CreateOptions{Image: "debian",
+		Network: client.Network{Mode: client.NetworkAllowlist, Allow: []string{"pypi", "example.org:443"}}})
+	if err != nil {
+		panic(err)
+	}
+	defer sb.Delete(ctx)
+	// ... pip install ...
+	nw, err := sb.UpdateNetwork(ctx, client.NetworkUpdate{Allow: []string{"npm"}, Deny: []string{"pypi"}})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(nw.Mode, nw.Allow) // in force now
+	st, err := sb.NetworkStats(ctx)
+	if err != nil {
+		panic(err)
+	}
+	for _, r := range st.Refusals {
+		fmt.Println(r.Count, r.Hook, r.Protocol, r.Address, r.Port, r.Name)
+	}
+}
