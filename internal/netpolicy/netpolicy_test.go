@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -64,6 +65,23 @@ func runOp(f []string) string {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return "ok " + strings.TrimSpace(string(b))
+	case "hold": // hold ADDR:PORT MS: connect, wait MS, then send a request
+		conn, err := net.DialTimeout("tcp", f[1], 2*time.Second)
+		if err != nil {
+			return fail(err)
+		}
+		defer conn.Close()
+		ms, _ := strconv.Atoi(f[2])
+		time.Sleep(time.Duration(ms) * time.Millisecond)
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := conn.Write([]byte("GET / HTTP/1.0\r\n\r\n")); err != nil {
+			return fail(err)
+		}
+		b, err := io.ReadAll(conn)
+		if err != nil {
+			return fail(err)
+		}
+		return "ok " + strings.TrimSpace(string(b[strings.LastIndex(string(b), "\n")+1:]))
 	case "tcp": // tcp ADDR:PORT (connect only)
 		conn, err := net.DialTimeout("tcp", f[1], 2*time.Second)
 		if err != nil {
@@ -210,6 +228,12 @@ func (e *env) sandbox(t *testing.T, p netpolicy.Policy) *sandbox {
 // run runs probe ops inside the sandbox and returns one result per op.
 func (s *sandbox) run(t *testing.T, ops ...string) []string {
 	t.Helper()
+	return s.start(t, ops...)()
+}
+
+// start starts probe ops inside the sandbox; wait returns their results.
+func (s *sandbox) start(t *testing.T, ops ...string) (wait func() []string) {
+	t.Helper()
 	cgfd, err := os.Open(s.cg)
 	if err != nil {
 		t.Fatal(err)
@@ -227,18 +251,21 @@ func (s *sandbox) run(t *testing.T, ops ...string) []string {
 	if err := netpolicy.InNetns(s.net.Netns(), cmd.Start); err != nil {
 		t.Fatal(err)
 	}
-	var lines []string
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
+	return func() []string {
+		t.Helper()
+		var lines []string
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines = append(lines, sc.Text())
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("probe: %v", err)
+		}
+		if len(lines) != len(ops) {
+			t.Fatalf("probe printed %q for %d ops", lines, len(ops))
+		}
+		return lines
 	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("probe: %v", err)
-	}
-	if len(lines) != len(ops) {
-		t.Fatalf("probe printed %q for %d ops", lines, len(ops))
-	}
-	return lines
 }
 
 func (s *sandbox) dnsServer() string {
@@ -268,6 +295,7 @@ func TestAllowlist(t *testing.T) {
 		"tcp "+hostPort(netlab.Denied4, netlab.HTTPPort),
 		"tcp "+hostPort(netlab.Denied6, netlab.HTTPPort),
 		"tcp "+hostPort(netlab.PyPI4, netlab.AltHTTPPort),
+		"tcp [::ffff:"+netlab.Denied4.String()+"]:80",
 		"udp "+hostPort(netlab.Denied4, netlab.UDPPort),
 		"udp "+hostPort(netlab.PyPI4, netlab.UDPPort),
 		"icmp "+netlab.Denied4.String(),
@@ -284,14 +312,15 @@ func TestAllowlist(t *testing.T) {
 	expect(t, "never-resolved host", got[6], "err EPERM")
 	expect(t, "never-resolved host (IPv6)", got[7], "err EPERM")
 	expect(t, "allowed host, other port", got[8], "err EPERM")
-	expect(t, "UDP to a denied host", got[9], "err EPERM")
-	expect(t, "UDP to an allowed host on TCP only", got[10], "err EPERM")
-	expect(t, "ICMP to a denied host", got[11], "err EPERM")
-	expect(t, "direct query to the upstream resolver", got[12], "err EPERM")
-	expect(t, "TXT (tunnelling) for an allowed name", got[13], "ok REFUSED")
-	expect(t, "rebinding answer stripped", got[14], "ok NOERROR ")
-	if strings.Contains(got[14], "10.1.2.3") || strings.Contains(got[14], "169.254") {
-		t.Errorf("rebinding answer reached the sandbox: %q", got[14])
+	expect(t, "denied host as an IPv4-mapped IPv6 address", got[9], "err EPERM")
+	expect(t, "UDP to a denied host", got[10], "err EPERM")
+	expect(t, "UDP to an allowed host on TCP only", got[11], "err EPERM")
+	expect(t, "ICMP to a denied host", got[12], "err EPERM")
+	expect(t, "direct query to the upstream resolver", got[13], "err EPERM")
+	expect(t, "TXT (tunnelling) for an allowed name", got[14], "ok REFUSED")
+	expect(t, "rebinding answer stripped", got[15], "ok NOERROR ")
+	if strings.Contains(got[15], "10.1.2.3") || strings.Contains(got[15], "169.254") {
+		t.Errorf("rebinding answer reached the sandbox: %q", got[15])
 	}
 
 	st, err := sb.net.Stats()
@@ -362,12 +391,16 @@ func TestUpdateTakesEffect(t *testing.T) {
 	got := sb.run(t, "dns "+d+" npm.test A", "http "+hostPort(netlab.NPM4, netlab.HTTPPort), "dns "+d+" pypi.test A")
 	expect(t, "npm allowed", got[1], "ok lab host")
 	expect(t, "pypi not yet", got[2], "ok REFUSED")
+	// A connection opened under the old rules, used after the update.
+	held := sb.start(t, "hold "+hostPort(netlab.NPM4, netlab.HTTPPort)+" 1000")
+	time.Sleep(300 * time.Millisecond)
 
 	start := time.Now()
 	if err := sb.net.Update(context.Background(), netpolicy.Policy{Mode: netpolicy.ModeAllowlist, Allow: []string{"pypi"}}); err != nil {
 		t.Fatal(err)
 	}
 	took := time.Since(start)
+	expect(t, "connection to a revoked destination cut", held()[0], "err")
 	got = sb.run(t, "http "+hostPort(netlab.NPM4, netlab.HTTPPort), "dns "+d+" npm.test A", "dns "+d+" pypi.test A", "http "+hostPort(netlab.PyPI4, netlab.HTTPPort))
 	expect(t, "npm revoked (learned address gone)", got[0], "err EPERM")
 	expect(t, "npm name revoked", got[1], "ok REFUSED")
