@@ -1,0 +1,61 @@
+package netpolicy
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/programs.golden")
+
+// TestProgramsGolden renders every program, disassembled with map names
+// for file descriptors, so that a reviewer sees each change to the
+// enforcement as a diff of testdata/programs.golden.
+func TestProgramsGolden(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create the maps the programs reference")
+	}
+	m, err := newMaps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.close()
+	names := map[string]string{
+		fmt.Sprint(m.allow.FD()): "allow", fmt.Sprint(m.flows.FD()): "flows",
+		fmt.Sprint(m.refused.FD()): "refused", fmt.Sprint(m.total.FD()): "total",
+	}
+	fd := regexp.MustCompile(`fd: (\d+)`)
+	var b strings.Builder
+	for _, k := range progKinds {
+		insns := sockAddrProgram(m, k.v6, k.hook)
+		if k.hook == hookEgress {
+			insns = egressProgram(m)
+		}
+		fmt.Fprintf(&b, "== %s (%s, %s): %d instructions\n", k.name, k.typ, k.attach, len(insns))
+		text := fd.ReplaceAllStringFunc(fmt.Sprint(insns), func(s string) string {
+			return "map: " + names[fd.FindStringSubmatch(s)[1]]
+		})
+		b.WriteString(text)
+	}
+	got := b.String()
+	path := filepath.Join("testdata", "programs.golden")
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -run TestProgramsGolden -update)", err)
+	}
+	if got != string(want) {
+		t.Errorf("programs changed: review and run go test ./internal/netpolicy -run TestProgramsGolden -update\n%s", got)
+	}
+}
