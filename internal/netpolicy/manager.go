@@ -51,6 +51,7 @@ type Manager struct {
 
 	startMu sync.Mutex
 	started bool
+	filling bool // the pool's filler runs (from the first Attach on)
 	ns      *os.File
 	node    *nodeSide
 	dns     *dnsProxy
@@ -144,8 +145,7 @@ func (m *Manager) ensure() error {
 	}
 	m.pool = make(chan *slot, m.cfg.PoolSize)
 	m.stop = make(chan struct{})
-	m.wg.Add(2)
-	go m.fill()
+	m.wg.Add(1)
 	go m.expire()
 	m.started = true
 	m.log.Info("sandbox networking ready", "bridge", m.cfg.Bridge, "gateway4", gw4, "gateway6", gw6, "upstreams", ups)
@@ -298,10 +298,22 @@ func addAddr(base netip.Addr, n uint32) netip.Addr {
 }
 
 // take returns a ready slot: from the pool, or made now if it is empty.
+// The first call starts the pool's filler: not earlier, so that sandboxes
+// recovered after a restart hold their indexes (and veth names) before
+// the pool picks any.
 func (m *Manager) take(ctx context.Context) (*slot, error) {
+	m.startMu.Lock()
+	if m.started && !m.filling {
+		m.filling = true
+		m.wg.Add(1)
+		go m.fill()
+	}
+	m.startMu.Unlock()
 	select {
-	case s := <-m.pool:
-		return s, nil
+	case s, ok := <-m.pool:
+		if ok {
+			return s, nil
+		}
 	default:
 	}
 	if err := ctx.Err(); err != nil {
@@ -376,16 +388,32 @@ func (m *Manager) Recover(ctx context.Context, id, cgroupDir string, rec Record)
 	if err := errors.Join(err4, err6); err != nil {
 		return nil, fmt.Errorf("network: record of %s: %w", id, err)
 	}
+	m.mu.Lock()
+	if m.used[rec.Index] {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("network: record of %s: address index %d is in use", id, rec.Index)
+	}
+	// Held from now on: the pool never picks this sandbox's index.
+	m.used[rec.Index] = true
+	m.mu.Unlock()
+	release := func() {
+		m.mu.Lock()
+		delete(m.used, rec.Index)
+		m.mu.Unlock()
+	}
 	if err := m.ensure(); err != nil {
+		release()
 		return nil, err
 	}
 	f, err := recoverFilter(cgroupDir)
 	if err != nil {
+		release()
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	rules, err := Validate(Policy{Mode: rec.Mode, Allow: rec.Allow}, m.cfg.Presets)
 	if err != nil {
 		f.maps.close()
+		release()
 		return nil, fmt.Errorf("network: record of %s: %w", id, err)
 	}
 	sb := &Sandbox{m: m, id: id, index: rec.Index, addr4: a4, addr6: a6, hostVeth: rec.HostVeth, filter: f,
@@ -474,7 +502,7 @@ func (m *Manager) Close() error {
 		m.freeSlot(s)
 	}
 	m.dns.stop()
-	m.started = false
+	m.started, m.filling = false, false
 	m.mu.Lock()
 	empty := len(m.sandboxes) == 0
 	m.mu.Unlock()

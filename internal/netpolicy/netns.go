@@ -261,19 +261,24 @@ type slot struct {
 	addr4    netip.Addr
 	addr6    netip.Addr
 	filter   *filter
+	linked   bool // the veth pair is this slot's (created by it)
 }
 
 // makeSlot creates the namespace, the veth pair (eth0 inside), addresses,
 // routes, and loads the programs. On error nothing of it remains.
-func (n *nodeSide) makeSlot(index uint32, addr4, addr6 netip.Addr, vethName string) (s *slot, err error) {
-	s = &slot{hostVeth: vethName, index: index, addr4: addr4, addr6: addr6}
-	defer func() {
-		if err != nil {
-			s.destroy(n)
-		}
-	}()
-	if s.ns, err = NewNetns(); err != nil {
+func (n *nodeSide) makeSlot(index uint32, addr4, addr6 netip.Addr, vethName string) (*slot, error) {
+	s := &slot{hostVeth: vethName, index: index, addr4: addr4, addr6: addr6}
+	if err := n.wireSlot(s); err != nil {
+		s.destroy(n)
 		return nil, err
+	}
+	return s, nil
+}
+
+func (n *nodeSide) wireSlot(s *slot) (err error) {
+	vethName, addr4, addr6 := s.hostVeth, s.addr4, s.addr6
+	if s.ns, err = NewNetns(); err != nil {
+		return err
 	}
 	err = InNetns(s.ns, func() error {
 		return errors.Join(
@@ -286,27 +291,29 @@ func (n *nodeSide) makeSlot(index uint32, addr4, addr6 netip.Addr, vethName stri
 			writeSysctl("/proc/sys/net/ipv6/conf/all/accept_dad", "0"))
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	la := netlink.NewLinkAttrs()
 	la.Name, la.MasterIndex = vethName, n.brIndex
 	veth := &netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(s.ns.Fd()))}
 	if err = n.nl.LinkAdd(veth); err != nil {
-		return nil, fmt.Errorf("create veth %s: %w", vethName, err)
+		// EEXIST: the name is another sandbox's; it is not ours to remove.
+		return fmt.Errorf("create veth %s: %w", vethName, err)
 	}
+	s.linked = true
 	// A bridge port needs no addresses of its own.
 	err = InNetns(n.ns, func() error {
 		return writeSysctl("/proc/sys/net/ipv6/conf/"+vethName+"/disable_ipv6", "1")
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err = n.nl.LinkSetUp(veth); err != nil {
-		return nil, fmt.Errorf("veth %s up: %w", vethName, err)
+		return fmt.Errorf("veth %s up: %w", vethName, err)
 	}
 	in, err := handleIn(s.ns)
 	if err != nil {
-		return nil, fmt.Errorf("netlink in sandbox netns: %w", err)
+		return fmt.Errorf("netlink in sandbox netns: %w", err)
 	}
 	defer in.Close()
 	lo, err := in.LinkByName("lo")
@@ -314,35 +321,36 @@ func (n *nodeSide) makeSlot(index uint32, addr4, addr6 netip.Addr, vethName stri
 		err = in.LinkSetUp(lo)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("sandbox lo: %w", err)
+		return fmt.Errorf("sandbox lo: %w", err)
 	}
 	eth, err := in.LinkByName("eth0")
 	if err != nil {
-		return nil, fmt.Errorf("sandbox eth0: %w", err)
+		return fmt.Errorf("sandbox eth0: %w", err)
 	}
 	for _, p := range []netip.Prefix{netip.PrefixFrom(addr4, n.gw4.Bits()), netip.PrefixFrom(addr6, n.gw6.Bits())} {
 		if err = in.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(p), Flags: unix.IFA_F_NODAD}); err != nil {
-			return nil, fmt.Errorf("sandbox eth0 address %s: %w", p, err)
+			return fmt.Errorf("sandbox eth0 address %s: %w", p, err)
 		}
 	}
 	if err = in.LinkSetUp(eth); err != nil {
-		return nil, fmt.Errorf("sandbox eth0 up: %w", err)
+		return fmt.Errorf("sandbox eth0 up: %w", err)
 	}
 	for _, gw := range []netip.Addr{n.gw4.Addr(), n.gw6.Addr()} {
 		r := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(gw.AsSlice())}
 		if err = in.RouteAdd(r); err != nil {
-			return nil, fmt.Errorf("sandbox default route via %s: %w", gw, err)
+			return fmt.Errorf("sandbox default route via %s: %w", gw, err)
 		}
 	}
-	if s.filter, err = loadFilter(); err != nil {
-		return nil, err
-	}
-	return s, nil
+	s.filter, err = loadFilter()
+	return err
 }
 
 // destroy removes the veth pair and drops the namespace handle.
 func (s *slot) destroy(n *nodeSide) error {
-	err := n.deleteLink(s.hostVeth)
+	var err error
+	if s.linked {
+		err = n.deleteLink(s.hostVeth)
+	}
 	if s.ns != nil {
 		s.ns.Close()
 	}
