@@ -176,12 +176,17 @@ func (l *Lab) serve() error {
 	var udps []net.PacketConn
 	var dnsUDP net.PacketConn
 	err := netpolicy.InNetns(l.Internet, func() error {
+		// One listener per family: Go decides once per process whether
+		// ":80" is dual-stack, probing in whatever namespace its first
+		// socket was made, which may have had no IPv6 loopback yet.
 		for _, p := range []int{HTTPPort, AltHTTPPort} {
-			ln, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
-			if err != nil {
-				return err
+			for _, fam := range []string{"tcp4", "tcp6"} {
+				ln, err := net.Listen(fam, fmt.Sprintf(":%d", p))
+				if err != nil {
+					return err
+				}
+				lns = append(lns, ln)
 			}
-			lns = append(lns, ln)
 		}
 		// One echo socket per host address: a reply must come from the
 		// address the query went to, or the node's NAT cannot match it.
