@@ -141,6 +141,13 @@ func TestNetworkSurvivesDaemonCrash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	id := sb.ID()
+	t.Cleanup(func() {
+		// A test that fails half-way leaves no sandbox running.
+		for _, pid := range cgroupPids(d.parent, id) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
 	d.stop(syscall.SIGKILL)
 	// With no daemon, the sandbox is still confined by its programs.
 	c = d.start(netFlags...)
