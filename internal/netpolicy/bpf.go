@@ -16,7 +16,8 @@ import (
 // process of the sandbox opens carries that cgroup, whatever its network
 // namespace, and no process inside can detach them (bpf(2) is refused by
 // seccomp, and attachment without BPF_F_ALLOW_OVERRIDE cannot be replaced
-// from a child cgroup).
+// from a child cgroup) or leave the cgroup (its cgroup namespace is rooted
+// there, /sys is read-only and mount(2) is refused).
 //
 //	connect4/6   connect() on TCP, UDP and ping sockets: EPERM for a
 //	             destination the policy does not allow.
