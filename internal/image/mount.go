@@ -142,7 +142,7 @@ func unmount(mp string) error {
 	if err == unix.EBUSY {
 		err = unix.Unmount(mp, unix.MNT_DETACH)
 	}
-	if err != nil && err != unix.EINVAL { // EINVAL: not mounted
+	if err != nil && err != unix.EINVAL && err != unix.ENOENT { // not mounted, no mount point
 		return fmt.Errorf("unmount %s: %w", mp, err)
 	}
 	return nil

@@ -21,9 +21,15 @@ import (
 	"github.com/corral-dev/corral/internal/state"
 )
 
-// Images resolves image names to read-only layers.
+// Images resolves image names to read-only layers and keeps the layers of
+// every sandbox from being deleted while its record exists.
 type Images interface {
-	Get(ctx context.Context, name string) (image.Image, error)
+	// Acquire resolves and mounts name and pins its layers for holder.
+	Acquire(ctx context.Context, name, holder string) (image.Image, error)
+	// Pin pins layers for holder again after a daemon restart.
+	Pin(holder string, stack []image.Layer)
+	// Release drops holder's pins.
+	Release(holder string)
 }
 
 // Config configures a node.
@@ -175,6 +181,9 @@ func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
 		return
 	}
 	e := &entry{rec: rec, backend: b}
+	if rec.Phase != state.PhaseCreating {
+		n.cfg.Images.Pin(rec.ID, imageLayers(rec.Layers))
+	}
 	switch rec.Phase {
 	case state.PhaseCreating:
 		log.Info("removing sandbox whose creation was interrupted")

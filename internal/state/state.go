@@ -41,6 +41,9 @@ type Record struct {
 	ID          string            `json:"id"`
 	Backend     string            `json:"backend"`
 	Image       string            `json:"image"`
+	// Layers are the read-only layers the sandbox was made from, base
+	// first: the image store keeps them while the record exists.
+	Layers []Layer `json:"layers,omitempty"`
 	Phase       Phase             `json:"phase"`
 	CPUMillis   int64             `json:"cpu_millis"`
 	MemoryBytes int64             `json:"memory_bytes"`
@@ -57,6 +60,12 @@ type Record struct {
 	StopReason  string            `json:"stop_reason,omitempty"`
 	// BackendRecord is the backend's own opaque record (backend.Sandbox.Record).
 	BackendRecord []byte `json:"backend_record,omitempty"`
+}
+
+// Layer is one read-only layer of a sandbox's image.
+type Layer struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
 }
 
 // DB is the node's state database.
