@@ -38,12 +38,12 @@ const (
 
 // Record is everything the node keeps about one sandbox.
 type Record struct {
-	ID          string            `json:"id"`
-	Backend     string            `json:"backend"`
-	Image       string            `json:"image"`
+	ID      string `json:"id"`
+	Backend string `json:"backend"`
+	Image   string `json:"image"`
 	// Layers are the read-only layers the sandbox was made from, base
 	// first: the image store keeps them while the record exists.
-	Layers []Layer `json:"layers,omitempty"`
+	Layers      []Layer           `json:"layers,omitempty"`
 	Phase       Phase             `json:"phase"`
 	CPUMillis   int64             `json:"cpu_millis"`
 	MemoryBytes int64             `json:"memory_bytes"`
