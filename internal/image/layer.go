@@ -88,12 +88,37 @@ type index struct {
 	// NAME in a composition resolves to, so that publishing a new version
 	// upgrades every composition that follows NAME in one index write.
 	Latest map[string]string `json:"latest,omitempty"`
+	// Anonymous refs are layers made for compositions (imports): being
+	// their name's latest version does not keep them.
+	Anonymous map[string]bool `json:"anonymous,omitempty"`
+	// Imports maps an imported image's manifest digest to its layers, so
+	// that importing it again converts nothing.
+	Imports map[string]importRecord `json:"imports,omitempty"`
 }
 
 type layerFiles struct {
 	MetaSize   int64  `json:"meta_size"`
 	BlobDigest string `json:"blob_digest"`
 	BlobSize   int64  `json:"blob_size"`
+}
+
+// init makes the index's nil maps (a new or older index) empty ones.
+func (idx *index) init() {
+	if idx.Layers == nil {
+		idx.Layers = map[string]string{}
+	}
+	if idx.Digests == nil {
+		idx.Digests = map[string]layerFiles{}
+	}
+	if idx.Latest == nil {
+		idx.Latest = map[string]string{}
+	}
+	if idx.Anonymous == nil {
+		idx.Anonymous = map[string]bool{}
+	}
+	if idx.Imports == nil {
+		idx.Imports = map[string]importRecord{}
+	}
 }
 
 // layer returns the layer ref names.
@@ -155,9 +180,10 @@ func (s *Store) lockIndex() (func(), error) {
 }
 
 func (s *Store) readIndex() (index, error) {
-	idx := index{Layers: map[string]string{}, Digests: map[string]layerFiles{}, Latest: map[string]string{}}
+	var idx index
 	b, err := os.ReadFile(filepath.Join(s.layers, indexFile))
 	if errors.Is(err, os.ErrNotExist) {
+		idx.init()
 		return idx, nil
 	}
 	if err != nil {
@@ -166,15 +192,7 @@ func (s *Store) readIndex() (index, error) {
 	if err := json.Unmarshal(b, &idx); err != nil {
 		return idx, fmt.Errorf("layer index %s: %w", indexFile, err)
 	}
-	if idx.Layers == nil {
-		idx.Layers = map[string]string{}
-	}
-	if idx.Digests == nil {
-		idx.Digests = map[string]layerFiles{}
-	}
-	if idx.Latest == nil {
-		idx.Latest = map[string]string{}
-	}
+	idx.init()
 	return idx, nil
 }
 
@@ -249,16 +267,11 @@ func (s *Store) CreateLayer(ctx context.Context, ref, src string) (Layer, error)
 		if !st.Mode().IsRegular() {
 			return Layer{}, errdefs.InvalidArgument("path: %s is neither a directory nor a tar file", src)
 		}
-		tmp, err := os.MkdirTemp(s.layers, tmpPrefix+"tar-")
+		tmp, err := s.tarDir()
 		if err != nil {
 			return Layer{}, fmt.Errorf("layer %s: %w", ref, err)
 		}
 		defer os.RemoveAll(tmp)
-		// The root's mode unless the tar has a "./" entry (MkdirTemp made
-		// it 0700).
-		if err := os.Chmod(tmp, 0o755); err != nil {
-			return Layer{}, err
-		}
 		if err := extractTar(ctx, src, tmp); err != nil {
 			return Layer{}, fmt.Errorf("layer %s: %w", ref, err)
 		}
@@ -403,14 +416,16 @@ func hashFile(path string, also io.Writer) (string, int64, error) {
 	return digestAlgo + ":" + hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
-// extractTar unpacks the tar file src into dir with GNU tar, keeping
-// numeric owners, modes and xattrs, then turns OCI whiteouts into overlay
-// ones.
+// extractTar unpacks the tar file src into dir, then turns OCI whiteouts
+// into overlay ones.
 func extractTar(ctx context.Context, src, dir string) error {
-	cmd := exec.CommandContext(ctx, "tar", "-x", "-f", src, "-C", dir, "--numeric-owner",
-		"--same-owner", "--same-permissions", "--xattrs", "--xattrs-include=*")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return errdefs.InvalidArgument("path: extract tar %s: %v: %s", src, err, strings.TrimSpace(string(out)))
+	f, err := os.Open(src)
+	if err != nil {
+		return errdefs.InvalidArgument("path: %v", err)
+	}
+	defer f.Close()
+	if err := untar(ctx, f, dir, false); err != nil {
+		return errdefs.InvalidArgument("path: %s: %v", src, err)
 	}
 	if err := convertWhiteouts(dir); err != nil {
 		return err

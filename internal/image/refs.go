@@ -88,7 +88,7 @@ func (s *Store) users(ctx context.Context, idx index) (map[string][]string, erro
 		}
 	}
 	for name, v := range idx.latestAll() {
-		if d, ok := idx.Layers[name+"@"+v]; ok {
+		if d, ok := idx.Layers[name+"@"+v]; ok && !idx.Anonymous[name+"@"+v] {
 			uses[d] = append(uses[d], "latest "+name+"@"+v)
 		}
 	}
@@ -180,6 +180,7 @@ func (s *Store) Remove(ctx context.Context, ref string) (Removed, error) {
 		}
 	}
 	delete(idx.Layers, ref)
+	delete(idx.Anonymous, ref)
 	if idx.Latest[l.Name()] == l.Version() {
 		delete(idx.Latest, l.Name()) // the greatest remaining version stands in
 	}
@@ -251,10 +252,16 @@ func (s *Store) GC(ctx context.Context) (Removed, error) {
 		if d := idx.Layers[ref]; len(uses[d]) == 0 {
 			out.Layers = append(out.Layers, idx.describe(ref, d))
 			delete(idx.Layers, ref)
+			delete(idx.Anonymous, ref)
 		}
 	}
 	if err := s.dropUnnamed(&idx, &out); err != nil {
 		return out, err
+	}
+	for d, rec := range idx.Imports {
+		if !idx.hasAll(rec.Layers) {
+			delete(idx.Imports, d) // the next import converts again
+		}
 	}
 	if err := s.writeIndex(idx); err != nil {
 		return out, err
