@@ -277,18 +277,18 @@ func (s *Store) CreateLayer(ctx context.Context, ref, src string) (Layer, error)
 		}
 		dir = tmp
 	}
-	return s.createLayer(ctx, ref, dir, false)
+	return s.createLayer(ctx, ref, dir, false, mkfsOptions{})
 }
 
 // createLayer makes a split EROFS layer of dir and records it as ref;
 // replace lets a recipe rebuild point ref at new content.
-func (s *Store) createLayer(ctx context.Context, ref, dir string, replace bool) (Layer, error) {
+func (s *Store) createLayer(ctx context.Context, ref, dir string, replace bool, opts mkfsOptions) (Layer, error) {
 	st, err := s.stage()
 	if err != nil {
 		return Layer{}, err
 	}
 	defer st.remove()
-	l, err := s.mkfs(ctx, dir, st)
+	l, err := s.mkfs(ctx, dir, st, opts)
 	if err != nil {
 		return Layer{}, fmt.Errorf("layer %s: %w", ref, err)
 	}
@@ -327,14 +327,20 @@ func (s *Store) createLayer(ctx context.Context, ref, dir string, replace bool) 
 // keepPycValid). Owners, modes and xattrs are kept as they are, so the
 // same tree gives the same digest; the blob's path is not recorded in the
 // metadata, so the blob can be served from anywhere.
-func (s *Store) mkfs(ctx context.Context, dir string, st staged) (Layer, error) {
+func (s *Store) mkfs(ctx context.Context, dir string, st staged, opts mkfsOptions) (Layer, error) {
 	bin, err := exec.LookPath("mkfs.erofs")
 	if err != nil {
 		return Layer{}, errdefs.FailedPrecondition("needs mkfs.erofs (apt-get install erofs-utils): %v", err)
 	}
 	meta, blob := st.meta, st.blob
-	cmd := exec.CommandContext(ctx, bin, "--quiet", "-T0", "-U"+erofsUUID,
-		"--chunksize="+strconv.Itoa(ChunkSize), "--blobdev="+blob, meta, dir)
+	args := []string{"--quiet", "-U" + erofsUUID, "--chunksize=" + strconv.Itoa(ChunkSize), "--blobdev=" + blob}
+	if !opts.keepMtimes {
+		args = append(args, "-T0")
+	}
+	for _, re := range opts.excludeRegexps {
+		args = append(args, "--exclude-regex="+re)
+	}
+	cmd := exec.CommandContext(ctx, bin, append(args, meta, dir)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return Layer{}, fmt.Errorf("mkfs.erofs %s: %w: %s", dir, err, strings.TrimSpace(string(out)))
 	}
@@ -392,6 +398,16 @@ func (s *Store) storeFiles(st staged, l Layer) error {
 		return fmt.Errorf("store layer: %w", err)
 	}
 	return syncfs(s.layers)
+}
+
+// mkfsOptions change how mkfs builds a layer.
+type mkfsOptions struct {
+	// keepMtimes keeps each file's mtime; the image then also records the
+	// build time, so the same tree no longer gives the same digest.
+	keepMtimes bool
+	// excludeRegexps leave out paths (relative to the tree, no leading /)
+	// that match; a directory's whole subtree goes with it.
+	excludeRegexps []string
 }
 
 // hashFile fsyncs path, makes it read-only and returns its digest and

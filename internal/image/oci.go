@@ -356,7 +356,7 @@ func (s *Store) importLayer(ctx context.Context, ref string, layer v1.Layer, dif
 	if err := keepPycValid(tmp); err != nil {
 		return Layer{}, cr.n, err
 	}
-	l, err := s.createLayer(ctx, ref, tmp, false)
+	l, err := s.createLayer(ctx, ref, tmp, false, mkfsOptions{})
 	if err != nil {
 		return Layer{}, cr.n, err
 	}

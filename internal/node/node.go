@@ -30,6 +30,9 @@ type Images interface {
 	Pin(holder string, stack []image.Layer)
 	// Release drops holder's pins.
 	Release(holder string)
+	// Pack makes a layer of a sandbox's upper directory.
+	Pack(ctx context.Context, upper string, opts image.PackOptions) (image.Layer, error)
+	CreateComposition(ctx context.Context, c image.Composition) (image.Composition, error)
 }
 
 // Config configures a node.
