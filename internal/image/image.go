@@ -1,14 +1,17 @@
-// Package image owns corral's read-only root filesystem images and the
-// layers they are made of. A layer is an EROFS image file, content-
-// addressed by its sha256 and named NAME@VERSION (layer.go), mounted
-// file-backed once per node and shared by every sandbox (mount.go). An
-// image is a composition: a name, a default environment and an ordered
-// list of layers, base first, recorded in <dir>/<name>/image.json. The
-// built-in recipes (busybox, debian) build a directory tree and turn it
-// into one layer (build.go); a build never leaves a half image behind.
+// Package image owns corral's read-only root filesystems. A layer is an
+// EROFS image split into local metadata and a chunked data blob, content-
+// addressed and named NAME@VERSION (layer.go), mounted file-backed once per
+// node with its blob from a BlobSource (blob.go, mount.go) and shared by
+// every sandbox. A composition stacks layers into an environment
+// (compose.go); a built image is a recipe's composition with a name of its
+// own (busybox, debian: build.go), recorded in <dir>/<name>/image.json.
+// Imports turn OCI images into compositions (oci.go); pack turns a
+// sandbox's upper directory into a layer (pack.go). Layers in use by a
+// sandbox, a composition or an image are never deleted; GC removes the
+// rest (refs.go). Nothing here leaves a half-made layer behind.
 //
-// The package may import internal/errdefs and internal/backend types only;
-// nothing here knows about sandboxes, the node or the API.
+// The package may import internal/errdefs only; nothing here knows about
+// sandboxes, the node or the API.
 package image
 
 import (
