@@ -31,16 +31,25 @@ sandbox from any of them: --image busybox, --image task@3, --image tool@2.`,
 
 func newImageBuildCmd() *cobra.Command {
 	var dataDir string
+	var rebuild bool
 	build := &cobra.Command{
 		Use:   "build NAME",
 		Short: "Build a built-in image on this machine: busybox (instant) or debian (Debian 12 + python3 + git, about a minute)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Build a built-in image on this machine: busybox (instant) or debian (Debian 12 +
+python3 + git, about a minute). An image built by an earlier version as one
+EROFS file (no separate data blob) keeps working; --rebuild makes it afresh in
+the split format (only while no sandbox uses it).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			store, err := image.Open(cmd.Context(), filepath.Join(dataDir, "images"))
 			if err != nil {
 				return err
 			}
-			img, err := store.Build(cmd.Context(), args[0], os.Stderr)
+			build := store.Build
+			if rebuild {
+				build = store.Rebuild
+			}
+			img, err := build(cmd.Context(), args[0], os.Stderr)
 			if err != nil {
 				return err
 			}
@@ -49,6 +58,7 @@ func newImageBuildCmd() *cobra.Command {
 		},
 	}
 	build.Flags().StringVar(&dataDir, "data-dir", "/var/lib/corral", "the daemon's data directory")
+	build.Flags().BoolVar(&rebuild, "rebuild", false, "build afresh and replace the existing image")
 	return build
 }
 

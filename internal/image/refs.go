@@ -263,10 +263,19 @@ func (s *Store) GC(ctx context.Context) (Removed, error) {
 			delete(idx.Imports, d) // the next import converts again
 		}
 	}
+	named := map[string]bool{}
+	for _, d := range idx.Layers {
+		named[d] = true
+	}
+	for d := range idx.Digests {
+		if !named[d] && len(uses[d]) == 0 {
+			delete(idx.Digests, d) // replaced by a rebuild; removeStray deletes its files
+		}
+	}
 	if err := s.writeIndex(idx); err != nil {
 		return out, err
 	}
-	return out, s.removeStray(ctx, idx, &out)
+	return out, s.removeStray(ctx, idx, uses, &out)
 }
 
 // dropUnnamed unmounts and deletes the files of every digest no reference
@@ -304,9 +313,16 @@ func (idx index) blobUsed(blob string) bool {
 }
 
 // removeStray deletes metadata files and blobs that the index does not
-// name: what a crash between writing files and the index left.
-func (s *Store) removeStray(ctx context.Context, idx index, out *Removed) error {
+// name: what a crash between writing files and the index left, and
+// digests a rebuild replaced, unless a holder still uses them.
+func (s *Store) removeStray(ctx context.Context, idx index, uses map[string][]string, out *Removed) error {
 	keep := map[string]bool{}
+	for d := range uses {
+		keep[s.metaFile(d)] = true
+		if f, ok := idx.Digests[d]; ok {
+			keep[s.blobFile(f.BlobDigest)] = true
+		}
+	}
 	for _, d := range idx.Layers {
 		keep[s.metaFile(d)] = true
 		if f, ok := idx.Digests[d]; ok {
