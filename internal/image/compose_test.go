@@ -223,3 +223,40 @@ func TestGC(t *testing.T) {
 		t.Fatalf("third gc removed %+v %v", rm, err)
 	}
 }
+
+// TestGCKeepsPinnedReplacedDigest: a rebuild points a ref at new content;
+// the old content stays while a sandbox uses it and goes at the next GC
+// after.
+func TestGCKeepsPinnedReplacedDigest(t *testing.T) {
+	needMkfs(t)
+	s, _ := openStore(t)
+	ctx := context.Background()
+	old := mustLayer(t, s, "x@1", map[string]string{"v": "1"})
+	img, err := s.Acquire(ctx, "x@1", "sb-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.createLayer(ctx, "x@1", tree(t, map[string]string{"v": "2"}), true, mkfsOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GC(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := readIn(t, img.Layers[0], "v"); got != "1" {
+		t.Fatalf("pinned old content: %q", got)
+	}
+	if _, err := os.Stat(s.blobFile(old.BlobDigest)); err != nil {
+		t.Fatalf("pinned blob deleted: %v", err)
+	}
+	s.Release("sb-1")
+	rm, err := s.GC(ctx)
+	if err != nil || !slices.Contains(rm.Deleted, old.Digest) {
+		t.Fatalf("gc after release: %+v %v", rm, err)
+	}
+	for _, p := range []string{s.metaFile(old.Digest), s.blobFile(old.BlobDigest)} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left: %v", p, err)
+		}
+	}
+	assertMounted(t, img.Layers[0], false)
+}
