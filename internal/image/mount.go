@@ -167,21 +167,8 @@ func (s *Store) Close(unmountAll bool) error {
 			errs = append(errs, unmount(mp), removeDir(mp))
 		}
 	}
-	// The bind of the layers directory may be there more than once (a
-	// mount propagated from another namespace lands on top): unmount
-	// until none is left.
-	for range 8 {
-		if !mounted[s.layers] {
-			break
-		}
-		if err := unmount(s.layers); err != nil {
-			errs = append(errs, err)
-			break
-		}
-		if mounted, err = mountsUnder(s.layers); err != nil {
-			errs = append(errs, err)
-			break
-		}
+	if mounted[s.layers] {
+		errs = append(errs, unmount(s.layers))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("layer store: close: %w", err)

@@ -35,16 +35,39 @@ func (b *Backend) ReadUpper(ctx context.Context, id string, fn func(upper string
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	if loc.Dir != "" {
+		return onThread(func() error { return fn(loc.Dir) })
+	}
+	return onThread(func() error { return b.readDisk(ctx, id, loc.Image, fn) })
+}
+
+// onThread runs work on a goroutine locked to an OS thread that ends with
+// it, taking along any namespace work moved the thread into. The process's
+// main thread never ends (the runtime parks it instead) and is what
+// /proc/self shows, so work never runs there.
+func onThread(work func() error) error {
+	return onThreadAvoiding(func(tid int) bool { return tid == unix.Getpid() }, work)
+}
+
+// onThreadAvoiding is onThread with the thread to keep work off named by
+// avoid: a goroutine that got such a thread keeps it locked, which sends
+// the work to another thread, and then hands it back unchanged.
+func onThreadAvoiding(avoid func(tid int) bool, work func() error) error {
 	done := make(chan error, 1)
 	go func() {
-		// Never unlocked: the runtime ends the thread with this goroutine,
-		// and with it the mount namespace made below.
-		runtime.LockOSThread()
-		if loc.Dir != "" {
-			done <- fn(loc.Dir)
+		runtime.LockOSThread() // never unlocked but below: the thread ends with the goroutine
+		if !avoid(unix.Gettid()) {
+			done <- work()
 			return
 		}
-		done <- b.readDisk(ctx, id, loc.Image, fn)
+		inner := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread() // cannot be the avoided thread: it is locked above
+			inner <- work()
+		}()
+		err := <-inner
+		runtime.UnlockOSThread()
+		done <- err
 	}()
 	return <-done
 }
