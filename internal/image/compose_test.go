@@ -152,6 +152,26 @@ func TestRemoveInUse(t *testing.T) {
 	if _, err := s.Remove(ctx, "ws@1"); err != nil {
 		t.Fatal(err)
 	}
+
+	// A layer and a composition of one name (what pack makes) go together;
+	// refused, neither goes.
+	mustLayer(t, s, "br@1", map[string]string{"b": "1"})
+	if _, err := s.CreateComposition(ctx, Composition{Ref: "br@1", Layers: []string{"base@2", "br@1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire(ctx, "br@1", "sb-2"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Remove(ctx, "br@1")
+	wantErr(t, err, errdefs.ErrFailedPrecondition, "in use by sandbox sb-2")
+	if _, err := s.Get(ctx, "br@1"); err != nil {
+		t.Fatalf("a refused remove removed the composition: %v", err)
+	}
+	s.Release("sb-2")
+	rm, err = s.Remove(ctx, "br@1")
+	if err != nil || len(rm.Compositions) != 1 || len(rm.Layers) != 1 {
+		t.Fatalf("remove br@1: %+v %v", rm, err)
+	}
 }
 
 // TestGC removes exactly the layers nothing uses: not the latest version

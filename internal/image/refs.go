@@ -160,6 +160,20 @@ func (s *Store) Remove(ctx context.Context, ref string) (Removed, error) {
 	if !hasComp && !hasLayer {
 		return Removed{}, errdefs.NotFound("%s: no composition or layer of that name", ref)
 	}
+	// Check first, so that a refusal removes nothing: the composition of
+	// the same name does not count as a user of the layer.
+	if hasLayer && len(idx.refsOf(l.Digest)) == 1 {
+		uses, err := s.users(ctx, idx)
+		if err != nil {
+			return Removed{}, err
+		}
+		u := slices.DeleteFunc(uses[l.Digest], func(u string) bool {
+			return u == "latest "+ref || u == "composition "+ref
+		})
+		if len(u) > 0 {
+			return Removed{}, errdefs.FailedPrecondition("layer %s (%s) is in use by %s", ref, l.Digest, strings.Join(u, ", "))
+		}
+	}
 	var out Removed
 	if hasComp {
 		if err := os.Remove(s.compositionFile(ref)); err != nil {
@@ -169,15 +183,6 @@ func (s *Store) Remove(ctx context.Context, ref string) (Removed, error) {
 	}
 	if !hasLayer {
 		return out, nil
-	}
-	if others := idx.refsOf(l.Digest); len(others) == 1 {
-		uses, err := s.users(ctx, idx)
-		if err != nil {
-			return out, err
-		}
-		if u := slices.DeleteFunc(uses[l.Digest], func(u string) bool { return u == "latest "+ref }); len(u) > 0 {
-			return out, errdefs.FailedPrecondition("layer %s (%s) is in use by %s", ref, l.Digest, strings.Join(u, ", "))
-		}
 	}
 	delete(idx.Layers, ref)
 	delete(idx.Anonymous, ref)
