@@ -48,6 +48,26 @@ func CheckPackOptions(opts PackOptions) error {
 	return err
 }
 
+// CheckFree fails with AlreadyExists when a layer or composition is called
+// ref: pack checks before the work, so that it never makes a layer whose
+// composition it then cannot record.
+func (s *Store) CheckFree(ref string) error {
+	if err := checkRef(ref); err != nil {
+		return err
+	}
+	idx, err := s.readIndex()
+	if err != nil {
+		return err
+	}
+	if d, ok := idx.Layers[ref]; ok {
+		return errdefs.AlreadyExists("name: layer %s exists with digest %s (versions are immutable: pick a new version)", ref, d)
+	}
+	if _, err := s.composition(ref); err == nil {
+		return errdefs.AlreadyExists("name: composition %s exists (versions are immutable: pick a new version)", ref)
+	}
+	return nil
+}
+
 // Pack makes the layer opts.Ref of upper, a sandbox's overlayfs upper
 // directory, read as it is: overlay whiteouts (0/0 character devices) and
 // opaque directories (trusted.overlay.opaque) stay what they are, so the

@@ -30,6 +30,8 @@ type Images interface {
 	Pin(holder string, stack []image.Layer)
 	// Release drops holder's pins.
 	Release(holder string)
+	// CheckFree fails when a layer or composition is called ref.
+	CheckFree(ref string) error
 	// Pack makes a layer of a sandbox's upper directory.
 	Pack(ctx context.Context, upper string, opts image.PackOptions) (image.Layer, error)
 	CreateComposition(ctx context.Context, c image.Composition) (image.Composition, error)

@@ -37,6 +37,9 @@ func (n *Node) Pack(ctx context.Context, req PackRequest) (*PackResult, error) {
 	if err := image.CheckPackOptions(req.PackOptions); err != nil {
 		return nil, err
 	}
+	if err := n.cfg.Images.CheckFree(req.Ref); err != nil {
+		return nil, err
+	}
 	e, err := n.lookup(req.ID)
 	if err != nil {
 		return nil, err

@@ -172,6 +172,23 @@ func TestPackBranches(t *testing.T) {
 	if client.CodeOf(err) != client.CodeAlreadyExists {
 		t.Errorf("pack onto an existing version: %v", err)
 	}
+	// A name only a composition has is taken too, and no layer is made.
+	if _, err := c.CreateComposition(ctx, client.Composition{Ref: "taken@1", Layers: []string{"busybox@1"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = sb.Pack(ctx, "taken@1", client.PackOptions{})
+	if client.CodeOf(err) != client.CodeAlreadyExists {
+		t.Errorf("pack onto a composition's name: %v", err)
+	}
+	imgs, err := c.ListImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range imgs.Layers {
+		if l.Ref == "taken@1" {
+			t.Errorf("a refused pack made layer %+v", l)
+		}
+	}
 	_, err = sb.Pack(ctx, "bad", client.PackOptions{})
 	if !client.IsInvalidArgument(err) || !strings.Contains(err.Error(), "name") {
 		t.Errorf("pack with a bad name: %v", err)
