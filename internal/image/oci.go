@@ -103,6 +103,10 @@ func (s *Store) Import(ctx context.Context, opts ImportOptions) (Imported, error
 		out.Cached = true
 		return s.recordImport(ctx, out, opts.Ref, rec)
 	}
+	// A taken name fails before the work, not after it.
+	if c, err := s.composition(opts.Ref); err == nil {
+		return Imported{}, errdefs.AlreadyExists("name: composition %s exists with layers %s (compositions are immutable: pick a new version)", c.Ref, strings.Join(c.Layers, ", "))
+	}
 	rec, layers, err := s.convert(ctx, img, opts)
 	if err != nil {
 		return Imported{}, fmt.Errorf("import %s: %w", opts.Source, err)

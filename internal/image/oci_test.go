@@ -204,6 +204,22 @@ func TestImportLayoutAndArchive(t *testing.T) {
 	if a.Layers[0] != b.Layers[0] || a.Layers[1] != b.Layers[1] || storeFiles(t, dir) != files {
 		t.Fatalf("layers not shared: %+v vs %+v; files %d then %d", a.Layers, b.Layers, files, storeFiles(t, dir))
 	}
+	// A taken name fails before anything is converted.
+	if _, err := s.CreateComposition(ctx, Composition{Ref: "taken@1", Layers: []string{a.Layers[0].Ref}}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := mutate.AppendLayers(empty.Image, tarLayer(t, map[string]string{"new": "n"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lp.AppendImage(other, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": "v2"})); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Import(ctx, ImportOptions{Source: "oci:" + string(lp) + ":v2", Ref: "taken@1"})
+	wantErr(t, err, errdefs.ErrAlreadyExists, "composition taken@1 exists")
+	if n := storeFiles(t, dir); n != files {
+		t.Fatalf("a refused import stored files: %d, was %d", n, files)
+	}
 	_, err = s.Import(ctx, ImportOptions{Source: "oci:" + string(lp) + ":nope", Ref: "x@1"})
 	wantErr(t, err, errdefs.ErrInvalidArgument, `0 images named "nope"`)
 }
