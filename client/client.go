@@ -28,6 +28,7 @@ const DefaultAddress = "unix:///var/lib/corral/corral.sock"
 type Client struct {
 	svc  corralv1connect.SandboxServiceClient
 	fn   corralv1connect.FnCallServiceClient
+	img  corralv1connect.ImageServiceClient
 	http *http.Client
 }
 
@@ -70,6 +71,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 	return &Client{
 		svc:  corralv1connect.NewSandboxServiceClient(hc, baseURL, copts...),
 		fn:   corralv1connect.NewFnCallServiceClient(hc, baseURL, copts...),
+		img:  corralv1connect.NewImageServiceClient(hc, baseURL, copts...),
 		http: hc,
 	}, nil
 }

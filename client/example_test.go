@@ -154,3 +154,39 @@ func ExampleSandbox_UpdateNetwork() {
 		fmt.Println(r.Count, r.Hook, r.Protocol, r.Address, r.Port, r.Name)
 	}
 }
+
+// Branch a trajectory: pack a sandbox's writes as a layer and start two
+// sandboxes from where it is.
+func ExampleSandbox_Pack() {
+	ctx := context.Background()
+	c, _ := client.New(addr)
+	defer c.Close()
+	sb, err := c.Create(ctx, client.CreateOptions{Image: "busybox"})
+	if err != nil {
+		panic(err)
+	}
+	defer sb.Delete(ctx)
+	if _, err := sb.Run(ctx, client.Command{Shell: "mkdir /work && echo step-k > /work/state && echo noise > /tmp/x"}); err != nil {
+		panic(err)
+	}
+	packed, err := sb.Pack(ctx, "example-branch@1", client.PackOptions{})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(packed.Composition.Layers)
+	for range 2 {
+		br, err := c.Create(ctx, client.CreateOptions{Image: packed.Composition.Ref})
+		if err != nil {
+			panic(err)
+		}
+		res, _ := br.Run(ctx, client.Command{Shell: "cat /work/state; ls /tmp | wc -l"})
+		fmt.Print(string(res.Stdout))
+		br.Delete(ctx)
+	}
+	// Output:
+	// [busybox@1 example-branch@1]
+	// step-k
+	// 0
+	// step-k
+	// 0
+}

@@ -104,6 +104,17 @@ type Backend interface {
 	Sweep(ctx context.Context, keep func(id string) bool) error
 }
 
+// UpperReader is implemented by backends whose sandboxes' upper
+// directories the node can read (pack).
+type UpperReader interface {
+	// ReadUpper calls fn with a read-only view of sandbox id's upper
+	// directory. fn runs on the calling goroutine's locked OS thread and
+	// must not hand the path to other goroutines (the view may exist in
+	// that thread's mount namespace only); programs it starts see it. A
+	// running sandbox must be paused around the call for a consistent view.
+	ReadUpper(ctx context.Context, id string, fn func(upper string) error) error
+}
+
 // Sandbox is one live sandbox. Methods are safe for concurrent use.
 type Sandbox interface {
 	Files

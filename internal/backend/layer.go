@@ -33,3 +33,11 @@ func (l *WritableLayer) Close() error {
 	l.Device = nil
 	return err
 }
+
+// UpperLocation says where a sandbox's upper directory lives, for reading
+// it from the node: a host directory (Dir), or the disk image (Image)
+// holding it as upper/ at the root of its filesystem.
+type UpperLocation struct {
+	Dir   string
+	Image string
+}

@@ -24,7 +24,7 @@ Benchmarks create sandboxes labelled corral-bench=<random> and delete them all
 at the end, also on error or Ctrl-C. The density and runc figures read this
 host (/proc/meminfo, runc), so run them on the server's machine.`,
 	}
-	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g), newBenchFnCallCmd(g), newBenchNetCmd(g))
+	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g), newBenchFnCallCmd(g), newBenchNetCmd(g), newBenchImageCmd(g))
 	return cmd
 }
 
@@ -117,6 +117,52 @@ func newBenchFnCallCmd(g *globals) *cobra.Command {
 	fl.StringVar(&o.ShImage, "image", "busybox", "image of the sh phase")
 	fl.StringVar(&o.PyImage, "python-image", "debian", "image of the python phase (needs python3)")
 	fl.StringVar(&o.Rootfs, "rootfs", "", "rootfs for the runc peer (default: a temporary busybox rootfs)")
+	return cmd
+}
+
+func newBenchImageCmd(g *globals) *cobra.Command {
+	var o bench.ImageOptions
+	var ws, tool, pack string
+	cmd := &cobra.Command{
+		Use:   "image",
+		Short: "Start from EROFS layers vs extracting a tar, toolkit upgrade cost vs composition count, pack time",
+		Long: `Start N sandboxes from a workspace + toolkit stack by mounting its EROFS layers
+(erofs_start_ms) and, in the same run, by extracting the same content as a tar
+into each sandbox's writable layer (tar_start_ms), with the bytes each writes;
+time a toolkit upgrade (a new layer version every composition follows) with
+1, 100 and 1000 compositions, beside re-pinning that many compositions; and
+time packing a sandbox that changed 100 MiB in 10,000 files, beside tar of the
+same files. It builds its layers from files under --tmp-dir: run it on the
+server's machine.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.WorkspaceBytes, err = parseBytes("workspace-size", ws); err != nil {
+				return err
+			}
+			if o.ToolkitBytes, err = parseBytes("toolkit-size", tool); err != nil {
+				return err
+			}
+			if o.PackBytes, err = parseBytes("pack-size", pack); err != nil {
+				return err
+			}
+			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
+				o.Log = os.Stderr
+				return bench.Image(ctx, c, o)
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&o.N, "n", 20, "sandboxes per start peer")
+	fl.IntVar(&o.Concurrency, "concurrency", 4, "creates in flight (both peers alike)")
+	fl.IntVar(&o.WorkspaceFiles, "workspace-files", 2000, "files in the workspace layer")
+	fl.StringVar(&ws, "workspace-size", "64Mi", "bytes in the workspace layer")
+	fl.IntVar(&o.ToolkitFiles, "toolkit-files", 200, "files in the toolkit layer")
+	fl.StringVar(&tool, "toolkit-size", "8Mi", "bytes in the toolkit layer")
+	fl.IntSliceVar(&o.Compositions, "compositions", []int{1, 100, 1000}, "composition counts for upgrade_ms")
+	fl.IntVar(&o.PackFiles, "pack-files", 10000, "files the packed sandbox changed")
+	fl.StringVar(&pack, "pack-size", "100Mi", "bytes the packed sandbox changed")
+	fl.StringVar(&o.TmpDir, "tmp-dir", "", "where to write the layer sources (default the system's temp dir)")
 	return cmd
 }
 

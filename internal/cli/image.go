@@ -4,30 +4,52 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
+	"time"
 
+	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
+	"github.com/corral-dev/corral/client"
 	"github.com/corral-dev/corral/internal/image"
 )
 
-func newImageCmd() *cobra.Command {
-	var dataDir string
+func newImageCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "image",
-		Short: "Build and list images on this machine",
+		Short: "Build, import, list and remove images, compositions and layers",
+		Long: `Images are stacks of read-only EROFS layers. A layer is NAME@VERSION; a
+composition NAME@VERSION stacks layers (base first) into an environment; a
+built image (busybox, debian) is made on this machine from a recipe. Create a
+sandbox from any of them: --image busybox, --image task@3, --image tool@2.`,
 	}
-	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", "/var/lib/corral", "the daemon's data directory")
+	cmd.AddCommand(newImageBuildCmd(), newImageLsCmd(g), newImageImportCmd(g),
+		newImageComposeCmd(g), newImageRmCmd(g), newImageGCCmd(g))
+	return cmd
+}
+
+func newImageBuildCmd() *cobra.Command {
+	var dataDir string
+	var rebuild bool
 	build := &cobra.Command{
 		Use:   "build NAME",
-		Short: "Build a built-in image: busybox (instant) or debian (Debian 12 + python3 + git, about a minute)",
-		Args:  cobra.ExactArgs(1),
+		Short: "Build a built-in image on this machine: busybox (instant) or debian (Debian 12 + python3 + git, about a minute)",
+		Long: `Build a built-in image on this machine: busybox (instant) or debian (Debian 12 +
+python3 + git, about a minute). An image built by an earlier version as one
+EROFS file (no separate data blob) keeps working; --rebuild makes it afresh in
+the split format (only while no sandbox uses it).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			store, err := image.Open(cmd.Context(), filepath.Join(dataDir, "images"))
 			if err != nil {
 				return err
 			}
-			img, err := store.Build(cmd.Context(), args[0], os.Stderr)
+			build := store.Build
+			if rebuild {
+				build = store.Rebuild
+			}
+			img, err := build(cmd.Context(), args[0], os.Stderr)
 			if err != nil {
 				return err
 			}
@@ -35,57 +57,251 @@ func newImageCmd() *cobra.Command {
 			return nil
 		},
 	}
-	ls := &cobra.Command{
+	build.Flags().StringVar(&dataDir, "data-dir", "/var/lib/corral", "the daemon's data directory")
+	build.Flags().BoolVar(&rebuild, "rebuild", false, "build afresh and replace the existing image")
+	return build
+}
+
+func newImageLsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "ls",
-		Short: "List built images",
+		Short: "List built images, compositions and layers",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			store, err := image.Open(cmd.Context(), filepath.Join(dataDir, "images"))
+			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			imgs, err := store.List(cmd.Context())
+			imgs, err := c.ListImages(cmd.Context())
 			if err != nil {
 				return err
 			}
-			// One line per layer, base first; the name on the first.
+			if g.json {
+				return printJSON(imgs)
+			}
 			tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tLAYER\tDIGEST")
-			for _, img := range imgs {
-				for i, l := range img.Stack {
-					name := ""
-					if i == 0 {
-						name = img.Name
-					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\n", name, l.Ref, l.Digest)
+			fmt.Fprintln(tw, "KIND\tNAME\tLAYERS / DIGEST\tMETA\tBLOB")
+			for _, b := range imgs.Built {
+				refs := make([]string, len(b.Layers))
+				for i, l := range b.Layers {
+					refs[i] = l.Ref
 				}
+				fmt.Fprintf(tw, "image\t%s\t%s\t\t\n", b.Name, strings.Join(refs, " "))
+			}
+			for _, comp := range imgs.Compositions {
+				fmt.Fprintf(tw, "composition\t%s\t%s\t\t\n", comp.Ref, strings.Join(comp.Layers, " "))
+			}
+			for _, l := range imgs.Layers {
+				blob := "-"
+				if l.BlobDigest != "" {
+					blob = formatBytes(l.BlobSize)
+				}
+				fmt.Fprintf(tw, "layer\t%s\t%s\t%s\t%s\n", l.Ref, shortDigest(l.Digest), formatBytes(l.MetaSize), blob)
 			}
 			return tw.Flush()
 		},
 	}
-	cmd.AddCommand(build, ls)
-	return cmd
 }
 
-func newLayerCmd() *cobra.Command {
-	var dataDir, name string
-	cmd := &cobra.Command{
-		Use:   "layer",
-		Short: "Build read-only EROFS layers on this machine",
+func shortDigest(d string) string {
+	if len(d) > 19 {
+		return d[:19]
 	}
-	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", "/var/lib/corral", "the daemon's data directory")
-	create := &cobra.Command{
-		Use:   "create PATH --name NAME@VERSION",
-		Short: "Build a layer from a directory or a tar file (owners, modes and xattrs kept; mtimes set to 0) and print its digest",
-		Args:  cobra.ExactArgs(1),
+	return d
+}
+
+func newImageImportCmd(g *globals) *cobra.Command {
+	var name string
+	var insecure, quiet bool
+	cmd := &cobra.Command{
+		Use:   "import SOURCE --name NAME@VERSION",
+		Short: "Import an OCI image from a registry, an OCI layout dir or a docker save tarball",
+		Long: `Import an OCI image as the composition NAME@VERSION, one EROFS layer per image
+layer. SOURCE is a registry reference (host/repo:tag or host/repo@sha256:...),
+oci:DIR[:REF] (an OCI image layout) or docker-archive:FILE[:REPO:TAG] (a
+docker save tarball); paths are on the server's machine. Importing an image
+again (by manifest digest) converts and stores nothing.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			store, err := image.Open(cmd.Context(), filepath.Join(dataDir, "images"))
+			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			l, err := store.CreateLayer(cmd.Context(), name, args[0])
+			src := args[0]
+			for _, prefix := range []string{image.SourceOCILayout, image.SourceDockerArchive} {
+				if rest, ok := strings.CutPrefix(src, prefix); ok && !strings.HasPrefix(rest, "/") {
+					if abs, err := filepath.Abs(rest); err == nil {
+						src = prefix + abs
+					}
+				}
+			}
+			bar := newImportBar(quiet || g.json)
+			res, err := c.ImportImage(cmd.Context(), src, name, client.ImportOptions{Insecure: insecure, Progress: bar.update})
+			bar.finish()
 			if err != nil {
 				return err
+			}
+			if g.json {
+				return printJSON(res)
+			}
+			state := "imported"
+			if res.Cached {
+				state = "already imported"
+			}
+			fmt.Printf("%s %s (%s, %d layers)\n", res.Composition.Ref, state, res.ImageDigest, len(res.Layers))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "the composition's NAME@VERSION, e.g. python@3.11")
+	cmd.Flags().BoolVar(&insecure, "insecure", false, "allow a registry over plain HTTP")
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
+	_ = cmd.MarkFlagRequired("name")
+	return cmd
+}
+
+// importBar draws an import's progress on stderr: one step per layer,
+// with the bytes read so far.
+type importBar struct {
+	off   bool
+	bar   *progressbar.ProgressBar
+	start time.Time
+}
+
+func newImportBar(off bool) *importBar { return &importBar{off: off, start: time.Now()} }
+
+func (b *importBar) update(p client.ImportProgress) {
+	if b.off || p.Layers == 0 {
+		return
+	}
+	if b.bar == nil {
+		b.bar = progressbar.NewOptions(p.Layers, progressbar.OptionSetWriter(os.Stderr),
+			progressbar.OptionSetWidth(30), progressbar.OptionShowCount(), progressbar.OptionSetElapsedTime(true),
+			progressbar.OptionThrottle(100*time.Millisecond))
+	}
+	what := "converting"
+	if p.Cached {
+		what = "cached"
+	}
+	b.bar.Describe(fmt.Sprintf("layer %d/%d %s, %s read", p.Layer, p.Layers, what, formatBytes(p.Bytes)))
+	_ = b.bar.Set(p.Layer - 1)
+}
+
+func (b *importBar) finish() {
+	if b.bar != nil {
+		_ = b.bar.Finish()
+		fmt.Fprintln(os.Stderr)
+	}
+}
+
+func newImageComposeCmd(g *globals) *cobra.Command {
+	var env []string
+	cmd := &cobra.Command{
+		Use:   "compose NAME@VERSION LAYER...",
+		Short: "Record a composition: layers stacked base first (LAYER is NAME@VERSION, or NAME for its latest version)",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			comp, err := c.CreateComposition(cmd.Context(), client.Composition{Ref: args[0], Layers: args[1:], Env: env})
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(comp)
+			}
+			fmt.Println(comp.Ref)
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "default environment KEY=VALUE (repeatable; default PATH only)")
+	return cmd
+}
+
+func newImageRmCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm NAME...",
+		Short: "Remove built images, compositions and layers (a layer in use is kept and named in the error)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			for _, name := range args {
+				rm, err := c.RemoveImage(cmd.Context(), name)
+				if err != nil {
+					return err
+				}
+				printRemoved(rm)
+			}
+			return nil
+		},
+	}
+}
+
+func newImageGCCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "gc",
+		Short: "Remove every layer no sandbox, composition or image uses (older versions included)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			rm, err := c.CollectGarbage(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(rm)
+			}
+			printRemoved(rm)
+			return nil
+		},
+	}
+}
+
+func printRemoved(rm *client.Removed) {
+	for _, n := range rm.Images {
+		fmt.Println("removed image", n)
+	}
+	for _, n := range rm.Compositions {
+		fmt.Println("removed composition", n)
+	}
+	for _, l := range rm.Layers {
+		fmt.Println("removed layer", l.Ref, l.Digest)
+	}
+	fmt.Printf("deleted %d layer files, freed %s\n", len(rm.Deleted), formatBytes(rm.FreedBytes))
+}
+
+func newLayerCmd(g *globals) *cobra.Command {
+	var name string
+	cmd := &cobra.Command{
+		Use:   "layer",
+		Short: "Build read-only EROFS layers",
+	}
+	create := &cobra.Command{
+		Use:   "create PATH --name NAME@VERSION",
+		Short: "Build a layer from a directory or a tar file on the server's machine (owners, modes and xattrs kept; mtimes set to 0) and print its digest",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			path, err := filepath.Abs(args[0])
+			if err != nil {
+				return err
+			}
+			l, err := c.CreateLayer(cmd.Context(), path, name)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(l)
 			}
 			fmt.Println(l.Digest)
 			return nil
@@ -94,5 +310,45 @@ func newLayerCmd() *cobra.Command {
 	create.Flags().StringVar(&name, "name", "", "the layer's NAME@VERSION, e.g. workspace@3")
 	_ = create.MarkFlagRequired("name")
 	cmd.AddCommand(create)
+	return cmd
+}
+
+func newPackCmd(g *globals) *cobra.Command {
+	var name string
+	var o client.PackOptions
+	cmd := &cobra.Command{
+		Use:   "pack SANDBOX --name NAME@VERSION",
+		Short: "Turn a sandbox's writes into a new layer, and a composition to start new sandboxes from",
+		Long: `Pack a running (paused meanwhile) or stopped sandbox's writable layer into the
+layer NAME@VERSION; deletions stay deletions. By default it also records the
+composition NAME@VERSION: the sandbox's own layers with the new one on top, so
+that 'corral create --image NAME@VERSION' starts where the sandbox is now.
+Left out by default: ` + strings.Join(image.DefaultPackExcludes, " "),
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Sandbox(args[0]).Pack(cmd.Context(), name, o)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(res)
+			}
+			fmt.Printf("layer %s %s (%s data)\n", res.Layer.Ref, res.Layer.Digest, formatBytes(res.Layer.BlobSize))
+			if res.Composition.Ref != "" {
+				fmt.Printf("composition %s: %s\n", res.Composition.Ref, strings.Join(res.Composition.Layers, " "))
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&name, "name", "", "the new layer's NAME@VERSION")
+	fl.StringArrayVar(&o.Exclude, "exclude", nil, "also leave out this absolute path (* and ? match within a component; repeatable)")
+	fl.BoolVar(&o.NoDefaultExcludes, "no-default-excludes", false, "keep what the default exclusions leave out")
+	fl.BoolVar(&o.NoComposition, "no-composition", false, "make only the layer")
+	_ = cmd.MarkFlagRequired("name")
 	return cmd
 }

@@ -67,3 +67,17 @@ func parseKV(flag string, kvs []string) (map[string]string, error) {
 	}
 	return out, nil
 }
+
+// formatBytes prints a size with a binary unit: 512B, 4.0KiB, 1.5GiB.
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -53,8 +53,9 @@ Start a server with 'corral serve', then create sandboxes and run commands:
 		newServeCmd(),
 		newCreateCmd(g), newRunCmd(g), newExecCmd(g), newLsCmd(g), newGetCmd(g),
 		newRmCmd(g), newCpCmd(g), newPauseCmd(g), newResumeCmd(g), newNetCmd(g),
-		newImageCmd(),
-		newLayerCmd(),
+		newImageCmd(g),
+		newLayerCmd(g),
+		newPackCmd(g),
 		newCallCmd(g),
 		newBenchCmd(g),
 	)

@@ -134,3 +134,16 @@ func holdersOf(img, dev string, known bool) ([]string, error) {
 	}
 	return nil, nil
 }
+
+// Locate returns the disk image of sandbox id (its filesystem holds the
+// upper directory as upper/).
+func (s *Store) Locate(id string) (backend.UpperLocation, error) {
+	if err := backend.CheckID(id); err != nil {
+		return backend.UpperLocation{}, err
+	}
+	img := s.imagePath(id)
+	if _, err := os.Stat(img); err != nil {
+		return backend.UpperLocation{}, fmt.Errorf("disk %s: %w", id, err)
+	}
+	return backend.UpperLocation{Image: img}, nil
+}

@@ -22,9 +22,12 @@ import (
 	"github.com/corral-dev/corral/internal/image"
 )
 
-// Images resolves image names to layers.
+// Images resolves image names to layers. A pool pins its image's layers
+// (Acquire) for its lifetime, so that they are not deleted under it.
 type Images interface {
 	Get(ctx context.Context, name string) (image.Image, error)
+	Acquire(ctx context.Context, name, holder string) (image.Image, error)
+	Release(holder string)
 }
 
 // Config configures the service.
@@ -160,7 +163,7 @@ func (s *Service) pool(ctx context.Context, key poolKey) (*pool, error) {
 	if p := s.pools[key]; p != nil {
 		return p, nil
 	}
-	if _, err := s.cfg.Images.Get(ctx, key.image); err != nil {
+	if _, err := s.cfg.Images.Acquire(ctx, key.image, key.holder()); err != nil {
 		return nil, fmt.Errorf("image: %w", err)
 	}
 	p := newPool(s, key)
@@ -230,6 +233,9 @@ func (s *Service) Close(ctx context.Context) error {
 			case <-time.After(10 * time.Millisecond):
 			}
 		}
+	}
+	for key := range pools {
+		s.cfg.Images.Release(key.holder())
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package fncall
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"time"
@@ -15,6 +16,9 @@ type poolKey struct {
 	image  string
 	memory int64
 }
+
+// holder names the pool to the image store, which keeps its layers.
+func (k poolKey) holder() string { return fmt.Sprintf("fncall-pool/%s/%d", k.image, k.memory) }
 
 // pool is the warm sandboxes of one key. Idle sandboxes are reused LIFO
 // (the most recently used is the warmest in caches); the target size

@@ -66,7 +66,7 @@ func (s *Store) make(ctx context.Context, name string, r recipe, progress io.Wri
 	if err := keepPycValid(rootfs); err != nil {
 		return err
 	}
-	l, err := s.createLayer(ctx, name+"@"+recipeVersion, rootfs, true)
+	l, err := s.createLayer(ctx, name+"@"+recipeVersion, rootfs, true, mkfsOptions{})
 	if err != nil {
 		return err
 	}

@@ -1,14 +1,17 @@
-// Package image owns corral's read-only root filesystem images and the
-// layers they are made of. A layer is an EROFS image file, content-
-// addressed by its sha256 and named NAME@VERSION (layer.go), mounted
-// file-backed once per node and shared by every sandbox (mount.go). An
-// image is a composition: a name, a default environment and an ordered
-// list of layers, base first, recorded in <dir>/<name>/image.json. The
-// built-in recipes (busybox, debian) build a directory tree and turn it
-// into one layer (build.go); a build never leaves a half image behind.
+// Package image owns corral's read-only root filesystems. A layer is an
+// EROFS image split into local metadata and a chunked data blob, content-
+// addressed and named NAME@VERSION (layer.go), mounted file-backed once per
+// node with its blob from a BlobSource (blob.go, mount.go) and shared by
+// every sandbox. A composition stacks layers into an environment
+// (compose.go); a built image is a recipe's composition with a name of its
+// own (busybox, debian: build.go), recorded in <dir>/<name>/image.json.
+// Imports turn OCI images into compositions (oci.go); pack turns a
+// sandbox's upper directory into a layer (pack.go). Layers in use by a
+// sandbox, a composition or an image are never deleted; GC removes the
+// rest (refs.go). Nothing here leaves a half-made layer behind.
 //
-// The package may import internal/errdefs and internal/backend types only;
-// nothing here knows about sandboxes, the node or the API.
+// The package may import internal/errdefs only; nothing here knows about
+// sandboxes, the node or the API.
 package image
 
 import (
@@ -58,8 +61,8 @@ var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
 
 // checkName validates an image name (field "name").
 func checkName(name string) error {
-	if !nameRE.MatchString(name) || name == layersDir {
-		return errdefs.InvalidArgument("name %q: must be 1-64 characters of a-z, 0-9, '.', '_', '-', starting with a letter or digit, not %q", name, layersDir)
+	if !nameRE.MatchString(name) || name == layersDir || name == blobsDir || name == compositionsDir {
+		return errdefs.InvalidArgument("name %q: must be 1-64 characters of a-z, 0-9, '.', '_', '-', starting with a letter or digit, not %s, %s or %s", name, layersDir, blobsDir, compositionsDir)
 	}
 	return nil
 }
@@ -67,10 +70,15 @@ func checkName(name string) error {
 // Store keeps images in a directory, one subdirectory per image. It is
 // safe for concurrent use; builds of one name are serialized.
 type Store struct {
-	dir    string
-	layers string // <dir>/layers
+	dir     string
+	layers  string // <dir>/layers: metadata files, mount points, index
+	blobs   string // <dir>/blobs: data blobs
+	blobSrc BlobSource
 
 	mountMu sync.Mutex // serializes mounting layers
+
+	useMu sync.Mutex                 // serializes pinning with Remove and GC
+	pins  map[string]map[string]bool // holder -> digests it uses
 
 	mu       sync.Mutex
 	building map[string]chan struct{} // closed when that name's build ends
@@ -80,7 +88,7 @@ type Store struct {
 // interrupted builds left there, and brings the layer mounts back to what
 // an earlier run left: missing ones mounted again, stale ones removed.
 // Close(true) unmounts them.
-func Open(ctx context.Context, dir string) (*Store, error) {
+func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("image store %s: %w", dir, err)
@@ -88,17 +96,26 @@ func Open(ctx context.Context, dir string) (*Store, error) {
 	if err := os.MkdirAll(abs, 0o755); err != nil {
 		return nil, fmt.Errorf("image store: %w", err)
 	}
-	s := &Store{dir: abs, layers: filepath.Join(abs, layersDir), building: map[string]chan struct{}{}}
-	if err := os.MkdirAll(s.layers, 0o755); err != nil {
-		return nil, fmt.Errorf("image store: %w", err)
+	s := &Store{dir: abs, layers: filepath.Join(abs, layersDir), blobs: filepath.Join(abs, blobsDir),
+		building: map[string]chan struct{}{}, pins: map[string]map[string]bool{}}
+	s.blobSrc = LocalBlobs(s.blobs)
+	for _, o := range opts {
+		o(s)
+	}
+	for _, d := range []string{s.layers, s.blobs, filepath.Join(abs, compositionsDir)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("image store: %w", err)
+		}
 	}
 	if err := s.sweep(ctx, s.dir); err != nil {
 		return nil, err
 	}
-	if err := s.sweep(ctx, s.layers); err != nil {
-		return nil, err
+	for _, d := range []string{s.layers, s.blobs} {
+		if err := s.sweep(ctx, d); err != nil {
+			return nil, err
+		}
 	}
-	if err := s.reconcile(); err != nil {
+	if err := s.reconcile(ctx); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -123,25 +140,21 @@ func (s *Store) sweep(ctx context.Context, dir string) error {
 	return nil
 }
 
-// Get returns the image called name, its layers mounted.
+// Get returns the image name names, its layers mounted: a built image
+// (busybox, debian), a composition NAME@VERSION, or a layer NAME@VERSION
+// or NAME (its latest version) as an image of its own.
 func (s *Store) Get(ctx context.Context, name string) (Image, error) {
-	if err := checkName(name); err != nil {
-		return Image{}, err
-	}
-	img, err := s.load(name)
-	if errors.Is(err, os.ErrNotExist) {
-		return Image{}, s.notFound(ctx, name)
-	}
+	img, err := s.resolve(ctx, name)
 	if err != nil {
 		return Image{}, err
 	}
-	return img, s.mountImage(img)
+	return img, s.mountImage(ctx, img)
 }
 
 // mountImage mounts the layers of img that are not mounted yet.
-func (s *Store) mountImage(img Image) error {
+func (s *Store) mountImage(ctx context.Context, img Image) error {
 	for _, l := range img.Stack {
-		if err := s.mountLayer(l.Digest); err != nil {
+		if err := s.mountLayer(ctx, l); err != nil {
 			return fmt.Errorf("image %q: %w", img.Name, err)
 		}
 	}
@@ -161,7 +174,7 @@ func (s *Store) notFound(ctx context.Context, name string) error {
 	if _, ok := recipes[name]; ok {
 		return errdefs.NotFound("image %q not found (have: %s); build it with `corral image build %s`", name, have, name)
 	}
-	return errdefs.NotFound("image %q not found (have: %s); buildable images: %s", name, have, recipeNames())
+	return errdefs.NotFound("image %q not found: no built image, composition or layer of that name (built images: %s; buildable: %s; see `corral image ls`)", name, have, recipeNames())
 }
 
 // load reads one image's metadata; a missing image is an os.ErrNotExist.
@@ -177,14 +190,28 @@ func (s *Store) load(name string) (Image, error) {
 	if len(m.Layers) == 0 { // a directory image of an earlier version
 		return Image{}, fmt.Errorf("image %q: no layers (built by an earlier version): %w", name, os.ErrNotExist)
 	}
-	img := Image{Name: name, Stack: m.Layers, Env: m.Env}
-	for i := len(m.Layers) - 1; i >= 0; i-- {
-		if !digestRE.MatchString(m.Layers[i].Digest) {
-			return Image{}, fmt.Errorf("image %q: layer %s: bad digest %q", name, m.Layers[i].Ref, m.Layers[i].Digest)
-		}
-		img.Layers = append(img.Layers, s.layerMount(m.Layers[i].Digest))
+	idx, err := s.readIndex()
+	if err != nil {
+		return Image{}, err
 	}
-	return img, nil
+	for i, l := range m.Layers {
+		if !digestRE.MatchString(l.Digest) {
+			return Image{}, fmt.Errorf("image %q: layer %s: bad digest %q", name, l.Ref, l.Digest)
+		}
+		if !l.Split() { // image.json of an earlier version lacks the blob
+			m.Layers[i] = idx.describe(l.Ref, l.Digest)
+		}
+	}
+	return s.image(name, m.Env, m.Layers), nil
+}
+
+// image makes an Image of a stack, base first.
+func (s *Store) image(name string, env []string, stack []Layer) Image {
+	img := Image{Name: name, Stack: stack, Env: env}
+	for i := len(stack) - 1; i >= 0; i-- {
+		img.Layers = append(img.Layers, s.layerMount(stack[i].Digest))
+	}
+	return img
 }
 
 // List returns the store's images sorted by name (their layers are not
@@ -247,7 +274,7 @@ func (s *Store) build(ctx context.Context, name string, progress io.Writer, forc
 	if !force {
 		img, err := s.load(name)
 		if err == nil {
-			return img, s.mountImage(img)
+			return img, s.mountImage(ctx, img)
 		}
 		if !errors.Is(err, os.ErrNotExist) {
 			return img, err
@@ -260,7 +287,7 @@ func (s *Store) build(ctx context.Context, name string, progress io.Writer, forc
 	if err != nil {
 		return Image{}, err
 	}
-	return img, s.mountImage(img)
+	return img, s.mountImage(ctx, img)
 }
 
 // lock serializes builds of one name.

@@ -131,7 +131,7 @@ func TestGetList(t *testing.T) {
 	_, err = s.Get(ctx, "debian")
 	wantErr(t, err, errdefs.ErrNotFound, "image \"debian\" not found (have: busybox); build it with `corral image build debian`")
 	_, err = s.Get(ctx, "ubuntu")
-	wantErr(t, err, errdefs.ErrNotFound, "(have: busybox); buildable images: busybox, debian")
+	wantErr(t, err, errdefs.ErrNotFound, "(built images: busybox; buildable: busybox, debian")
 	_, err = s.Build(ctx, "ubuntu", nil)
 	wantErr(t, err, errdefs.ErrNotFound, "no recipe")
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -20,23 +21,46 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-// Layer is one read-only EROFS layer of the store: content-addressed by
-// the sha256 of its image file, and known by a name and version.
+// Layer is one read-only EROFS layer of the store, known by a name and
+// version. It is split in two files: the EROFS metadata (inodes,
+// directories, small inlined files), always on local disk, and a data blob
+// holding the contents of every other file in chunks, which the kernel
+// reads as the image's extra device. The blob is what a lazy loader can
+// fetch on demand (BlobSource); the metadata is small and always local.
 type Layer struct {
 	// Ref is NAME@VERSION, e.g. busybox@1.
 	Ref string `json:"ref"`
-	// Digest is "sha256:<hex>" of the EROFS image file.
+	// Digest is "sha256:<hex>" of the metadata file followed by the blob:
+	// the layer's identity.
 	Digest string `json:"digest"`
+	// MetaSize is the size of the metadata file in bytes.
+	MetaSize int64 `json:"meta_size,omitempty"`
+	// BlobDigest is "sha256:<hex>" of the data blob, BlobSize its size.
+	// Both are empty for a layer of an earlier store version, which is one
+	// EROFS file without a blob (it still mounts; rebuild it to split it).
+	BlobDigest string `json:"blob_digest,omitempty"`
+	BlobSize   int64  `json:"blob_size,omitempty"`
 }
+
+// Split reports whether the layer has a separate data blob.
+func (l Layer) Split() bool { return l.BlobDigest != "" }
+
+// Name and Version are the two halves of Ref.
+func (l Layer) Name() string    { n, _, _ := strings.Cut(l.Ref, "@"); return n }
+func (l Layer) Version() string { _, v, _ := strings.Cut(l.Ref, "@"); return v }
 
 const (
 	layersDir  = "layers"
+	blobsDir   = "blobs"
 	indexFile  = "index.json"
 	lockFile   = ".lock"
 	layerExt   = ".erofs"
+	blobExt    = ".blob"
 	digestAlgo = "sha256"
 	// erofsUUID is fixed so that the same tree always makes the same file.
 	erofsUUID = "00000000-0000-0000-0000-000000000000"
+	// ChunkSize is the blob's chunk size: the unit a lazy loader fetches.
+	ChunkSize = 1 << 20
 )
 
 var (
@@ -53,19 +77,92 @@ func checkRef(ref string) error {
 	return nil
 }
 
-// index is layers/index.json: which digest each NAME@VERSION names.
+// index is layers/index.json: which digest each NAME@VERSION names, the
+// files of each digest, and each name's latest version.
 type index struct {
 	Layers map[string]string `json:"layers"`
+	// Digests describes each split layer; a digest without an entry is a
+	// single-file layer of an earlier store version.
+	Digests map[string]layerFiles `json:"digests,omitempty"`
+	// Latest maps NAME to the version created last: what an unversioned
+	// NAME in a composition resolves to, so that publishing a new version
+	// upgrades every composition that follows NAME in one index write.
+	Latest map[string]string `json:"latest,omitempty"`
+	// Anonymous refs are layers made for compositions (imports): being
+	// their name's latest version does not keep them.
+	Anonymous map[string]bool `json:"anonymous,omitempty"`
+	// Imports maps an imported image's manifest digest to its layers, so
+	// that importing it again converts nothing.
+	Imports map[string]importRecord `json:"imports,omitempty"`
 }
 
-// layerFile is the EROFS image file of digest; layerMount is where it is
-// mounted.
-func (s *Store) layerFile(digest string) string {
+type layerFiles struct {
+	MetaSize   int64  `json:"meta_size"`
+	BlobDigest string `json:"blob_digest"`
+	BlobSize   int64  `json:"blob_size"`
+}
+
+// init makes the index's nil maps (a new or older index) empty ones.
+func (idx *index) init() {
+	if idx.Layers == nil {
+		idx.Layers = map[string]string{}
+	}
+	if idx.Digests == nil {
+		idx.Digests = map[string]layerFiles{}
+	}
+	if idx.Latest == nil {
+		idx.Latest = map[string]string{}
+	}
+	if idx.Anonymous == nil {
+		idx.Anonymous = map[string]bool{}
+	}
+	if idx.Imports == nil {
+		idx.Imports = map[string]importRecord{}
+	}
+}
+
+// layer returns the layer ref names.
+func (idx index) layer(ref string) (Layer, bool) {
+	d, ok := idx.Layers[ref]
+	if !ok {
+		return Layer{}, false
+	}
+	return idx.describe(ref, d), true
+}
+
+func (idx index) describe(ref, digest string) Layer {
+	f := idx.Digests[digest]
+	return Layer{Ref: ref, Digest: digest, MetaSize: f.MetaSize, BlobDigest: f.BlobDigest, BlobSize: f.BlobSize}
+}
+
+// latest returns the version of name created last. Indexes of an earlier
+// store version have no Latest: the greatest version string stands in.
+func (idx index) latest(name string) (string, bool) {
+	if v, ok := idx.Latest[name]; ok {
+		return v, true
+	}
+	best, found := "", false
+	for ref := range idx.Layers {
+		n, v, _ := strings.Cut(ref, "@")
+		if n == name && (!found || v > best) {
+			best, found = v, true
+		}
+	}
+	return best, found
+}
+
+// metaFile is the EROFS metadata file of digest; mountPoint is where it
+// is mounted; blobFile is where the local blob store keeps a blob.
+func (s *Store) metaFile(digest string) string {
 	return filepath.Join(s.layers, digestAlgo+"-"+strings.TrimPrefix(digest, digestAlgo+":")+layerExt)
 }
 
 func (s *Store) layerMount(digest string) string {
-	return strings.TrimSuffix(s.layerFile(digest), layerExt)
+	return strings.TrimSuffix(s.metaFile(digest), layerExt)
+}
+
+func (s *Store) blobFile(blobDigest string) string {
+	return filepath.Join(s.blobs, digestAlgo+"-"+strings.TrimPrefix(blobDigest, digestAlgo+":")+blobExt)
 }
 
 // lockIndex takes an exclusive flock on the layer store, which serializes
@@ -83,9 +180,10 @@ func (s *Store) lockIndex() (func(), error) {
 }
 
 func (s *Store) readIndex() (index, error) {
-	idx := index{Layers: map[string]string{}}
+	var idx index
 	b, err := os.ReadFile(filepath.Join(s.layers, indexFile))
 	if errors.Is(err, os.ErrNotExist) {
+		idx.init()
 		return idx, nil
 	}
 	if err != nil {
@@ -94,9 +192,7 @@ func (s *Store) readIndex() (index, error) {
 	if err := json.Unmarshal(b, &idx); err != nil {
 		return idx, fmt.Errorf("layer index %s: %w", indexFile, err)
 	}
-	if idx.Layers == nil {
-		idx.Layers = map[string]string{}
-	}
+	idx.init()
 	return idx, nil
 }
 
@@ -145,7 +241,7 @@ func (s *Store) Layers(ctx context.Context) ([]Layer, error) {
 	}
 	out := make([]Layer, 0, len(idx.Layers))
 	for ref, d := range idx.Layers {
-		out = append(out, Layer{Ref: ref, Digest: d})
+		out = append(out, idx.describe(ref, d))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Ref < out[j].Ref })
 	return out, ctx.Err()
@@ -171,31 +267,32 @@ func (s *Store) CreateLayer(ctx context.Context, ref, src string) (Layer, error)
 		if !st.Mode().IsRegular() {
 			return Layer{}, errdefs.InvalidArgument("path: %s is neither a directory nor a tar file", src)
 		}
-		tmp, err := os.MkdirTemp(s.layers, tmpPrefix+"tar-")
+		tmp, err := s.tarDir()
 		if err != nil {
 			return Layer{}, fmt.Errorf("layer %s: %w", ref, err)
 		}
 		defer os.RemoveAll(tmp)
-		// The root's mode unless the tar has a "./" entry (MkdirTemp made
-		// it 0700).
-		if err := os.Chmod(tmp, 0o755); err != nil {
-			return Layer{}, err
-		}
 		if err := extractTar(ctx, src, tmp); err != nil {
 			return Layer{}, fmt.Errorf("layer %s: %w", ref, err)
 		}
 		dir = tmp
 	}
-	return s.createLayer(ctx, ref, dir, false)
+	return s.createLayer(ctx, ref, dir, false, mkfsOptions{})
 }
 
-// createLayer makes an EROFS image of dir and records it as ref; replace
-// lets a recipe rebuild point ref at new content.
-func (s *Store) createLayer(ctx context.Context, ref, dir string, replace bool) (Layer, error) {
-	digest, err := s.mkfs(ctx, dir)
+// createLayer makes a split EROFS layer of dir and records it as ref;
+// replace lets a recipe rebuild point ref at new content.
+func (s *Store) createLayer(ctx context.Context, ref, dir string, replace bool, opts mkfsOptions) (Layer, error) {
+	st, err := s.stage()
+	if err != nil {
+		return Layer{}, err
+	}
+	defer st.remove()
+	l, err := s.mkfs(ctx, dir, st, opts)
 	if err != nil {
 		return Layer{}, fmt.Errorf("layer %s: %w", ref, err)
 	}
+	l.Ref = ref
 	unlock, err := s.lockIndex()
 	if err != nil {
 		return Layer{}, err
@@ -205,69 +302,146 @@ func (s *Store) createLayer(ctx context.Context, ref, dir string, replace bool) 
 	if err != nil {
 		return Layer{}, err
 	}
-	if old, ok := idx.Layers[ref]; ok && old != digest && !replace {
+	if old, ok := idx.Layers[ref]; ok && old != l.Digest && !replace {
 		return Layer{}, errdefs.AlreadyExists("name: layer %s exists with digest %s (versions are immutable: pick a new version)", ref, old)
 	}
-	idx.Layers[ref] = digest
+	// Files move into the store under the index lock, so that GC never
+	// sees them without the index entry that keeps them.
+	if err := s.storeFiles(st, l); err != nil {
+		return Layer{}, fmt.Errorf("layer %s: %w", ref, err)
+	}
+	idx.Layers[ref] = l.Digest
+	idx.Digests[l.Digest] = layerFiles{MetaSize: l.MetaSize, BlobDigest: l.BlobDigest, BlobSize: l.BlobSize}
+	idx.Latest[l.Name()] = l.Version()
 	if err := s.writeIndex(idx); err != nil {
 		return Layer{}, fmt.Errorf("layer %s: %w", ref, err)
 	}
-	return Layer{Ref: ref, Digest: digest}, nil
+	return l, nil
 }
 
-// mkfs builds an EROFS image of dir into the store and returns its digest.
-// Options make it reproducible: a fixed UUID and every mtime 0 (-T0: this
-// mkfs.erofs, 1.5, either sets all mtimes to one time or stamps the
-// superblock with the build time; see keepPycValid). Owners, modes and
-// xattrs are kept as they are, so the same tree gives the same digest.
-func (s *Store) mkfs(ctx context.Context, dir string) (string, error) {
+// mkfs builds a split EROFS layer of dir into st (storeFiles moves it into
+// the store): metadata and a blob with the file contents in chunks
+// (--blobdev), and returns it without a Ref. Options make it reproducible: a fixed UUID
+// and every mtime 0 (-T0: this mkfs.erofs, 1.5, either sets all mtimes to
+// one time or stamps the superblock with the build time; see
+// keepPycValid). Owners, modes and xattrs are kept as they are, so the
+// same tree gives the same digest; the blob's path is not recorded in the
+// metadata, so the blob can be served from anywhere.
+func (s *Store) mkfs(ctx context.Context, dir string, st staged, opts mkfsOptions) (Layer, error) {
 	bin, err := exec.LookPath("mkfs.erofs")
 	if err != nil {
-		return "", errdefs.FailedPrecondition("needs mkfs.erofs (apt-get install erofs-utils): %v", err)
+		return Layer{}, errdefs.FailedPrecondition("needs mkfs.erofs (apt-get install erofs-utils): %v", err)
 	}
-	f, err := os.CreateTemp(s.layers, tmpPrefix+"layer-")
-	if err != nil {
-		return "", err
+	meta, blob := st.meta, st.blob
+	args := []string{"--quiet", "-U" + erofsUUID, "--chunksize=" + strconv.Itoa(ChunkSize), "--blobdev=" + blob}
+	if !opts.keepMtimes {
+		args = append(args, "-T0")
 	}
-	tmp := f.Name()
-	f.Close()
-	defer os.Remove(tmp) // fails harmlessly after the rename
-	cmd := exec.CommandContext(ctx, bin, "--quiet", "-T0", "-U"+erofsUUID, tmp, dir)
+	for _, re := range opts.excludeRegexps {
+		args = append(args, "--exclude-regex="+re)
+	}
+	cmd := exec.CommandContext(ctx, bin, append(args, meta, dir)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("mkfs.erofs %s: %w: %s", dir, err, strings.TrimSpace(string(out)))
+		return Layer{}, fmt.Errorf("mkfs.erofs %s: %w: %s", dir, err, strings.TrimSpace(string(out)))
 	}
-	f, err = os.Open(tmp)
+	layer := sha256.New()
+	_, metaSize, err := hashFile(meta, layer)
 	if err != nil {
-		return "", err
+		return Layer{}, err
 	}
+	blobDigest, blobSize, err := hashFile(blob, layer)
+	if err != nil {
+		return Layer{}, err
+	}
+	return Layer{Digest: digestAlgo + ":" + hex.EncodeToString(layer.Sum(nil)),
+		MetaSize: metaSize, BlobDigest: blobDigest, BlobSize: blobSize}, nil
+}
+
+// staged are the temporary files of a layer being made, each in the
+// directory it will be renamed into (layers/ is a mount of its own, so a
+// rename from elsewhere would cross mounts). Open sweeps leftovers.
+type staged struct{ meta, blob string }
+
+func (s *Store) stage() (staged, error) {
+	var st staged
+	for _, f := range []struct {
+		dir string
+		p   *string
+	}{{s.layers, &st.meta}, {s.blobs, &st.blob}} {
+		tmp, err := os.CreateTemp(f.dir, tmpPrefix+"layer-")
+		if err != nil {
+			st.remove()
+			return staged{}, err
+		}
+		tmp.Close()
+		*f.p = tmp.Name()
+	}
+	return st, nil
+}
+
+// remove deletes what is left of st (nothing after storeFiles).
+func (st staged) remove() {
+	for _, p := range []string{st.meta, st.blob} {
+		if p != "" {
+			_ = os.Remove(p) // fails harmlessly after the rename
+		}
+	}
+}
+
+// storeFiles moves the metadata and blob mkfs made into the store. The
+// same content may exist already: a rename over it changes nothing.
+func (s *Store) storeFiles(st staged, l Layer) error {
+	if err := os.Rename(st.blob, s.blobFile(l.BlobDigest)); err != nil {
+		return fmt.Errorf("store blob: %w", err)
+	}
+	if err := os.Rename(st.meta, s.metaFile(l.Digest)); err != nil {
+		return fmt.Errorf("store layer: %w", err)
+	}
+	return syncfs(s.layers)
+}
+
+// mkfsOptions change how mkfs builds a layer.
+type mkfsOptions struct {
+	// keepMtimes keeps each file's mtime; the image then also records the
+	// build time, so the same tree no longer gives the same digest.
+	keepMtimes bool
+	// excludeRegexps leave out paths (relative to the tree, no leading /)
+	// that match; a directory's whole subtree goes with it.
+	excludeRegexps []string
+}
+
+// hashFile fsyncs path, makes it read-only and returns its digest and
+// size; its bytes are also written to also.
+func hashFile(path string, also io.Writer) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
 	h := sha256.New()
-	_, err = io.Copy(h, f)
+	n, err := io.Copy(io.MultiWriter(h, also), f)
 	if err == nil {
 		err = f.Sync()
 	}
-	f.Close()
+	if err == nil {
+		err = os.Chmod(path, 0o444)
+	}
 	if err != nil {
-		return "", fmt.Errorf("hash layer: %w", err)
+		return "", 0, fmt.Errorf("hash %s: %w", path, err)
 	}
-	digest := digestAlgo + ":" + hex.EncodeToString(h.Sum(nil))
-	if err := os.Chmod(tmp, 0o444); err != nil {
-		return "", err
-	}
-	// The same content may exist already: a rename over it changes nothing.
-	if err := os.Rename(tmp, s.layerFile(digest)); err != nil {
-		return "", fmt.Errorf("store layer: %w", err)
-	}
-	return digest, syncfs(s.layers)
+	return digestAlgo + ":" + hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
-// extractTar unpacks the tar file src into dir with GNU tar, keeping
-// numeric owners, modes and xattrs, then turns OCI whiteouts into overlay
-// ones.
+// extractTar unpacks the tar file src into dir, then turns OCI whiteouts
+// into overlay ones.
 func extractTar(ctx context.Context, src, dir string) error {
-	cmd := exec.CommandContext(ctx, "tar", "-x", "-f", src, "-C", dir, "--numeric-owner",
-		"--same-owner", "--same-permissions", "--xattrs", "--xattrs-include=*")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return errdefs.InvalidArgument("path: extract tar %s: %v: %s", src, err, strings.TrimSpace(string(out)))
+	f, err := os.Open(src)
+	if err != nil {
+		return errdefs.InvalidArgument("path: %v", err)
+	}
+	defer f.Close()
+	if err := untar(ctx, f, dir, false); err != nil {
+		return errdefs.InvalidArgument("path: %s: %v", src, err)
 	}
 	if err := convertWhiteouts(dir); err != nil {
 		return err

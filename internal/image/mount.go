@@ -1,6 +1,7 @@
 package image
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -51,13 +52,17 @@ func (s *Store) privatize(mounted map[string]bool) error {
 
 // reconcile runs at Open: mount directories left by an earlier run are
 // mounted again when their layer is missing from the mount table (after a
-// reboot), and mounts whose layer file is gone are removed.
-func (s *Store) reconcile() error {
+// reboot), and mounts whose layer is gone are removed.
+func (s *Store) reconcile(ctx context.Context) error {
 	mounted, err := mountsUnder(s.layers)
 	if err != nil {
 		return fmt.Errorf("layer store: %w", err)
 	}
 	if err := s.privatize(mounted); err != nil {
+		return err
+	}
+	idx, err := s.readIndex()
+	if err != nil {
 		return err
 	}
 	entries, err := os.ReadDir(s.layers)
@@ -72,7 +77,7 @@ func (s *Store) reconcile() error {
 		}
 		mp := filepath.Join(s.layers, name)
 		digest := digestAlgo + ":" + strings.TrimPrefix(name, digestAlgo+"-")
-		_, statErr := os.Stat(s.layerFile(digest))
+		_, statErr := os.Stat(s.metaFile(digest))
 		switch {
 		case !digestRE.MatchString(digest) || errors.Is(statErr, os.ErrNotExist):
 			if mounted[mp] {
@@ -80,7 +85,7 @@ func (s *Store) reconcile() error {
 			}
 			errs = append(errs, removeDir(mp))
 		case !mounted[mp]:
-			errs = append(errs, s.mountLayer(digest))
+			errs = append(errs, s.mountLayer(ctx, idx.describe("", digest)))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -89,11 +94,12 @@ func (s *Store) reconcile() error {
 	return nil
 }
 
-// mountLayer mounts digest's image at its mount point unless it is there.
-func (s *Store) mountLayer(digest string) error {
+// mountLayer mounts l at its mount point unless it is there: the metadata
+// file with the blob from the BlobSource as its extra device.
+func (s *Store) mountLayer(ctx context.Context, l Layer) error {
 	s.mountMu.Lock()
 	defer s.mountMu.Unlock()
-	mp := s.layerMount(digest)
+	mp := s.layerMount(l.Digest)
 	mounted, err := mountsUnder(mp)
 	if err != nil {
 		return err
@@ -101,13 +107,32 @@ func (s *Store) mountLayer(digest string) error {
 	if mounted[mp] {
 		return nil
 	}
-	if err := os.Mkdir(mp, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("mount layer %s: %w", digest, err)
+	opts := ""
+	if l.Split() {
+		blob, err := s.blobSrc.BlobPath(ctx, l)
+		if err != nil {
+			return fmt.Errorf("mount layer %s: %w", l.Digest, err)
+		}
+		if strings.ContainsAny(blob, ",") {
+			return fmt.Errorf("mount layer %s: blob path %q has a comma, which mount options cannot carry", l.Digest, blob)
+		}
+		opts = "device=" + blob
 	}
-	if err := unix.Mount(s.layerFile(digest), mp, "erofs", layerMountFlags, ""); err != nil {
-		return fmt.Errorf("mount layer %s: %w", digest, err)
+	if err := os.Mkdir(mp, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("mount layer %s: %w", l.Digest, err)
+	}
+	if err := unix.Mount(s.metaFile(l.Digest), mp, "erofs", layerMountFlags, opts); err != nil {
+		return fmt.Errorf("mount layer %s: %w", l.Digest, err)
 	}
 	return nil
+}
+
+// unmountLayer detaches digest's mount and removes its mount point.
+func (s *Store) unmountLayer(digest string) error {
+	s.mountMu.Lock()
+	defer s.mountMu.Unlock()
+	mp := s.layerMount(digest)
+	return errors.Join(unmount(mp), removeDir(mp))
 }
 
 // unmount detaches the mount at mp, lazily when it is busy (a sandbox
@@ -117,7 +142,7 @@ func unmount(mp string) error {
 	if err == unix.EBUSY {
 		err = unix.Unmount(mp, unix.MNT_DETACH)
 	}
-	if err != nil && err != unix.EINVAL { // EINVAL: not mounted
+	if err != nil && err != unix.EINVAL && err != unix.ENOENT { // not mounted, no mount point
 		return fmt.Errorf("unmount %s: %w", mp, err)
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/state"
 )
@@ -88,17 +89,19 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	if err != nil {
 		return nil, err
 	}
-	img, err := n.cfg.Images.Get(ctx, rec.Image)
-	if err != nil {
-		return nil, fmt.Errorf("image: %w", err)
-	}
 	if rec.ID, err = n.newID(); err != nil {
 		return nil, fmt.Errorf("sandbox id: %w", err)
 	}
+	img, err := n.cfg.Images.Acquire(ctx, rec.Image, rec.ID)
+	if err != nil {
+		return nil, fmt.Errorf("image: %w", err)
+	}
 	rec.Env = mergeEnv(img.Env, rec.Env)
+	rec.Layers = stateLayers(img.Stack)
 	// The creating record goes first, so a crash mid-create is cleaned up at
 	// the next start instead of leaking.
 	if err := n.db.Put(rec); err != nil {
+		n.cfg.Images.Release(rec.ID)
 		return nil, fmt.Errorf("record sandbox %s: %w", rec.ID, err)
 	}
 	sb, err := b.Create(ctx, backend.Spec{
@@ -142,6 +145,25 @@ func (n *Node) abandon(rec *state.Record, b backend.Backend) {
 	if err := n.db.Delete(rec.ID); err != nil {
 		n.log.Error("delete record after failed create", "sandbox", rec.ID, "err", err)
 	}
+	n.cfg.Images.Release(rec.ID)
+}
+
+// stateLayers and imageLayers convert a stack between the image store's
+// and the record's types.
+func stateLayers(stack []image.Layer) []state.Layer {
+	out := make([]state.Layer, len(stack))
+	for i, l := range stack {
+		out[i] = state.Layer{Ref: l.Ref, Digest: l.Digest}
+	}
+	return out
+}
+
+func imageLayers(stack []state.Layer) []image.Layer {
+	out := make([]image.Layer, len(stack))
+	for i, l := range stack {
+		out[i] = image.Layer{Ref: l.Ref, Digest: l.Digest}
+	}
+	return out
 }
 
 func (n *Node) pickBackend(name string) (backend.Backend, error) {

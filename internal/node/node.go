@@ -21,9 +21,20 @@ import (
 	"github.com/corral-dev/corral/internal/state"
 )
 
-// Images resolves image names to read-only layers.
+// Images resolves image names to read-only layers and keeps the layers of
+// every sandbox from being deleted while its record exists.
 type Images interface {
-	Get(ctx context.Context, name string) (image.Image, error)
+	// Acquire resolves and mounts name and pins its layers for holder.
+	Acquire(ctx context.Context, name, holder string) (image.Image, error)
+	// Pin pins layers for holder again after a daemon restart.
+	Pin(holder string, stack []image.Layer)
+	// Release drops holder's pins.
+	Release(holder string)
+	// CheckFree fails when a layer or composition is called ref.
+	CheckFree(ref string) error
+	// Pack makes a layer of a sandbox's upper directory.
+	Pack(ctx context.Context, upper string, opts image.PackOptions) (image.Layer, error)
+	CreateComposition(ctx context.Context, c image.Composition) (image.Composition, error)
 }
 
 // Config configures a node.
@@ -175,6 +186,9 @@ func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
 		return
 	}
 	e := &entry{rec: rec, backend: b}
+	if rec.Phase != state.PhaseCreating {
+		n.cfg.Images.Pin(rec.ID, imageLayers(rec.Layers))
+	}
 	switch rec.Phase {
 	case state.PhaseCreating:
 		log.Info("removing sandbox whose creation was interrupted")

@@ -149,6 +149,7 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 	n.mu.Lock()
 	delete(n.sandboxes, id)
 	n.mu.Unlock()
+	n.cfg.Images.Release(id)
 	n.log.Debug("sandbox deleted", "sandbox", id)
 	return true, nil
 }

@@ -185,3 +185,15 @@ func (s *Store) projectOf(id string) (uint32, error) {
 	}
 	return projid, nil
 }
+
+// Locate returns the host directory of sandbox id's upper layer.
+func (s *Store) Locate(id string) (backend.UpperLocation, error) {
+	if err := backend.CheckID(id); err != nil {
+		return backend.UpperLocation{}, err
+	}
+	upper := filepath.Join(s.mnt, id, "upper")
+	if _, err := os.Stat(upper); err != nil {
+		return backend.UpperLocation{}, fmt.Errorf("layer %s: %w", id, err)
+	}
+	return backend.UpperLocation{Dir: upper}, nil
+}

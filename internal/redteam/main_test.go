@@ -117,6 +117,11 @@ func addDebianImage(t *testing.T, dst string) {
 			// store, across which files cannot be hard-linked.
 			append(append([]string{"ln", "-s"}, layers...), filepath.Join(dst, "layers")))
 	}
+	// Split layers (data blobs beside the metadata) of a newer store.
+	if blobs, _ := filepath.Glob(filepath.Join(cached, "blobs", "*.blob")); len(blobs) > 0 {
+		cmds = append(cmds, []string{"mkdir", "-p", filepath.Join(dst, "blobs")},
+			append(append([]string{"ln", "-s"}, blobs...), filepath.Join(dst, "blobs")))
+	}
 	for _, c := range cmds {
 		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 			t.Logf("no debian image (%v: %s): using busybox", err, out)

@@ -130,9 +130,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 func (s *Server) listen() error {
 	mux := http.NewServeMux()
-	path, h := corralv1connect.NewSandboxServiceHandler(control.NewService(s.node),
+	sandboxes := control.NewService(s.node)
+	path, h := corralv1connect.NewSandboxServiceHandler(sandboxes,
 		connect.WithInterceptors(control.ErrorInterceptor{}),
 		connect.WithReadMaxBytes(80<<20))
+	mux.Handle(path, h)
+	path, h = corralv1connect.NewImageServiceHandler(control.NewImageService(sandboxes, s.images),
+		connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, h)
 	// Calls are small and many: compressing a short reply costs more than
 	// sending it (a gzip writer's reset was ~5% of a call's server CPU).

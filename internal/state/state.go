@@ -38,9 +38,12 @@ const (
 
 // Record is everything the node keeps about one sandbox.
 type Record struct {
-	ID          string            `json:"id"`
-	Backend     string            `json:"backend"`
-	Image       string            `json:"image"`
+	ID      string `json:"id"`
+	Backend string `json:"backend"`
+	Image   string `json:"image"`
+	// Layers are the read-only layers the sandbox was made from, base
+	// first: the image store keeps them while the record exists.
+	Layers      []Layer           `json:"layers,omitempty"`
 	Phase       Phase             `json:"phase"`
 	CPUMillis   int64             `json:"cpu_millis"`
 	MemoryBytes int64             `json:"memory_bytes"`
@@ -61,6 +64,12 @@ type Record struct {
 	NetworkAllow []string `json:"network_allow,omitempty"`
 	// BackendRecord is the backend's own opaque record (backend.Sandbox.Record).
 	BackendRecord []byte `json:"backend_record,omitempty"`
+}
+
+// Layer is one read-only layer of a sandbox's image.
+type Layer struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
 }
 
 // DB is the node's state database.

@@ -128,6 +128,10 @@ func TestDaemonCrashKeepsOrCleansEverySandbox(t *testing.T) {
 	if out := testenv.Sh(t, survivor, "cat /tmp/state; ps -o comm | grep -c sleep"); out != "kept\n1\n" {
 		t.Errorf("survivor after restart: %q", out)
 	}
+	// Its layers stay pinned across the restart.
+	if _, err := c.RemoveImage(ctx, "busybox@1"); !client.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "sandbox "+survivor.ID()) {
+		t.Errorf("remove a layer a surviving sandbox uses: %v", err)
+	}
 	info, err := c.Get(ctx, victim.ID())
 	if err != nil || info.State != client.StateStopped {
 		t.Errorf("victim after restart: %+v %v", info, err)

@@ -26,6 +26,8 @@ type UpperStore interface {
 	Remove(ctx context.Context, id string) error
 	// IDs lists the sandboxes that have a layer (for Sweep).
 	IDs() ([]string, error)
+	// Locate says where sandbox id's upper directory is (for pack).
+	Locate(id string) (backend.UpperLocation, error)
 }
 
 // DirStore is an UpperStore of plain directories under Root, without quota
@@ -57,6 +59,19 @@ func (d DirStore) Remove(ctx context.Context, id string) error {
 		return fmt.Errorf("upper store: remove %s: %w", id, err)
 	}
 	return nil
+}
+
+// Locate returns <Root>/<id>/upper.
+func (d DirStore) Locate(id string) (backend.UpperLocation, error) {
+	return locateDir(filepath.Join(d.Root, id, "upper"))
+}
+
+// locateDir checks that an upper directory exists.
+func locateDir(upper string) (backend.UpperLocation, error) {
+	if _, err := os.Stat(upper); err != nil {
+		return backend.UpperLocation{}, fmt.Errorf("upper store: %w", err)
+	}
+	return backend.UpperLocation{Dir: upper}, nil
 }
 
 // IDs lists the directories under Root.

@@ -33,6 +33,7 @@ from .errors import (
     UnimplementedError,
 )
 from .fncall import CallResult
+from .images import Composition, Images, Layer, Packed, Removed
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
 from .sync import Client, Files, Sandbox, SyncExecStream
 from .types import ExecChunk, ExecResult, FileInfo, Resources, SandboxInfo, State
@@ -44,7 +45,7 @@ DEFAULT_ADDRESS = "unix:///var/lib/corral/corral.sock"
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncFiles", "ExecStream", "Command",
     "Client", "Sandbox", "Files", "SyncExecStream",
-    "CallResult", "ExecChunk", "ExecResult", "FileInfo", "Resources", "SandboxInfo", "State",
+    "CallResult", "Composition", "Images", "Layer", "Packed", "Removed", "ExecChunk", "ExecResult", "FileInfo", "Resources", "SandboxInfo", "State",
     "CorralError", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError",
     "FailedPreconditionError", "ResourceExhaustedError", "UnavailableError",
     "PermissionDeniedError", "UnauthenticatedError", "UnimplementedError",

@@ -10,6 +10,7 @@ from ._connect import Transport
 from ._http import default_address
 from .errors import UnimplementedError
 from .fncall import _BATCH, _CALL, CallResult, call_request
+from .images import _SVC, Composition, Images, Layer, Removed, images_from_json
 from .sandbox import AsyncSandbox
 from .types import SandboxInfo, State, env_list, format_duration
 
@@ -147,6 +148,36 @@ class AsyncClient:
         an exception or cancellation (the delete then finishes in the
         background and :meth:`close` waits for it)."""
         return _SandboxContext(self, image, create_args)
+
+    async def list_images(self, *, request_timeout: Optional[float] = None) -> Images:
+        """The node's built images, compositions and layers."""
+        return images_from_json(await self._t.unary(_SVC + "ListImages", {}, idempotent=True, timeout=request_timeout))
+
+    async def create_layer(self, path: str, name: str, *, request_timeout: Optional[float] = None) -> Layer:
+        """Build the layer ``name`` (NAME@VERSION) from a directory or tar file
+        at ``path`` on the server's machine."""
+        d = await self._t.unary(_SVC + "CreateLayer", {"path": path, "name": name}, timeout=request_timeout)
+        return Layer._from_json(d.get("layer", {}))
+
+    async def create_composition(self, ref: str, layers: List[str], *, env: Optional[Dict[str, str]] = None,
+                                 request_timeout: Optional[float] = None) -> Composition:
+        """Record the composition ``ref``: ``layers`` base first, each
+        NAME@VERSION or NAME (its latest version)."""
+        msg = {"composition": {"ref": ref, "layers": list(layers), "env": env_list(env)}}
+        d = await self._t.unary(_SVC + "CreateComposition", msg, timeout=request_timeout)
+        return Composition._from_json(d.get("composition", {}))
+
+    async def remove_image(self, name: str, *, request_timeout: Optional[float] = None) -> Removed:
+        """Remove a built image, or a composition and/or layer NAME@VERSION.
+        A layer in use raises :class:`FailedPreconditionError` naming its users."""
+        d = await self._t.unary(_SVC + "RemoveImage", {"name": name}, timeout=request_timeout)
+        return Removed._from_json(d.get("removed", {}))
+
+    async def collect_garbage(self, *, request_timeout: Optional[float] = None) -> Removed:
+        """Remove every layer no sandbox, composition or image uses (each
+        name's latest version stays)."""
+        d = await self._t.unary(_SVC + "CollectGarbage", {}, timeout=request_timeout)
+        return Removed._from_json(d.get("removed", {}))
 
     def attach(self, sandbox_id: str) -> AsyncSandbox:
         """A handle on an existing sandbox, without a call."""

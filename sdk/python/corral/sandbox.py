@@ -5,6 +5,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from ._connect import ServerStream
 from .errors import InternalError, NotFoundError
+from .images import _SVC as _IMAGE_SVC
+from .images import Packed, packed_from_json
 from .types import ExecChunk, ExecResult, FileInfo, SandboxInfo
 from .types import b64decode, b64encode, env_list, format_duration
 
@@ -88,6 +90,19 @@ class AsyncSandbox:
     async def resume(self, *, request_timeout: Optional[float] = None) -> None:
         """Thaw a paused sandbox."""
         await self._c._t.unary("Resume", {"id": self.id}, timeout=request_timeout)
+
+    async def pack(self, name: str, *, exclude: Optional[List[str]] = None, default_excludes: bool = True,
+                   composition: bool = True, request_timeout: Optional[float] = None) -> Packed:
+        """Turn the sandbox's writes into the layer ``name`` (NAME@VERSION)
+        and, with ``composition``, the composition ``name``: the sandbox's
+        layers with the new one on top, to create sandboxes that start where
+        this one is now (branching a trajectory). A running sandbox is
+        paused while it is read. ``exclude`` adds absolute paths to leave
+        out (``*`` and ``?`` match within a component) to the defaults
+        (shell histories, /tmp, /run ...)."""
+        msg = {"sandboxId": self.id, "name": name, "exclude": list(exclude or []),
+               "noDefaultExcludes": not default_excludes, "noComposition": not composition}
+        return packed_from_json(await self._c._t.unary(_IMAGE_SVC + "Pack", msg, timeout=request_timeout))
 
     def _exec_budget(self, timeout: Optional[float], request_timeout: Optional[float]) -> float:
         if request_timeout is not None:

@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Dict, Iterator, List, Optional, TypeVar
 
 from .client import AsyncClient
 from .fncall import CallResult
+from .images import Composition, Images, Layer, Packed, Removed
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
 from .types import ExecChunk, ExecResult, FileInfo, SandboxInfo
 
@@ -121,6 +122,26 @@ class Client:
         """Delete a sandbox; False if it did not exist."""
         return self._run(self._async.delete(sandbox_id, **kw))
 
+    def list_images(self, **kw: Any) -> Images:
+        """The node's built images, compositions and layers."""
+        return self._run(self._async.list_images(**kw))
+
+    def create_layer(self, path: str, name: str, **kw: Any) -> Layer:
+        """Build a layer from a directory or tar file on the server's machine."""
+        return self._run(self._async.create_layer(path, name, **kw))
+
+    def create_composition(self, ref: str, layers: List[str], **kw: Any) -> Composition:
+        """Record a composition (see :meth:`AsyncClient.create_composition`)."""
+        return self._run(self._async.create_composition(ref, layers, **kw))
+
+    def remove_image(self, name: str, **kw: Any) -> Removed:
+        """Remove an image, composition or layer (see :meth:`AsyncClient.remove_image`)."""
+        return self._run(self._async.remove_image(name, **kw))
+
+    def collect_garbage(self, **kw: Any) -> Removed:
+        """Remove every layer nothing uses (see :meth:`AsyncClient.collect_garbage`)."""
+        return self._run(self._async.collect_garbage(**kw))
+
 
 class Sandbox:
     """Blocking handle on one sandbox; a context manager that deletes it."""
@@ -164,6 +185,10 @@ class Sandbox:
     def resume(self, **kw: Any) -> None:
         """Thaw a paused sandbox."""
         self._c._run(self._a.resume(**kw))
+
+    def pack(self, name: str, **kw: Any) -> Packed:
+        """Pack the sandbox's writes as a layer (see :meth:`AsyncSandbox.pack`)."""
+        return self._c._run(self._a.pack(name, **kw))
 
     def run(self, cmd: Command, **kw: Any) -> ExecResult:
         """Run a command; arguments as :meth:`AsyncSandbox.run`."""

@@ -199,3 +199,32 @@ class ErrorMappingTest(LiveTest):
             await sb.run("echo $$ > /tmp/pid; exec sleep 60", request_timeout=1.0)
         # The client gave up and closed the connection: the server kills the command.
         self.assertTrue(await self.wait_gone(sb, await self.started_pid(sb)))
+
+
+class ImageCallsTest(LiveTest):
+    async def test_pack_branches_and_refcounts(self) -> None:
+        sb = await self.make()
+        await sb.run("mkdir -p /work && echo step-k > /work/state && echo noise > /tmp/x")
+        name = "pytest-" + self.labels["test"] + "@1"
+        packed = await sb.pack(name, exclude=["/work/never"])
+        self.assertEqual(packed.layer.ref, name)
+        self.assertTrue(packed.layer.blob_digest.startswith("sha256:"))
+        assert packed.composition is not None
+        self.assertEqual(packed.composition.layers[-1], name)
+        branch = await self.make(image=name)
+        self.assertEqual((await branch.run("cat /work/state; ls /tmp | wc -l")).text.split(), ["step-k", "0"])
+        imgs = await self.c.list_images()
+        self.assertIn(name, [comp.ref for comp in imgs.compositions])
+        self.assertIn(name, [layer.ref for layer in imgs.layers])
+        with self.assertRaises(corral.FailedPreconditionError) as cm:
+            await self.c.remove_image(name)
+        self.assertIn(branch.id, str(cm.exception))
+        await branch.delete()
+        removed = await self.c.remove_image(name)
+        self.assertEqual((removed.compositions, [x.ref for x in removed.layers]), ([name], [name]))
+        cname = "pytest-c-" + self.labels["test"] + "@1"
+        comp = await self.c.create_composition(cname, ["busybox@1"], env={"PATH": "/bin"})
+        self.assertEqual((comp.layers, comp.env), (["busybox@1"], ["PATH=/bin"]))
+        with self.assertRaises(corral.AlreadyExistsError):
+            await self.c.create_composition(cname, ["busybox"])
+        self.assertEqual((await self.c.remove_image(cname)).compositions, [cname])

@@ -1,0 +1,225 @@
+package client
+
+import (
+	"context"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
+)
+
+// Layer is a read-only EROFS layer on the node: metadata plus a data blob.
+type Layer struct {
+	Ref        string // NAME@VERSION
+	Digest     string
+	MetaSize   int64
+	BlobDigest string // empty for a single-file layer of an earlier store
+	BlobSize   int64
+}
+
+// Composition is an environment: layer references, base first, each
+// NAME@VERSION (pinned) or NAME (follows the latest version).
+type Composition struct {
+	Ref    string
+	Layers []string
+	Env    []string
+}
+
+// BuiltImage is an image built from a recipe (busybox, debian).
+type BuiltImage struct {
+	Name   string
+	Layers []Layer
+	Env    []string
+}
+
+// Images is what ListImages returns.
+type Images struct {
+	Built        []BuiltImage
+	Compositions []Composition
+	Layers       []Layer
+}
+
+// Removed says what RemoveImage or CollectGarbage deleted.
+type Removed struct {
+	Images, Compositions []string
+	// Layers whose reference went; Deleted the digests whose files went.
+	Layers     []Layer
+	Deleted    []string
+	FreedBytes int64
+}
+
+// ImportProgress is how far an import is.
+type ImportProgress struct {
+	Layer, Layers int // 1-based layer being converted; 0 while reading the manifest
+	Bytes         int64
+	Cached        bool
+}
+
+// ImportOptions configure ImportImage.
+type ImportOptions struct {
+	// Insecure allows a registry over plain HTTP.
+	Insecure bool
+	// Progress, when set, receives progress as the import advances.
+	Progress func(ImportProgress)
+}
+
+// Imported is the result of an import.
+type Imported struct {
+	Composition Composition
+	ImageDigest string
+	Layers      []Layer
+	// Cached: the image had been imported before; nothing was converted.
+	Cached bool
+}
+
+// PackOptions configure Pack.
+type PackOptions struct {
+	// Exclude are more absolute paths to leave out (* and ? match within a
+	// component), besides the defaults (shell histories, /tmp, /run ...).
+	Exclude []string
+	// NoDefaultExcludes packs what the defaults would leave out.
+	NoDefaultExcludes bool
+	// NoComposition makes only the layer, not the composition of the same
+	// name stacking it on the sandbox's layers.
+	NoComposition bool
+}
+
+// Packed is the result of Pack.
+type Packed struct {
+	Layer Layer
+	// Composition is the zero value with NoComposition.
+	Composition Composition
+}
+
+// ListImages lists the node's built images, compositions and layers.
+func (c *Client) ListImages(ctx context.Context) (*Images, error) {
+	resp, err := c.img.ListImages(ctx, connect.NewRequest(&corralv1.ListImagesRequest{}))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	out := &Images{Layers: layersFromProto(resp.Msg.Layers)}
+	for _, b := range resp.Msg.Images {
+		out.Built = append(out.Built, BuiltImage{Name: b.Name, Layers: layersFromProto(b.Layers), Env: b.Env})
+	}
+	for _, comp := range resp.Msg.Compositions {
+		out.Compositions = append(out.Compositions, compositionFromProto(comp))
+	}
+	return out, nil
+}
+
+// CreateLayer builds the layer name (NAME@VERSION) from a directory or tar
+// file at path on the node.
+func (c *Client) CreateLayer(ctx context.Context, path, name string) (Layer, error) {
+	resp, err := c.img.CreateLayer(ctx, connect.NewRequest(&corralv1.CreateLayerRequest{Path: path, Name: name}))
+	if err != nil {
+		return Layer{}, wrapErr(err)
+	}
+	return layerFromProto(resp.Msg.Layer), nil
+}
+
+// CreateComposition records a composition.
+func (c *Client) CreateComposition(ctx context.Context, comp Composition) (Composition, error) {
+	resp, err := c.img.CreateComposition(ctx, connect.NewRequest(&corralv1.CreateCompositionRequest{
+		Composition: &corralv1.Composition{Ref: comp.Ref, Layers: comp.Layers, Env: comp.Env}}))
+	if err != nil {
+		return Composition{}, wrapErr(err)
+	}
+	return compositionFromProto(resp.Msg.Composition), nil
+}
+
+// ImportImage imports source (a registry reference, oci:DIR[:REF] or
+// docker-archive:FILE[:REPO:TAG], paths on the node) as the composition
+// name (NAME@VERSION).
+func (c *Client) ImportImage(ctx context.Context, source, name string, o ImportOptions) (*Imported, error) {
+	stream, err := c.img.ImportImage(ctx, connect.NewRequest(&corralv1.ImportImageRequest{
+		Source: source, Name: name, Insecure: o.Insecure}))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		switch ev := stream.Msg().Event.(type) {
+		case *corralv1.ImportImageResponse_Progress:
+			if o.Progress != nil {
+				p := ev.Progress
+				o.Progress(ImportProgress{Layer: int(p.Layer), Layers: int(p.Layers), Bytes: p.Bytes, Cached: p.Cached})
+			}
+		case *corralv1.ImportImageResponse_Result:
+			r := ev.Result
+			return &Imported{Composition: compositionFromProto(r.Composition), ImageDigest: r.ImageDigest,
+				Layers: layersFromProto(r.Layers), Cached: r.Cached}, nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, wrapErr(err)
+	}
+	return nil, fmt.Errorf("corral client: import %s: the stream ended without a result", source)
+}
+
+// RemoveImage removes a built image NAME, or NAME@VERSION (a composition
+// and/or a layer). A layer in use fails: IsFailedPrecondition.
+func (c *Client) RemoveImage(ctx context.Context, name string) (*Removed, error) {
+	resp, err := c.img.RemoveImage(ctx, connect.NewRequest(&corralv1.RemoveImageRequest{Name: name}))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	return removedFromProto(resp.Msg.Removed), nil
+}
+
+// CollectGarbage removes every layer no sandbox, composition or image uses
+// (and older versions of a name nothing uses).
+func (c *Client) CollectGarbage(ctx context.Context) (*Removed, error) {
+	resp, err := c.img.CollectGarbage(ctx, connect.NewRequest(&corralv1.CollectGarbageRequest{}))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	return removedFromProto(resp.Msg.Removed), nil
+}
+
+// Pack turns the sandbox's writes into the layer name (NAME@VERSION) and,
+// unless o.NoComposition, the composition name: the sandbox's layers with
+// the new one on top, to create sandboxes that start where this one is.
+// A running sandbox is paused while it is read.
+func (s *Sandbox) Pack(ctx context.Context, name string, o PackOptions) (*Packed, error) {
+	resp, err := s.c.img.Pack(ctx, connect.NewRequest(&corralv1.PackRequest{SandboxId: s.id, Name: name,
+		Exclude: o.Exclude, NoDefaultExcludes: o.NoDefaultExcludes, NoComposition: o.NoComposition}))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	out := &Packed{Layer: layerFromProto(resp.Msg.Layer)}
+	if resp.Msg.Composition != nil {
+		out.Composition = compositionFromProto(resp.Msg.Composition)
+	}
+	return out, nil
+}
+
+func layerFromProto(l *corralv1.Layer) Layer {
+	if l == nil {
+		return Layer{}
+	}
+	return Layer{Ref: l.Ref, Digest: l.Digest, MetaSize: l.MetaSize, BlobDigest: l.BlobDigest, BlobSize: l.BlobSize}
+}
+
+func layersFromProto(ls []*corralv1.Layer) []Layer {
+	out := make([]Layer, len(ls))
+	for i, l := range ls {
+		out[i] = layerFromProto(l)
+	}
+	return out
+}
+
+func compositionFromProto(c *corralv1.Composition) Composition {
+	if c == nil {
+		return Composition{}
+	}
+	return Composition{Ref: c.Ref, Layers: c.Layers, Env: c.Env}
+}
+
+func removedFromProto(r *corralv1.Removed) *Removed {
+	if r == nil {
+		return &Removed{}
+	}
+	return &Removed{Images: r.Images, Compositions: r.Compositions, Layers: layersFromProto(r.Layers),
+		Deleted: r.Deleted, FreedBytes: r.FreedBytes}
+}

@@ -1,0 +1,128 @@
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/loopdev"
+)
+
+var _ backend.UpperReader = (*Backend)(nil)
+
+// diskBlockSize is the loop device block size for a sandbox's disk image
+// (ext4's block size, as internal/diskimg attaches it).
+const diskBlockSize = 4096
+
+// ReadUpper implements backend.UpperReader. A host upper directory is
+// handed over as it is. A disk image's filesystem is mounted only in the
+// mount namespace of a throwaway OS thread, never on the host: the running
+// sandbox's own loop device when it has one (the same superblock, so the
+// view is its page cache, not stale blocks), else a new read-only attach
+// of the image. When fn returns, or the daemon dies, the thread and its
+// namespace go, taking the mount (and a new loop device) with them.
+func (b *Backend) ReadUpper(ctx context.Context, id string, fn func(upper string) error) error {
+	if err := backend.CheckID(id); err != nil {
+		return err
+	}
+	loc, err := b.cfg.Uppers.Locate(id)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if loc.Dir != "" {
+		return onThread(func() error { return fn(loc.Dir) })
+	}
+	return onThread(func() error { return b.readDisk(ctx, id, loc.Image, fn) })
+}
+
+// onThread runs work on a goroutine locked to an OS thread that ends with
+// it, taking along any namespace work moved the thread into. The process's
+// main thread never ends (the runtime parks it instead) and is what
+// /proc/self shows, so work never runs there.
+func onThread(work func() error) error {
+	return onThreadAvoiding(func(tid int) bool { return tid == unix.Getpid() }, work)
+}
+
+// onThreadAvoiding is onThread with the thread to keep work off named by
+// avoid: a goroutine that got such a thread keeps it locked, which sends
+// the work to another thread, and then hands it back unchanged.
+func onThreadAvoiding(avoid func(tid int) bool, work func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked but below: the thread ends with the goroutine
+		if !avoid(unix.Gettid()) {
+			done <- work()
+			return
+		}
+		inner := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread() // cannot be the avoided thread: it is locked above
+			inner <- work()
+		}()
+		err := <-inner
+		runtime.UnlockOSThread()
+		done <- err
+	}()
+	return <-done
+}
+
+// readDisk mounts the disk image img read-only in a private mount
+// namespace of the current (locked) thread and calls fn with its upper/.
+func (b *Backend) readDisk(ctx context.Context, id, img string, fn func(string) error) error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("sandbox %s: read disk: unshare mount namespace: %w", id, err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("sandbox %s: read disk: make / rprivate: %w", id, err)
+	}
+	// The sandbox's disk mount point on the host: empty there, and only
+	// this namespace sees the mount.
+	mp := filepath.Join(b.runDir(id), "disk")
+	if err := os.MkdirAll(mp, 0o700); err != nil {
+		return fmt.Errorf("sandbox %s: read disk: %w", id, err)
+	}
+	if err := mountDisk(ctx, img, mp); err != nil {
+		return fmt.Errorf("sandbox %s: read disk: %w", id, err)
+	}
+	defer unix.Unmount(mp, unix.MNT_DETACH)
+	return fn(filepath.Join(mp, "upper"))
+}
+
+// mountDisk mounts img's ext4 filesystem read-only on mp.
+func mountDisk(ctx context.Context, img, mp string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	holders, err := loopdev.Holders(img)
+	if err != nil {
+		return err
+	}
+	if len(holders) > 0 {
+		// The sandbox's filesystem is mounted read-write: a read-only
+		// mount of it would be refused (it would change the superblock's
+		// state), so mount it as it is and make this mount read-only.
+		if err := unix.Mount(holders[0], mp, "ext4", flags, ""); err != nil {
+			return fmt.Errorf("mount %s: %w", holders[0], err)
+		}
+		if err := unix.Mount("", mp, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|flags, ""); err != nil {
+			return errors.Join(fmt.Errorf("make %s read-only: %w", mp, err), unix.Unmount(mp, unix.MNT_DETACH))
+		}
+		return nil
+	}
+	dev, err := loopdev.Attach(img, diskBlockSize)
+	if err != nil {
+		return err
+	}
+	defer dev.Close() // autoclear: the mount keeps the device until it goes
+	if err := unix.Mount(dev.Name(), mp, "ext4", flags|unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("mount %s (%s): %w", dev.Name(), img, err)
+	}
+	return nil
+}

@@ -1,0 +1,153 @@
+package control
+
+import (
+	"context"
+
+	"connectrpc.com/connect"
+
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
+	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/node"
+)
+
+// ImageService implements corral.v1.ImageService over the local node's
+// image store; Pack is routed to the node owning the sandbox.
+type ImageService struct {
+	sandboxes *Service
+	images    *image.Store
+}
+
+var _ corralv1connect.ImageServiceHandler = (*ImageService)(nil)
+
+// NewImageService serves images and routes Pack through sandboxes.
+func NewImageService(sandboxes *Service, images *image.Store) *ImageService {
+	return &ImageService{sandboxes: sandboxes, images: images}
+}
+
+func (s *ImageService) ListImages(ctx context.Context, _ *connect.Request[corralv1.ListImagesRequest]) (*connect.Response[corralv1.ListImagesResponse], error) {
+	imgs, err := s.images.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	comps, err := s.images.Compositions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	layers, err := s.images.Layers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &corralv1.ListImagesResponse{Layers: layersToProto(layers)}
+	for _, img := range imgs {
+		out.Images = append(out.Images, &corralv1.BuiltImage{Name: img.Name, Layers: layersToProto(img.Stack), Env: img.Env})
+	}
+	for _, c := range comps {
+		out.Compositions = append(out.Compositions, compositionToProto(c))
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (s *ImageService) CreateLayer(ctx context.Context, req *connect.Request[corralv1.CreateLayerRequest]) (*connect.Response[corralv1.CreateLayerResponse], error) {
+	if req.Msg.Path == "" {
+		return nil, errdefs.InvalidArgument("path: required")
+	}
+	l, err := s.images.CreateLayer(ctx, req.Msg.Name, req.Msg.Path)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.CreateLayerResponse{Layer: layerToProto(l)}), nil
+}
+
+func (s *ImageService) CreateComposition(ctx context.Context, req *connect.Request[corralv1.CreateCompositionRequest]) (*connect.Response[corralv1.CreateCompositionResponse], error) {
+	c := req.Msg.Composition
+	if c == nil {
+		return nil, errdefs.InvalidArgument("composition: required")
+	}
+	got, err := s.images.CreateComposition(ctx, image.Composition{Ref: c.Ref, Layers: c.Layers, Env: c.Env})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.CreateCompositionResponse{Composition: compositionToProto(got)}), nil
+}
+
+func (s *ImageService) ImportImage(ctx context.Context, req *connect.Request[corralv1.ImportImageRequest], stream *connect.ServerStream[corralv1.ImportImageResponse]) error {
+	if req.Msg.Source == "" {
+		return errdefs.InvalidArgument("source: required")
+	}
+	var sendErr error
+	progress := func(p image.ImportProgress) {
+		if sendErr != nil {
+			return // the client went away: the import ends with ctx
+		}
+		sendErr = stream.Send(&corralv1.ImportImageResponse{Event: &corralv1.ImportImageResponse_Progress{
+			Progress: &corralv1.ImportProgress{Layer: int32(p.Layer), Layers: int32(p.Layers), Bytes: p.Bytes, Cached: p.Cached}}})
+	}
+	res, err := s.images.Import(ctx, image.ImportOptions{Source: req.Msg.Source, Ref: req.Msg.Name,
+		Insecure: req.Msg.Insecure, Progress: progress})
+	if err != nil {
+		return err
+	}
+	return stream.Send(&corralv1.ImportImageResponse{Event: &corralv1.ImportImageResponse_Result{Result: &corralv1.ImportResult{
+		Composition: compositionToProto(res.Composition), ImageDigest: res.ImageDigest,
+		Layers: layersToProto(res.Layers), Cached: res.Cached}}})
+}
+
+func (s *ImageService) RemoveImage(ctx context.Context, req *connect.Request[corralv1.RemoveImageRequest]) (*connect.Response[corralv1.RemoveImageResponse], error) {
+	rm, err := s.images.Remove(ctx, req.Msg.Name)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.RemoveImageResponse{Removed: removedToProto(rm)}), nil
+}
+
+func (s *ImageService) CollectGarbage(ctx context.Context, _ *connect.Request[corralv1.CollectGarbageRequest]) (*connect.Response[corralv1.CollectGarbageResponse], error) {
+	rm, err := s.images.GC(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.CollectGarbageResponse{Removed: removedToProto(rm)}), nil
+}
+
+func (s *ImageService) Pack(ctx context.Context, req *connect.Request[corralv1.PackRequest]) (*connect.Response[corralv1.PackResponse], error) {
+	n, err := s.sandboxes.route(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	res, err := n.Pack(ctx, node.PackRequest{
+		ID: req.Msg.SandboxId,
+		PackOptions: image.PackOptions{Ref: req.Msg.Name, Exclude: req.Msg.Exclude,
+			NoDefaultExcludes: req.Msg.NoDefaultExcludes},
+		NoComposition: req.Msg.NoComposition,
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := &corralv1.PackResponse{Layer: layerToProto(res.Layer)}
+	if res.Composition.Ref != "" {
+		out.Composition = compositionToProto(res.Composition)
+	}
+	return connect.NewResponse(out), nil
+}
+
+func layerToProto(l image.Layer) *corralv1.Layer {
+	return &corralv1.Layer{Ref: l.Ref, Digest: l.Digest, MetaSize: l.MetaSize, BlobDigest: l.BlobDigest, BlobSize: l.BlobSize}
+}
+
+func layersToProto(ls []image.Layer) []*corralv1.Layer {
+	out := make([]*corralv1.Layer, len(ls))
+	for i, l := range ls {
+		out[i] = layerToProto(l)
+	}
+	return out
+}
+
+func compositionToProto(c image.Composition) *corralv1.Composition {
+	return &corralv1.Composition{Ref: c.Ref, Layers: c.Layers, Env: c.Env}
+}
+
+func removedToProto(rm image.Removed) *corralv1.Removed {
+	return &corralv1.Removed{Images: rm.Images, Compositions: rm.Compositions, Layers: layersToProto(rm.Layers),
+		Deleted: rm.Deleted, FreedBytes: rm.FreedBytes}
+}

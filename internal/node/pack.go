@@ -1,0 +1,92 @@
+package node
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/state"
+)
+
+// PackRequest asks to turn a sandbox's writable layer into a layer.
+type PackRequest struct {
+	ID string
+	image.PackOptions
+	// NoComposition makes only the layer; by default a composition of the
+	// same name stacks it on the sandbox's own layers.
+	NoComposition bool
+}
+
+// PackResult is what Pack made.
+type PackResult struct {
+	Layer image.Layer
+	// Composition is empty with PackRequest.NoComposition.
+	Composition image.Composition
+}
+
+// Pack turns sandbox id's upper directory into the layer req.Ref and
+// (unless NoComposition) records the composition req.Ref: the sandbox's
+// layers, pinned, with the new one on top, from which new sandboxes start
+// where this one is now. A running sandbox is frozen while its upper
+// directory is read, so the layer is one consistent moment; requests to it
+// wait meanwhile. A stopped sandbox (its writable layer kept until
+// deleted) packs as it was when it stopped.
+func (n *Node) Pack(ctx context.Context, req PackRequest) (*PackResult, error) {
+	if err := image.CheckPackOptions(req.PackOptions); err != nil {
+		return nil, err
+	}
+	if err := n.cfg.Images.CheckFree(req.Ref); err != nil {
+		return nil, err
+	}
+	e, err := n.lookup(req.ID)
+	if err != nil {
+		return nil, err
+	}
+	reader, ok := e.backend.(backend.UpperReader)
+	if !ok {
+		return nil, errdefs.NotSupported("pack: backend %s cannot read a sandbox's writable layer", e.backend.Name())
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.deleting {
+		return nil, errdefs.NotFound("sandbox %s is being deleted", req.ID)
+	}
+	rec := e.snapshotLocked()
+	if !req.NoComposition && len(rec.Layers) == 0 {
+		return nil, errdefs.FailedPrecondition("pack: sandbox %s was made by an earlier version and names no layers; pack with no composition", req.ID)
+	}
+	if rec.Phase == state.PhaseRunning {
+		if err := e.sb.Pause(ctx); err != nil {
+			return nil, fmt.Errorf("pack: pause sandbox %s: %w", req.ID, err)
+		}
+		defer func() {
+			if err := e.sb.Resume(context.WithoutCancel(ctx)); err != nil {
+				n.log.Error("resume sandbox after pack", "sandbox", req.ID, "err", err)
+			}
+		}()
+	}
+	var l image.Layer
+	err = reader.ReadUpper(ctx, req.ID, func(upper string) error {
+		var err error
+		l, err = n.cfg.Images.Pack(ctx, upper, req.PackOptions)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pack sandbox %s: %w", req.ID, err)
+	}
+	e.touch()
+	out := &PackResult{Layer: l}
+	if req.NoComposition {
+		return out, nil
+	}
+	c, err := image.PackComposition(req.Ref, imageLayers(rec.Layers), rec.Env)
+	if err == nil {
+		out.Composition, err = n.cfg.Images.CreateComposition(ctx, c)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pack sandbox %s: layer %s made, composition failed: %w", req.ID, l.Ref, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,92 @@
+"""Layers, compositions and pack: corral.v1.ImageService as plain Python.
+
+A layer is a read-only EROFS layer ``NAME@VERSION``; a composition
+``NAME@VERSION`` stacks layers, base first, into an environment that
+``create(image=...)`` accepts like a built image name.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+__all__ = ["Layer", "Composition", "Images", "Removed", "Packed"]
+
+_SVC = "/corral.v1.ImageService/"
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A layer: EROFS metadata plus a data blob (no blob: an earlier store's single file)."""
+
+    ref: str
+    digest: str
+    meta_size: int = 0
+    blob_digest: str = ""
+    blob_size: int = 0
+
+    @classmethod
+    def _from_json(cls, d: Dict[str, Any]) -> "Layer":
+        d = d or {}
+        return cls(ref=d.get("ref", ""), digest=d.get("digest", ""), meta_size=int(d.get("metaSize", 0)),
+                   blob_digest=d.get("blobDigest", ""), blob_size=int(d.get("blobSize", 0)))
+
+
+@dataclass(frozen=True)
+class Composition:
+    """Layer references, base first: ``NAME@VERSION`` (pinned) or ``NAME`` (its latest version)."""
+
+    ref: str
+    layers: List[str] = field(default_factory=list)
+    env: List[str] = field(default_factory=list)
+
+    @classmethod
+    def _from_json(cls, d: Dict[str, Any]) -> "Composition":
+        d = d or {}
+        return cls(ref=d.get("ref", ""), layers=list(d.get("layers", [])), env=list(d.get("env", [])))
+
+
+@dataclass(frozen=True)
+class Images:
+    """What the node has: built images (name -> layers), compositions and layers."""
+
+    built: Dict[str, List[Layer]]
+    compositions: List[Composition]
+    layers: List[Layer]
+
+
+@dataclass(frozen=True)
+class Removed:
+    """What a remove or a garbage collection deleted."""
+
+    images: List[str]
+    compositions: List[str]
+    layers: List[Layer]
+    deleted: List[str]
+    freed_bytes: int
+
+    @classmethod
+    def _from_json(cls, d: Dict[str, Any]) -> "Removed":
+        d = d or {}
+        return cls(images=list(d.get("images", [])), compositions=list(d.get("compositions", [])),
+                   layers=[Layer._from_json(x) for x in d.get("layers", [])],
+                   deleted=list(d.get("deleted", [])), freed_bytes=int(d.get("freedBytes", 0)))
+
+
+@dataclass(frozen=True)
+class Packed:
+    """The layer a pack made and, unless asked otherwise, the composition
+    of the same name stacking it on the sandbox's layers."""
+
+    layer: Layer
+    composition: Optional[Composition]
+
+
+def images_from_json(d: Dict[str, Any]) -> Images:
+    built = {b.get("name", ""): [Layer._from_json(x) for x in b.get("layers", [])] for b in d.get("images", [])}
+    return Images(built=built,
+                  compositions=[Composition._from_json(x) for x in d.get("compositions", [])],
+                  layers=[Layer._from_json(x) for x in d.get("layers", [])])
+
+
+def packed_from_json(d: Dict[str, Any]) -> Packed:
+    comp = d.get("composition")
+    return Packed(layer=Layer._from_json(d.get("layer", {})), composition=Composition._from_json(comp) if comp else None)
