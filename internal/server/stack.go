@@ -12,6 +12,8 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/quota"
+	"github.com/corral-dev/corral/internal/runtime/userns"
+	"github.com/corral-dev/corral/internal/state"
 )
 
 // Disk stores (Config.DiskStore): how sandboxes' writable layers get their
@@ -36,7 +38,9 @@ type stack struct {
 	backends  []backend.Backend
 }
 
-func newStack(ctx context.Context, cfg Config) (*stack, error) {
+// newStack builds the backends; db (the node's state) persists the
+// container sandboxes' host id ranges.
+func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 	shell, err := image.StaticBusybox()
 	if err != nil {
 		return nil, fmt.Errorf("the sandboxes' shell: %w", err)
@@ -53,6 +57,7 @@ func newStack(ctx context.Context, cfg Config) (*stack, error) {
 		FavorDynMods: !cfg.KeepCgroupMountOptions,
 		Shell:        shell,
 		Logger:       cfg.Logger,
+		IDRanges:     userns.NewAllocator(db),
 	})
 	if err != nil {
 		if pool != nil {

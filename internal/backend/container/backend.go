@@ -23,6 +23,7 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 	"github.com/corral-dev/corral/internal/runtime/seccomp"
+	"github.com/corral-dev/corral/internal/runtime/userns"
 )
 
 // Config configures the backend.
@@ -50,6 +51,10 @@ type Config struct {
 	Shell string
 	// NoSeccomp skips the seccomp filter (runtime tests only).
 	NoSeccomp bool
+	// IDRanges hands out each sandbox's host uid/gid range (its user
+	// namespace), persisted by the node's state. Default: ranges kept in
+	// memory, unique within this process only.
+	IDRanges *userns.Allocator
 }
 
 // Backend implements backend.Backend.
@@ -86,6 +91,9 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.IDRanges == nil {
+		cfg.IDRanges = userns.NewAllocator(&userns.MemSlots{})
 	}
 	cg, err := cgroup.NewManager(cfg.CgroupParent)
 	if err != nil {
@@ -137,8 +145,9 @@ func (b *Backend) Name() string { return "container" }
 
 // record is what the node persists for Recover and Cleanup.
 type record struct {
-	Pid       int    `json:"pid"`
-	StartTime uint64 `json:"start_time"`
+	Pid       int          `json:"pid"`
+	StartTime uint64       `json:"start_time"`
+	IDs       userns.Range `json:"ids"`
 }
 
 func (b *Backend) runDir(id string) string { return filepath.Join(b.cfg.RunDir, id) }
@@ -158,7 +167,11 @@ func (b *Backend) Recover(ctx context.Context, id string, rec []byte) (backend.S
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	s := b.newSandbox(id, b.cg.Group(id), proc)
+	if r.IDs.Size == 0 {
+		proc.Release()
+		return nil, errdefs.NotFound("sandbox %s: record has no id range (made before user namespaces)", id)
+	}
+	s := b.newSandbox(id, b.cg.Group(id), proc, r.IDs)
 	// A frozen init cannot answer: thaw first (the node pauses the sandbox
 	// again when its record says paused).
 	if err := s.group.Thaw(ctx); err != nil {
@@ -196,6 +209,11 @@ func (b *Backend) Cleanup(ctx context.Context, id string, rec []byte) error {
 	errs = append(errs, b.cfg.Uppers.Remove(ctx, id))
 	if errs[len(errs)-1] == nil {
 		errs = append(errs, b.removeRunDir(id))
+	}
+	// Last: the range may go to a new sandbox only once no process of
+	// this one is left.
+	if !g.Exists() {
+		errs = append(errs, b.cfg.IDRanges.Release(id))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
@@ -237,6 +255,11 @@ func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
 		return fmt.Errorf("sweep: %w", err)
 	}
 	ids = append(ids, layers...)
+	owners, err := b.cfg.IDRanges.Owners()
+	if err != nil {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	ids = append(ids, owners...)
 	seen := map[string]bool{}
 	var errs []error
 	for _, id := range ids {

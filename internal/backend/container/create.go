@@ -12,6 +12,7 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/runtime/initproto"
 	"github.com/corral-dev/corral/internal/runtime/launch"
+	"github.com/corral-dev/corral/internal/runtime/userns"
 )
 
 // undoStack runs undo functions in reverse order, once.
@@ -36,6 +37,8 @@ type creation struct {
 	ln     *os.File
 	proc   *launch.Process
 	setup  *initproto.Conn
+	ids    userns.Range
+	mounts []*os.File // for init: the root overlay, or a pool's layers
 	undo   undoStack
 	failAt string // test hook: the step that fails
 }
@@ -50,8 +53,10 @@ var createSteps = []step{
 	{"rundir", (*creation).makeRunDir},
 	{"cgroup", (*creation).makeCgroup},
 	{"upper", (*creation).makeUpper},
+	{"ids", (*creation).allocateIDs},
 	{"socket", (*creation).makeSocket},
 	{"spawn", (*creation).spawn},
+	{"mounts", (*creation).makeMounts},
 	{"ready", (*creation).waitReady},
 }
 
@@ -87,7 +92,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		}
 		timings = append(timings, st.name, time.Since(stepStart))
 	}
-	s := b.newSandbox(spec.ID, c.group, c.proc)
+	s := b.newSandbox(spec.ID, c.group, c.proc, c.ids)
 	if spec.Resettable {
 		if err := s.startPool(); err != nil {
 			c.undo.run()
@@ -147,6 +152,18 @@ func (c *creation) makeUpper(ctx context.Context) error {
 	return nil
 }
 
+// allocateIDs takes the sandbox's host id range from the node-wide
+// allocator; it goes back once init (spawned after this) is dead.
+func (c *creation) allocateIDs(ctx context.Context) error {
+	ids, err := c.b.cfg.IDRanges.Allocate(c.spec.ID)
+	if err != nil {
+		return err
+	}
+	c.ids = ids
+	c.undo.push(func() { _ = c.b.cfg.IDRanges.Release(c.spec.ID) })
+	return nil
+}
+
 func (c *creation) makeSocket(ctx context.Context) error {
 	ln, err := launch.Listen(c.b.sockPath(c.spec.ID))
 	if err != nil {
@@ -170,6 +187,7 @@ func (c *creation) spawn(ctx context.Context) error {
 	defer logf.Close()
 	proc, setup, err := launch.Spawn(launch.SpawnConfig{
 		InitPath: c.b.cfg.InitPath, Group: c.group, Listener: c.ln, Stderr: logf,
+		Dir: filepath.Join(c.dir, "rootfs"), IDs: c.ids,
 	})
 	c.ln.Close()
 	c.ln = nil
@@ -185,24 +203,19 @@ func (c *creation) spawn(ctx context.Context) error {
 	return nil
 }
 
-// waitReady sends init its config and waits for ready. A disk device is
-// mounted by then (or init failed): either way the backend's fd on it goes,
-// so that from now on only the sandbox's mount holds the device.
+// waitReady sends init its config with the mounts and waits for ready.
+// The node's fds on the mounts and on a disk device go either way, so that
+// from now on only the sandbox's mount namespace holds them.
 func (c *creation) waitReady(ctx context.Context) error {
 	defer c.layer.Close()
+	defer closeAll(c.mounts)
 	cfg := initproto.Config{
-		Layers:        c.spec.Layers,
-		UpperDir:      c.layer.UpperDir,
-		WorkDir:       c.layer.WorkDir,
-		Rootfs:        filepath.Join(c.dir, "rootfs"),
+		Mounts:        len(c.mounts),
 		Hostname:      c.spec.Hostname,
 		Seccomp:       c.b.seccomp,
 		NoSeccomp:     c.b.cfg.NoSeccomp,
 		FileSizeBytes: fileSizeLimit(c.spec.Resources.DiskBytes),
 		Shell:         c.b.cfg.Shell,
-	}
-	if c.layer.IsDevice() {
-		cfg.Disk, cfg.DiskDir = c.layer.DevicePath, filepath.Join(c.dir, "disk")
 	}
 	if c.spec.Resettable {
 		cfg.Pool, cfg.ViewBytes = true, c.spec.Resources.DiskBytes
@@ -213,7 +226,11 @@ func (c *creation) waitReady(ctx context.Context) error {
 			cfg.Seccomp, cfg.PoolSeccomp = c.b.poolSeccomp, c.b.seccomp
 		}
 	}
-	return c.proc.Setup(ctx, c.setup, cfg)
+	fds := make([]int, len(c.mounts))
+	for i, m := range c.mounts {
+		fds[i] = int(m.Fd())
+	}
+	return c.proc.Setup(ctx, c.setup, cfg, fds...)
 }
 
 // fileSizeLimit is RLIMIT_FSIZE for a sandbox with a writable layer of

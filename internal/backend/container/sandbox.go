@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"sync"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/runtime/launch"
+	"github.com/corral-dev/corral/internal/runtime/userns"
 	"github.com/corral-dev/corral/internal/safefs"
 	"golang.org/x/sys/unix"
 )
@@ -24,6 +27,7 @@ type sandbox struct {
 	group  *cgroup.Group
 	proc   *launch.Process
 	client launch.Client
+	ids    userns.Range // the host ids of the sandbox's user namespace
 	rec    []byte
 	pool   *poolState // resettable sandboxes only; the view is /v of init's root
 
@@ -33,11 +37,27 @@ type sandbox struct {
 
 var _ backend.Sandbox = (*sandbox)(nil)
 
-func (b *Backend) newSandbox(id string, g *cgroup.Group, proc *launch.Process) *sandbox {
-	rec, _ := json.Marshal(record{Pid: proc.Pid, StartTime: proc.StartTime})
-	s := &sandbox{b: b, id: id, group: g, proc: proc, client: launch.Client{Path: b.sockPath(id)}, rec: rec}
+func (b *Backend) newSandbox(id string, g *cgroup.Group, proc *launch.Process, ids userns.Range) *sandbox {
+	rec, _ := json.Marshal(record{Pid: proc.Pid, StartTime: proc.StartTime, IDs: ids})
+	s := &sandbox{b: b, id: id, group: g, proc: proc, client: launch.Client{Path: b.sockPath(id)}, ids: ids, rec: rec}
 	s.FS = safefs.New(s.openRoot)
 	return s
+}
+
+// WriteFile implements backend.Files as the sandbox's root: a new file
+// belongs to it (host root has no id on the sandbox's idmapped layers).
+func (s *sandbox) WriteFile(ctx context.Context, p string, r io.Reader, opts backend.WriteOptions) (int64, error) {
+	var n int64
+	err := userns.AsRoot(s.ids, func() (err error) {
+		n, err = s.FS.WriteFile(ctx, p, r, opts)
+		return err
+	})
+	return n, err
+}
+
+// MakeDir implements backend.Files as the sandbox's root (see WriteFile).
+func (s *sandbox) MakeDir(ctx context.Context, p string, mode fs.FileMode, parents bool) error {
+	return userns.AsRoot(s.ids, func() error { return s.FS.MakeDir(ctx, p, mode, parents) })
 }
 
 // openRoot opens the sandbox's root as init sees it. The liveness check

@@ -20,6 +20,12 @@
 //	  and every process of the sandbox.
 //	6 (2026-11-30): Config.Shell: init mounts the node's static shell
 //	  read-only at ShellPath for shell execs.
+//	7 (2026-11-30): user namespaces. Init starts as root of its own user
+//	  namespace, started in the directory of its root; the config message
+//	  carries Config.Mounts fds of detached mounts the node made idmapped
+//	  to it (the sandbox's root overlay, or in pool mode one read-only
+//	  mount per layer). Init mounts neither layers nor disks itself any more (Disk,
+//	  DiskDir, UpperDir, WorkDir, Layers and Rootfs are gone).
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
@@ -28,7 +34,7 @@ package initproto
 const ShellPath = "/.corral/sh"
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 6
+const Version = 7
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -65,21 +71,12 @@ const (
 type Config struct {
 	Version int    `json:"v"`
 	Op      string `json:"op"`
-	// Layers are the overlay lower dirs, topmost first (host paths).
-	Layers []string `json:"layers"`
-	// UpperDir and WorkDir are host dirs for the overlay; both empty when
-	// Disk is set.
-	UpperDir string `json:"upper,omitempty"`
-	WorkDir  string `json:"work,omitempty"`
-	// Disk is a block device (/dev/loopN) holding an ext4 filesystem that
-	// init mounts on DiskDir (a host dir, mounted only inside the sandbox's
-	// mount namespace); the overlay's upper and work dirs are DiskDir/upper
-	// and DiskDir/work, made if missing.
-	Disk    string `json:"disk,omitempty"`
-	DiskDir string `json:"disk_dir,omitempty"`
-	// Rootfs is the host directory the overlay is mounted on (only inside
-	// the sandbox's mount namespace).
-	Rootfs   string `json:"rootfs"`
+	// Mounts is how many fds of detached mounts come with the config
+	// message, all idmapped to init's user namespace: the root overlay, or
+	// in pool mode one read-only mount per layer, topmost first. Init
+	// attaches the root on its working directory at start (see
+	// launch.SpawnConfig.Dir).
+	Mounts   int    `json:"mounts"`
 	Hostname string `json:"hostname"`
 	// Seccomp is the compiled seccomp program (seccomp.Encode); init refuses
 	// a config without one unless NoSeccomp is set (runtime tests only).
@@ -96,7 +93,7 @@ type Config struct {
 	// with its upper on a tmpfs of ViewBytes, that commands are chrooted
 	// into. Seccomp is then init's own (relaxed: mount, umount2, chroot and
 	// unshare(CLONE_FS) for resets) and PoolSeccomp the commands' filter,
-	// stacked on it. UpperDir, WorkDir and Disk are unused.
+	// stacked on it.
 	Pool        bool   `json:"pool,omitempty"`
 	PoolSeccomp []byte `json:"pool_seccomp,omitempty"`
 	ViewBytes   int64  `json:"view_bytes,omitempty"`
