@@ -21,7 +21,8 @@
 // stdin; "overwrite" replaces /bin/sh, /bin/bash and /usr/bin/python3 with
 // the probe and writes into a shared layer; "inodes DIR" creates files until
 // the disk refuses; "kill" sends SIGKILL to -1 and SIGKILL/SIGTERM to 1 (run
-// last: it ends every other process of the sandbox). Run under any other
+// last: it ends every other process of the sandbox); "sched" tries to leave
+// SCHED_IDLE (in a best-effort sandbox). Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
 
@@ -137,6 +138,10 @@ func main() {
 		emit(fillInodes(os.Args[2]))
 	case "kill":
 		for _, r := range killAll() {
+			emit(r)
+		}
+	case "sched":
+		for _, r := range schedAttempts() {
 			emit(r)
 		}
 	case "noop":

@@ -50,6 +50,7 @@ type Record struct {
 	MemoryBytes int64             `json:"memory_bytes"`
 	DiskBytes   int64             `json:"disk_bytes"`
 	Pids        int64             `json:"pids"`
+	BestEffort  bool              `json:"best_effort,omitempty"`
 	Env         []string          `json:"env,omitempty"`
 	Workdir     string            `json:"workdir,omitempty"`
 	User        string            `json:"user,omitempty"`

@@ -66,6 +66,7 @@ type Backend struct {
 	// seccomp is stacked for its commands.
 	poolSeccomp []byte
 	cg          *cgroup.Manager
+	cgIdle      *cgroup.Manager // best-effort sandboxes (cgroup.Manager.Idle)
 	log         *slog.Logger
 }
 
@@ -120,7 +121,7 @@ func New(cfg Config) (*Backend, error) {
 	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("container backend: run dir: %w", err)
 	}
-	return &Backend{cfg: cfg, seccomp: filter, poolSeccomp: poolFilter, cg: cg, log: cfg.Logger.With("backend", "container")}, nil
+	return &Backend{cfg: cfg, seccomp: filter, poolSeccomp: poolFilter, cg: cg, cgIdle: cg.Idle(), log: cfg.Logger.With("backend", "container")}, nil
 }
 
 func compile(p *seccomp.Profile) ([]byte, error) {
@@ -134,10 +135,19 @@ func compile(p *seccomp.Profile) ([]byte, error) {
 // RemoveCgroupParent removes the backend's (empty) cgroup parent in every
 // hierarchy, for a node that shuts down with every sandbox deleted.
 func (b *Backend) RemoveCgroupParent() error {
-	if err := b.cg.RemoveParent(); err != nil {
+	if err := errors.Join(b.cg.RemoveParent(), b.cgIdle.RemoveParent()); err != nil {
 		return fmt.Errorf("container backend: remove cgroup parent %s: %w", b.cfg.CgroupParent, err)
 	}
 	return nil
+}
+
+// group returns sandbox id's cgroup, under the best-effort parent if it
+// is there.
+func (b *Backend) group(id string) *cgroup.Group {
+	if g := b.cgIdle.Group(id); g.Exists() {
+		return g
+	}
+	return b.cg.Group(id)
 }
 
 // Name implements backend.Backend.
@@ -171,7 +181,7 @@ func (b *Backend) Recover(ctx context.Context, id string, rec []byte) (backend.S
 		proc.Release()
 		return nil, errdefs.NotFound("sandbox %s: record has no id range (made before user namespaces)", id)
 	}
-	s := b.newSandbox(id, b.cg.Group(id), proc, r.IDs)
+	s := b.newSandbox(id, b.group(id), proc, r.IDs)
 	// A frozen init cannot answer: thaw first (the node pauses the sandbox
 	// again when its record says paused).
 	if err := s.group.Thaw(ctx); err != nil {
@@ -200,7 +210,7 @@ func (b *Backend) Cleanup(ctx context.Context, id string, rec []byte) error {
 			proc.Release()
 		}
 	}
-	g := b.cg.Group(id)
+	g := b.group(id)
 	if g.Exists() {
 		errs = append(errs, g.Kill(ctx), g.Remove(ctx))
 	}
@@ -243,6 +253,11 @@ func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
 	if err != nil {
 		return err
 	}
+	idle, err := b.cgIdle.List()
+	if err != nil {
+		return err
+	}
+	ids = append(ids, idle...)
 	ents, err := os.ReadDir(b.cfg.RunDir)
 	if err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("sweep: %w", err)

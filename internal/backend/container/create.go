@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -121,7 +122,14 @@ func (c *creation) makeRunDir(ctx context.Context) error {
 
 func (c *creation) makeCgroup(ctx context.Context) error {
 	r := c.spec.Resources
-	g, err := c.b.cg.Create(c.spec.ID, cgroup.Limits{MemoryBytes: r.MemoryBytes, CPUMillis: r.CPUMillis, Pids: r.Pids})
+	mgr := c.b.cg
+	if r.BestEffort {
+		mgr = c.b.cgIdle
+	}
+	g, err := mgr.Create(c.spec.ID, cgroup.Limits{MemoryBytes: r.MemoryBytes, CPUMillis: r.CPUMillis, Pids: r.Pids})
+	if errors.Is(err, cgroup.ErrNoIdle) {
+		err = errdefs.NotSupported("resources.best_effort: %v", err)
+	}
 	if g != nil {
 		c.undo.push(func() {
 			ctx := context.WithoutCancel(ctx)
@@ -216,6 +224,7 @@ func (c *creation) waitReady(ctx context.Context) error {
 		NoSeccomp:     c.b.cfg.NoSeccomp,
 		FileSizeBytes: fileSizeLimit(c.spec.Resources.DiskBytes),
 		Shell:         c.b.cfg.Shell,
+		BestEffort:    c.spec.Resources.BestEffort,
 	}
 	if c.spec.Resettable {
 		cfg.Pool, cfg.ViewBytes = true, c.spec.Resources.DiskBytes

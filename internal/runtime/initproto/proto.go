@@ -26,6 +26,7 @@
 //	  to it (the sandbox's root overlay, or in pool mode one read-only
 //	  mount per layer). Init mounts neither layers nor disks itself any more (Disk,
 //	  DiskDir, UpperDir, WorkDir, Layers and Rootfs are gone).
+//	  Config.BestEffort: SCHED_IDLE for every process, RLIMIT_NICE 0.
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
@@ -88,6 +89,9 @@ type Config struct {
 	// single file outgrows the writable layer's limit.
 	FileSizeBytes int64 `json:"fsize,omitempty"`
 	NoSeccomp     bool  `json:"no_seccomp,omitempty"`
+	// BestEffort: init and every process of the sandbox run under
+	// SCHED_IDLE, with RLIMIT_NICE 0 so that none can leave it.
+	BestEffort bool `json:"best_effort,omitempty"`
 	// Pool selects the resettable pool mode: init's root is a small tmpfs
 	// holding the layers (bind mounts) and the view, an overlay of them
 	// with its upper on a tmpfs of ViewBytes, that commands are chrooted
