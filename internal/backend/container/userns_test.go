@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -86,5 +87,46 @@ func TestBestEffort(t *testing.T) {
 		if strings.TrimSpace(string(idle)) != "1" {
 			t.Fatalf("cpu.idle of the best-effort parent: %q", idle)
 		}
+	}
+}
+
+// TestIDRangeReleased: a sandbox's id range goes back on cleanup, and a
+// range left without a sandbox (a crash between steps) goes at the sweep.
+func TestIDRangeReleased(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	spec := defaultSpec(newID(t))
+	s, err := b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holds := func(id string) bool {
+		owners, err := b.cfg.IDRanges.Owners()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Contains(owners, id)
+	}
+	if !holds(spec.ID) {
+		t.Fatal("running sandbox holds no id range")
+	}
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Cleanup(ctx, spec.ID, s.Record()); err != nil {
+		t.Fatal(err)
+	}
+	if holds(spec.ID) {
+		t.Fatal("id range still held after cleanup")
+	}
+	leaked := newID(t)
+	if _, err := b.cfg.IDRanges.Allocate(leaked); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Sweep(ctx, func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if holds(leaked) {
+		t.Fatal("sweep left a leaked id range")
 	}
 }
