@@ -130,3 +130,14 @@ func TestIDRangeReleased(t *testing.T) {
 		t.Fatal("sweep left a leaked id range")
 	}
 }
+
+// TestPoolViewReplacesLowerDir: in a pooled sandbox (its view mounted
+// inside the user namespace), a directory of the image can be removed and
+// made anew, holding only the new files; renaming one works too.
+func TestPoolViewReplacesLowerDir(t *testing.T) {
+	s := newSandbox(t, newBackend(t), func(sp *backend.Spec) { sp.Resettable = true })
+	r := sh(t, s, "rm -rf /home && mkdir /home && echo x > /home/new && ls -A /home && mv /etc /etc2 && ls /etc2/passwd")
+	if r.stdout != "new\n/etc2/passwd\n" || r.ExitCode != 0 {
+		t.Fatalf("replace a lower directory in the view: %q %q", r.stdout, r.stderr)
+	}
+}

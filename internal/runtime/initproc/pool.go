@@ -167,7 +167,13 @@ func mountView(pc *poolConfig) error {
 	for i := range lower {
 		lower[i] = poolLayers + "/" + strconv.Itoa(i)
 	}
-	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s/u,workdir=%s/w", strings.Join(lower, ":"), poolUpper, poolUpper)
+	// Mounted in the sandbox's user namespace, the overlay may not use
+	// trusted.overlay.* xattrs: userxattr makes it keep its opaque and
+	// redirect markers in user.overlay.* on the tmpfs upper (without it,
+	// removing a directory of a lower layer fails with EIO). The flip
+	// side: lower layers' trusted.overlay.opaque markers are not seen
+	// here (see the closing note of issue 8).
+	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s/u,workdir=%s/w,userxattr", strings.Join(lower, ":"), poolUpper, poolUpper)
 	if err := unix.Mount("overlay", poolView, "overlay", 0, ovl); err != nil {
 		return fmt.Errorf("view: mount overlay: %w", err)
 	}
