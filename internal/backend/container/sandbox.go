@@ -55,6 +55,24 @@ func (s *sandbox) WriteFile(ctx context.Context, p string, r io.Reader, opts bac
 	return n, err
 }
 
+// Stat implements backend.Files with owners as the sandbox sees them.
+func (s *sandbox) Stat(ctx context.Context, p string) (backend.FileInfo, error) {
+	fi, err := s.FS.Stat(ctx, p)
+	if err == nil {
+		fi.UID, fi.GID = s.ids.Inside(fi.UID), s.ids.Inside(fi.GID)
+	}
+	return fi, err
+}
+
+// ListDir implements backend.Files with owners as the sandbox sees them.
+func (s *sandbox) ListDir(ctx context.Context, p string) ([]backend.FileInfo, error) {
+	list, err := s.FS.ListDir(ctx, p)
+	for i := range list {
+		list[i].UID, list[i].GID = s.ids.Inside(list[i].UID), s.ids.Inside(list[i].GID)
+	}
+	return list, err
+}
+
 // MakeDir implements backend.Files as the sandbox's root (see WriteFile).
 func (s *sandbox) MakeDir(ctx context.Context, p string, mode fs.FileMode, parents bool) error {
 	return userns.AsRoot(s.ids, func() error { return s.FS.MakeDir(ctx, p, mode, parents) })

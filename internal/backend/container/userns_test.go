@@ -56,6 +56,12 @@ func TestUserNamespace(t *testing.T) {
 	if r := sh(t, s1, "stat -c %u:%g /home/agent/api /home/agent/api/f"); r.stdout != "0:0\n0:0\n" {
 		t.Fatalf("file API files inside: %q, want the sandbox's root", r.stdout)
 	}
+	if fi, err := s1.Stat(ctx, "/home/agent"); err != nil || fi.UID != 1000 || fi.GID != 1000 {
+		t.Fatalf("Stat /home/agent: %+v %v, want owner 1000 as inside", fi, err)
+	}
+	if list, err := s1.ListDir(ctx, "/home/agent/api"); err != nil || len(list) != 1 || list[0].UID != 0 {
+		t.Fatalf("ListDir: %+v %v, want f owned by 0", list, err)
+	}
 	if r := sh(t, s1, "echo y >> /home/agent/api/f && cat /home/agent/api/f"); r.stdout != "xy\n" {
 		t.Fatalf("root cannot append to the file API's file: %+v", r)
 	}

@@ -40,6 +40,18 @@ func At(slot int) Range {
 // Contains reports whether host id id lies in r.
 func (r Range) Contains(id uint32) bool { return id >= r.Host && id-r.Host < r.Size }
 
+// Overflow is the id under which a sandbox sees host ids outside its range
+// (the kernel's overflowuid, nobody).
+const Overflow = 65534
+
+// Inside returns what host id id is inside a user namespace mapped to r.
+func (r Range) Inside(id uint32) uint32 {
+	if !r.Contains(id) {
+		return Overflow
+	}
+	return id - r.Host
+}
+
 // Map is r as one line of /proc/<pid>/uid_map (and gid_map).
 func (r Range) Map() string { return fmt.Sprintf("0 %d %d", r.Host, r.Size) }
 
