@@ -22,7 +22,6 @@ import (
 	"github.com/corral-dev/corral/internal/fncall"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/node"
-	"github.com/corral-dev/corral/internal/runtime/sched"
 	"github.com/corral-dev/corral/internal/state"
 )
 
@@ -77,11 +76,6 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.Socket == "" {
 		cfg.Socket = filepath.Join(cfg.DataDir, "corral.sock")
-	}
-	// The node's threads preempt sandbox work promptly when they wake
-	// (exec, file and API calls), whatever the sandboxes run.
-	if err := sched.SetSlice(sched.ShortSlice); err != nil {
-		cfg.Logger.Warn("node threads keep the default scheduler slice", "err", err)
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)

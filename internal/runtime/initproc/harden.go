@@ -78,8 +78,6 @@ func hardenAndExec(cfg *initproto.Config, exe int) error {
 		if err := schedIdle(); err != nil {
 			return err
 		}
-	} else {
-		shortSlice()
 	}
 	if n := uint64(cfg.FileSizeBytes); n > 0 {
 		if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: n, Max: n}); err != nil {
@@ -114,21 +112,6 @@ func schedIdle() error {
 		return fmt.Errorf("rlimit nice: %w", err)
 	}
 	return nil
-}
-
-// shortSlice gives this thread, and so every process init will start, a
-// short EEVDF slice (internal/runtime/sched.ShortSlice, which init may not
-// import): a command waking in this sandbox gets the CPU promptly even
-// while another sandbox spins on every core. A process may lengthen its own
-// slice again; that only delays its own wakeups. Best effort: kernels
-// before 6.12 have no custom slices.
-func shortSlice() {
-	attr, err := unix.SchedGetAttr(0, 0)
-	if err != nil || attr.Policy != unix.SCHED_NORMAL {
-		return
-	}
-	attr.Size, attr.Flags, attr.Runtime = unix.SizeofSchedAttr, 0, 100_000
-	_ = unix.SchedSetAttr(0, attr, 0)
 }
 
 // execveat runs the program behind fd with an empty environment.
