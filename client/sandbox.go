@@ -32,6 +32,9 @@ type Resources struct {
 	MemoryBytes int64
 	DiskBytes   int64
 	Pids        int64
+	// BestEffort: the sandbox only gets CPU time others leave idle, so
+	// that batch work never slows interactive sandboxes on the node.
+	BestEffort bool
 }
 
 // CreateOptions describe a new sandbox. Only Image is commonly set.
@@ -81,7 +84,7 @@ func infoFromProto(p *corralv1.Sandbox) *Info {
 		State: stateFromProto[p.State],
 		Resources: Resources{
 			CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(),
-			DiskBytes: r.GetDiskBytes(), Pids: r.GetPids(),
+			DiskBytes: r.GetDiskBytes(), Pids: r.GetPids(), BestEffort: r.GetBestEffort(),
 		},
 		Env: p.Env, Workdir: p.Workdir, User: p.User, Labels: p.Labels,
 		IdleTimeout: p.IdleTimeout.AsDuration(), MaxLifetime: p.MaxLifetime.AsDuration(),
@@ -116,6 +119,7 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) 
 		Resources: &corralv1.Resources{
 			CpuMillis: o.Resources.CPUMillis, MemoryBytes: o.Resources.MemoryBytes,
 			DiskBytes: o.Resources.DiskBytes, Pids: o.Resources.Pids,
+			BestEffort: o.Resources.BestEffort,
 		},
 		Env: env, Workdir: o.Workdir, User: o.User, Labels: o.Labels,
 		IdleTimeout: optionalDuration(o.IdleTimeout),

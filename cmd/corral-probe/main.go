@@ -23,7 +23,8 @@
 // the disk refuses; "kill" sends SIGKILL to -1 and SIGKILL/SIGTERM to 1 (run
 // last: it ends every other process of the sandbox); "net" reads a
 // NetInput from stdin and makes the network rows; "httpload URL SECONDS
-// CONCURRENCY" is the load generator of `corral bench net`. Run under any other
+// CONCURRENCY" is the load generator of `corral bench net`; "sched" tries
+// to leave SCHED_IDLE (in a best-effort sandbox). Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
 
@@ -158,6 +159,10 @@ func main() {
 		netAttempts(in)
 	case "httpload":
 		httpLoad(os.Args[2:])
+	case "sched":
+		for _, r := range schedAttempts() {
+			emit(r)
+		}
 	case "noop":
 	default:
 		fmt.Fprintln(os.Stderr, "corral-probe: unknown mode", mode)

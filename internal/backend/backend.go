@@ -20,6 +20,9 @@ type Resources struct {
 	DiskBytes   int64 // writable layer, blocks
 	DiskInodes  int64 // writable layer, inodes
 	Pids        int64
+	// BestEffort: the sandbox's processes only run on CPU time that
+	// others leave idle.
+	BestEffort bool
 }
 
 // Spec is what a backend needs to create a sandbox.

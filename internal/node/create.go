@@ -24,6 +24,7 @@ type Resources struct {
 	MemoryBytes int64
 	DiskBytes   int64
 	Pids        int64
+	BestEffort  bool // CPU only when others leave it idle
 }
 
 // CreateRequest asks for a new sandbox.
@@ -115,6 +116,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 			DiskBytes:   rec.DiskBytes,
 			DiskInodes:  max(minDiskInodes, rec.DiskBytes/inodeBytesRate),
 			Pids:        rec.Pids,
+			BestEffort:  rec.BestEffort,
 		},
 	})
 	if err != nil {
@@ -189,6 +191,7 @@ func (n *Node) admit(req CreateRequest) (*state.Record, error) {
 		MemoryBytes: or(req.Resources.MemoryBytes, d.MemoryBytes),
 		DiskBytes:   or(req.Resources.DiskBytes, d.DiskBytes),
 		Pids:        or(req.Resources.Pids, d.Pids),
+		BestEffort:  req.Resources.BestEffort,
 		Env:         req.Env,
 		Workdir:     req.Workdir,
 		User:        req.User,

@@ -40,7 +40,11 @@ type Images interface {
 // Config configures a node.
 type Config struct {
 	// DataDir holds the node's state database.
-	DataDir  string
+	DataDir string
+	// State is the node's state database when the caller opened it (to
+	// share it with the backends, e.g. for their id ranges); the node
+	// closes it. Nil: the node opens DataDir/state.db itself.
+	State    *state.DB
 	Backends []backend.Backend
 	Images   Images
 	Defaults Defaults
@@ -82,9 +86,12 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	db, err := state.Open(filepath.Join(cfg.DataDir, "state.db"))
-	if err != nil {
-		return nil, err
+	db := cfg.State
+	if db == nil {
+		var err error
+		if db, err = state.Open(StatePath(cfg.DataDir)); err != nil {
+			return nil, err
+		}
 	}
 	id, err := db.NodeID()
 	if err != nil {
@@ -112,6 +119,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	go n.reap(reapCtx)
 	return n, nil
 }
+
+// StatePath is where the state database of the node with data dir dataDir
+// lives.
+func StatePath(dataDir string) string { return filepath.Join(dataDir, "state.db") }
 
 // ID is the node's id; every sandbox id it makes starts with it.
 func (n *Node) ID() string { return n.id }

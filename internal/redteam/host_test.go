@@ -109,7 +109,48 @@ func TestHostSide(t *testing.T) {
 		judge(t, backend, cgroupChecks(procs[0], res))
 		judge(t, backend, []Result{nodeFdCheck(procs)})
 		judge(t, backend, isolationChecks(procs))
+		other := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend})
+		otherProcs := sandboxPids(srv.Config.CgroupParent, other.ID())
+		if len(otherProcs) == 0 {
+			t.Fatal("second sandbox: no processes found")
+		}
+		judge(t, backend, []Result{usernsCheck(t, sb, procs[0].pid, otherProcs[0].pid)})
 	})
+}
+
+// usernsCheck: each sandbox's user namespace maps its ids 0..65535 to a host
+// range of its own, away from host root; a file its root makes is owned on
+// the host by the range's first id, and a file written through the file API
+// belongs to the sandbox's root.
+func usernsCheck(t *testing.T, sb *client.Sandbox, pid, otherPid int) Result {
+	hostRoot := func(pid int) (int64, string) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", pid))
+		f := strings.Fields(string(b))
+		if len(f) != 3 || f[0] != "0" || f[2] != "65536" {
+			return -1, strings.TrimSpace(string(b))
+		}
+		host, _ := strconv.ParseInt(f[1], 10, 64)
+		return host, strings.TrimSpace(string(b))
+	}
+	base, m := hostRoot(pid)
+	otherBase, otherMap := hostRoot(otherPid)
+	testenv.Sh(t, sb, "echo x > /tmp/made-by-root")
+	var st syscall.Stat_t
+	statErr := syscall.Stat(fmt.Sprintf("/proc/%d/root/tmp/made-by-root", pid), &st)
+	if err := sb.Files().Write(context.Background(), "/tmp/made-by-api", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	apiOwner := strings.TrimSpace(testenv.Sh(t, sb, "stat -c %u:%g /tmp/made-by-api"))
+	ok := base > 0 && otherBase > 0 && base != otherBase &&
+		(base+65536 <= otherBase || otherBase+65536 <= base) &&
+		statErr == nil && int64(st.Uid) == base && int64(st.Gid) == base && apiOwner == "0:0"
+	// An attempt, not a check: "succeeded" would mean the sandbox's root
+	// is host root, or shares its ids with another sandbox.
+	r := check("host/userns-uid-range", ok,
+		"uid_map %q, other sandbox's %q; file made by root inside: host owner %d:%d (%v); file API file inside: %s",
+		m, otherMap, st.Uid, st.Gid, statErr, apiOwner)
+	r.Outcome = map[bool]string{true: "blocked", false: "succeeded"}[ok]
+	return r
 }
 
 func threadChecks(procs []proc) []Result {
@@ -216,6 +257,11 @@ func nodeFdCheck(procs []proc) Result {
 			if syscall.Stat(p, &st) != nil {
 				continue
 			}
+			if st.Mode&syscall.S_IFMT == syscall.S_IFCHR {
+				// /dev/null & co. are bound from the host's /dev: the
+				// same kernel objects for everyone, no channel to the node.
+				continue
+			}
 			nodeTarget, shared := node[fileID{st.Dev, st.Ino}]
 			// Stdio is meant to be shared: init's log and the exec pipes.
 			stdio := fd.Name() == "0" || fd.Name() == "1" || fd.Name() == "2"
@@ -227,12 +273,8 @@ func nodeFdCheck(procs []proc) Result {
 	return check("host/node-fds", len(bad) == 0, "shared with the node: %v; all fds: %s", bad, strings.Join(seen, " "))
 }
 
-// isolationChecks: a host uid range of the sandbox's own (user namespace)
-// and RLIMIT_FSIZE on the processes init starts.
+// isolationChecks: RLIMIT_FSIZE on the processes init starts.
 func isolationChecks(procs []proc) []Result {
-	uidMap, _ := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", procs[0].pid))
-	m := strings.Fields(string(uidMap))
-	mapped := len(m) == 3 && m[1] != "0"
 	var fsize []string
 	for _, p := range procs[1:] {
 		limits, _ := os.ReadFile(fmt.Sprintf("/proc/%d/limits", p.pid))
@@ -249,7 +291,6 @@ func isolationChecks(procs []proc) []Result {
 		}
 	}
 	return []Result{
-		check("host/userns-uid-range", mapped, "uid_map of init: %q", strings.TrimSpace(string(uidMap))),
 		check("host/rlimit-fsize", limited, "Max file size (soft/hard) of sandbox processes: %v", fsize),
 	}
 }

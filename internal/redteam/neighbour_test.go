@@ -35,11 +35,31 @@ func latency(b *client.Sandbox, d time.Duration, n int) (p50, p99 time.Duration,
 	return samples[len(samples)/2], samples[(len(samples)*99)/100], failed
 }
 
+// clearOut kills what an attack left running in sb (spinners, the rest of a
+// fork bomb), which would load the next window. The exec itself may fail
+// while a bomb still holds the pids limit: it is tried again.
+func clearOut(t *testing.T, sb *client.Sandbox) {
+	var err error
+	for range 50 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var res *client.Result
+		res, err = sb.Run(ctx, client.Command{Shell: "kill -9 -1; true"})
+		cancel()
+		if err == nil && res.ExitCode == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("could not clear out %s before the next load: %v", sb.ID(), err)
+}
+
 // load is one noisy-neighbour attack run in sandbox A.
 type load struct {
 	name  string
 	cmd   client.Command
 	check func(res *client.Result, a, b *client.Sandbox) []Result
+	// bestEffort: the attack runs in a best-effort sandbox instead of A.
+	bestEffort bool
 }
 
 // TestNoisyNeighbours runs, in sandbox A, a fork bomb, a memory bomb, a disk
@@ -47,7 +67,9 @@ type load struct {
 // answers `true` execs. It prints B's exec latency under each against idle
 // (a measurement: the 2× target of issue 8 is in the table, not asserted)
 // and asserts that A's limits held, B kept answering and the daemon
-// stayed responsive.
+// stayed responsive. The CPU spin runs twice: in A, of the default class,
+// and in a best-effort sandbox, whose processes must not be able to leave
+// SCHED_IDLE.
 func TestNoisyNeighbours(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, backend string) {
 		srv, _ := startServer(t)
@@ -55,20 +77,24 @@ func TestNoisyNeighbours(t *testing.T) {
 		a := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend, Resources: client.Resources{
 			CPUMillis: 2000, MemoryBytes: 128 << 20, Pids: 128, DiskBytes: disk}})
 		b := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend})
+		be := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend, Resources: client.Resources{
+			CPUMillis: 2000, BestEffort: true}})
 		installProbe(t, a)
+		installProbe(t, be)
 		const window = 8 * time.Second
+		spin := client.Command{Shell: "for i in 1 2 3 4; do (while :; do :; done) & done; sleep 10", Timeout: 12 * time.Second}
 		loads := []load{
-			{"fork bomb", client.Command{Shell: "bomb() { bomb | bomb & }; bomb; sleep 10", Timeout: 12 * time.Second},
-				func(res *client.Result, a, _ *client.Sandbox) []Result {
+			{name: "fork bomb", cmd: client.Command{Shell: "bomb() { bomb | bomb & }; bomb; sleep 10", Timeout: 12 * time.Second},
+				check: func(res *client.Result, a, _ *client.Sandbox) []Result {
 					out := testenv.Sh(t, a, "echo alive")
 					return []Result{check("resource/fork-bomb", out == "alive\n", "bomb ended %+v; sandbox afterwards %q", *res, out)}
 				}},
-			{"memory bomb", client.Command{Shell: `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo ${#x}`, Timeout: 30 * time.Second},
-				func(res *client.Result, _, _ *client.Sandbox) []Result {
+			{name: "memory bomb", cmd: client.Command{Shell: `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo ${#x}`, Timeout: 30 * time.Second},
+				check: func(res *client.Result, _, _ *client.Sandbox) []Result {
 					return []Result{check("resource/memory-bomb", res.OOMKilled, "result %+v, want OOMKilled", *res)}
 				}},
-			{"disk fill", client.Command{Shell: "yes > /fill; echo rc=$?", Timeout: 60 * time.Second},
-				func(res *client.Result, a, b *client.Sandbox) []Result {
+			{name: "disk fill", cmd: client.Command{Shell: "yes > /fill; echo rc=$?", Timeout: 60 * time.Second},
+				check: func(res *client.Result, a, b *client.Sandbox) []Result {
 					errs := string(res.Stderr) + string(res.Stdout)
 					full := strings.Contains(errs, "No space left") || strings.Contains(errs, "quota exceeded")
 					other := testenv.Run(t, b, client.Command{Shell: "dd if=/dev/zero of=/other bs=1M count=4 2>&1 && rm /other && echo wrote"})
@@ -78,22 +104,27 @@ func TestNoisyNeighbours(t *testing.T) {
 						check("resource/disk-fill-other-writes", strings.Contains(string(other.Stdout), "wrote"), "B: %q", other.Stdout),
 					}
 				}},
-			{"yes flood", client.Command{Shell: "timeout 10 yes", OutputLimit: outCap, Timeout: 12 * time.Second},
-				func(res *client.Result, _, _ *client.Sandbox) []Result {
+			{name: "yes flood", cmd: client.Command{Shell: "timeout 10 yes", OutputLimit: outCap, Timeout: 12 * time.Second},
+				check: func(res *client.Result, _, _ *client.Sandbox) []Result {
 					return []Result{check("resource/yes-stdout", res.Truncated && len(res.Stdout)+len(res.Stderr) <= outCap,
 						"truncated %v, %d bytes kept (cap %d)", res.Truncated, len(res.Stdout)+len(res.Stderr), outCap)}
 				}},
-			{"cpu spin", client.Command{Shell: "for i in 1 2 3 4; do (while :; do :; done) & done; sleep 10", Timeout: 12 * time.Second}, nil},
+			{name: "cpu spin", cmd: spin},
+			{name: "cpu spin, A best-effort", cmd: spin, bestEffort: true},
 		}
 		idle50, idle99, _ := latency(b, window, 200)
-		rows := []string{fmt.Sprintf("%-12s p50 %8v  p99 %8v", "idle", idle50.Round(time.Microsecond), idle99.Round(time.Microsecond))}
+		rows := []string{fmt.Sprintf("%-24s p50 %8v  p99 %8v", "idle", idle50.Round(time.Microsecond), idle99.Round(time.Microsecond))}
 		answers, responsive := true, true
 		var why []string
 		for _, l := range loads {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan *client.Result, 1)
+			attacker := a
+			if l.bestEffort {
+				attacker = be
+			}
 			go func() {
-				res, err := a.Run(ctx, l.cmd)
+				res, err := attacker.Run(ctx, l.cmd)
 				if err != nil {
 					res = &client.Result{ExitCode: -2, Stderr: []byte(err.Error())}
 				}
@@ -111,7 +142,7 @@ func TestNoisyNeighbours(t *testing.T) {
 			if ratio > 2 {
 				verdict = "OVER 2x"
 			}
-			rows = append(rows, fmt.Sprintf("%-12s p50 %8v  p99 %8v  p99/idle %5.2f  %s  B failures %d",
+			rows = append(rows, fmt.Sprintf("%-24s p50 %8v  p99 %8v  p99/idle %5.2f  %s  B failures %d",
 				l.name, p50.Round(time.Microsecond), p99.Round(time.Microsecond), ratio, verdict, failed))
 			if failed > 0 || p99 == 0 {
 				answers = false
@@ -124,11 +155,13 @@ func TestNoisyNeighbours(t *testing.T) {
 			if l.check != nil {
 				judge(t, backend, l.check(res, a, b))
 			}
+			clearOut(t, attacker)
 		}
 		judge(t, backend, []Result{
 			check("resource/neighbour-answers", answers, "%v", why),
 			check("resource/daemon-responsive", responsive, "%v", why),
 		})
+		judge(t, backend, runProbe(t, be, nil, "sched"))
 		judge(t, backend, runProbe(t, a, nil, "inodes", "/inodes"))
 		other := testenv.Run(t, b, client.Command{Shell: "touch /after-inodes && echo ok"})
 		judge(t, backend, []Result{check("resource/inodes-other-writes", trim(other.Stdout) == "ok", "B: %q %q", other.Stdout, other.Stderr)})

@@ -23,6 +23,7 @@ import (
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/node"
+	"github.com/corral-dev/corral/internal/state"
 )
 
 // Config configures `corral serve`.
@@ -92,13 +93,20 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		images.Close(false)
 		return nil, fmt.Errorf("build the busybox image: %w", err)
 	}
-	st, err := newStack(ctx, cfg)
+	db, err := state.Open(node.StatePath(cfg.DataDir))
 	if err != nil {
+		images.Close(false)
+		return nil, err
+	}
+	st, err := newStack(ctx, cfg, db)
+	if err != nil {
+		db.Close()
 		images.Close(false)
 		return nil, err
 	}
 	n, err := node.New(ctx, node.Config{
 		DataDir:  cfg.DataDir,
+		State:    db,
 		Backends: st.backends,
 		Images:   images,
 		Defaults: cfg.Defaults,

@@ -13,6 +13,8 @@ import (
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/quota"
+	"github.com/corral-dev/corral/internal/runtime/userns"
+	"github.com/corral-dev/corral/internal/state"
 )
 
 // Disk stores (Config.DiskStore): how sandboxes' writable layers get their
@@ -38,7 +40,9 @@ type stack struct {
 	backends  []backend.Backend
 }
 
-func newStack(ctx context.Context, cfg Config) (*stack, error) {
+// newStack builds the backends; db (the node's state) persists the
+// container sandboxes' host id ranges.
+func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 	shell, err := image.StaticBusybox()
 	if err != nil {
 		return nil, fmt.Errorf("the sandboxes' shell: %w", err)
@@ -64,6 +68,7 @@ func newStack(ctx context.Context, cfg Config) (*stack, error) {
 		Shell:        shell,
 		Network:      network,
 		Logger:       cfg.Logger,
+		IDRanges:     userns.NewAllocator(db),
 	})
 	if err != nil {
 		if pool != nil {

@@ -23,6 +23,10 @@ var (
 	bucketSandboxes = []byte("sandboxes")
 	bucketMeta      = []byte("meta")
 	keyNodeID       = []byte("node_id")
+	// bucketSlots maps an owner (sandbox id) to its id-range slot
+	// (userns.Slots), bucketSlotOwners the slot (big-endian) back to it.
+	bucketSlots      = []byte("idrange_slots")
+	bucketSlotOwners = []byte("idrange_owners")
 )
 
 // Phase is where a sandbox is in its life. Creating records exist so that a
@@ -49,6 +53,7 @@ type Record struct {
 	MemoryBytes int64             `json:"memory_bytes"`
 	DiskBytes   int64             `json:"disk_bytes"`
 	Pids        int64             `json:"pids"`
+	BestEffort  bool              `json:"best_effort,omitempty"`
 	Env         []string          `json:"env,omitempty"`
 	Workdir     string            `json:"workdir,omitempty"`
 	User        string            `json:"user,omitempty"`
@@ -94,7 +99,7 @@ func Open(path string) (*DB, error) {
 		return nil, fmt.Errorf("open state %s: %w", path, err)
 	}
 	err = b.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketSandboxes, bucketMeta} {
+		for _, name := range [][]byte{bucketSandboxes, bucketMeta, bucketSlots, bucketSlotOwners} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}

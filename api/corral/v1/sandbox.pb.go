@@ -514,7 +514,10 @@ type Resources struct {
 	// Writable layer size in bytes. 0 takes the node default.
 	DiskBytes int64 `protobuf:"varint,3,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
 	// Maximum number of processes and threads. 0 takes the node default.
-	Pids          int64 `protobuf:"varint,4,opt,name=pids,proto3" json:"pids,omitempty"`
+	Pids int64 `protobuf:"varint,4,opt,name=pids,proto3" json:"pids,omitempty"`
+	// Best-effort CPU: the sandbox runs only on CPU time that sandboxes of
+	// the default class and the node leave idle (SCHED_IDLE, idle cgroup).
+	BestEffort    bool `protobuf:"varint,5,opt,name=best_effort,json=bestEffort,proto3" json:"best_effort,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -575,6 +578,13 @@ func (x *Resources) GetPids() int64 {
 		return x.Pids
 	}
 	return 0
+}
+
+func (x *Resources) GetBestEffort() bool {
+	if x != nil {
+		return x.BestEffort
+	}
+	return false
 }
 
 type CreateRequest struct {
@@ -2503,14 +2513,16 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x05count\x18\x06 \x01(\x04R\x05count\"r\n" +
 	"\x14NetworkStatsResponse\x12#\n" +
 	"\rrefused_total\x18\x01 \x01(\x04R\frefusedTotal\x125\n" +
-	"\brefusals\x18\x02 \x03(\v2\x19.corral.v1.NetworkRefusalR\brefusals\"\x80\x01\n" +
+	"\brefusals\x18\x02 \x03(\v2\x19.corral.v1.NetworkRefusalR\brefusals\"\xa1\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
 	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\x03R\x04pids\"\xdc\x03\n" +
+	"\x04pids\x18\x04 \x01(\x03R\x04pids\x12\x1f\n" +
+	"\vbest_effort\x18\x05 \x01(\bR\n" +
+	"bestEffort\"\xdc\x03\n" +
 	"\rCreateRequest\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x122\n" +

@@ -24,6 +24,7 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 	"github.com/corral-dev/corral/internal/runtime/seccomp"
+	"github.com/corral-dev/corral/internal/runtime/userns"
 )
 
 // Config configures the backend.
@@ -54,6 +55,10 @@ type Config struct {
 	// Network wires sandboxes with a network mode other than none; nil:
 	// such sandboxes are refused as not supported.
 	Network *netpolicy.Manager
+	// IDRanges hands out each sandbox's host uid/gid range (its user
+	// namespace), persisted by the node's state. Default: ranges kept in
+	// memory, unique within this process only.
+	IDRanges *userns.Allocator
 }
 
 // Backend implements backend.Backend.
@@ -65,6 +70,7 @@ type Backend struct {
 	// seccomp is stacked for its commands.
 	poolSeccomp []byte
 	cg          *cgroup.Manager
+	cgIdle      *cgroup.Manager // best-effort sandboxes (cgroup.Manager.Idle)
 	log         *slog.Logger
 }
 
@@ -91,6 +97,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.IDRanges == nil {
+		cfg.IDRanges = userns.NewAllocator(&userns.MemSlots{})
+	}
 	cg, err := cgroup.NewManager(cfg.CgroupParent)
 	if err != nil {
 		return nil, errdefs.NotSupported("container backend: %v", err)
@@ -116,7 +125,7 @@ func New(cfg Config) (*Backend, error) {
 	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("container backend: run dir: %w", err)
 	}
-	return &Backend{cfg: cfg, seccomp: filter, poolSeccomp: poolFilter, cg: cg, log: cfg.Logger.With("backend", "container")}, nil
+	return &Backend{cfg: cfg, seccomp: filter, poolSeccomp: poolFilter, cg: cg, cgIdle: cg.Idle(), log: cfg.Logger.With("backend", "container")}, nil
 }
 
 func compile(p *seccomp.Profile) ([]byte, error) {
@@ -130,10 +139,19 @@ func compile(p *seccomp.Profile) ([]byte, error) {
 // RemoveCgroupParent removes the backend's (empty) cgroup parent in every
 // hierarchy, for a node that shuts down with every sandbox deleted.
 func (b *Backend) RemoveCgroupParent() error {
-	if err := b.cg.RemoveParent(); err != nil {
+	if err := errors.Join(b.cg.RemoveParent(), b.cgIdle.RemoveParent()); err != nil {
 		return fmt.Errorf("container backend: remove cgroup parent %s: %w", b.cfg.CgroupParent, err)
 	}
 	return nil
+}
+
+// group returns sandbox id's cgroup, under the best-effort parent if it
+// is there.
+func (b *Backend) group(id string) *cgroup.Group {
+	if g := b.cgIdle.Group(id); g.Exists() {
+		return g
+	}
+	return b.cg.Group(id)
 }
 
 // Name implements backend.Backend.
@@ -144,6 +162,7 @@ type record struct {
 	Pid       int               `json:"pid"`
 	StartTime uint64            `json:"start_time"`
 	Net       *netpolicy.Record `json:"net,omitempty"`
+	IDs       userns.Range      `json:"ids"`
 }
 
 func (b *Backend) runDir(id string) string { return filepath.Join(b.cfg.RunDir, id) }
@@ -163,7 +182,11 @@ func (b *Backend) Recover(ctx context.Context, id string, rec []byte) (backend.S
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	s := b.newSandbox(id, b.cg.Group(id), proc, nil)
+	if r.IDs.Size == 0 {
+		proc.Release()
+		return nil, errdefs.NotFound("sandbox %s: record has no id range (made before user namespaces)", id)
+	}
+	s := b.newSandbox(id, b.group(id), proc, nil, r.IDs)
 	if r.Net != nil {
 		if b.cfg.Network == nil {
 			proc.Release()
@@ -202,7 +225,7 @@ func (b *Backend) Cleanup(ctx context.Context, id string, rec []byte) error {
 			proc.Release()
 		}
 	}
-	g := b.cg.Group(id)
+	g := b.group(id)
 	if g.Exists() {
 		errs = append(errs, g.Kill(ctx), g.Remove(ctx))
 	}
@@ -216,6 +239,11 @@ func (b *Backend) Cleanup(ctx context.Context, id string, rec []byte) error {
 	errs = append(errs, b.cfg.Uppers.Remove(ctx, id))
 	if errs[len(errs)-1] == nil {
 		errs = append(errs, b.removeRunDir(id))
+	}
+	// Last: the range may go to a new sandbox only once no process of
+	// this one is left.
+	if !g.Exists() {
+		errs = append(errs, b.cfg.IDRanges.Release(id))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
@@ -245,6 +273,11 @@ func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
 	if err != nil {
 		return err
 	}
+	idle, err := b.cgIdle.List()
+	if err != nil {
+		return err
+	}
+	ids = append(ids, idle...)
 	ents, err := os.ReadDir(b.cfg.RunDir)
 	if err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("sweep: %w", err)
@@ -257,6 +290,11 @@ func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
 		return fmt.Errorf("sweep: %w", err)
 	}
 	ids = append(ids, layers...)
+	owners, err := b.cfg.IDRanges.Owners()
+	if err != nil {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	ids = append(ids, owners...)
 	seen := map[string]bool{}
 	var errs []error
 	for _, id := range ids {

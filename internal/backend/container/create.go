@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/runtime/initproto"
 	"github.com/corral-dev/corral/internal/runtime/launch"
+	"github.com/corral-dev/corral/internal/runtime/userns"
 )
 
 // undoStack runs undo functions in reverse order, once.
@@ -38,6 +40,8 @@ type creation struct {
 	proc   *launch.Process
 	net    *netpolicy.Sandbox
 	setup  *initproto.Conn
+	ids    userns.Range
+	mounts []*os.File // for init: the root overlay, or a pool's layers
 	undo   undoStack
 	failAt string // test hook: the step that fails
 }
@@ -53,8 +57,10 @@ var createSteps = []step{
 	{"cgroup", (*creation).makeCgroup},
 	{"network", (*creation).makeNetwork},
 	{"upper", (*creation).makeUpper},
+	{"ids", (*creation).allocateIDs},
 	{"socket", (*creation).makeSocket},
 	{"spawn", (*creation).spawn},
+	{"mounts", (*creation).makeMounts},
 	{"ready", (*creation).waitReady},
 }
 
@@ -90,7 +96,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		}
 		timings = append(timings, st.name, time.Since(stepStart))
 	}
-	s := b.newSandbox(spec.ID, c.group, c.proc, c.net)
+	s := b.newSandbox(spec.ID, c.group, c.proc, c.net, c.ids)
 	if spec.Resettable {
 		if err := s.startPool(); err != nil {
 			c.undo.run()
@@ -119,7 +125,14 @@ func (c *creation) makeRunDir(ctx context.Context) error {
 
 func (c *creation) makeCgroup(ctx context.Context) error {
 	r := c.spec.Resources
-	g, err := c.b.cg.Create(c.spec.ID, cgroup.Limits{MemoryBytes: r.MemoryBytes, CPUMillis: r.CPUMillis, Pids: r.Pids})
+	mgr := c.b.cg
+	if r.BestEffort {
+		mgr = c.b.cgIdle
+	}
+	g, err := mgr.Create(c.spec.ID, cgroup.Limits{MemoryBytes: r.MemoryBytes, CPUMillis: r.CPUMillis, Pids: r.Pids})
+	if errors.Is(err, cgroup.ErrNoIdle) {
+		err = errdefs.NotSupported("resources.best_effort: %v", err)
+	}
 	if g != nil {
 		c.undo.push(func() {
 			ctx := context.WithoutCancel(ctx)
@@ -179,6 +192,18 @@ func (c *creation) makeUpper(ctx context.Context) error {
 	return nil
 }
 
+// allocateIDs takes the sandbox's host id range from the node-wide
+// allocator; it goes back once init (spawned after this) is dead.
+func (c *creation) allocateIDs(ctx context.Context) error {
+	ids, err := c.b.cfg.IDRanges.Allocate(c.spec.ID)
+	if err != nil {
+		return err
+	}
+	c.ids = ids
+	c.undo.push(func() { _ = c.b.cfg.IDRanges.Release(c.spec.ID) })
+	return nil
+}
+
 func (c *creation) makeSocket(ctx context.Context) error {
 	ln, err := launch.Listen(c.b.sockPath(c.spec.ID))
 	if err != nil {
@@ -200,7 +225,10 @@ func (c *creation) spawn(ctx context.Context) error {
 		return err
 	}
 	defer logf.Close()
-	sc := launch.SpawnConfig{InitPath: c.b.cfg.InitPath, Group: c.group, Listener: c.ln, Stderr: logf}
+	sc := launch.SpawnConfig{
+		InitPath: c.b.cfg.InitPath, Group: c.group, Listener: c.ln, Stderr: logf,
+		Dir: filepath.Join(c.dir, "rootfs"), IDs: c.ids,
+	}
 	if c.net != nil {
 		sc.Netns = c.net.Netns()
 	}
@@ -219,28 +247,23 @@ func (c *creation) spawn(ctx context.Context) error {
 	return nil
 }
 
-// waitReady sends init its config and waits for ready. A disk device is
-// mounted by then (or init failed): either way the backend's fd on it goes,
-// so that from now on only the sandbox's mount holds the device.
+// waitReady sends init its config with the mounts and waits for ready.
+// The node's fds on the mounts and on a disk device go either way, so that
+// from now on only the sandbox's mount namespace holds them.
 func (c *creation) waitReady(ctx context.Context) error {
 	defer c.layer.Close()
+	defer closeAll(c.mounts)
 	cfg := initproto.Config{
-		Layers:        c.spec.Layers,
-		UpperDir:      c.layer.UpperDir,
-		WorkDir:       c.layer.WorkDir,
-		Rootfs:        filepath.Join(c.dir, "rootfs"),
+		Mounts:        len(c.mounts),
 		Hostname:      c.spec.Hostname,
 		Seccomp:       c.b.seccomp,
 		NoSeccomp:     c.b.cfg.NoSeccomp,
 		FileSizeBytes: fileSizeLimit(c.spec.Resources.DiskBytes),
 		Shell:         c.b.cfg.Shell,
+		BestEffort:    c.spec.Resources.BestEffort,
 	}
-	if c.net != nil {
-		cfg.ResolvConf = filepath.Join(c.dir, "resolv.conf")
-	}
-	if c.layer.IsDevice() {
-		cfg.Disk, cfg.DiskDir = c.layer.DevicePath, filepath.Join(c.dir, "disk")
-	}
+	cfg.ResolvConf = c.net != nil && !c.spec.Resettable
+	cfg.Sysfs = cfg.ResolvConf
 	if c.spec.Resettable {
 		cfg.Pool, cfg.ViewBytes = true, c.spec.Resources.DiskBytes
 		if cfg.ViewBytes <= 0 {
@@ -250,7 +273,11 @@ func (c *creation) waitReady(ctx context.Context) error {
 			cfg.Seccomp, cfg.PoolSeccomp = c.b.poolSeccomp, c.b.seccomp
 		}
 	}
-	return c.proc.Setup(ctx, c.setup, cfg)
+	fds := make([]int, len(c.mounts))
+	for i, m := range c.mounts {
+		fds[i] = int(m.Fd())
+	}
+	return c.proc.Setup(ctx, c.setup, cfg, fds...)
 }
 
 // fileSizeLimit is RLIMIT_FSIZE for a sandbox with a writable layer of

@@ -89,7 +89,7 @@ func TestCreateFailureAtEachStep(t *testing.T) {
 	// A real failure inside init (missing layer) and a cancelled context.
 	spec := defaultSpec(newID(t))
 	spec.Layers = []string{"/nonexistent-layer"}
-	if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), "overlay") {
+	if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), "layer: idmap /nonexistent-layer") {
 		t.Fatalf("bad layer: %v", err)
 	}
 	assertGone(t, b, spec.ID, 0)

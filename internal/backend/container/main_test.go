@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -66,7 +67,7 @@ func run(m *testing.M) int {
 	cgParent = "corral-test-" + hex.EncodeToString(b)
 	code := m.Run()
 	if mgr, err := cgroup.NewManager(cgParent); err == nil {
-		if err := mgr.RemoveParent(); err != nil {
+		if err := errors.Join(mgr.RemoveParent(), mgr.Idle().RemoveParent()); err != nil {
 			fmt.Println("remove test cgroup parent:", err)
 			code = 1
 		}

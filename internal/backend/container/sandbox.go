@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"sync"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/runtime/launch"
+	"github.com/corral-dev/corral/internal/runtime/userns"
 	"github.com/corral-dev/corral/internal/safefs"
 	"golang.org/x/sys/unix"
 )
@@ -25,6 +28,7 @@ type sandbox struct {
 	group  *cgroup.Group
 	proc   *launch.Process
 	client launch.Client
+	ids    userns.Range       // the host ids of the sandbox's user namespace
 	pool   *poolState         // resettable sandboxes only; the view is /v of init's root
 	net    *netpolicy.Sandbox // nil for network mode none
 
@@ -34,10 +38,44 @@ type sandbox struct {
 
 var _ backend.Sandbox = (*sandbox)(nil)
 
-func (b *Backend) newSandbox(id string, g *cgroup.Group, proc *launch.Process, net *netpolicy.Sandbox) *sandbox {
-	s := &sandbox{b: b, id: id, group: g, proc: proc, client: launch.Client{Path: b.sockPath(id)}, net: net}
+func (b *Backend) newSandbox(id string, g *cgroup.Group, proc *launch.Process, net *netpolicy.Sandbox, ids userns.Range) *sandbox {
+	s := &sandbox{b: b, id: id, group: g, proc: proc, client: launch.Client{Path: b.sockPath(id)}, net: net, ids: ids}
 	s.FS = safefs.New(s.openRoot)
 	return s
+}
+
+// WriteFile implements backend.Files as the sandbox's root: a new file
+// belongs to it (host root has no id on the sandbox's idmapped layers).
+func (s *sandbox) WriteFile(ctx context.Context, p string, r io.Reader, opts backend.WriteOptions) (int64, error) {
+	var n int64
+	err := userns.AsRoot(s.ids, func() (err error) {
+		n, err = s.FS.WriteFile(ctx, p, r, opts)
+		return err
+	})
+	return n, err
+}
+
+// Stat implements backend.Files with owners as the sandbox sees them.
+func (s *sandbox) Stat(ctx context.Context, p string) (backend.FileInfo, error) {
+	fi, err := s.FS.Stat(ctx, p)
+	if err == nil {
+		fi.UID, fi.GID = s.ids.Inside(fi.UID), s.ids.Inside(fi.GID)
+	}
+	return fi, err
+}
+
+// ListDir implements backend.Files with owners as the sandbox sees them.
+func (s *sandbox) ListDir(ctx context.Context, p string) ([]backend.FileInfo, error) {
+	list, err := s.FS.ListDir(ctx, p)
+	for i := range list {
+		list[i].UID, list[i].GID = s.ids.Inside(list[i].UID), s.ids.Inside(list[i].GID)
+	}
+	return list, err
+}
+
+// MakeDir implements backend.Files as the sandbox's root (see WriteFile).
+func (s *sandbox) MakeDir(ctx context.Context, p string, mode fs.FileMode, parents bool) error {
+	return userns.AsRoot(s.ids, func() error { return s.FS.MakeDir(ctx, p, mode, parents) })
 }
 
 // openRoot opens the sandbox's root as init sees it. The liveness check
@@ -62,7 +100,7 @@ func (s *sandbox) ID() string { return s.id }
 
 // Record implements backend.Sandbox; it changes with UpdateNetwork.
 func (s *sandbox) Record() []byte {
-	r := record{Pid: s.proc.Pid, StartTime: s.proc.StartTime}
+	r := record{Pid: s.proc.Pid, StartTime: s.proc.StartTime, IDs: s.ids}
 	if s.net != nil {
 		nr := s.net.Record()
 		r.Net = &nr

@@ -85,6 +85,7 @@ func detect() (*Hierarchies, error) {
 type Manager struct {
 	h      *Hierarchies
 	parent string
+	idle   bool // the parent is SCHED_IDLE (cpu.idle)
 }
 
 // NewManager returns a manager for sandboxes under parent (e.g. "corral").
@@ -97,6 +98,22 @@ func NewManager(parent string) (*Manager, error) {
 		return nil, err
 	}
 	return &Manager{h: h, parent: parent}, nil
+}
+
+// ErrNoIdle: the host cannot make a cgroup SCHED_IDLE.
+var ErrNoIdle = errors.New("cgroup: best-effort sandboxes are not supported")
+
+// IdleSuffix ends the name of the parent of Idle.
+const IdleSuffix = "-besteffort"
+
+// Idle returns the manager of best-effort sandboxes: their parent, beside
+// m's at the top of the cpu hierarchy, has cpu.idle set, so that the whole
+// subtree runs only when no other group or top-level task (the node
+// daemon included) wants the CPU, and any of them waking preempts it at
+// once. (cpu.idle on the sandbox's own cgroup would only act towards its
+// siblings: the parent would still compete with the node at full weight.)
+func (m *Manager) Idle() *Manager {
+	return &Manager{h: m.h, parent: m.parent + IdleSuffix, idle: true}
 }
 
 // Hierarchies returns the detected layout.
@@ -162,6 +179,29 @@ func (m *Manager) RemoveParent() error {
 	return errors.Join(errs...)
 }
 
+// setIdle writes cpu.idle of an idle manager's parent.
+func (m *Manager) setIdle() error {
+	if !m.idle {
+		return nil
+	}
+	dir := ""
+	switch {
+	case m.h.V1["cpu"] != "":
+		dir = filepath.Join(m.h.V1["cpu"], m.parent)
+	case m.h.Unified() && m.h.V2Controllers["cpu"]:
+		dir = filepath.Join(m.h.V2, m.parent)
+	default:
+		return fmt.Errorf("%w: no cpu controller", ErrNoIdle)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cpu.idle"), []byte("1"), 0); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%w: no cpu.idle (needs Linux 5.15 or later)", ErrNoIdle)
+		}
+		return fmt.Errorf("cgroup: set %s idle: %w", dir, err)
+	}
+	return nil
+}
+
 // ensureParent creates the parent directories and, on pure v2, enables the
 // controllers sandboxes need in the root and parent subtree_control.
 func (m *Manager) ensureParent() error {
@@ -169,6 +209,9 @@ func (m *Manager) ensureParent() error {
 		if err := os.Mkdir(d, 0o755); err != nil && !os.IsExist(err) {
 			return fmt.Errorf("cgroup: create parent: %w", err)
 		}
+	}
+	if err := m.setIdle(); err != nil {
+		return err
 	}
 	if !m.h.Unified() {
 		return nil

@@ -74,6 +74,11 @@ func hardenAndExec(cfg *initproto.Config, exe int) error {
 	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
 		return fmt.Errorf("rlimit core: %w", err)
 	}
+	if cfg.BestEffort {
+		if err := schedIdle(); err != nil {
+			return err
+		}
+	}
 	if n := uint64(cfg.FileSizeBytes); n > 0 {
 		if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: n, Max: n}); err != nil {
 			return fmt.Errorf("rlimit fsize: %w", err)
@@ -91,6 +96,22 @@ func hardenAndExec(cfg *initproto.Config, exe int) error {
 		}
 	}
 	return execveat(exe, serve)
+}
+
+// schedIdle puts this thread, and so every process init will start, under
+// SCHED_IDLE. RLIMIT_NICE 0 (soft and hard) keeps them there: leaving
+// SCHED_IDLE needs a nice value within RLIMIT_NICE or CAP_SYS_NICE in the
+// host's user namespace, and raising a hard rlimit CAP_SYS_RESOURCE there.
+// Setting a policy stays allowed to a process, lowering it to SCHED_IDLE
+// included; only the climb out is refused (EPERM).
+func schedIdle() error {
+	if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
+		return fmt.Errorf("sched_setattr SCHED_IDLE: %w", err)
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_NICE, &unix.Rlimit{}); err != nil {
+		return fmt.Errorf("rlimit nice: %w", err)
+	}
+	return nil
 }
 
 // execveat runs the program behind fd with an empty environment.

@@ -51,8 +51,12 @@ func setupMain() {
 		fail(nil, "setup socket: %v", err)
 	}
 	var cfg initproto.Config
-	if _, err := setup.Recv(&cfg); err != nil {
+	mounts, err := setup.Recv(&cfg)
+	if err != nil {
 		fail(setup, "read config: %v", err)
+	}
+	if len(mounts) != cfg.Mounts {
+		fail(setup, "config: got %d mount fds, want %d", len(mounts), cfg.Mounts)
 	}
 	if cfg.Version != initproto.Version {
 		fail(setup, "config: %v: got %d, want %d", initproto.ErrVersion, cfg.Version, initproto.Version)
@@ -66,7 +70,7 @@ func setupMain() {
 	if cfg.Pool {
 		build = buildPoolRoot
 	}
-	if err := build(&cfg); err != nil {
+	if err := build(&cfg, mounts); err != nil {
 		fail(setup, "%v", err)
 	}
 	err = hardenAndExec(&cfg, exe)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/corral-dev/corral/internal/runtime/initproto"
 	"golang.org/x/sys/unix"
@@ -47,41 +46,54 @@ var readonlyPaths = []string{
 	"/proc/sysrq-trigger",
 }
 
-type devNode struct {
-	name         string
-	major, minor uint32
-}
+// devNodes are the host's character devices a sandbox gets in /dev.
+var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
-var devNodes = []devNode{
-	{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7},
-	{"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
-}
-
-// buildRoot mounts the overlay, pivots into it and mounts the API
-// filesystems. Everything after pivot_root resolves inside the new root, so
-// symlinks in an image can never point a mount at a host path.
-func buildRoot(cfg *initproto.Config) error {
+// buildRoot attaches the root overlay the node made, mounts the API
+// filesystems into it, then pivots into it. Init started in the rootfs
+// directory (as a host uid without rights on the node's run directory, it
+// could not walk there); mounts is the overlay. In a user
+// namespace /proc and /sys may only be mounted while the host's are
+// visible (the kernel refuses to reveal more than the mount namespace
+// already shows), and device nodes cannot be made, only bound from the
+// host's /dev: so all of it happens before pivot_root, relative to the new
+// root as working directory.
+func buildRoot(cfg *initproto.Config, mounts []int) error {
 	unix.Umask(0)
 	defer unix.Umask(0o022)
+	want := 1
+	if cfg.ResolvConf {
+		want++
+	}
+	api := hostAPI
+	if cfg.Sysfs {
+		api.sysMount = mounts[want]
+		want++
+	}
+	if len(mounts) != want {
+		return fmt.Errorf("root: got %d mounts, want %d (the overlay, then resolv.conf and sysfs if networked)", len(mounts), want)
+	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / rprivate: %w", err)
 	}
-	if err := mountOverlay(cfg); err != nil {
-		return err
+	if err := attachRoot(mounts[0]); err != nil {
+		return fmt.Errorf("root overlay: %w", err)
 	}
 	if err := mountShell(cfg); err != nil {
 		return err
 	}
-	if err := mountResolvConf(cfg); err != nil {
+	if cfg.ResolvConf {
+		if err := mountResolvConf(".", mounts[1]); err != nil {
+			return err
+		}
+	}
+	if err := mountAPIFS(".", api); err != nil {
 		return err
 	}
-	if err := pivot(cfg.Rootfs); err != nil {
+	if err := maskPaths("."); err != nil {
 		return err
 	}
-	if err := mountAPIFS(""); err != nil {
-		return err
-	}
-	if err := maskPaths(""); err != nil {
+	if err := pivot(); err != nil {
 		return err
 	}
 	if cfg.Hostname != "" {
@@ -89,69 +101,38 @@ func buildRoot(cfg *initproto.Config) error {
 			return fmt.Errorf("set hostname: %w", err)
 		}
 	}
+	if cfg.ResolvConf {
+		// A networked sandbox's namespace comes from the node, wired
+		// (loopback up) and owned by the node's user namespace.
+		return nil
+	}
 	return loopbackUp()
 }
 
-func mountOverlay(cfg *initproto.Config) error {
-	if len(cfg.Layers) == 0 {
-		return errors.New("mount overlay: no layers")
+// attachRoot moves the detached mount m (closed here) onto the working
+// directory and makes the mount's root the working directory.
+func attachRoot(m int) error {
+	defer unix.Close(m)
+	if err := unix.MoveMount(m, "", unix.AT_FDCWD, ".", unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move_mount: %w", err)
 	}
-	if cfg.Disk != "" {
-		if err := mountDisk(cfg); err != nil {
-			return err
-		}
-	}
-	for _, p := range append(append([]string{}, cfg.Layers...), cfg.UpperDir, cfg.WorkDir) {
-		if strings.ContainsAny(p, ",:") {
-			return fmt.Errorf("mount overlay: path %q contains ',' or ':'", p)
-		}
-	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
-		strings.Join(cfg.Layers, ":"), cfg.UpperDir, cfg.WorkDir)
-	if len(opts) >= 4096 {
-		return fmt.Errorf("mount overlay: options of %d bytes exceed a page (too many or too long layer paths)", len(opts))
-	}
-	if err := unix.Mount("overlay", cfg.Rootfs, "overlay", 0, opts); err != nil {
-		return fmt.Errorf("mount overlay: %w", err)
+	if err := unix.Fchdir(m); err != nil {
+		return fmt.Errorf("chdir into the new root: %w", err)
 	}
 	return nil
 }
 
-// diskFlags and diskOpts mount the sandbox's disk. noinit_itable: the inode
-// tables of the fresh filesystem are flagged uninitialised, so the kernel
-// need not zero them (which would also fill the sparse image).
-const (
-	diskFlags = unix.MS_NOSUID | unix.MS_NODEV
-	diskOpts  = "noinit_itable"
-)
-
-// mountDisk mounts the ext4 disk on cfg.DiskDir and points cfg's upper and
-// work dirs into it. / is rprivate by now: the mount exists only in this
-// namespace, and goes (with the loop device, which has autoclear) when the
-// namespace's last process does.
-func mountDisk(cfg *initproto.Config) error {
-	if cfg.DiskDir == "" || cfg.UpperDir != "" || cfg.WorkDir != "" {
-		return errors.New("mount disk: needs DiskDir, and no upper or work dir")
-	}
-	if err := unix.Mount(cfg.Disk, cfg.DiskDir, "ext4", diskFlags, diskOpts); err != nil {
-		return fmt.Errorf("mount disk %s on %s: %w", cfg.Disk, cfg.DiskDir, err)
-	}
-	cfg.UpperDir, cfg.WorkDir = cfg.DiskDir+"/upper", cfg.DiskDir+"/work"
-	for _, d := range []struct {
-		path string
-		mode uint32
-	}{{cfg.UpperDir, 0o755}, {cfg.WorkDir, 0o700}} {
-		if err := unix.Mkdir(d.path, d.mode); err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("mount disk: mkdir %s: %w", d.path, err)
-		}
+// attach moves the detached mount fd onto dir and closes fd.
+func attach(fd int, dir string) error {
+	defer unix.Close(fd)
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move_mount to %s: %w", dir, err)
 	}
 	return nil
 }
 
-func pivot(root string) error {
-	if err := unix.Chdir(root); err != nil {
-		return fmt.Errorf("pivot_root: chdir: %w", err)
-	}
+// pivot makes the working directory the root and detaches the old one.
+func pivot() error {
 	if err := unix.PivotRoot(".", "."); err != nil {
 		return fmt.Errorf("pivot_root: %w", err)
 	}
@@ -170,47 +151,85 @@ type mnt struct {
 	data             string
 }
 
+// apiSource says where mountAPIFS takes /proc, /sys and the device nodes
+// from: fresh proc and sysfs mounts and the host's /dev while the host's
+// mounts are still visible (before pivot_root), or binds of init's own
+// templates of them (pool views, made after pivot_root).
+// sysMount, when set, is a detached sysfs to attach instead.
+type apiSource struct {
+	proc, sys, dev string
+	sysMount       int
+}
+
+var (
+	hostAPI = apiSource{dev: "/dev"}
+	poolAPI = apiSource{proc: poolProc, sys: poolSys, dev: poolDev}
+)
+
 // mountAPIFS mounts /proc, /dev and friends under root ("" for /).
-func mountAPIFS(root string) error {
+func mountAPIFS(root string, src apiSource) error {
 	const nse = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
-	for _, m := range []mnt{
-		{"proc", root + "/proc", "proc", nse, ""},
-		{"tmpfs", root + "/dev", "tmpfs", unix.MS_NOSUID | unix.MS_STRICTATIME, "mode=755,size=65536k"},
-	} {
-		if err := mountAt(m); err != nil {
-			return err
-		}
+	if err := mountAt(sourced(mnt{"proc", root + "/proc", "proc", nse, ""}, src.proc)); err != nil {
+		return err
 	}
-	if err := makeDev(root); err != nil {
+	if err := mountAt(mnt{"tmpfs", root + "/dev", "tmpfs", unix.MS_NOSUID | unix.MS_STRICTATIME, "mode=755,size=65536k"}); err != nil {
+		return err
+	}
+	if err := makeDev(root, src.dev); err != nil {
 		return err
 	}
 	for _, m := range []mnt{
 		{"devpts", root + "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"},
 		{"shm", root + "/dev/shm", "tmpfs", nse, "mode=1777,size=65536k"},
-		{"sysfs", root + "/sys", "sysfs", nse | unix.MS_RDONLY, ""},
 	} {
 		if err := mountAt(m); err != nil {
 			return err
 		}
 	}
-	return nil
+	if src.sysMount > 0 {
+		if err := os.MkdirAll(root+"/sys", 0o755); err != nil {
+			return fmt.Errorf("mount sysfs: %w", err)
+		}
+		return attach(src.sysMount, root+"/sys")
+	}
+	return mountAt(sourced(mnt{"sysfs", root + "/sys", "sysfs", nse | unix.MS_RDONLY, ""}, src.sys))
+}
+
+// sourced turns m into a bind of template when there is one; mountAt then
+// makes the bind read-only if m asks for MS_RDONLY.
+func sourced(m mnt, template string) mnt {
+	if template == "" {
+		return m
+	}
+	return mnt{template, m.dst, "", unix.MS_BIND | m.flags, ""}
 }
 
 func mountAt(m mnt) error {
 	if err := os.MkdirAll(m.dst, 0o755); err != nil {
 		return fmt.Errorf("mount %s: %w", m.dst, err)
 	}
+	var st unix.Stat_t
+	if err := unix.Lstat(m.dst, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("mount %s: not a directory", m.dst)
+	}
 	if err := unix.Mount(m.src, m.dst, m.fstype, m.flags, m.data); err != nil {
-		return fmt.Errorf("mount %s on %s: %w", m.fstype, m.dst, err)
+		return fmt.Errorf("mount %s on %s: %w", m.src, m.dst, err)
+	}
+	if m.flags&unix.MS_BIND != 0 && m.flags&unix.MS_RDONLY != 0 {
+		if err := unix.Mount("", m.dst, "", m.flags|unix.MS_REMOUNT, ""); err != nil {
+			return fmt.Errorf("mount %s read-only: %w", m.dst, err)
+		}
 	}
 	return nil
 }
 
-func makeDev(root string) error {
+// makeDev binds the device nodes of devDir (the host's /dev or init's
+// template) onto empty files under root/dev: a user namespace may not make
+// device nodes, and a tmpfs mounted in one refuses to open them.
+func makeDev(root, devDir string) error {
 	for _, d := range devNodes {
-		p := root + "/dev/" + d.name
-		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
-			return fmt.Errorf("mknod %s: %w", p, err)
+		if err := bindFile(devDir+"/"+d, root+"/dev/"+d); err != nil {
+			return err
 		}
 	}
 	for name, target := range map[string]string{
@@ -220,6 +239,19 @@ func makeDev(root string) error {
 		if err := os.Symlink(target, root+"/dev/"+name); err != nil {
 			return fmt.Errorf("symlink /dev/%s: %w", name, err)
 		}
+	}
+	return nil
+}
+
+// bindFile binds the file src onto a new empty file dst.
+func bindFile(src, dst string) error {
+	fd, err := unix.Open(dst, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o666)
+	if err != nil {
+		return fmt.Errorf("bind %s: create %s: %w", src, dst, err)
+	}
+	unix.Close(fd)
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
 	}
 	return nil
 }
@@ -280,20 +312,29 @@ func loopbackUp() error {
 }
 
 // mountShell puts the node's static shell at initproto.ShellPath inside the
-// root: a read-only bind of the host file on a file of a tiny tmpfs, itself
+// root (the working directory): a read-only bind of the host file on a file of a tiny tmpfs, itself
 // remounted read-only. The directory is a mount point, so from inside it
 // can be neither written, renamed, removed nor mounted over.
 func mountShell(cfg *initproto.Config) error {
 	if cfg.Shell == "" {
 		return nil
 	}
-	dir := filepath.Join(cfg.Rootfs, filepath.Dir(initproto.ShellPath))
-	file := filepath.Join(cfg.Rootfs, initproto.ShellPath)
+	dir := "." + filepath.Dir(initproto.ShellPath)
+	file := "." + initproto.ShellPath
 	steps := []struct {
 		what string
 		do   func() error
 	}{
 		{"make dir", func() error { return ignoreExist(unix.Mkdir(dir, 0o755)) }},
+		{"check dir", func() error {
+			// Still the host's view of paths: an image's symlink here
+			// would point the mount at a host directory.
+			var st unix.Stat_t
+			if err := unix.Lstat(dir, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				return fmt.Errorf("%s is not a directory", initproto.ShellPath)
+			}
+			return nil
+		}},
 		{"mount tmpfs", func() error {
 			return unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=64k,mode=0755")
 		}},
@@ -320,17 +361,15 @@ func mountShell(cfg *initproto.Config) error {
 	return nil
 }
 
-// mountResolvConf binds the node's resolv.conf read-only over
-// /etc/resolv.conf, so that every resolver library asks the node's DNS
+// mountResolvConf attaches m, the node's resolv.conf as a detached
+// read-only mount, over /etc/resolv.conf (closing m), so that every resolver library asks the node's DNS
 // proxy. It is convenience, not enforcement: the eBPF programs refuse any
 // other resolver whatever the file says. A symlink in the image (Debian's
 // points into /run) is replaced by a file in the sandbox's upper layer
 // first, never followed.
-func mountResolvConf(cfg *initproto.Config) error {
-	if cfg.ResolvConf == "" {
-		return nil
-	}
-	etc := filepath.Join(cfg.Rootfs, "etc")
+func mountResolvConf(root string, m int) error {
+	defer unix.Close(m)
+	etc := filepath.Join(root, "etc")
 	file := filepath.Join(etc, "resolv.conf")
 	steps := []struct {
 		what string
@@ -361,9 +400,8 @@ func mountResolvConf(cfg *initproto.Config) error {
 			}
 			return err
 		}},
-		{"bind", func() error { return unix.Mount(cfg.ResolvConf, file, "", unix.MS_BIND, "") }},
-		{"bind read-only", func() error {
-			return unix.Mount("", file, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+		{"attach", func() error {
+			return unix.MoveMount(m, "", unix.AT_FDCWD, file, unix.MOVE_MOUNT_F_EMPTY_PATH)
 		}},
 	}
 	for _, st := range steps {

@@ -22,13 +22,18 @@ const (
 	poolUpper  = "/upper"
 	poolView   = "/v"
 	poolState  = "/pool.json"
+	// Templates of /proc, /sys and /dev's nodes for the views, made
+	// while the host's mounts are still visible (see buildRoot).
+	poolProc = "/p"
+	poolSys  = "/s"
+	poolDev  = "/d"
 )
 
-// poolCaps are the capabilities init keeps beyond DefaultCaps in pool mode:
-// mounts and device nodes for reset, chroot and bounding-set drops for the
-// forking thread.
+// poolCaps are the capabilities init keeps beyond DefaultCaps in pool mode
+// (all of them scoped to the sandbox's user namespace): mounts for reset,
+// chroot and bounding-set drops for the forking thread.
 // That thread drops all three before it forks anything.
-var poolCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_SYS_CHROOT, unix.CAP_SETPCAP, unix.CAP_MKNOD}
+var poolCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_SYS_CHROOT, unix.CAP_SETPCAP}
 
 // poolConfig is what the serving stage needs of Config in pool mode, kept in
 // init's private root (no process inside can reach it).
@@ -38,12 +43,13 @@ type poolConfig struct {
 	Seccomp   []byte `json:"seccomp,omitempty"`
 }
 
-// buildPoolRoot makes init's tmpfs root with the layers and the view and
-// pivots into it.
-func buildPoolRoot(cfg *initproto.Config) error {
+// buildPoolRoot makes init's tmpfs root with the layers (mounts, made by
+// the node), the templates of the API filesystems and the view, and pivots
+// into it.
+func buildPoolRoot(cfg *initproto.Config, mounts []int) error {
 	unix.Umask(0)
 	defer unix.Umask(0o022)
-	if len(cfg.Layers) == 0 || cfg.ViewBytes <= 0 {
+	if len(mounts) == 0 || cfg.ViewBytes <= 0 {
 		return errors.New("pool root: needs layers and a view size")
 	}
 	if !cfg.NoSeccomp && len(cfg.PoolSeccomp) == 0 {
@@ -52,24 +58,34 @@ func buildPoolRoot(cfg *initproto.Config) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / rprivate: %w", err)
 	}
-	if err := unix.Mount("tmpfs", cfg.Rootfs, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=700,size=1m"); err != nil {
-		return fmt.Errorf("pool root: mount tmpfs: %w", err)
+	root, err := detachedTmpfs("mode=700", "size=1m")
+	if err != nil {
+		return fmt.Errorf("pool root: %w", err)
 	}
-	for i, l := range cfg.Layers {
-		dst := fmt.Sprintf("%s%s/%d", cfg.Rootfs, poolLayers, i)
-		if err := bindReadOnly(l, dst); err != nil {
-			return err
-		}
+	if err := attachRoot(root); err != nil {
+		return fmt.Errorf("pool root: %w", err)
 	}
-	for _, d := range []string{poolUpper, poolView} {
-		if err := os.Mkdir(cfg.Rootfs+d, 0o755); err != nil {
+	for _, d := range []string{poolLayers, poolUpper, poolView, poolProc, poolSys, poolDev} {
+		if err := os.Mkdir("."+d, 0o755); err != nil {
 			return fmt.Errorf("pool root: %w", err)
 		}
 	}
-	if err := pivot(cfg.Rootfs); err != nil {
+	for i, fd := range mounts {
+		dst := fmt.Sprintf(".%s/%d", poolLayers, i)
+		if err := os.Mkdir(dst, 0o755); err != nil {
+			return fmt.Errorf("pool root: %w", err)
+		}
+		if err := attach(fd, dst); err != nil {
+			return fmt.Errorf("pool root: layer %d: %w", i, err)
+		}
+	}
+	if err := mountTemplates("."); err != nil {
 		return err
 	}
-	pc := poolConfig{Layers: len(cfg.Layers), ViewBytes: cfg.ViewBytes, Seccomp: cfg.PoolSeccomp}
+	if err := pivot(); err != nil {
+		return err
+	}
+	pc := poolConfig{Layers: len(mounts), ViewBytes: cfg.ViewBytes, Seccomp: cfg.PoolSeccomp}
 	b, _ := json.Marshal(pc)
 	if err := os.WriteFile(poolState, b, 0o600); err != nil {
 		return fmt.Errorf("pool root: %w", err)
@@ -92,16 +108,45 @@ func buildPoolRoot(cfg *initproto.Config) error {
 	return loopbackUp()
 }
 
-func bindReadOnly(src, dst string) error {
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return fmt.Errorf("pool root: layer: %w", err)
+// detachedTmpfs makes a tmpfs mount with options opts, attached nowhere.
+func detachedTmpfs(opts ...string) (int, error) {
+	fsfd, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("fsopen tmpfs: %w", err)
 	}
-	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("pool root: bind layer %s: %w", src, err)
+	defer unix.Close(fsfd)
+	for _, o := range opts {
+		k, v, _ := strings.Cut(o, "=")
+		if err := unix.FsconfigSetString(fsfd, k, v); err != nil {
+			return -1, fmt.Errorf("tmpfs option %s: %w", o, err)
+		}
 	}
-	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV)
-	if err := unix.Mount("", dst, "", flags, ""); err != nil {
-		return fmt.Errorf("pool root: layer %s read-only: %w", src, err)
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return -1, fmt.Errorf("create tmpfs: %w", err)
+	}
+	fd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return -1, fmt.Errorf("fsmount tmpfs: %w", err)
+	}
+	return fd, nil
+}
+
+// mountTemplates mounts under root the proc, sysfs and device nodes that
+// every view binds (see apiSource). They are never masked, which keeps
+// them "fully visible" for the kernel's check on proc and sysfs mounts in a
+// user namespace; commands, chrooted into the view, cannot reach them.
+func mountTemplates(root string) error {
+	const nse = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := unix.Mount("proc", root+poolProc, "proc", nse, ""); err != nil {
+		return fmt.Errorf("pool root: mount proc: %w", err)
+	}
+	if err := unix.Mount("sysfs", root+poolSys, "sysfs", nse|unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("pool root: mount sysfs: %w", err)
+	}
+	for _, d := range devNodes {
+		if err := bindFile("/dev/"+d, root+poolDev+"/"+d); err != nil {
+			return fmt.Errorf("pool root: %w", err)
+		}
 	}
 	return nil
 }
@@ -122,11 +167,17 @@ func mountView(pc *poolConfig) error {
 	for i := range lower {
 		lower[i] = poolLayers + "/" + strconv.Itoa(i)
 	}
-	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s/u,workdir=%s/w", strings.Join(lower, ":"), poolUpper, poolUpper)
+	// Mounted in the sandbox's user namespace, the overlay may not use
+	// trusted.overlay.* xattrs: userxattr makes it keep its opaque and
+	// redirect markers in user.overlay.* on the tmpfs upper (without it,
+	// removing a directory of a lower layer fails with EIO). The flip
+	// side: lower layers' trusted.overlay.opaque markers are not seen
+	// here (see the closing note of issue 8).
+	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s/u,workdir=%s/w,userxattr", strings.Join(lower, ":"), poolUpper, poolUpper)
 	if err := unix.Mount("overlay", poolView, "overlay", 0, ovl); err != nil {
 		return fmt.Errorf("view: mount overlay: %w", err)
 	}
-	if err := mountAPIFS(poolView); err != nil {
+	if err := mountAPIFS(poolView, poolAPI); err != nil {
 		return fmt.Errorf("view: %w", err)
 	}
 	return maskPaths(poolView)

@@ -16,7 +16,7 @@ import (
 const MaxMessage = 1 << 20
 
 // maxFds bounds the descriptors accepted with one message.
-const maxFds = 4
+const maxFds = 64
 
 // Conn is one SOCK_SEQPACKET connection driven through the Go poller.
 type Conn struct {

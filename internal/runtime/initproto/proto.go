@@ -22,6 +22,16 @@
 //	  read-only at ShellPath for shell execs.
 //	7 (2026-11-30): Config.ResolvConf: init binds the node's resolv.conf
 //	  (naming the DNS proxy) read-only over /etc/resolv.conf.
+//	8 (2026-11-30): user namespaces. Init starts as root of its own user
+//	  namespace, started in the directory of its root; the config message
+//	  carries Config.Mounts fds of detached mounts the node made idmapped
+//	  to it (the sandbox's root overlay, or in pool mode one read-only
+//	  mount per layer). Init mounts neither layers nor disks itself any more (Disk,
+//	  DiskDir, UpperDir, WorkDir, Layers and Rootfs are gone).
+//	  Config.BestEffort: SCHED_IDLE for every process, RLIMIT_NICE 0.
+//	  Config.ResolvConf is a bool: the node's resolv.conf comes as the
+//	  mount after the root (init could not walk the node's run dir);
+//	  Config.Sysfs: a networked sandbox's /sys comes from the node too.
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
@@ -30,7 +40,7 @@ package initproto
 const ShellPath = "/.corral/sh"
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 7
+const Version = 8
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -67,21 +77,12 @@ const (
 type Config struct {
 	Version int    `json:"v"`
 	Op      string `json:"op"`
-	// Layers are the overlay lower dirs, topmost first (host paths).
-	Layers []string `json:"layers"`
-	// UpperDir and WorkDir are host dirs for the overlay; both empty when
-	// Disk is set.
-	UpperDir string `json:"upper,omitempty"`
-	WorkDir  string `json:"work,omitempty"`
-	// Disk is a block device (/dev/loopN) holding an ext4 filesystem that
-	// init mounts on DiskDir (a host dir, mounted only inside the sandbox's
-	// mount namespace); the overlay's upper and work dirs are DiskDir/upper
-	// and DiskDir/work, made if missing.
-	Disk    string `json:"disk,omitempty"`
-	DiskDir string `json:"disk_dir,omitempty"`
-	// Rootfs is the host directory the overlay is mounted on (only inside
-	// the sandbox's mount namespace).
-	Rootfs   string `json:"rootfs"`
+	// Mounts is how many fds of detached mounts come with the config
+	// message, all idmapped to init's user namespace: the root overlay, or
+	// in pool mode one read-only mount per layer, topmost first. Init
+	// attaches the root on its working directory at start (see
+	// launch.SpawnConfig.Dir).
+	Mounts   int    `json:"mounts"`
 	Hostname string `json:"hostname"`
 	// Seccomp is the compiled seccomp program (seccomp.Encode); init refuses
 	// a config without one unless NoSeccomp is set (runtime tests only).
@@ -89,19 +90,28 @@ type Config struct {
 	// Shell is a host path of a static POSIX shell that init bind-mounts
 	// read-only at ShellPath inside the sandbox (empty: none).
 	Shell string `json:"shell,omitempty"`
-	// ResolvConf is a host file init bind-mounts read-only over the
-	// sandbox's /etc/resolv.conf (empty: the image's own).
-	ResolvConf string `json:"resolv_conf,omitempty"`
+	// ResolvConf: the mount after the root is a detached read-only bind
+	// of the node's resolv.conf (naming its DNS proxy), for init to put
+	// over /etc/resolv.conf.
+	ResolvConf bool `json:"resolv_conf,omitempty"`
+	// Sysfs: the last mount is a read-only sysfs the node made in the
+	// sandbox's network namespace. The kernel mounts a sysfs only for a
+	// holder of CAP_SYS_ADMIN over the owner of the mounter's network
+	// namespace, and a pooled one belongs to the node, not to init.
+	Sysfs bool `json:"sysfs,omitempty"`
 	// FileSizeBytes is RLIMIT_FSIZE for every process (0: unlimited): no
 	// single file outgrows the writable layer's limit.
 	FileSizeBytes int64 `json:"fsize,omitempty"`
 	NoSeccomp     bool  `json:"no_seccomp,omitempty"`
+	// BestEffort: init and every process of the sandbox run under
+	// SCHED_IDLE, with RLIMIT_NICE 0 so that none can leave it.
+	BestEffort bool `json:"best_effort,omitempty"`
 	// Pool selects the resettable pool mode: init's root is a small tmpfs
 	// holding the layers (bind mounts) and the view, an overlay of them
 	// with its upper on a tmpfs of ViewBytes, that commands are chrooted
 	// into. Seccomp is then init's own (relaxed: mount, umount2, chroot and
 	// unshare(CLONE_FS) for resets) and PoolSeccomp the commands' filter,
-	// stacked on it. UpperDir, WorkDir and Disk are unused.
+	// stacked on it.
 	Pool        bool   `json:"pool,omitempty"`
 	PoolSeccomp []byte `json:"pool_seccomp,omitempty"`
 	ViewBytes   int64  `json:"view_bytes,omitempty"`

@@ -20,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"github.com/corral-dev/corral/internal/runtime/userns"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,6 +28,9 @@ import (
 // the child already sits in its cgroups, so its cgroup root is its own.
 const cloneFlags = unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS |
 	unix.CLONE_NEWIPC | unix.CLONE_NEWNET | unix.CLONE_NEWCGROUP
+
+// initFd is where init finds its own binary at exec (see spawnOnThread).
+const initFd = initproto.SetupFd + 1
 
 // Listen binds the SOCK_SEQPACKET control socket at path (its directory must
 // be private to root) and returns the listening socket for init.
@@ -56,6 +60,15 @@ type SpawnConfig struct {
 	// networked sandbox's, wired by netpolicy); nil: a fresh one with
 	// only loopback.
 	Netns *os.File
+	// Dir is init's working directory at start, in its own mount
+	// namespace: where it attaches the sandbox's root. (As root of its
+	// user namespace, init could not walk the node's private run
+	// directory to it.)
+	Dir string
+	// IDs is the host id range of the sandbox's user namespace: init
+	// starts as its root (host IDs.Host), with every capability inside
+	// the namespace and none outside it.
+	IDs userns.Range
 }
 
 // Spawn starts init in new namespaces inside Group. The returned Setup must
@@ -112,6 +125,26 @@ func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err err
 			}
 		}()
 	}
+	// The child inherits this thread's working directory, copied into its
+	// mount namespace. CLONE_FS unshared first, so that no other thread's
+	// directory changes; the main thread, which Go keeps, changes back.
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return 0, 0, fmt.Errorf("start init: unshare fs: %w", err)
+	}
+	if unix.Gettid() == os.Getpid() {
+		wd, err := os.Getwd()
+		if err != nil {
+			return 0, 0, fmt.Errorf("start init: %w", err)
+		}
+		defer func() {
+			if cerr := unix.Chdir(wd); cerr != nil && err == nil {
+				err = cerr
+			}
+		}()
+	}
+	if err := unix.Chdir(sc.Dir); err != nil {
+		return 0, 0, fmt.Errorf("start init: chdir %s: %w", sc.Dir, err)
+	}
 	cgfd, err := sc.Group.OpenV2()
 	if err != nil {
 		return 0, 0, err
@@ -141,13 +174,34 @@ func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err err
 		flags &^= unix.CLONE_NEWNET
 	}
 	pidfd = -1
-	attr := &syscall.SysProcAttr{Cloneflags: flags, PidFD: &pidfd}
+	if sc.IDs.Size == 0 {
+		return 0, 0, errors.New("start init: no id range for its user namespace")
+	}
+	// CLONE_NEWUSER comes first in the kernel, so the other namespaces
+	// belong to the new user namespace (a pooled network namespace
+	// joined above stays owned by the node's: the sandbox cannot
+	// reconfigure it). Go writes the maps from here before init runs;
+	// setgroups stays allowed for execs' groups.
+	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(sc.IDs.Host), Size: int(sc.IDs.Size)}}
+	attr := &syscall.SysProcAttr{
+		Cloneflags: flags | unix.CLONE_NEWUSER, PidFD: &pidfd,
+		UidMappings: idmap, GidMappings: idmap, GidMappingsEnableSetgroups: true,
+		Credential: &syscall.Credential{Uid: 0, Gid: 0},
+	}
 	if cgfd != nil {
 		defer cgfd.Close()
 		attr.UseCgroupFD, attr.CgroupFD = true, int(cgfd.Fd())
 	}
-	files := []uintptr{null.Fd(), stderr.Fd(), stderr.Fd(), sc.Listener.Fd(), setupChild.Fd()}
-	pid, err = syscall.ForkExec(sc.InitPath, []string{"corral-init"}, &syscall.ProcAttr{
+	// Init execs as root of its user namespace, a host uid that may not
+	// traverse the directories on InitPath: it runs the file the node
+	// opened (inherited as initFd, which init closes first thing).
+	bin, err := os.Open(sc.InitPath)
+	if err != nil {
+		return 0, 0, fmt.Errorf("start init: %w", err)
+	}
+	defer bin.Close()
+	files := []uintptr{null.Fd(), stderr.Fd(), stderr.Fd(), sc.Listener.Fd(), setupChild.Fd(), bin.Fd()}
+	pid, err = syscall.ForkExec(fmt.Sprintf("/proc/self/fd/%d", initFd), []string{"corral-init"}, &syscall.ProcAttr{
 		Env: []string{}, Files: files, Sys: attr,
 	})
 	if err != nil {
@@ -177,13 +231,14 @@ func enterNetns(ns *os.File) (restore func() error, err error) {
 	}, nil
 }
 
-// Setup sends init its config and waits until it reports ready.
-func (p *Process) Setup(ctx context.Context, setup *initproto.Conn, cfg initproto.Config) error {
+// Setup sends init its config, with the mount fds it announces, and waits
+// until it reports ready.
+func (p *Process) Setup(ctx context.Context, setup *initproto.Conn, cfg initproto.Config, mounts ...int) error {
 	defer setup.Close()
 	cfg.Version, cfg.Op = initproto.Version, initproto.OpConfig
 	stop := context.AfterFunc(ctx, func() { setup.SetDeadline(time.Now()) })
 	defer stop()
-	if err := setup.Send(cfg); err != nil {
+	if err := setup.Send(cfg, mounts...); err != nil {
 		return fmt.Errorf("send config: %w", p.ctxErr(ctx, err))
 	}
 	var r initproto.Reply
