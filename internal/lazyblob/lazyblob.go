@@ -15,10 +15,14 @@
 // with EIO and reports the fault (Config.OnFault), so the node can mark the
 // sandboxes using the layer degraded while it serves the others.
 //
-// The FUSE server runs in goroutines of the process that calls New; that
-// process must never itself block on an EROFS mount backed by it in a way
-// that stops those goroutines (it may read through it: the Go runtime keeps
-// serving FUSE on other threads). It imports blob and errdefs only.
+// The FUSE server runs in goroutines of the process that calls New. That
+// process may read through the mounts it backs (the Go runtime serves FUSE
+// on other threads), but it must never fork/exec a binary that lives on
+// them: Go's vfork keeps the forking thread's scheduler slot until the
+// child's exec is done, the exec waits for a FUSE read, and a fetch that
+// triggers a garbage collection waits for that slot — a deadlock that also
+// leaves the child holding /dev/fuse. Exec a host binary (chroot, init)
+// that then execs from the mount. It imports blob and errdefs only.
 package lazyblob
 
 import (

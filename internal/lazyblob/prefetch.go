@@ -127,18 +127,25 @@ func (b *blobFile) mergeHint(chunks []int) error {
 	return os.Rename(tmp, b.base+".hint")
 }
 
-// PrefetchMode says what Prefetch fetches.
+// PrefetchMode says what Prefetch fetches, and how eagerly.
 type PrefetchMode int
 
 const (
-	PrefetchHint  PrefetchMode = iota // the recorded hint's chunks
-	PrefetchWhole                     // the hint's chunks, then every other
+	// PrefetchHint fetches the recorded hint's chunks, hintWorkers at a
+	// time: they are what the starting sandbox is about to read, so they
+	// compete with its reads on purpose.
+	PrefetchHint PrefetchMode = iota
+	// PrefetchWhole fetches the hint's chunks, then every other, one at a
+	// time and only while no reader waits for a fetch (low priority).
+	PrefetchWhole
 )
 
-// Prefetch fetches blob digest's chunks in the background order of mode,
-// one at a time and only while no reader waits for a fetch (foreground
-// reads go first). It returns when done, on the first failed fetch, or
-// when ctx ends.
+// hintWorkers is how many hint chunks are fetched at once: enough to fill
+// a link whose per-request latency would otherwise dominate.
+const hintWorkers = 4
+
+// Prefetch fetches blob digest's chunks as mode says. It returns when
+// done, on the first failed fetch, or when ctx ends.
 func (f *FS) Prefetch(ctx context.Context, digest string, mode PrefetchMode) error {
 	b, err := f.blob(digest)
 	if err != nil {
@@ -148,7 +155,9 @@ func (f *FS) Prefetch(ctx context.Context, digest string, mode PrefetchMode) err
 	if err != nil {
 		return err
 	}
+	workers, yield := hintWorkers, false
 	if mode == PrefetchWhole {
+		workers, yield = 1, true
 		in := map[int]bool{}
 		for _, i := range order {
 			in[i] = true
@@ -159,27 +168,57 @@ func (f *FS) Prefetch(ctx context.Context, digest string, mode PrefetchMode) err
 			}
 		}
 	}
+	next := make(chan int)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				if err := b.prefetchChunk(ctx, i); err != nil {
+					errs <- err
+					cancel()
+					return
+				}
+			}
+		})
+	}
+feed:
 	for _, i := range order {
-		for f.foreground.Load() > 0 { // yield to readers
-			if err := sleep(ctx, 2*time.Millisecond); err != nil {
-				return err
+		for yield && f.foreground.Load() > 0 { // readers first
+			if sleep(ctx, 2*time.Millisecond) != nil {
+				break feed
 			}
 		}
-		if err := ctx.Err(); err != nil {
-			return err
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
 		}
-		b.mu.RLock()
-		present := b.has(i)
-		b.mu.RUnlock()
-		if present {
-			continue
-		}
-		if _, err := b.fetch(ctx, i); err != nil {
-			return fmt.Errorf("prefetch %s: %w", digest, err)
-		}
-		_, n := b.m.ChunkRange(i)
-		b.prefetched.Add(n)
 	}
+	close(next)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return fmt.Errorf("prefetch %s: %w", digest, err)
+	default:
+		return ctx.Err()
+	}
+}
+
+func (b *blobFile) prefetchChunk(ctx context.Context, i int) error {
+	b.mu.RLock()
+	present := b.has(i)
+	b.mu.RUnlock()
+	if present {
+		return nil
+	}
+	if _, err := b.fetch(ctx, i); err != nil {
+		return err
+	}
+	_, n := b.m.ChunkRange(i)
+	b.prefetched.Add(n)
 	return nil
 }
 
