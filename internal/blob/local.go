@@ -12,9 +12,11 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-// Dir is a Store in a local directory: one read-only file per key. It is
-// the embedded default (corral serve on one node) and what a node's HTTP
-// handler serves to its peers.
+// Dir is a Store in a local directory: one read-only file per key,
+// sha256-<hex>.blob for a blob and sha256-<hex>.chunks for its manifest —
+// the layout of the image store's blobs directory, so a node can publish
+// and serve (Handler) the blobs it builds in place. It is the embedded
+// default (corral serve on one node).
 type Dir struct{ root string }
 
 // OpenDir returns the store in root, creating the directory.
@@ -31,7 +33,11 @@ func (d *Dir) Path(key string) (string, error) {
 	if err := CheckKey(key); err != nil {
 		return "", err
 	}
-	return filepath.Join(d.root, strings.Replace(key, ":", "-", 1)), nil
+	name := strings.Replace(key, ":", "-", 1)
+	if isDigest(key) {
+		name += ".blob"
+	}
+	return filepath.Join(d.root, name), nil
 }
 
 // Stat implements Store.

@@ -108,13 +108,19 @@ func newFS(t *testing.T, cfg Config, store blob.Store) *FS {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := f.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-		assertNotMounted(t, cfg.Mountpoint)
-	})
+	t.Cleanup(func() { closeFS(t, f) })
 	return f
+}
+
+// closeFS closes f; if that fails the test fails, and the mount is
+// detached anyway so that nothing outlives the test.
+func closeFS(t *testing.T, f *FS) {
+	t.Helper()
+	if err := f.Close(); err != nil {
+		t.Errorf("close: %v", err)
+		_ = unix.Unmount(f.cfg.Mountpoint, unix.MNT_DETACH)
+	}
+	assertNotMounted(t, f.cfg.Mountpoint)
 }
 
 func assertNotMounted(t *testing.T, prefix string) {
@@ -134,6 +140,13 @@ func assertNotMounted(t *testing.T, prefix string) {
 // cleanup unmounts it (before the FS closes: cleanups run in reverse).
 func mountLayer(t *testing.T, f *FS, l *layer) string {
 	t.Helper()
+	dir := mountLayerNoCleanup(t, f, l)
+	t.Cleanup(func() { unmountNow(t, dir) })
+	return dir
+}
+
+func mountLayerNoCleanup(t *testing.T, f *FS, l *layer) string {
+	t.Helper()
 	dev, err := f.Register(context.Background(), l.m.Blob, l.m.Size)
 	if err != nil {
 		t.Fatal(err)
@@ -145,12 +158,14 @@ func mountLayer(t *testing.T, f *FS, l *layer) string {
 	if err := unix.Mount(l.meta, dir, "erofs", unix.MS_RDONLY, "device="+dev); err != nil {
 		t.Fatalf("mount erofs with device=%s: %v", dev, err)
 	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, 0); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
 	return dir
+}
+
+func unmountNow(t *testing.T, dir string) {
+	t.Helper()
+	if err := unix.Unmount(dir, 0); err != nil {
+		t.Errorf("unmount %s: %v", dir, err)
+	}
 }
 
 // compareTrees checks that every file, symlink and directory of src reads

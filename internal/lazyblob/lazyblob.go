@@ -270,8 +270,18 @@ func (f *FS) flushLoop() {
 // its files must be gone first (else errdefs.FailedPrecondition and the
 // filesystem stays mounted and served).
 func (f *FS) Close() error {
-	if err := f.server.Unmount(); err != nil {
-		if errors.Is(err, syscall.EBUSY) {
+	// Unmounted here, not by server.Unmount: that retries a busy mount for
+	// seconds and then looks for fusermount. The serve loop ends when the
+	// kernel drops the connection.
+	err := unix.Unmount(f.cfg.Mountpoint, 0)
+	// The kernel lets go of an unmounted layer's blob file a moment after
+	// the layer's umount returns: a busy mount gets a short grace.
+	for deadline := time.Now().Add(2 * time.Second); errors.Is(err, unix.EBUSY) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		err = unix.Unmount(f.cfg.Mountpoint, 0)
+	}
+	if err != nil && !(errors.Is(err, unix.EINVAL) && f.ctx.Err() != nil) {
+		if errors.Is(err, unix.EBUSY) {
 			return errdefs.FailedPrecondition("unmount lazy blob fs %s: busy (unmount the layers using it first)", f.cfg.Mountpoint)
 		}
 		return fmt.Errorf("unmount lazy blob fs %s: %w", f.cfg.Mountpoint, err)

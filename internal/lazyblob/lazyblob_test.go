@@ -70,7 +70,7 @@ func TestConcurrentReadersFetchOnce(t *testing.T) {
 	requireRoot(t)
 	store := localStore(t)
 	l := makeLayer(t, sourceTree(t), store, 256<<10)
-	c := &counting{Store: blob.Throttle(store, &blob.Link{Latency: 200 * time.Millisecond})}
+	c := &counting{Store: blob.Throttle(store, &blob.Link{Latency: time.Second})}
 	f := newFS(t, Config{}, c)
 	path, err := f.Register(context.Background(), l.m.Blob, l.m.Size)
 	if err != nil {
@@ -164,11 +164,7 @@ func TestRestartKeepsCache(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer func() {
-			if err := f.Close(); err != nil {
-				t.Fatal(err)
-			}
-		}()
+		defer closeFS(t, f)
 		path, err := f.Register(context.Background(), l.m.Blob, l.m.Size)
 		if err != nil {
 			t.Fatal(err)
