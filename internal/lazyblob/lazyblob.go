@@ -67,6 +67,11 @@ type Config struct {
 	// long) when a chunk of digest could not be fetched: the reader got
 	// EIO. The node marks the sandboxes using that layer degraded.
 	OnFault func(digest string, err error)
+	// Attribute names the group (the node: the sandbox) of the process
+	// with pid that reads a lazy file, for GroupStats; "" or a nil
+	// Attribute leaves the read unattributed. It is called at most once a
+	// second per pid and must be quick.
+	Attribute func(pid uint32) string
 	// FlushInterval is how often new chunks' bitmap bits are made
 	// durable (default 1s; the data is synced first).
 	FlushInterval time.Duration
@@ -124,6 +129,8 @@ type FS struct {
 	mu    sync.Mutex
 	blobs map[string]*blobFile // by digest
 
+	groups groups
+
 	used       atomic.Int64 // bytes of chunks present, over all blobs
 	foreground atomic.Int64 // reader fetches in flight (prefetch yields to them)
 	evictMu    sync.Mutex
@@ -158,6 +165,7 @@ func New(ctx context.Context, cfg Config, store blob.Store) (*FS, error) {
 	f := &FS{
 		cfg: cfg, store: store, ctx: fctx, cancel: cancel, lock: lock,
 		root: &rootNode{}, blobs: map[string]*blobFile{}, flushDone: make(chan struct{}),
+		groups: groups{attribute: cfg.Attribute, byPid: map[uint32]pidGroup{}, counters: map[string]*groupCounters{}},
 	}
 	zero := time.Duration(0)
 	attr := time.Hour // blob files never change

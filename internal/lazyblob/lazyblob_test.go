@@ -6,7 +6,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -418,4 +421,49 @@ func TestPrefetchHintReplay(t *testing.T) {
 		t.Errorf("whole prefetch: %+v", st)
 	}
 	compareTrees(t, l.src, dir)
+}
+
+// Reads are counted for the group Attribute names for the reading pid:
+// here a process's command name, for two host programs reading different
+// files of the layer.
+func TestReadsAttributedToGroups(t *testing.T) {
+	requireRoot(t)
+	store := localStore(t)
+	l := makeLayer(t, sourceTree(t), store, 256<<10)
+	comm := func(pid uint32) string {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/comm")
+		if err != nil {
+			return ""
+		}
+		return strings.TrimSpace(string(b))
+	}
+	f := newFS(t, Config{Attribute: comm}, store)
+	dir := mountLayer(t, f, l)
+	for _, c := range [][]string{
+		{"cat", filepath.Join(dir, "pydoc_data", "topics.py")},
+		{"dd", "if=" + filepath.Join(dir, "_pydecimal.py"), "of=/dev/null", "status=none"},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %.200s", c[0], err, out)
+		}
+	}
+	for _, c := range []struct {
+		group string
+		file  string
+	}{{"cat", "pydoc_data/topics.py"}, {"dd", "_pydecimal.py"}} {
+		st, err := os.Stat(filepath.Join(l.src, c.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := f.GroupStats(c.group)
+		// EROFS reads whole blocks and reads ahead: at least the file, not
+		// wildly more.
+		if g.BytesRead < st.Size() || g.BytesRead > st.Size()+4<<20 || g.Misses == 0 || g.BytesFetched == 0 {
+			t.Errorf("%s read %s (%d bytes): %+v", c.group, c.file, st.Size(), g)
+		}
+	}
+	f.ForgetGroup("cat")
+	if g := f.GroupStats("cat"); g.BytesRead != 0 {
+		t.Errorf("after ForgetGroup: %+v", g)
+	}
 }

@@ -214,7 +214,7 @@ func (b *blobFile) prefetchChunk(ctx context.Context, i int) error {
 	if present {
 		return nil
 	}
-	if _, err := b.fetch(ctx, i); err != nil {
+	if _, err := b.fetch(ctx, nil, i); err != nil {
 		return err
 	}
 	_, n := b.m.ChunkRange(i)

@@ -46,7 +46,11 @@ func (n *fileNode) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrO
 }
 
 func (n *fileNode) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	got, err := n.b.readAt(ctx, dest, off)
+	g := n.b.fs.groups.of(ctx)
+	got, err := n.b.readAt(ctx, g, dest, off)
+	if g != nil {
+		g.bytesRead.Add(int64(got))
+	}
 	if err != nil {
 		n.b.fs.cfg.Log.Debug("lazy blob: read", "blob", n.b.digest, "off", off, "len", len(dest), "err", err)
 		return nil, syscall.EIO
@@ -56,7 +60,7 @@ func (n *fileNode) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off i
 
 // readAt fills p from off: present chunks from the cache file, missing
 // ones fetched (and stored) first.
-func (b *blobFile) readAt(ctx context.Context, p []byte, off int64) (int, error) {
+func (b *blobFile) readAt(ctx context.Context, g *groupCounters, p []byte, off int64) (int, error) {
 	if off >= b.m.Size {
 		return 0, nil
 	}
@@ -67,7 +71,7 @@ func (b *blobFile) readAt(ctx context.Context, p []byte, off int64) (int, error)
 		i := int(pos / b.m.ChunkSize)
 		cOff, cLen := b.m.ChunkRange(i)
 		want := p[done:min(len(p), done+int(cOff+cLen-pos))]
-		n, err := b.readChunk(ctx, i, want, pos-cOff)
+		n, err := b.readChunk(ctx, g, i, want, pos-cOff)
 		if err != nil {
 			return done, err
 		}
@@ -76,8 +80,9 @@ func (b *blobFile) readAt(ctx context.Context, p []byte, off int64) (int, error)
 	return done, nil
 }
 
-// readChunk copies len(dst) bytes at offset within chunk i into dst.
-func (b *blobFile) readChunk(ctx context.Context, i int, dst []byte, within int64) (int, error) {
+// readChunk copies len(dst) bytes at offset within chunk i into dst,
+// counting for group g (nil: unattributed).
+func (b *blobFile) readChunk(ctx context.Context, g *groupCounters, i int, dst []byte, within int64) (int, error) {
 	cOff, _ := b.m.ChunkRange(i)
 	b.touch(i)
 	b.mu.RLock()
@@ -88,13 +93,19 @@ func (b *blobFile) readChunk(ctx context.Context, i int, dst []byte, within int6
 			return n, fmt.Errorf("cache read chunk %d: %w", i, err)
 		}
 		b.hits.Add(1)
+		if g != nil {
+			g.hits.Add(1)
+		}
 		return n, nil
 	}
 	b.mu.RUnlock()
 	b.misses.Add(1)
+	if g != nil {
+		g.misses.Add(1)
+	}
 	b.fs.foreground.Add(1)
 	defer b.fs.foreground.Add(-1)
-	data, err := b.fetch(ctx, i)
+	data, err := b.fetch(ctx, g, i)
 	if err != nil {
 		return 0, err
 	}
@@ -102,11 +113,17 @@ func (b *blobFile) readChunk(ctx context.Context, i int, dst []byte, within int6
 }
 
 // fetch returns chunk i's verified content, fetching it from the store
-// once for all concurrent callers. The fetch runs under the FS's context
-// and FetchTimeout, not the caller's: a reader that gives up does not fail
-// the others.
-func (b *blobFile) fetch(ctx context.Context, i int) ([]byte, error) {
-	ch := b.group.DoChan(strconv.Itoa(i), func() (any, error) { return b.fetchOnce(i) })
+// once for all concurrent callers (its bytes count for g, the group of the
+// first). The fetch runs under the FS's context and FetchTimeout, not the
+// caller's: a reader that gives up does not fail the others.
+func (b *blobFile) fetch(ctx context.Context, g *groupCounters, i int) ([]byte, error) {
+	ch := b.group.DoChan(strconv.Itoa(i), func() (any, error) {
+		data, err := b.fetchOnce(i)
+		if err == nil && g != nil { // the group whose read started it
+			g.bytesFetched.Add(int64(len(data)))
+		}
+		return data, err
+	})
 	select {
 	case r := <-ch:
 		if r.Err != nil {
