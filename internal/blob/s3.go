@@ -15,15 +15,15 @@ import (
 
 // S3Config names an S3-compatible bucket (AWS S3, SeaweedFS, MinIO, …).
 type S3Config struct {
-	Endpoint  string // host:port
-	Bucket    string
-	Prefix    string // object name prefix, e.g. "corral/"
-	AccessKey string // empty with SecretKey: anonymous requests
-	SecretKey string
-	Region    string
-	Secure    bool // HTTPS
+	Endpoint  string `json:"endpoint"` // host:port
+	Bucket    string `json:"bucket"`
+	Prefix    string `json:"prefix,omitempty"`     // object name prefix, e.g. "corral/"
+	AccessKey string `json:"access_key,omitempty"` // empty with SecretKey: anonymous requests
+	SecretKey string `json:"secret_key,omitempty"`
+	Region    string `json:"region,omitempty"`
+	Secure    bool   `json:"secure,omitempty"` // HTTPS
 	// Transport replaces the HTTP transport (nil: minio-go's default).
-	Transport http.RoundTripper
+	Transport http.RoundTripper `json:"-"`
 }
 
 // S3 is a Store in an S3-compatible bucket, the store many nodes share.

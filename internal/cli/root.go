@@ -57,6 +57,7 @@ Start a server with 'corral serve', then create sandboxes and run commands:
 		newLayerCmd(),
 		newCallCmd(g),
 		newBenchCmd(g),
+		newLazyblobServeCmd(),
 	)
 	return root
 }

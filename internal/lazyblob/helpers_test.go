@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -64,6 +67,17 @@ func sourceTree(t *testing.T) string {
 }
 
 func TestMain(m *testing.M) {
+	// Re-executed as a lazy blob server by TestServerOutlivesClients.
+	if os.Getenv("CORRAL_LAZYBLOB_TEST_SERVER") == "1" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		err := ServeStdin(ctx, os.Stdin, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	code := m.Run()
 	if treeDir != "" {
 		os.RemoveAll(filepath.Dir(treeDir))

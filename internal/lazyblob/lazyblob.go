@@ -49,33 +49,34 @@ import (
 // Config configures an FS. Zero fields take the defaults.
 type Config struct {
 	// Mountpoint is where the FUSE filesystem is mounted (created).
-	Mountpoint string
+	Mountpoint string `json:"mountpoint"`
 	// CacheDir holds the chunk cache; one FS uses it at a time.
-	CacheDir string
+	CacheDir string `json:"cache_dir"`
 	// CacheLimit bounds the bytes of chunks kept (0: no limit). Past
 	// HighWatermark×limit the least recently used chunks are evicted down
 	// to LowWatermark×limit (defaults 0.95 and 0.80).
-	CacheLimit                  int64
-	HighWatermark, LowWatermark float64
+	CacheLimit    int64   `json:"cache_limit,omitempty"`
+	HighWatermark float64 `json:"high_watermark,omitempty"`
+	LowWatermark  float64 `json:"low_watermark,omitempty"`
 	// FetchTimeout bounds one chunk fetch, retries included (default 30s):
 	// past it the read fails with EIO.
-	FetchTimeout time.Duration
+	FetchTimeout time.Duration `json:"fetch_timeout,omitempty"`
 	// Attempts is how often a chunk whose digest does not match is fetched
 	// before the read fails (default 3).
-	Attempts int
+	Attempts int `json:"attempts,omitempty"`
 	// OnFault is called (from a fetching goroutine; it must not block
 	// long) when a chunk of digest could not be fetched: the reader got
 	// EIO. The node marks the sandboxes using that layer degraded.
-	OnFault func(digest string, err error)
+	OnFault func(digest string, err error) `json:"-"`
 	// Attribute names the group (the node: the sandbox) of the process
 	// with pid that reads a lazy file, for GroupStats; "" or a nil
 	// Attribute leaves the read unattributed. It is called at most once a
 	// second per pid and must be quick.
-	Attribute func(pid uint32) string
+	Attribute func(pid uint32) string `json:"-"`
 	// FlushInterval is how often new chunks' bitmap bits are made
 	// durable (default 1s; the data is synced first).
-	FlushInterval time.Duration
-	Log           *slog.Logger
+	FlushInterval time.Duration `json:"flush_interval,omitempty"`
+	Log           *slog.Logger  `json:"-"`
 }
 
 func (c *Config) defaults() error {
@@ -130,6 +131,7 @@ type FS struct {
 	blobs map[string]*blobFile // by digest
 
 	groups groups
+	faults faultLog
 
 	used       atomic.Int64 // bytes of chunks present, over all blobs
 	foreground atomic.Int64 // reader fetches in flight (prefetch yields to them)

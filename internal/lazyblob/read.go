@@ -170,6 +170,7 @@ func (b *blobFile) fetchOnce(i int) ([]byte, error) {
 	err = errdefs.Unavailable("blob %s chunk %d (%d bytes at %d): %v", b.digest, i, n, off, err)
 	b.faults.Add(1)
 	b.fault.Store(&Fault{Reason: err.Error(), At: time.Now()})
+	b.fs.faults.add(b.digest, err.Error())
 	if b.fs.cfg.OnFault != nil {
 		b.fs.cfg.OnFault(b.digest, err)
 	}
