@@ -467,3 +467,39 @@ func TestReadsAttributedToGroups(t *testing.T) {
 		t.Errorf("after ForgetGroup: %+v", g)
 	}
 }
+
+// A sandbox's root is an overlay over its layers: one over a layer whose
+// blob is a lazy file mounts (the stacking depth allows it), reads the
+// layer's files and takes writes in its upper dir.
+func TestOverlayOverLazyLayer(t *testing.T) {
+	requireRoot(t)
+	store := localStore(t)
+	l := makeLayer(t, sourceTree(t), store, blob.DefaultChunkSize)
+	f := newFS(t, Config{}, store)
+	lower := mountLayer(t, f, l)
+	base := t.TempDir()
+	upper, work, merged := filepath.Join(base, "upper"), filepath.Join(base, "work"), filepath.Join(base, "merged")
+	for _, d := range []string{upper, work, merged} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
+	if err := syscall.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		t.Fatalf("overlay over the lazy layer: %v", err)
+	}
+	defer func() {
+		if err := syscall.Unmount(merged, 0); err != nil {
+			t.Errorf("unmount overlay: %v", err)
+		}
+	}()
+	if _, err := sameFile(filepath.Join(l.src, "os.py"), filepath.Join(merged, "os.py")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(merged, "os.py"), []byte("changed"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(upper, "os.py")); err != nil || string(b) != "changed" {
+		t.Errorf("write went to %q, %v; want the upper dir", b, err)
+	}
+}
