@@ -159,6 +159,11 @@ func New(ctx context.Context, cfg Config, store blob.Store) (*FS, error) {
 		lock.Close()
 		return nil, errdefs.FailedPrecondition("lazy blob cache %s is in use by another process: %v", cfg.CacheDir, err)
 	}
+	// Holding the cache lock, no live server owns the mountpoint: a mount
+	// there is a dead server's (ENOTCONN to every reader) and goes.
+	if err := unix.Unmount(cfg.Mountpoint, unix.MNT_DETACH); err == nil {
+		cfg.Log.Warn("lazy blob: detached a dead server's mount", "mountpoint", cfg.Mountpoint)
+	}
 	if err := os.MkdirAll(cfg.Mountpoint, 0o755); err != nil {
 		lock.Close()
 		return nil, fmt.Errorf("lazy blob mountpoint: %w", err)

@@ -116,3 +116,77 @@ func TestServerOutlivesClients(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A server killed outright leaves a dead FUSE mount; the next Start runs a
+// new server over it that serves from the cache the dead one filled.
+func TestServerRestartAfterCrash(t *testing.T) {
+	requireRoot(t)
+	storeDir := filepath.Join(t.TempDir(), "store")
+	store, err := blob.OpenDir(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := makeLayer(t, sourceTree(t), store, 512<<10)
+	dir := t.TempDir()
+	sc := ServerConfig{
+		Config: Config{Mountpoint: filepath.Join(dir, "mnt"), CacheDir: filepath.Join(dir, "cache"), FlushInterval: 50 * time.Millisecond},
+		Store:  blob.Config{Kind: "dir", Dir: storeDir},
+		Socket: filepath.Join(dir, "lazyblob.sock"),
+	}
+	argv := []string{os.Args[0], "-test.run=^$"}
+	env := append(os.Environ(), "CORRAL_LAZYBLOB_TEST_SERVER=1")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var pids []int
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			if syscall.Kill(pid, 0) == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		_ = syscall.Unmount(sc.Mountpoint, syscall.MNT_DETACH)
+		assertNotMounted(t, dir)
+	})
+	start := func() (*Client, string) {
+		c, err := Start(ctx, sc, argv, env, filepath.Join(dir, "server.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, err := c.Pid(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids = append(pids, pid)
+		path, err := c.Register(ctx, l.m.Blob, l.m.Size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, path
+	}
+	want, err := os.ReadFile(l.blobPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, path := start()
+	if got, err := os.ReadFile(path); err != nil || string(got) != string(want) {
+		t.Fatalf("read through the first server: %d bytes, %v", len(got), err)
+	}
+	time.Sleep(200 * time.Millisecond) // a flush: the bitmap on disk
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for syscall.Kill(pids[0], 0) == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	c, path := start()
+	if got, err := os.ReadFile(path); err != nil || string(got) != string(want) {
+		t.Fatalf("read through the restarted server: %d bytes, %v", len(got), err)
+	}
+	st, err := c.Stats(ctx, l.m.Blob)
+	if err != nil || st.BytesFetched != 0 {
+		t.Errorf("the restarted server must serve the cache: %+v, %v", st, err)
+	}
+	if err := c.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
