@@ -22,7 +22,10 @@
 // child's exec is done, the exec waits for a FUSE read, and a fetch that
 // triggers a garbage collection waits for that slot — a deadlock that also
 // leaves the child holding /dev/fuse. Exec a host binary (chroot, init)
-// that then execs from the mount. It imports blob and errdefs only.
+// that then execs from the mount. A node therefore runs the FS in a server
+// process of its own (Serve, started by Start as `corral lazyblob-serve`)
+// and drives it through a Client over a unix socket; the mount then also
+// outlives a daemon restart. It imports blob and errdefs only.
 package lazyblob
 
 import (
