@@ -233,7 +233,10 @@ func (f *FS) Register(ctx context.Context, digest string, size int64) (string, e
 	if f.ctx.Err() != nil {
 		return "", errdefs.FailedPrecondition("lazy blob fs is closed")
 	}
-	b, err := openBlob(ctx, f, digest, size)
+	// Bounded: Register holds f.mu, which Stats also takes.
+	octx, cancel := context.WithTimeout(ctx, f.cfg.FetchTimeout)
+	defer cancel()
+	b, err := openBlob(octx, f, digest, size)
 	if err != nil {
 		return "", fmt.Errorf("register blob %s: %w", digest, err)
 	}
