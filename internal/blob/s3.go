@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
@@ -128,8 +130,12 @@ func (s *S3) GetRange(ctx context.Context, key string, off, n int64) (io.ReadClo
 	return &exactReader{rc: rc, left: n, what: "s3 blob " + key}, nil
 }
 
-// Put implements Store. The content is checked while it streams: a
-// mismatch fails the upload, so no object is created.
+// Put implements Store. The content goes to a temporary object, checked
+// while it streams, and is copied under its key only when it matched: the
+// uploader may have sent every byte before the check can fail it, and a
+// removal afterwards would leave a window (or, on an eventually consistent
+// store, longer) in which the key names wrong content. A crash can leave
+// objects under <prefix>tmp/ behind (a bucket lifecycle rule removes them).
 func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
 	obj, err := s.object(key)
 	if err != nil {
@@ -141,20 +147,26 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error
 	if _, err := s.Stat(ctx, key); err == nil {
 		return nil
 	}
+	tmp := s.cfg.Prefix + "tmp/" + strings.Replace(key, ":", "-", 1) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	defer func() {
+		// Best effort: the copy or the failure is what matters.
+		_ = s.client.RemoveObject(context.WithoutCancel(ctx), s.cfg.Bucket, tmp, minio.RemoveObjectOptions{})
+	}()
 	v := newVerifier(r, key, size)
-	_, err = s.client.PutObject(ctx, s.cfg.Bucket, obj, v, size, minio.PutObjectOptions{
+	_, err = s.client.PutObject(ctx, s.cfg.Bucket, tmp, v, size, minio.PutObjectOptions{
 		ContentType: "application/octet-stream",
 		PartSize:    64 << 20,
 	})
 	if verr := v.result(); verr != nil {
-		// The uploader may have sent it all before the last Read failed:
-		// take it out again so the key never names wrong content.
-		rerr := s.client.RemoveObject(context.WithoutCancel(ctx), s.cfg.Bucket, obj, minio.RemoveObjectOptions{})
-		if rerr != nil && minio.ToErrorResponse(rerr).Code != "NoSuchKey" {
-			return fmt.Errorf("put blob %s: %w (and removing it again: %v)", key, verr, rerr)
-		}
 		return fmt.Errorf("put blob %s: %w", key, verr)
 	}
+	if err != nil {
+		return s3Error(key, err)
+	}
+	// ComposeObject copies server-side, in parts past 5 GiB.
+	_, err = s.client.ComposeObject(ctx,
+		minio.CopyDestOptions{Bucket: s.cfg.Bucket, Object: obj},
+		minio.CopySrcOptions{Bucket: s.cfg.Bucket, Object: tmp})
 	if err != nil {
 		return s3Error(key, err)
 	}
