@@ -181,11 +181,12 @@ func New(ctx context.Context, cfg Config, store blob.Store) (*FS, error) {
 	attr := time.Hour // blob files never change
 	server, err := fs.Mount(cfg.Mountpoint, f.root, &fs.Options{
 		MountOptions: fuse.MountOptions{
-			DirectMount: true, // as root: no fusermount helper needed
-			AllowOther:  true, // sandboxes' uids read through EROFS
-			FsName:      "corral-lazyblob",
-			Name:        "corral",
-			MaxWrite:    1 << 20, // largest read request: 1 MiB
+			DirectMount:       true, // as root: no fusermount helper needed
+			DirectMountStrict: true, // and a clear error instead of looking for one
+			AllowOther:        true, // sandboxes' uids read through EROFS
+			FsName:            "corral-lazyblob",
+			Name:              "corral",
+			MaxWrite:          1 << 20, // largest read request: 1 MiB
 			// Replies come from memory; splicing them only logs that a 1 MiB
 			// reply plus its header outgrows the pipe.
 			DisableSplice: true,
