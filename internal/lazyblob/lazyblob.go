@@ -321,5 +321,13 @@ func (f *FS) Close() error {
 	return errors.Join(errs...)
 }
 
-// rootNode is the mount's directory of blob files.
+// rootNode is the mount's directory of blob files, root's only.
 type rootNode struct{ fs.Inode }
+
+var _ fs.NodeGetattrer = (*rootNode)(nil)
+
+func (r *rootNode) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFDIR | 0o700
+	out.Nlink = 2
+	return 0
+}

@@ -503,3 +503,35 @@ func TestOverlayOverLazyLayer(t *testing.T) {
 		t.Errorf("write went to %q, %v; want the upper dir", b, err)
 	}
 }
+
+// The blob files are root's, yet any user reads a mounted layer's files:
+// EROFS opened the blob as the mounting node, readers never open it.
+func TestUnprivilegedReaderThroughLayer(t *testing.T) {
+	requireRoot(t)
+	store := localStore(t)
+	l := makeLayer(t, sourceTree(t), store, blob.DefaultChunkSize)
+	f := newFS(t, Config{}, store)
+	dir := mountLayer(t, f, l)
+	// t.TempDir is 0700: open the way to the layer and to the FUSE mount,
+	// so that only the mount's own modes can refuse.
+	for _, leaf := range []string{dir, f.cfg.Mountpoint} {
+		for p := filepath.Dir(leaf); p != os.TempDir(); p = filepath.Dir(p) {
+			if err := os.Chmod(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	nobody := &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cat := exec.Command("cat", filepath.Join(dir, "json", "decoder.py"))
+	cat.SysProcAttr = nobody
+	got, err := cat.Output()
+	want, _ := os.ReadFile(filepath.Join(l.src, "json", "decoder.py"))
+	if err != nil || string(got) != string(want) {
+		t.Fatalf("nobody reading a layer file: %d bytes, %v", len(got), err)
+	}
+	blobFile := exec.Command("cat", f.Path(l.m.Blob))
+	blobFile.SysProcAttr = nobody
+	if out, err := blobFile.CombinedOutput(); err == nil {
+		t.Errorf("nobody read the blob file itself (%d bytes)", len(out))
+	}
+}

@@ -38,7 +38,9 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 }
 
 func (n *fileNode) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o444
+	// Root only: the kernel opens it as the mounting node; sandboxes read
+	// through EROFS, never by path (the data may be private to a tenant).
+	out.Mode = syscall.S_IFREG | 0o400
 	out.Size = uint64(n.b.m.Size)
 	out.Blocks = (out.Size + 511) / 512
 	out.Nlink = 1
