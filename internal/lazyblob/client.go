@@ -184,6 +184,24 @@ func (c *Client) StartPrefetch(ctx context.Context, digest string, mode Prefetch
 	return c.do(ctx, "POST", "/v1/prefetch", map[string]any{"digest": digest, "mode": mode}, nil)
 }
 
+// Metrics returns the server's figures in the Prometheus text format, for
+// the node's metrics endpoint to pass on.
+func (c *Client) Metrics(ctx context.Context) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://lazyblob/v1/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, errdefs.Unavailable("lazy blob server %s: %v", c.socket, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, errdefs.Unavailable("lazy blob server %s: metrics: %s", c.socket, resp.Status)
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+}
+
 // Shutdown closes the server's FS and ends it; errdefs.FailedPrecondition
 // while layers still use it (it keeps serving then).
 func (c *Client) Shutdown(ctx context.Context) error {

@@ -193,6 +193,12 @@ func (h *handler) mux() *http.ServeMux {
 		h.f.StartPrefetch(req.Digest, req.Mode)
 		reply(w, struct{}{}, nil)
 	})
+	m.HandleFunc("GET /v1/metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		if err := h.f.WriteMetrics(w); err != nil {
+			h.log.Warn("lazy blob server: metrics", "err", err)
+		}
+	})
 	m.HandleFunc("POST /v1/shutdown", func(w http.ResponseWriter, r *http.Request) {
 		err := h.f.Close()
 		reply(w, struct{}{}, err)

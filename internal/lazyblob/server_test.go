@@ -4,6 +4,8 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -91,6 +93,20 @@ func TestServerOutlivesClients(t *testing.T) {
 	g, err := c2.GroupStats(ctx, CgroupOf(uint32(os.Getpid())))
 	if err != nil || g.BytesRead < l.m.Size/2 {
 		t.Errorf("reads of this test's cgroup %q: %+v, %v", CgroupOf(uint32(os.Getpid())), g, err)
+	}
+	metrics, err := c2.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"# TYPE corral_lazyblob_bytes_fetched_total counter",
+		"corral_lazyblob_bytes_fetched_total{blob=\"" + l.m.Blob + "\"} " + strconv.FormatInt(l.m.Size, 10) + "\n",
+		"corral_lazyblob_degraded{blob=\"" + l.m.Blob + "\"} 0\n",
+		"corral_lazyblob_group_bytes_read_total{group=",
+	} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("metrics lack %q:\n%s", want, metrics)
+		}
 	}
 	if faults, err := c2.Faults(ctx, 0); err != nil || len(faults) != 0 {
 		t.Errorf("faults: %v, %v", faults, err)
