@@ -140,9 +140,23 @@ func (b *blobFile) fetch(ctx context.Context, g *groupCounters, i int) ([]byte, 
 // fetchOnce gets chunk i from the store, retrying on a digest mismatch,
 // and stores it.
 func (b *blobFile) fetchOnce(i int) ([]byte, error) {
+	off, n := b.m.ChunkRange(i)
+	// A fetch that ended between the caller's look and this one left the
+	// chunk in the cache.
+	b.mu.RLock()
+	if b.has(i) {
+		data := make([]byte, n)
+		got, err := b.data.ReadAt(data, off)
+		b.mu.RUnlock()
+		if int64(got) == n {
+			return data, nil
+		}
+		b.fs.cfg.Log.Warn("lazy blob: cache read", "blob", b.digest, "chunk", i, "err", err)
+	} else {
+		b.mu.RUnlock()
+	}
 	ctx, cancel := context.WithTimeout(b.fs.ctx, b.fs.cfg.FetchTimeout)
 	defer cancel()
-	off, n := b.m.ChunkRange(i)
 	var err error
 	for attempt := 0; attempt < b.fs.cfg.Attempts; attempt++ {
 		var data []byte
