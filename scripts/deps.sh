@@ -18,3 +18,18 @@ export GOBIN="${GOBIN:-$(go env GOPATH)/bin}"
 if ! command -v staticcheck >/dev/null && [ ! -x "$GOBIN/staticcheck" ]; then
   go install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 fi
+# SeaweedFS: the real S3 server the blob store's S3 tests run against. Its
+# go.mod has replace directives, so `go install pkg@version` refuses it: build
+# the module as the main module from a copy of the module cache. Skipped when
+# the installed weed already reports this version.
+weed_version=v0.0.0-20261109003541-7506e5f91cd6
+if [ "$(cat "$GOBIN/.weed-version" 2>/dev/null)" != "$weed_version" ] || [ ! -x "$GOBIN/weed" ]; then
+  echo "deps: building weed (SeaweedFS $weed_version; takes several minutes)"
+  weed_mod=$(GOFLAGS=-mod=mod go mod download -json "github.com/seaweedfs/seaweedfs@$weed_version" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+  weed_src=$(mktemp -d)
+  cp -r "$weed_mod/." "$weed_src"
+  chmod -R u+w "$weed_src"
+  (cd "$weed_src" && GOFLAGS=-mod=mod go build -trimpath -o "$GOBIN/weed" ./weed)
+  rm -rf "$weed_src"
+  echo "$weed_version" >"$GOBIN/.weed-version"
+fi

@@ -2,7 +2,9 @@
 // peer measured in the same run on the same machine (DESIGN §1.6): runc for
 // the container lifecycle, a plain fork/exec for exec latency, the host's
 // MemAvailable for density. It drives the server only through the Go SDK
-// (package client) and must not import the server's internal packages.
+// (package client) and must not import the server's internal packages —
+// except Lazy, which measures the node's lazy image path (image, blob,
+// lazyblob, seaweed) directly on this host until sandboxes use it.
 package bench
 
 import (

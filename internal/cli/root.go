@@ -58,6 +58,7 @@ Start a server with 'corral serve', then create sandboxes and run commands:
 		newPackCmd(g),
 		newCallCmd(g),
 		newBenchCmd(g),
+		newLazyblobServeCmd(),
 	)
 	return root
 }
