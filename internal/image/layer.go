@@ -465,8 +465,13 @@ func convertWhiteouts(root string) error {
 			return err
 		}
 		if name == ".wh..wh..opq" {
-			if err := unix.Lsetxattr(parent, "trusted.overlay.opaque", []byte("y"), 0); err != nil {
-				return fmt.Errorf("opaque %s: %w", parent, err)
+			// Both namespaces: the node's overlays read trusted.*, the
+			// views init mounts inside a sandbox's user namespace (fncall
+			// pools) can only use user.* (the userxattr option).
+			for _, attr := range []string{"trusted.overlay.opaque", "user.overlay.opaque"} {
+				if err := unix.Lsetxattr(parent, attr, []byte("y"), 0); err != nil {
+					return fmt.Errorf("opaque %s: %w", parent, err)
+				}
 			}
 			return nil
 		}

@@ -236,21 +236,35 @@ func TestWhiteouts(t *testing.T) {
 	if len(img.Layers) != 3 || img.Layers[0] != s.layerMount(ociLayer.Digest) || img.Layers[2] != s.layerMount(base.Digest) {
 		t.Fatalf("layers not topmost first: %+v", img)
 	}
+	checkStack(t, img.Layers, "", map[string]bool{"keep": true, "new": true, "gone": false, "dir": false, "dir/x": false,
+		"opq/old": false, "opq/new": true, "ovl/old": false, "ovl/new": true})
+	// fncall pool views are overlays with userxattr (mounted inside a user
+	// namespace): OCI opaque directories must work there too. (The
+	// overlay-style "ovl" layer carries only the trusted xattr it was
+	// given.)
+	checkStack(t, img.Layers, ",userxattr", map[string]bool{"keep": true, "gone": false, "dir/x": false,
+		"opq/old": false, "opq/new": true})
+}
+
+// checkStack mounts layers (topmost first) as a read-only overlay with the
+// extra options opts and checks which paths exist; OCI whiteout files must
+// never show.
+func checkStack(t *testing.T, layers []string, opts string, want map[string]bool) {
+	t.Helper()
 	root := t.TempDir()
-	if err := unix.Mount("overlay", root, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(img.Layers, ":")); err != nil {
+	if err := unix.Mount("overlay", root, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(layers, ":")+opts); err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Unmount(root, unix.MNT_DETACH)
-	for p, want := range map[string]bool{"keep": true, "new": true, "gone": false, "dir": false, "dir/x": false,
-		"opq/old": false, "opq/new": true, "ovl/old": false, "ovl/new": true} {
+	for p, w := range want {
 		_, err := os.Lstat(filepath.Join(root, p))
-		if got := err == nil; got != want {
-			t.Errorf("%s: exists %v, want %v (%v)", p, got, want, err)
+		if got := err == nil; got != w {
+			t.Errorf("overlay%s: %s: exists %v, want %v (%v)", opts, p, got, w, err)
 		}
 	}
 	for _, p := range []string{".wh.gone", "opq/.wh..wh..opq"} {
 		if _, err := os.Lstat(filepath.Join(root, p)); err == nil {
-			t.Errorf("OCI whiteout %s shows", p)
+			t.Errorf("overlay%s: OCI whiteout %s shows", opts, p)
 		}
 	}
 }
