@@ -24,7 +24,8 @@
 // last: it ends every other process of the sandbox); "net" reads a
 // NetInput from stdin and makes the network rows; "httpload URL SECONDS
 // CONCURRENCY" is the load generator of `corral bench net`; "sched" tries
-// to leave SCHED_IDLE (in a best-effort sandbox). Run under any other
+// to leave SCHED_IDLE (in a best-effort sandbox); "connect TARGET..." tries
+// the unix sockets named (paths, @abstract) as forge/connect rows. Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
 
@@ -159,6 +160,10 @@ func main() {
 		netAttempts(in)
 	case "httpload":
 		httpLoad(os.Args[2:])
+	case "connect":
+		for _, r := range connectAll(os.Args[2:]) {
+			emit(r)
+		}
 	case "sched":
 		for _, r := range schedAttempts() {
 			emit(r)
