@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -102,7 +103,7 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&presetsFile, "net-presets-file", "", "JSON file {\"name\": [\"rule\", ...]} of network presets, merged over the defaults (pypi, npm, github, goproxy)")
 	fl.StringVar(&cfg.Network.NodeNetns, "net-node-netns", "", "network namespace path for the node's side (bridge, NAT, DNS proxy); default the daemon's own")
 	fl.IntVar(&cfg.Network.PoolSize, "net-pool", 4, "network namespaces kept ready for networked sandboxes")
-	fl.StringVar(&bf.store, "blob-store", "none", "blob store shared with other nodes: none, s3://BUCKET[/PREFIX]?endpoint=HOST:PORT[&secure=true][&region=R] (credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; none: anonymous) or http://PEER:PORT (another node's --blob-listen); layers this node lacks are then read lazily, layers it makes are published")
+	fl.StringVar(&bf.store, "blob-store", "none", "blob store shared with other nodes: none, s3://BUCKET[/PREFIX]?endpoint=HOST:PORT[&secure=true][&region=R] (credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; none: anonymous) http://PEER:PORT (another node's --blob-listen) or dir:/PATH (a directory, e.g. on a shared filesystem); layers this node lacks are then read lazily, layers it makes are published")
 	fl.StringVar(&bf.chunk, "blob-chunk-size", "512Ki", "fetch chunk size of the blobs this node publishes (64Ki..2Mi, a power of two)")
 	fl.StringVar(&bf.cache, "blob-cache-size", "0", "most bytes of lazily fetched chunks kept on disk, evicting the least recently used (0: no limit)")
 	fl.DurationVar(&bf.timeout, "blob-fetch-timeout", 30*time.Second, "how long a read waits for a chunk from the blob store before it fails with EIO")
@@ -149,6 +150,11 @@ func parseBlobStore(s string) (blob.Config, error) {
 		return blob.Config{}, fmt.Errorf("--blob-store: %w", err)
 	}
 	switch u.Scheme {
+	case "dir":
+		if u.Path == "" || !filepath.IsAbs(u.Path) {
+			return blob.Config{}, fmt.Errorf("--blob-store %q: want dir:/ABSOLUTE/PATH", s)
+		}
+		return blob.Config{Kind: "dir", Dir: u.Path}, nil
 	case "http", "https":
 		return blob.Config{Kind: "http", URL: s}, nil
 	case "s3":
@@ -168,7 +174,7 @@ func parseBlobStore(s string) (blob.Config, error) {
 		}
 		return blob.Config{Kind: "s3", S3: c}, nil
 	}
-	return blob.Config{}, fmt.Errorf("--blob-store %q: want none, s3://BUCKET?endpoint=HOST:PORT or http://PEER:PORT", s)
+	return blob.Config{}, fmt.Errorf("--blob-store %q: want none, s3://BUCKET?endpoint=HOST:PORT, http://PEER:PORT or dir:/PATH", s)
 }
 
 // netFlags fills the network config from the serve flags.

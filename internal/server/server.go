@@ -191,6 +191,7 @@ func (s *Server) listen() error {
 	mux.Handle(path, h)
 	if s.share != nil {
 		sandboxes.SetLazyReads(s.lazyReads)
+		mux.HandleFunc("GET /metrics", s.metrics)
 	}
 	path, h = corralv1connect.NewImageServiceHandler(control.NewImageService(sandboxes, s.images, s.share),
 		connect.WithInterceptors(control.ErrorInterceptor{}))
@@ -299,6 +300,18 @@ func republish(ctx context.Context, share *layershare.Share, images *image.Store
 	if err != nil && ctx.Err() == nil {
 		log.Warn("publish layers", "err", err)
 	}
+}
+
+// metrics serves the lazy blob figures (per blob and per sandbox cgroup)
+// in the Prometheus text format, on the API listeners only.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	b, err := s.share.Lazy().Metrics(r.Context())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	_, _ = w.Write(b)
 }
 
 // lazyReads reports sandbox id's reads of lazily loaded layers.

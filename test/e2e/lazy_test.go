@@ -6,6 +6,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -182,6 +185,90 @@ func TestLazyLayerFromSharedStore(t *testing.T) {
 	nodeB.stop(syscall.SIGTERM)
 	nodeA.stop(syscall.SIGTERM)
 	waitGone(t, lazyPid)
+	for _, d := range []*daemon{nodeA, nodeB} {
+		testenv.AssertNoLeaks(t, d.dataDir, d.parent)
+		testenv.RemoveCgroupParent(d.parent)
+	}
+}
+
+// TestLazyLayerFromPeer: node B reads a layer node A made straight from
+// A's --blob-listen (peer fetch with range requests, no shared store), and
+// the lazy figures appear on B's /metrics.
+func TestLazyLayerFromPeer(t *testing.T) {
+	testenv.RequireRoot(t)
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerAddr := ln.Addr().String()
+	ln.Close()
+	bins := testenv.Binaries(t)
+	nodeA := &daemon{t: t, bins: bins, dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	nodeB := &daemon{t: t, bins: bins, dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	t.Cleanup(func() {
+		for _, d := range []*daemon{nodeA, nodeB} {
+			detachLeftovers(d.dataDir)
+		}
+	})
+	a := nodeA.start("--blob-store", "dir:"+t.TempDir(), "--blob-listen", peerAddr, "--cleanup-on-exit")
+	b := nodeB.start("--blob-store", "http://"+peerAddr, "--cleanup-on-exit")
+
+	src := t.TempDir()
+	big := make([]byte, 6<<20)
+	rand.Read(big)
+	if err := os.MkdirAll(filepath.Join(src, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "data", "big"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "data", "small"), []byte("hello from A\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	made, err := a.CreateLayer(ctx, src, "peer@1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.PullLayer(ctx, made.Digest, "from-a@1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.CreateComposition(ctx, client.Composition{Ref: "env@1", Layers: []string{"busybox@1", "from-a@1"}}); err != nil {
+		t.Fatal(err)
+	}
+	sb := testenv.NewSandbox(t, b, client.CreateOptions{Image: "env@1"})
+	if out := testenv.Sh(t, sb, "cat /data/small"); out != "hello from A\n" {
+		t.Errorf("small file from the peer: %q", out)
+	}
+	l := layerOn(t, b, "from-a@1")
+	if l.Lazy == nil || l.Lazy.BytesFetched == 0 || l.Lazy.BytesFetched >= l.BlobSize {
+		t.Errorf("after reading the small file only: %+v (blob %d bytes)", l.Lazy, l.BlobSize)
+	}
+	sum := sha256.Sum256(big)
+	if got := sha256Of(t, sb, "big"); got != hex.EncodeToString(sum[:]) {
+		t.Errorf("big file from the peer: sha256 %s", got)
+	}
+
+	// B's /metrics (on its API socket) has the blob's figures.
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", filepath.Join(nodeB.dataDir, "corral.sock"))
+	}}}
+	resp, err := hc.Get("http://corral/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `corral_lazyblob_bytes_fetched_total{blob="`+made.BlobDigest+`"}`) {
+		t.Errorf("metrics: %s\n%s", resp.Status, body)
+	}
+
+	nodeB.stop(syscall.SIGTERM)
+	nodeA.stop(syscall.SIGTERM)
 	for _, d := range []*daemon{nodeA, nodeB} {
 		testenv.AssertNoLeaks(t, d.dataDir, d.parent)
 		testenv.RemoveCgroupParent(d.parent)
