@@ -267,8 +267,21 @@ func TestLazyLayerFromPeer(t *testing.T) {
 		t.Errorf("metrics: %s\n%s", resp.Status, body)
 	}
 
+	// A crashed daemon's lazy blob server keeps serving its sandbox; the
+	// next start reattaches to it.
+	pid := lazyServerPid(t, nodeB.dataDir)
+	nodeB.stop(syscall.SIGKILL)
+	nodeB.start("--blob-store", "http://"+peerAddr, "--cleanup-on-exit")
+	if again := lazyServerPid(t, nodeB.dataDir); again != pid {
+		t.Errorf("lazy blob server after a daemon crash: pid %d, want the running %d", again, pid)
+	}
+	if got := sha256Of(t, sb, "big"); got != hex.EncodeToString(sum[:]) {
+		t.Errorf("big file after a daemon crash: sha256 %s", got)
+	}
+
 	nodeB.stop(syscall.SIGTERM)
 	nodeA.stop(syscall.SIGTERM)
+	waitGone(t, pid)
 	for _, d := range []*daemon{nodeA, nodeB} {
 		testenv.AssertNoLeaks(t, d.dataDir, d.parent)
 		testenv.RemoveCgroupParent(d.parent)
