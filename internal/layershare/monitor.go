@@ -90,3 +90,13 @@ func (s *Share) SandboxReads(ctx context.Context, cgroupParent, idleParent, id s
 	}
 	return sum, nil
 }
+
+// ForgetSandbox drops the read figures of sandbox id (it is deleted).
+func (s *Share) ForgetSandbox(ctx context.Context, cgroupParent, idleParent, id string) error {
+	for _, p := range []string{cgroupParent, idleParent} {
+		if err := s.lazy.ForgetGroup(ctx, "/"+p+"/"+id); err != nil {
+			return err
+		}
+	}
+	return nil
+}

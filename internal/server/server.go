@@ -140,11 +140,15 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		closeImages()
 		return nil, err
 	}
+	var nodeImages node.Images = images
+	if share != nil {
+		nodeImages = lazyImages{Store: images, share: share, parent: cgroupParent(cfg), log: cfg.Logger}
+	}
 	n, err := node.New(ctx, node.Config{
 		DataDir:  cfg.DataDir,
 		State:    db,
 		Backends: st.backends,
-		Images:   images,
+		Images:   nodeImages,
 		Defaults: cfg.Defaults,
 		Logger:   cfg.Logger,
 	})
@@ -316,16 +320,41 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 
 // lazyReads reports sandbox id's reads of lazily loaded layers.
 func (s *Server) lazyReads(ctx context.Context, id string) (*corralv1.LazyReadStats, error) {
-	parent := s.cfg.CgroupParent
-	if parent == "" {
-		parent = "corral"
-	}
+	parent := cgroupParent(s.cfg)
 	g, err := s.share.SandboxReads(ctx, parent, parent+cgroup.IdleSuffix, id)
 	if err != nil {
 		return nil, err
 	}
 	return &corralv1.LazyReadStats{BytesRead: g.BytesRead, BytesFetched: g.BytesFetched,
 		Hits: g.Hits, Misses: g.Misses, HitRate: g.HitRate}, nil
+}
+
+// cgroupParent is the cgroup sandboxes go under (the container backend's
+// default when unset).
+func cgroupParent(cfg Config) string {
+	if cfg.CgroupParent == "" {
+		return "corral"
+	}
+	return cfg.CgroupParent
+}
+
+// lazyImages is the image store as the node sees it when layers may be
+// read lazily: releasing a deleted sandbox's layers also drops its read
+// figures in the lazy blob server.
+type lazyImages struct {
+	*image.Store
+	share  *layershare.Share
+	parent string
+	log    *slog.Logger
+}
+
+func (l lazyImages) Release(holder string) {
+	l.Store.Release(holder)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := l.share.ForgetSandbox(ctx, l.parent, l.parent+cgroup.IdleSuffix, holder); err != nil {
+		l.log.Debug("forget a sandbox's lazy read figures", "sandbox", holder, "err", err)
+	}
 }
 
 // NodeID is the id of this server's node.
