@@ -18,8 +18,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -56,9 +57,6 @@ type Share struct {
 	peer  *blob.Dir // manifests, metadata and records this node published
 	lazy  *lazyblob.Client
 	log   *slog.Logger
-
-	mu       sync.Mutex
-	lazyUsed map[string]bool // blob digests served lazily
 }
 
 // Open opens the store (creating an S3 bucket if needed) and starts the
@@ -108,7 +106,7 @@ func Open(ctx context.Context, cfg Config) (*Share, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Share{cfg: cfg, store: store, peer: peer, lazy: lazy, log: cfg.Logger, lazyUsed: map[string]bool{}}, nil
+	return &Share{cfg: cfg, store: store, peer: peer, lazy: lazy, log: cfg.Logger}, nil
 }
 
 // Store is the shared blob store.
@@ -128,10 +126,16 @@ func (s *Share) BlobPath(ctx context.Context, l image.Layer) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("layer %s: lazy blob %s: %w", l.Ref, l.BlobDigest, err)
 	}
-	s.mu.Lock()
-	s.lazyUsed[l.BlobDigest] = true
-	s.mu.Unlock()
 	return p, nil
+}
+
+// lazilyRead reports whether BlobPath serves l's blob lazily.
+func (s *Share) lazilyRead(ctx context.Context, l image.Layer) bool {
+	if !l.Split() {
+		return false
+	}
+	_, err := image.LocalBlobs(s.cfg.LocalBlobs).BlobPath(ctx, l)
+	return errdefs.IsNotFound(err)
 }
 
 // Record is what a node needs to learn a layer: stored in the blob store
@@ -377,7 +381,16 @@ func (s *Share) Close(ctx context.Context, shutdown bool) error {
 		return nil
 	}
 	err := s.lazy.Shutdown(ctx)
-	if err != nil && !errors.Is(err, context.Canceled) {
+	if errdefs.IsUnavailable(err) {
+		// The server is gone (crashed): detach the mount it left, as a new
+		// server would.
+		mnt := filepath.Join(s.cfg.Dir, "mnt")
+		if uerr := unix.Unmount(mnt, unix.MNT_DETACH); uerr != nil && uerr != unix.EINVAL && uerr != unix.ENOENT {
+			return fmt.Errorf("lazy blob server is gone (%v); detach its mount %s: %w", err, mnt, uerr)
+		}
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("lazy blob server: %w", err)
 	}
 	return nil

@@ -18,12 +18,13 @@ type FaultSink interface {
 // monitorInterval is how often the lazy blob server's faults are polled.
 const monitorInterval = time.Second
 
-// Monitor reports fetch faults of lazily read blobs to sink, per layer
-// using the blob, and clears them once a fetch of that blob succeeds
-// again, until ctx ends. layers lists the node's layers.
+// Monitor reports to sink, per layer, why lazily read layer data cannot
+// be read: fetch faults (cleared once a fetch of that blob succeeds
+// again), and the lazy blob server itself gone (every lazily read layer:
+// its mounts are dead until the sandboxes are recreated), until ctx ends.
+// layers lists the node's layers.
 func (s *Share) Monitor(ctx context.Context, layers func(context.Context) ([]image.Layer, error), sink FaultSink) {
-	var seq uint64
-	faulty := map[string][]string{} // blob digest -> layer digests marked
+	m := &monitor{s: s, layers: layers, sink: sink, marked: map[string][]string{}}
 	t := time.NewTicker(monitorInterval)
 	defer t.Stop()
 	for {
@@ -32,43 +33,79 @@ func (s *Share) Monitor(ctx context.Context, layers func(context.Context) ([]ima
 			return
 		case <-t.C:
 		}
-		evs, err := s.lazy.Faults(ctx, seq)
-		if err != nil {
-			if ctx.Err() == nil {
-				s.log.Warn("lazy blob faults", "err", err)
-			}
-			continue
-		}
-		if len(evs) > 0 {
-			ls, err := layers(ctx)
-			if err != nil {
-				s.log.Warn("lazy blob faults: layers", "err", err)
-				continue
-			}
-			for _, ev := range evs {
-				seq = max(seq, ev.Seq)
-				if _, known := faulty[ev.Digest]; !known {
-					s.log.Warn("layer data unreadable: its sandboxes are degraded", "blob", ev.Digest, "reason", ev.Reason)
-				}
-				faulty[ev.Digest] = nil
-				for _, l := range ls {
-					if l.BlobDigest == ev.Digest {
-						sink.SetLayerFault(l.Digest, ev.Reason)
-						faulty[ev.Digest] = append(faulty[ev.Digest], l.Digest)
-					}
-				}
-			}
-		}
-		for b, lds := range faulty {
-			if st, err := s.lazy.Stats(ctx, b); err == nil && st.Fault == nil {
-				for _, d := range lds {
-					sink.SetLayerFault(d, "")
-				}
-				delete(faulty, b)
-				s.log.Info("layer data readable again", "blob", b)
-			}
+		if err := m.tick(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("lazy blob monitor", "err", err)
 		}
 	}
+}
+
+type monitor struct {
+	s      *Share
+	layers func(context.Context) ([]image.Layer, error)
+	sink   FaultSink
+	pid    int                 // the lazy blob server's, whose fault numbers seq follows
+	seq    uint64              // the last fault seen
+	marked map[string][]string // blob digest -> layer digests marked faulty
+}
+
+func (m *monitor) tick(ctx context.Context) error {
+	pid, err := m.s.lazy.Pid(ctx)
+	if err != nil {
+		ls, lerr := m.layers(ctx)
+		if lerr != nil {
+			return lerr
+		}
+		for _, l := range ls {
+			if m.s.lazilyRead(ctx, l) {
+				if err := m.mark(ctx, l.BlobDigest, "lazy blob server unreachable: "+err.Error()); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if pid != m.pid { // a new server numbers its faults from 1
+		m.pid, m.seq = pid, 0
+	}
+	evs, err := m.s.lazy.Faults(ctx, m.seq)
+	if err != nil {
+		return err
+	}
+	for _, ev := range evs {
+		m.seq = max(m.seq, ev.Seq)
+		if err := m.mark(ctx, ev.Digest, ev.Reason); err != nil {
+			return err
+		}
+	}
+	for b, lds := range m.marked {
+		if st, err := m.s.lazy.Stats(ctx, b); err == nil && st.Fault == nil {
+			for _, d := range lds {
+				m.sink.SetLayerFault(d, "")
+			}
+			delete(m.marked, b)
+			m.s.log.Info("layer data readable again", "blob", b)
+		}
+	}
+	return nil
+}
+
+// mark reports every layer with blob digest b as unreadable.
+func (m *monitor) mark(ctx context.Context, b, reason string) error {
+	ls, err := m.layers(ctx)
+	if err != nil {
+		return err
+	}
+	if _, known := m.marked[b]; !known {
+		m.s.log.Warn("layer data unreadable: its sandboxes are degraded", "blob", b, "reason", reason)
+	}
+	m.marked[b] = nil
+	for _, l := range ls {
+		if l.BlobDigest == b {
+			m.sink.SetLayerFault(l.Digest, reason)
+			m.marked[b] = append(m.marked[b], l.Digest)
+		}
+	}
+	return nil
 }
 
 // SandboxReads returns the lazy reads of sandbox id, whose processes are

@@ -279,9 +279,29 @@ func TestLazyLayerFromPeer(t *testing.T) {
 		t.Errorf("big file after a daemon crash: sha256 %s", got)
 	}
 
+	// The lazy blob server dies under a running daemon: the sandbox on the
+	// lazy layer is degraded; the daemon still cleans up everything.
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, pid)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := sb.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(info.Degraded, "lazy blob server") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox not degraded 10 s after its lazy blob server died: %q", info.Degraded)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
 	nodeB.stop(syscall.SIGTERM)
 	nodeA.stop(syscall.SIGTERM)
-	waitGone(t, pid)
 	for _, d := range []*daemon{nodeA, nodeB} {
 		testenv.AssertNoLeaks(t, d.dataDir, d.parent)
 		testenv.RemoveCgroupParent(d.parent)
