@@ -16,6 +16,21 @@ type Layer struct {
 	MetaSize   int64
 	BlobDigest string // empty for a single-file layer of an earlier store
 	BlobSize   int64
+	// Lazy is set when the node reads the blob lazily from a blob store.
+	Lazy *LazyBlob
+}
+
+// LazyBlob are the lazy-loading figures of a layer's blob on a node.
+type LazyBlob struct {
+	BytesFetched  int64 // from the store, prefetch included
+	BytesPresent  int64
+	ChunksPresent int
+	ChunksTotal   int
+	ChunkSize     int64
+	HitRate       float64 // chunk reads served from the cache / all
+	FailedFetches int64
+	CorruptChunks int64
+	Fault         string // the last failed fetch, until one succeeds
 }
 
 // Composition is an environment: layer references, base first, each
@@ -198,7 +213,25 @@ func layerFromProto(l *corralv1.Layer) Layer {
 	if l == nil {
 		return Layer{}
 	}
-	return Layer{Ref: l.Ref, Digest: l.Digest, MetaSize: l.MetaSize, BlobDigest: l.BlobDigest, BlobSize: l.BlobSize}
+	out := Layer{Ref: l.Ref, Digest: l.Digest, MetaSize: l.MetaSize, BlobDigest: l.BlobDigest, BlobSize: l.BlobSize}
+	if z := l.GetLazy(); z != nil {
+		out.Lazy = &LazyBlob{BytesFetched: z.BytesFetched, BytesPresent: z.BytesPresent,
+			ChunksPresent: int(z.ChunksPresent), ChunksTotal: int(z.ChunksTotal), ChunkSize: z.ChunkSize,
+			HitRate: z.HitRate, FailedFetches: z.FailedFetches, CorruptChunks: z.CorruptChunks, Fault: z.Fault}
+	}
+	return out
+}
+
+// PullLayer learns a layer another node published to the shared blob
+// store, by its digest: only its metadata is copied; file data is fetched
+// when read. name (NAME@VERSION) records it under another name than the
+// one it was published under.
+func (c *Client) PullLayer(ctx context.Context, digest, name string) (Layer, error) {
+	resp, err := c.img.PullLayer(ctx, connect.NewRequest(&corralv1.PullLayerRequest{Digest: digest, Name: name}))
+	if err != nil {
+		return Layer{}, wrapErr(err)
+	}
+	return layerFromProto(resp.Msg.Layer), nil
 }
 
 func layersFromProto(ls []*corralv1.Layer) []Layer {

@@ -75,6 +75,21 @@ type Info struct {
 	LastActiveAt time.Time
 	StopReason   string
 	Network      Network
+	// Degraded says why a layer of the sandbox cannot be read (its blob
+	// store is unreachable): reads of unfetched files fail with EIO. Empty
+	// when healthy.
+	Degraded string
+	// LazyReads are the sandbox's reads of lazily loaded layers (Get only;
+	// nil when the node loads no layer lazily).
+	LazyReads *LazyReads
+}
+
+// LazyReads count a sandbox's reads of lazily loaded layer data.
+type LazyReads struct {
+	BytesRead    int64
+	BytesFetched int64 // by fetches its reads started
+	Hits, Misses int64 // chunk reads served from the node's cache / that waited for a fetch
+	HitRate      float64
 }
 
 func infoFromProto(p *corralv1.Sandbox) *Info {
@@ -91,7 +106,16 @@ func infoFromProto(p *corralv1.Sandbox) *Info {
 		CreatedAt: p.CreatedAt.AsTime(), LastActiveAt: p.LastActiveAt.AsTime(),
 		StopReason: p.StopReason,
 		Network:    networkFromProto(p.GetNetwork()),
+		Degraded:   p.Degraded,
+		LazyReads:  lazyReadsFromProto(p.GetLazyReads()),
 	}
+}
+
+func lazyReadsFromProto(l *corralv1.LazyReadStats) *LazyReads {
+	if l == nil {
+		return nil
+	}
+	return &LazyReads{BytesRead: l.BytesRead, BytesFetched: l.BytesFetched, Hits: l.Hits, Misses: l.Misses, HitRate: l.HitRate}
 }
 
 func optionalDuration(d *time.Duration) *durationpb.Duration {

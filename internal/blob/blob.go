@@ -20,7 +20,9 @@ import (
 )
 
 // Store keeps blobs by key. A key is a blob digest "sha256:<64 hex>", or
-// that digest with ManifestSuffix for the blob's chunk manifest. Every
+// that digest with ManifestSuffix for the blob's chunk manifest, or a
+// layer digest with LayerSuffix for the layer's record (what a node needs
+// to learn a layer made elsewhere). Every
 // method may block on the network and honours ctx.
 type Store interface {
 	// Stat returns the size of the blob (errdefs.NotFound when absent).
@@ -37,18 +39,21 @@ type Store interface {
 // ManifestSuffix turns a blob digest into the key of its chunk manifest.
 const ManifestSuffix = ".chunks"
 
-var keyRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}(\.chunks)?$`)
+// LayerSuffix turns a layer digest into the key of its layer record.
+const LayerSuffix = ".layer"
+
+var keyRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}(\.chunks|\.layer)?$`)
 
 // CheckKey validates a store key (field "key").
 func CheckKey(key string) error {
 	if !keyRE.MatchString(key) {
-		return errdefs.InvalidArgument("key: %q must be sha256:<64 lowercase hex>, optionally followed by %s", key, ManifestSuffix)
+		return errdefs.InvalidArgument("key: %q must be sha256:<64 lowercase hex>, optionally followed by %s or %s", key, ManifestSuffix, LayerSuffix)
 	}
 	return nil
 }
 
 // isDigest reports whether key names a blob by its own content hash.
-func isDigest(key string) bool { return !strings.HasSuffix(key, ManifestSuffix) }
+func isDigest(key string) bool { return !strings.Contains(key, ".") }
 
 // checkRange validates [off, off+n) against a blob of size bytes.
 func checkRange(key string, off, n, size int64) error {

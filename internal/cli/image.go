@@ -25,7 +25,7 @@ built image (busybox, debian) is made on this machine from a recipe. Create a
 sandbox from any of them: --image busybox, --image task@3, --image tool@2.`,
 	}
 	cmd.AddCommand(newImageBuildCmd(), newImageLsCmd(g), newImageImportCmd(g),
-		newImageComposeCmd(g), newImageRmCmd(g), newImageGCCmd(g))
+		newImageComposeCmd(g), newImageRmCmd(g), newImageGCCmd(g), newImagePullCmd(g))
 	return cmd
 }
 
@@ -80,27 +80,69 @@ func newImageLsCmd(g *globals) *cobra.Command {
 				return printJSON(imgs)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "KIND\tNAME\tLAYERS / DIGEST\tMETA\tBLOB")
+			fmt.Fprintln(tw, "KIND\tNAME\tLAYERS / DIGEST\tMETA\tBLOB\tLAZY")
 			for _, b := range imgs.Built {
 				refs := make([]string, len(b.Layers))
 				for i, l := range b.Layers {
 					refs[i] = l.Ref
 				}
-				fmt.Fprintf(tw, "image\t%s\t%s\t\t\n", b.Name, strings.Join(refs, " "))
+				fmt.Fprintf(tw, "image\t%s\t%s\t\t\t\n", b.Name, strings.Join(refs, " "))
 			}
 			for _, comp := range imgs.Compositions {
-				fmt.Fprintf(tw, "composition\t%s\t%s\t\t\n", comp.Ref, strings.Join(comp.Layers, " "))
+				fmt.Fprintf(tw, "composition\t%s\t%s\t\t\t\n", comp.Ref, strings.Join(comp.Layers, " "))
 			}
 			for _, l := range imgs.Layers {
 				blob := "-"
 				if l.BlobDigest != "" {
 					blob = formatBytes(l.BlobSize)
 				}
-				fmt.Fprintf(tw, "layer\t%s\t%s\t%s\t%s\n", l.Ref, shortDigest(l.Digest), formatBytes(l.MetaSize), blob)
+				fmt.Fprintf(tw, "layer\t%s\t%s\t%s\t%s\t%s\n", l.Ref, shortDigest(l.Digest), formatBytes(l.MetaSize), blob, lazyColumn(l.Lazy))
 			}
 			return tw.Flush()
 		},
 	}
+}
+
+// lazyColumn summarizes a lazily read blob: "-" when the node has it whole.
+func lazyColumn(z *client.LazyBlob) string {
+	if z == nil {
+		return "-"
+	}
+	out := fmt.Sprintf("fetched %s, chunks %d/%d, hit rate %.0f%%", formatBytes(z.BytesFetched), z.ChunksPresent, z.ChunksTotal, 100*z.HitRate)
+	if z.Fault != "" {
+		out += ", fault: " + z.Fault
+	}
+	return out
+}
+
+func newImagePullCmd(g *globals) *cobra.Command {
+	var name string
+	cmd := &cobra.Command{
+		Use:   "pull DIGEST",
+		Short: "Learn a layer another node published to the shared blob store (metadata only; data is fetched on read)",
+		Long: `Learn a layer another node published to the blob store both nodes share
+(corral serve --blob-store). Only the layer's metadata is copied; file data is
+fetched chunk by chunk when a sandbox first reads it. DIGEST is the layer
+digest the publishing node lists (corral image ls --json).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			l, err := c.PullLayer(cmd.Context(), args[0], name)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(l)
+			}
+			fmt.Printf("%s %s (metadata %s local, blob %s lazy)\n", l.Ref, l.Digest, formatBytes(l.MetaSize), formatBytes(l.BlobSize))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "NAME@VERSION to record the layer under here (default: the name it was published under)")
+	return cmd
 }
 
 func shortDigest(d string) string {

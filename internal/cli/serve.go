@@ -7,14 +7,18 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/server"
@@ -25,6 +29,7 @@ func newServeCmd() *cobra.Command {
 	var logLevel, diskPool, defMemory, defDisk, subnet4, subnet6, presetsFile string
 	var presets []string
 	var d node.Defaults
+	var bf blobFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the corral daemon (API + node) in this process",
@@ -51,6 +56,9 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 			}
 			cfg.Defaults = d
 			if err := netFlags(&cfg.Network, subnet4, subnet6, presetsFile, presets); err != nil {
+				return err
+			}
+			if cfg.Blobs, err = bf.config(); err != nil {
 				return err
 			}
 			if os.Geteuid() != 0 {
@@ -95,7 +103,78 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&presetsFile, "net-presets-file", "", "JSON file {\"name\": [\"rule\", ...]} of network presets, merged over the defaults (pypi, npm, github, goproxy)")
 	fl.StringVar(&cfg.Network.NodeNetns, "net-node-netns", "", "network namespace path for the node's side (bridge, NAT, DNS proxy); default the daemon's own")
 	fl.IntVar(&cfg.Network.PoolSize, "net-pool", 4, "network namespaces kept ready for networked sandboxes")
+	fl.StringVar(&bf.store, "blob-store", "none", "blob store shared with other nodes: none, s3://BUCKET[/PREFIX]?endpoint=HOST:PORT[&secure=true][&region=R] (credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; none: anonymous) http://PEER:PORT (another node's --blob-listen) or dir:/PATH (a directory, e.g. on a shared filesystem); layers this node lacks are then read lazily, layers it makes are published")
+	fl.StringVar(&bf.chunk, "blob-chunk-size", "512Ki", "fetch chunk size of the blobs this node publishes (64Ki..2Mi, a power of two)")
+	fl.StringVar(&bf.cache, "blob-cache-size", "0", "most bytes of lazily fetched chunks kept on disk, evicting the least recently used (0: no limit)")
+	fl.DurationVar(&bf.timeout, "blob-fetch-timeout", 30*time.Second, "how long a read waits for a chunk from the blob store before it fails with EIO")
+	fl.StringVar(&bf.listen, "blob-listen", "", "TCP address serving this node's blobs to peers (no authentication: node network only; needs --blob-store)")
 	return cmd
+}
+
+// blobFlags are the serve flags of the shared blob store.
+type blobFlags struct {
+	store, chunk, cache, listen string
+	timeout                     time.Duration
+}
+
+// config turns the flags into the server's blob config (nil: none).
+func (f blobFlags) config() (*server.BlobsConfig, error) {
+	if f.store == "" || f.store == "none" {
+		if f.listen != "" {
+			return nil, fmt.Errorf("--blob-listen needs --blob-store")
+		}
+		return nil, nil
+	}
+	st, err := parseBlobStore(f.store)
+	if err != nil {
+		return nil, err
+	}
+	bc := &server.BlobsConfig{Store: st, FetchTimeout: f.timeout, Listen: f.listen}
+	if bc.ChunkSize, err = parseBytes("blob-chunk-size", f.chunk); err != nil {
+		return nil, err
+	}
+	if bc.CacheBytes, err = parseBytes("blob-cache-size", f.cache); err != nil {
+		return nil, err
+	}
+	if f.timeout <= 0 {
+		return nil, fmt.Errorf("--blob-fetch-timeout: %s must be positive", f.timeout)
+	}
+	return bc, nil
+}
+
+// parseBlobStore reads --blob-store: s3://BUCKET[/PREFIX]?endpoint=… or a
+// peer's http(s):// URL.
+func parseBlobStore(s string) (blob.Config, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return blob.Config{}, fmt.Errorf("--blob-store: %w", err)
+	}
+	switch u.Scheme {
+	case "dir":
+		if u.Path == "" || !filepath.IsAbs(u.Path) {
+			return blob.Config{}, fmt.Errorf("--blob-store %q: want dir:/ABSOLUTE/PATH", s)
+		}
+		return blob.Config{Kind: "dir", Dir: u.Path}, nil
+	case "http", "https":
+		return blob.Config{Kind: "http", URL: s}, nil
+	case "s3":
+		q := u.Query()
+		c := blob.S3Config{Endpoint: q.Get("endpoint"), Bucket: u.Host, Region: q.Get("region"),
+			AccessKey: os.Getenv("AWS_ACCESS_KEY_ID"), SecretKey: os.Getenv("AWS_SECRET_ACCESS_KEY")}
+		if p := strings.Trim(u.Path, "/"); p != "" {
+			c.Prefix = p + "/"
+		}
+		if v := q.Get("secure"); v != "" {
+			if c.Secure, err = strconv.ParseBool(v); err != nil {
+				return blob.Config{}, fmt.Errorf("--blob-store: secure=%q: want true or false", v)
+			}
+		}
+		if c.Endpoint == "" || c.Bucket == "" {
+			return blob.Config{}, fmt.Errorf("--blob-store %q: want s3://BUCKET?endpoint=HOST:PORT", s)
+		}
+		return blob.Config{Kind: "s3", S3: c}, nil
+	}
+	return blob.Config{}, fmt.Errorf("--blob-store %q: want none, s3://BUCKET?endpoint=HOST:PORT, http://PEER:PORT or dir:/PATH", s)
 }
 
 // netFlags fills the network config from the serve flags.

@@ -57,6 +57,7 @@ func sandboxToProto(sb *node.Sandbox) *corralv1.Sandbox {
 		LastActiveAt: timestamppb.New(sb.LastActiveAt),
 		StopReason:   sb.StopReason,
 		Network:      networkToProto(sb.NetworkMode, sb.NetworkAllow),
+		Degraded:     sb.Degraded,
 	}
 }
 

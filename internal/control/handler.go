@@ -29,7 +29,16 @@ type Service struct {
 	nodes map[string]*node.Node
 	// local takes requests that name no node (Create) in single-node mode.
 	local *node.Node
+	// lazyReads reports a sandbox's reads of lazily loaded layers (nil:
+	// the node loads none lazily).
+	lazyReads LazyReads
 }
+
+// LazyReads returns the lazy-loading figures of sandbox id.
+type LazyReads func(ctx context.Context, id string) (*corralv1.LazyReadStats, error)
+
+// SetLazyReads makes Get report lazy-loading figures.
+func (s *Service) SetLazyReads(f LazyReads) { s.lazyReads = f }
 
 var _ corralv1connect.SandboxServiceHandler = (*Service)(nil)
 
@@ -75,7 +84,12 @@ func (s *Service) Get(ctx context.Context, req *connect.Request[corralv1.GetRequ
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&corralv1.GetResponse{Sandbox: sandboxToProto(sb)}), nil
+	out := sandboxToProto(sb)
+	if s.lazyReads != nil {
+		// Best effort: the figures never fail a Get.
+		out.LazyReads, _ = s.lazyReads(ctx, sb.ID)
+	}
+	return connect.NewResponse(&corralv1.GetResponse{Sandbox: out}), nil
 }
 
 func (s *Service) List(ctx context.Context, req *connect.Request[corralv1.ListRequest]) (*connect.Response[corralv1.ListResponse], error) {

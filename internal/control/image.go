@@ -9,6 +9,7 @@ import (
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/layershare"
 	"github.com/corral-dev/corral/internal/node"
 )
 
@@ -17,13 +18,49 @@ import (
 type ImageService struct {
 	sandboxes *Service
 	images    *image.Store
+	share     *layershare.Share // nil: no blob store
 }
 
 var _ corralv1connect.ImageServiceHandler = (*ImageService)(nil)
 
 // NewImageService serves images and routes Pack through sandboxes.
-func NewImageService(sandboxes *Service, images *image.Store) *ImageService {
-	return &ImageService{sandboxes: sandboxes, images: images}
+// share (nil without a blob store) pulls layers and reports lazy figures.
+func NewImageService(sandboxes *Service, images *image.Store, share *layershare.Share) *ImageService {
+	return &ImageService{sandboxes: sandboxes, images: images, share: share}
+}
+
+func (s *ImageService) PullLayer(ctx context.Context, req *connect.Request[corralv1.PullLayerRequest]) (*connect.Response[corralv1.PullLayerResponse], error) {
+	if s.share == nil {
+		return nil, errdefs.FailedPrecondition("pull: this node has no blob store (corral serve --blob-store)")
+	}
+	if req.Msg.Digest == "" {
+		return nil, errdefs.InvalidArgument("digest: required (a layer digest sha256:<hex>)")
+	}
+	l, err := s.share.Pull(ctx, s.images, req.Msg.Digest, req.Msg.Name)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.PullLayerResponse{Layer: s.withLazy(ctx, layerToProto(l))}), nil
+}
+
+// withLazy adds the lazy figures of l's blob when the node reads it lazily.
+func (s *ImageService) withLazy(ctx context.Context, l *corralv1.Layer) *corralv1.Layer {
+	if s.share == nil || l.BlobDigest == "" {
+		return l
+	}
+	st, ok, err := s.share.Stats(ctx, l.BlobDigest)
+	if err != nil || !ok {
+		return l
+	}
+	l.Lazy = &corralv1.LazyBlobStats{
+		BytesFetched: st.BytesFetched, BytesPresent: st.BytesPresent,
+		ChunksPresent: int32(st.ChunksPresent), ChunksTotal: int32(st.ChunksTotal), ChunkSize: st.ChunkSize,
+		HitRate: st.HitRate, FailedFetches: st.FailedFetches, CorruptChunks: st.CorruptChunks,
+	}
+	if st.Fault != nil {
+		l.Lazy.Fault = st.Fault.Reason
+	}
+	return l
 }
 
 func (s *ImageService) ListImages(ctx context.Context, _ *connect.Request[corralv1.ListImagesRequest]) (*connect.Response[corralv1.ListImagesResponse], error) {
@@ -40,6 +77,9 @@ func (s *ImageService) ListImages(ctx context.Context, _ *connect.Request[corral
 		return nil, err
 	}
 	out := &corralv1.ListImagesResponse{Layers: layersToProto(layers)}
+	for _, l := range out.Layers {
+		s.withLazy(ctx, l)
+	}
 	for _, img := range imgs {
 		out.Images = append(out.Images, &corralv1.BuiltImage{Name: img.Name, Layers: layersToProto(img.Stack), Env: img.Env})
 	}

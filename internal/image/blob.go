@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,3 +63,102 @@ func WithBlobSource(src BlobSource) Option {
 // BlobsDir is the directory where the store writes the blobs it builds
 // (sha256-<hex>.blob): what a blob store uploads or serves.
 func (s *Store) BlobsDir() string { return s.blobs }
+
+// Publisher makes the layers a store creates (built, imported, packed,
+// made from a directory) available to other nodes, e.g. by uploading
+// their files to a shared blob store.
+type Publisher interface {
+	// Publish shares l, whose files are at meta and blob. A failure does
+	// not concern the layer's creator (the layer is usable on this node):
+	// the publisher logs it and retries later.
+	Publish(ctx context.Context, l Layer, meta, blob string)
+}
+
+// WithPublisher hands every split layer the store creates to p once it is
+// stored.
+func WithPublisher(p Publisher) Option {
+	return func(s *Store) { s.publish = p }
+}
+
+// LayerFiles returns the paths of l's metadata file and of its blob in
+// the store's blobs directory (where only blobs made on this node are).
+func (s *Store) LayerFiles(l Layer) (meta, blob string) {
+	return s.metaFile(l.Digest), s.blobFile(l.BlobDigest)
+}
+
+// AddLayer records l, a split layer made on another node, from its
+// metadata (l.MetaSize bytes read from meta, whose content the caller has
+// checked): only the metadata becomes local; the BlobSource must provide
+// the blob when the layer is mounted. l.Ref names it here; an existing
+// ref with another digest fails (errdefs.AlreadyExists), with the same
+// digest it returns the existing layer.
+func (s *Store) AddLayer(ctx context.Context, l Layer, meta io.Reader) (Layer, error) {
+	if err := checkRef(l.Ref); err != nil {
+		return Layer{}, err
+	}
+	if !digestRE.MatchString(l.Digest) || !digestRE.MatchString(l.BlobDigest) {
+		return Layer{}, errdefs.InvalidArgument("layer %s: digest %q and blob digest %q must be sha256:<64 hex>", l.Ref, l.Digest, l.BlobDigest)
+	}
+	if l.MetaSize <= 0 || l.BlobSize < 0 {
+		return Layer{}, errdefs.InvalidArgument("layer %s: meta size %d / blob size %d out of range", l.Ref, l.MetaSize, l.BlobSize)
+	}
+	tmp, err := os.CreateTemp(s.layers, tmpPrefix+"layer-")
+	if err != nil {
+		return Layer{}, fmt.Errorf("layer %s: %w", l.Ref, err)
+	}
+	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
+	n, err := io.Copy(tmp, io.LimitReader(&ctxReader{ctx: ctx, r: meta}, l.MetaSize+1))
+	if err == nil && n != l.MetaSize {
+		err = errdefs.InvalidArgument("layer %s: metadata is %d bytes, want %d", l.Ref, n, l.MetaSize)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return Layer{}, fmt.Errorf("layer %s: metadata: %w", l.Ref, err)
+	}
+	unlock, err := s.lockIndex()
+	if err != nil {
+		return Layer{}, err
+	}
+	defer unlock()
+	idx, err := s.readIndex()
+	if err != nil {
+		return Layer{}, err
+	}
+	if old, ok := idx.Layers[l.Ref]; ok {
+		if old != l.Digest {
+			return Layer{}, errdefs.AlreadyExists("name: layer %s exists with digest %s (pick another name)", l.Ref, old)
+		}
+		return idx.describe(l.Ref, old), nil
+	}
+	if err := os.Rename(tmp.Name(), s.metaFile(l.Digest)); err != nil {
+		return Layer{}, fmt.Errorf("layer %s: store metadata: %w", l.Ref, err)
+	}
+	if err := syncfs(s.layers); err != nil {
+		return Layer{}, err
+	}
+	idx.Layers[l.Ref] = l.Digest
+	idx.Digests[l.Digest] = layerFiles{MetaSize: l.MetaSize, BlobDigest: l.BlobDigest, BlobSize: l.BlobSize}
+	idx.Latest[l.Name()] = l.Version()
+	if err := s.writeIndex(idx); err != nil {
+		return Layer{}, fmt.Errorf("layer %s: %w", l.Ref, err)
+	}
+	return idx.describe(l.Ref, l.Digest), nil
+}
+
+// ctxReader ends a copy when ctx does.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}

@@ -74,6 +74,7 @@ type Store struct {
 	layers  string // <dir>/layers: metadata files, mount points, index
 	blobs   string // <dir>/blobs: data blobs
 	blobSrc BlobSource
+	publish Publisher // nil: layers stay on this node
 
 	mountMu sync.Mutex // serializes mounting layers
 

@@ -49,9 +49,12 @@ func (l Layer) Split() bool { return l.BlobDigest != "" }
 func (l Layer) Name() string    { n, _, _ := strings.Cut(l.Ref, "@"); return n }
 func (l Layer) Version() string { _, v, _ := strings.Cut(l.Ref, "@"); return v }
 
+// BlobsDirName is the store's blobs directory (BlobsDir) inside its dir.
+const BlobsDirName = "blobs"
+
 const (
 	layersDir  = "layers"
-	blobsDir   = "blobs"
+	blobsDir   = BlobsDirName
 	indexFile  = "index.json"
 	lockFile   = ".lock"
 	layerExt   = ".erofs"
@@ -280,9 +283,20 @@ func (s *Store) CreateLayer(ctx context.Context, ref, src string) (Layer, error)
 	return s.createLayer(ctx, ref, dir, false, mkfsOptions{})
 }
 
-// createLayer makes a split EROFS layer of dir and records it as ref;
-// replace lets a recipe rebuild point ref at new content.
+// createLayer makes a split EROFS layer of dir, records it as ref and
+// hands it to the Publisher, if any; replace lets a recipe rebuild point
+// ref at new content.
 func (s *Store) createLayer(ctx context.Context, ref, dir string, replace bool, opts mkfsOptions) (Layer, error) {
+	l, err := s.addLayer(ctx, ref, dir, replace, opts)
+	if err != nil || s.publish == nil || !l.Split() {
+		return l, err
+	}
+	// After the index lock is released: an upload can take a while.
+	s.publish.Publish(ctx, l, s.metaFile(l.Digest), s.blobFile(l.BlobDigest))
+	return l, nil
+}
+
+func (s *Store) addLayer(ctx context.Context, ref, dir string, replace bool, opts mkfsOptions) (Layer, error) {
 	st, err := s.stage()
 	if err != nil {
 		return Layer{}, err

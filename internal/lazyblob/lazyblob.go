@@ -217,7 +217,7 @@ func fileName(digest string) string { return strings.Replace(digest, ":", "-", 1
 // its path, ready to be an EROFS blob device. Its manifest comes from the
 // cache or else from the store. Registering again returns the same path.
 func (f *FS) Register(ctx context.Context, digest string, size int64) (string, error) {
-	if err := blob.CheckKey(digest); err != nil || strings.HasSuffix(digest, blob.ManifestSuffix) {
+	if err := blob.CheckKey(digest); err != nil || strings.Contains(digest, ".") {
 		return "", errdefs.InvalidArgument("digest: %q must be sha256:<64 hex>", digest)
 	}
 	if size <= 0 {

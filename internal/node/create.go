@@ -49,6 +49,8 @@ type Sandbox struct {
 	state.Record
 	NodeID       string
 	LastActiveAt time.Time
+	// Degraded says why a layer of the sandbox cannot be read ("": healthy).
+	Degraded string
 }
 
 // NewID returns a fresh sandbox id for this node: "<node id>-<12 hex>".

@@ -68,6 +68,9 @@ type Node struct {
 	mu        sync.Mutex
 	sandboxes map[string]*entry
 
+	faultMu     sync.Mutex
+	layerFaults map[string]string // layer digest -> why its data cannot be read
+
 	stopReaper context.CancelFunc
 	reaperDone chan struct{}
 }
@@ -105,6 +108,8 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		backends:  map[string]backend.Backend{},
 		log:       cfg.Logger.With("node", id),
 		sandboxes: map[string]*entry{},
+
+		layerFaults: map[string]string{},
 	}
 	for _, b := range cfg.Backends {
 		n.backends[b.Name()] = b

@@ -15,11 +15,13 @@ import (
 )
 
 func (n *Node) describe(e *entry) *Sandbox {
-	return &Sandbox{
+	s := &Sandbox{
 		Record:       *e.snapshot(),
 		NodeID:       n.id,
 		LastActiveAt: time.Unix(0, e.lastActive.Load()),
 	}
+	s.Degraded = n.degradedReason(s)
+	return s
 }
 
 // Get describes one sandbox. It does not count as activity.

@@ -17,12 +17,16 @@ import (
 
 	"connectrpc.com/connect"
 
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
+	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/fncall"
 	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/layershare"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/node"
+	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/state"
 )
 
@@ -59,19 +63,44 @@ type Config struct {
 	// presets). Nothing on the host changes until a sandbox asks for a
 	// network mode other than none.
 	Network netpolicy.Config
-	Logger  *slog.Logger
+	// Blobs shares layers through a blob store (nil: every layer is local).
+	Blobs  *BlobsConfig
+	Logger *slog.Logger
+}
+
+// BlobsConfig configures the blob store layers are shared through.
+type BlobsConfig struct {
+	// Store is the shared store (s3, or http: another node's --blob-listen).
+	Store blob.Config
+	// ChunkSize is the fetch chunk size of blobs this node publishes.
+	ChunkSize int64
+	// CacheBytes bounds the chunk cache (0: lazyblob's default).
+	CacheBytes int64
+	// FetchTimeout bounds a chunk fetch before the reader gets EIO.
+	FetchTimeout time.Duration
+	// Listen is a TCP address serving this node's blobs to peers (""
+	// disables it). It has no authentication: bind it to the node network.
+	Listen string
+	// ServerArgv runs the lazy blob server (default: this executable's
+	// hidden lazyblob-serve command).
+	ServerArgv []string
 }
 
 // Server is a running corral process.
 type Server struct {
-	cfg       Config
-	node      *node.Node
-	fncall    *fncall.Service
-	stack     *stack
-	images    *image.Store
-	http      *http.Server
-	listeners []net.Listener
-	served    chan error
+	cfg      Config
+	node     *node.Node
+	fncall   *fncall.Service
+	stack    *stack
+	images   *image.Store
+	share    *layershare.Share // nil without Config.Blobs
+	blobHTTP *http.Server      // peer blob fetch, nil unless Blobs.Listen
+	blobAddr string
+	// stopMonitor ends the lazy fault monitor (nil without a share).
+	stopMonitor func()
+	http        *http.Server
+	listeners   []net.Listener
+	served      chan error
 }
 
 // Start builds the node and starts serving. Stop ends it.
@@ -85,36 +114,47 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	images, err := image.Open(ctx, filepath.Join(cfg.DataDir, "images"))
+	images, share, err := openImages(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := images.Build(ctx, "busybox", nil); err != nil {
+	// closeImages undoes openImages when a later step fails.
+	closeImages := func() {
 		images.Close(false)
+		if share != nil {
+			_ = share.Close(ctx, false)
+		}
+	}
+	if _, err := images.Build(ctx, "busybox", nil); err != nil {
+		closeImages()
 		return nil, fmt.Errorf("build the busybox image: %w", err)
 	}
 	db, err := state.Open(node.StatePath(cfg.DataDir))
 	if err != nil {
-		images.Close(false)
+		closeImages()
 		return nil, err
 	}
 	st, err := newStack(ctx, cfg, db)
 	if err != nil {
 		db.Close()
-		images.Close(false)
+		closeImages()
 		return nil, err
+	}
+	var nodeImages node.Images = images
+	if share != nil {
+		nodeImages = lazyImages{Store: images, share: share, parent: cgroupParent(cfg), log: cfg.Logger}
 	}
 	n, err := node.New(ctx, node.Config{
 		DataDir:  cfg.DataDir,
 		State:    db,
 		Backends: st.backends,
-		Images:   images,
+		Images:   nodeImages,
 		Defaults: cfg.Defaults,
 		Logger:   cfg.Logger,
 	})
 	if err != nil {
 		st.close(ctx, false)
-		images.Close(false)
+		closeImages()
 		return nil, err
 	}
 	fc, err := fncall.New(fncall.Config{
@@ -124,10 +164,20 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		n.Close()
 		st.close(ctx, false)
-		images.Close(false)
+		closeImages()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, served: make(chan error, 2)}
+	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, share: share, served: make(chan error, 3)}
+	if share != nil {
+		mctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			republish(mctx, share, images, cfg.Logger)
+			share.Monitor(mctx, images.Layers, n)
+		}()
+		s.stopMonitor = func() { cancel(); <-done }
+	}
 	if err := s.listen(); err != nil {
 		s.Stop(ctx)
 		return nil, err
@@ -143,7 +193,11 @@ func (s *Server) listen() error {
 		connect.WithInterceptors(control.ErrorInterceptor{}),
 		connect.WithReadMaxBytes(80<<20))
 	mux.Handle(path, h)
-	path, h = corralv1connect.NewImageServiceHandler(control.NewImageService(sandboxes, s.images),
+	if s.share != nil {
+		sandboxes.SetLazyReads(s.lazyReads)
+		mux.HandleFunc("GET /metrics", s.metrics)
+	}
+	path, h = corralv1connect.NewImageServiceHandler(control.NewImageService(sandboxes, s.images, s.share),
 		connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, h)
 	// Calls are small and many: compressing a short reply costs more than
@@ -177,7 +231,130 @@ func (s *Server) listen() error {
 	for _, ln := range s.listeners {
 		go func() { s.served <- s.http.Serve(ln) }()
 	}
+	return s.listenBlobs()
+}
+
+// listenBlobs serves this node's blobs to peers on Blobs.Listen: a
+// listener of its own, never the API's.
+func (s *Server) listenBlobs() error {
+	if s.share == nil || s.cfg.Blobs.Listen == "" {
+		return nil
+	}
+	st, err := s.share.PeerStore()
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", s.cfg.Blobs.Listen)
+	if err != nil {
+		return fmt.Errorf("--blob-listen %s: %w", s.cfg.Blobs.Listen, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(blob.HTTPPrefix, blob.Handler(st, s.cfg.Logger))
+	s.blobHTTP = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	s.blobAddr = ln.Addr().String()
+	go func() { s.served <- s.blobHTTP.Serve(ln) }()
+	s.cfg.Logger.Info("serving blobs to peers", "listen", s.blobAddr)
 	return nil
+}
+
+// openImages opens the image store; with cfg.Blobs, over a share of the
+// blob store: layers this node lacks are read lazily, layers it makes are
+// published.
+func openImages(ctx context.Context, cfg Config) (*image.Store, *layershare.Share, error) {
+	dir := filepath.Join(cfg.DataDir, "images")
+	if cfg.Blobs == nil {
+		images, err := image.Open(ctx, dir)
+		return images, nil, err
+	}
+	argv := cfg.Blobs.ServerArgv
+	if len(argv) == 0 {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, nil, fmt.Errorf("lazy blob server: %w", err)
+		}
+		argv = []string{exe, "lazyblob-serve"}
+	}
+	share, err := layershare.Open(ctx, layershare.Config{
+		Store:        cfg.Blobs.Store,
+		ChunkSize:    cfg.Blobs.ChunkSize,
+		Dir:          filepath.Join(cfg.DataDir, "lazyblob"),
+		CacheLimit:   cfg.Blobs.CacheBytes,
+		FetchTimeout: cfg.Blobs.FetchTimeout,
+		LocalBlobs:   filepath.Join(dir, image.BlobsDirName),
+		ServerArgv:   argv,
+		Logger:       cfg.Logger,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	images, err := image.Open(ctx, dir, image.WithBlobSource(share), image.WithPublisher(share))
+	if err != nil {
+		_ = share.Close(ctx, false)
+		return nil, nil, err
+	}
+	return images, share, nil
+}
+
+// republish publishes the layers a failed or earlier publish left out.
+func republish(ctx context.Context, share *layershare.Share, images *image.Store, log *slog.Logger) {
+	layers, err := images.Layers(ctx)
+	if err == nil {
+		err = share.PublishMissing(ctx, layers, images.LayerFiles)
+	}
+	if err != nil && ctx.Err() == nil {
+		log.Warn("publish layers", "err", err)
+	}
+}
+
+// metrics serves the lazy blob figures (per blob and per sandbox cgroup)
+// in the Prometheus text format, on the API listeners only.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	b, err := s.share.Lazy().Metrics(r.Context())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	_, _ = w.Write(b)
+}
+
+// lazyReads reports sandbox id's reads of lazily loaded layers.
+func (s *Server) lazyReads(ctx context.Context, id string) (*corralv1.LazyReadStats, error) {
+	parent := cgroupParent(s.cfg)
+	g, err := s.share.SandboxReads(ctx, parent, parent+cgroup.IdleSuffix, id)
+	if err != nil {
+		return nil, err
+	}
+	return &corralv1.LazyReadStats{BytesRead: g.BytesRead, BytesFetched: g.BytesFetched,
+		Hits: g.Hits, Misses: g.Misses, HitRate: g.HitRate}, nil
+}
+
+// cgroupParent is the cgroup sandboxes go under (the container backend's
+// default when unset).
+func cgroupParent(cfg Config) string {
+	if cfg.CgroupParent == "" {
+		return "corral"
+	}
+	return cfg.CgroupParent
+}
+
+// lazyImages is the image store as the node sees it when layers may be
+// read lazily: releasing a deleted sandbox's layers also drops its read
+// figures in the lazy blob server.
+type lazyImages struct {
+	*image.Store
+	share  *layershare.Share
+	parent string
+	log    *slog.Logger
+}
+
+func (l lazyImages) Release(holder string) {
+	l.Store.Release(holder)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := l.share.ForgetSandbox(ctx, l.parent, l.parent+cgroup.IdleSuffix, holder); err != nil {
+		l.log.Debug("forget a sandbox's lazy read figures", "sandbox", holder, "err", err)
+	}
 }
 
 // NodeID is the id of this server's node.
@@ -223,6 +400,17 @@ func (s *Server) Stop(ctx context.Context) error {
 	errs = append(errs, s.stack.close(ctx, s.cfg.CleanupOnExit))
 	// Layer mounts stay for sandboxes that outlive the server.
 	errs = append(errs, s.images.Close(s.cfg.CleanupOnExit))
+	if s.blobHTTP != nil {
+		errs = append(errs, s.blobHTTP.Close())
+	}
+	if s.stopMonitor != nil {
+		s.stopMonitor()
+	}
+	if s.share != nil {
+		// Lazy layers are unmounted by now when cleaning up; otherwise the
+		// lazy blob server keeps serving sandboxes that outlive us.
+		errs = append(errs, s.share.Close(ctx, s.cfg.CleanupOnExit))
+	}
 	if s.cfg.CleanupOnExit {
 		_ = os.Remove(s.cfg.Socket)
 	}

@@ -29,8 +29,10 @@ type Layer struct {
 	Digest   string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
 	MetaSize int64  `protobuf:"varint,3,opt,name=meta_size,json=metaSize,proto3" json:"meta_size,omitempty"`
 	// Empty for a single-file layer of an earlier store version.
-	BlobDigest    string `protobuf:"bytes,4,opt,name=blob_digest,json=blobDigest,proto3" json:"blob_digest,omitempty"`
-	BlobSize      int64  `protobuf:"varint,5,opt,name=blob_size,json=blobSize,proto3" json:"blob_size,omitempty"`
+	BlobDigest string `protobuf:"bytes,4,opt,name=blob_digest,json=blobDigest,proto3" json:"blob_digest,omitempty"`
+	BlobSize   int64  `protobuf:"varint,5,opt,name=blob_size,json=blobSize,proto3" json:"blob_size,omitempty"`
+	// Set when the node reads this layer's blob lazily from a blob store.
+	Lazy          *LazyBlobStats `protobuf:"bytes,6,opt,name=lazy,proto3" json:"lazy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -100,6 +102,125 @@ func (x *Layer) GetBlobSize() int64 {
 	return 0
 }
 
+func (x *Layer) GetLazy() *LazyBlobStats {
+	if x != nil {
+		return x.Lazy
+	}
+	return nil
+}
+
+// LazyBlobStats are the lazy-loading figures of one layer's blob on a node.
+type LazyBlobStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Fetched from the store (prefetch included).
+	BytesFetched  int64 `protobuf:"varint,1,opt,name=bytes_fetched,json=bytesFetched,proto3" json:"bytes_fetched,omitempty"`
+	BytesPresent  int64 `protobuf:"varint,2,opt,name=bytes_present,json=bytesPresent,proto3" json:"bytes_present,omitempty"`
+	ChunksPresent int32 `protobuf:"varint,3,opt,name=chunks_present,json=chunksPresent,proto3" json:"chunks_present,omitempty"`
+	ChunksTotal   int32 `protobuf:"varint,4,opt,name=chunks_total,json=chunksTotal,proto3" json:"chunks_total,omitempty"`
+	ChunkSize     int64 `protobuf:"varint,5,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	// Chunk reads served from the cache / all chunk reads (0 with none).
+	HitRate       float64 `protobuf:"fixed64,6,opt,name=hit_rate,json=hitRate,proto3" json:"hit_rate,omitempty"`
+	FailedFetches int64   `protobuf:"varint,7,opt,name=failed_fetches,json=failedFetches,proto3" json:"failed_fetches,omitempty"`
+	CorruptChunks int64   `protobuf:"varint,8,opt,name=corrupt_chunks,json=corruptChunks,proto3" json:"corrupt_chunks,omitempty"`
+	// The last failed fetch, until one succeeds.
+	Fault         string `protobuf:"bytes,9,opt,name=fault,proto3" json:"fault,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LazyBlobStats) Reset() {
+	*x = LazyBlobStats{}
+	mi := &file_corral_v1_image_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LazyBlobStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LazyBlobStats) ProtoMessage() {}
+
+func (x *LazyBlobStats) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_image_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LazyBlobStats.ProtoReflect.Descriptor instead.
+func (*LazyBlobStats) Descriptor() ([]byte, []int) {
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LazyBlobStats) GetBytesFetched() int64 {
+	if x != nil {
+		return x.BytesFetched
+	}
+	return 0
+}
+
+func (x *LazyBlobStats) GetBytesPresent() int64 {
+	if x != nil {
+		return x.BytesPresent
+	}
+	return 0
+}
+
+func (x *LazyBlobStats) GetChunksPresent() int32 {
+	if x != nil {
+		return x.ChunksPresent
+	}
+	return 0
+}
+
+func (x *LazyBlobStats) GetChunksTotal() int32 {
+	if x != nil {
+		return x.ChunksTotal
+	}
+	return 0
+}
+
+func (x *LazyBlobStats) GetChunkSize() int64 {
+	if x != nil {
+		return x.ChunkSize
+	}
+	return 0
+}
+
+func (x *LazyBlobStats) GetHitRate() float64 {
+	if x != nil {
+		return x.HitRate
+	}
+	return 0
+}
+
+func (x *LazyBlobStats) GetFailedFetches() int64 {
+	if x != nil {
+		return x.FailedFetches
+	}
+	return 0
+}
+
+func (x *LazyBlobStats) GetCorruptChunks() int64 {
+	if x != nil {
+		return x.CorruptChunks
+	}
+	return 0
+}
+
+func (x *LazyBlobStats) GetFault() string {
+	if x != nil {
+		return x.Fault
+	}
+	return ""
+}
+
 type Composition struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// NAME@VERSION.
@@ -113,7 +234,7 @@ type Composition struct {
 
 func (x *Composition) Reset() {
 	*x = Composition{}
-	mi := &file_corral_v1_image_proto_msgTypes[1]
+	mi := &file_corral_v1_image_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -125,7 +246,7 @@ func (x *Composition) String() string {
 func (*Composition) ProtoMessage() {}
 
 func (x *Composition) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[1]
+	mi := &file_corral_v1_image_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -138,7 +259,7 @@ func (x *Composition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Composition.ProtoReflect.Descriptor instead.
 func (*Composition) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{1}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Composition) GetRef() string {
@@ -174,7 +295,7 @@ type BuiltImage struct {
 
 func (x *BuiltImage) Reset() {
 	*x = BuiltImage{}
-	mi := &file_corral_v1_image_proto_msgTypes[2]
+	mi := &file_corral_v1_image_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -186,7 +307,7 @@ func (x *BuiltImage) String() string {
 func (*BuiltImage) ProtoMessage() {}
 
 func (x *BuiltImage) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[2]
+	mi := &file_corral_v1_image_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -199,7 +320,7 @@ func (x *BuiltImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuiltImage.ProtoReflect.Descriptor instead.
 func (*BuiltImage) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{2}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *BuiltImage) GetName() string {
@@ -231,7 +352,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_corral_v1_image_proto_msgTypes[3]
+	mi := &file_corral_v1_image_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -243,7 +364,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[3]
+	mi := &file_corral_v1_image_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -256,7 +377,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{3}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{4}
 }
 
 type ListImagesResponse struct {
@@ -270,7 +391,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_corral_v1_image_proto_msgTypes[4]
+	mi := &file_corral_v1_image_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -282,7 +403,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[4]
+	mi := &file_corral_v1_image_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -295,7 +416,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{4}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListImagesResponse) GetImages() []*BuiltImage {
@@ -331,7 +452,7 @@ type CreateLayerRequest struct {
 
 func (x *CreateLayerRequest) Reset() {
 	*x = CreateLayerRequest{}
-	mi := &file_corral_v1_image_proto_msgTypes[5]
+	mi := &file_corral_v1_image_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -343,7 +464,7 @@ func (x *CreateLayerRequest) String() string {
 func (*CreateLayerRequest) ProtoMessage() {}
 
 func (x *CreateLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[5]
+	mi := &file_corral_v1_image_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -356,7 +477,7 @@ func (x *CreateLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateLayerRequest.ProtoReflect.Descriptor instead.
 func (*CreateLayerRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{5}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateLayerRequest) GetPath() string {
@@ -382,7 +503,7 @@ type CreateLayerResponse struct {
 
 func (x *CreateLayerResponse) Reset() {
 	*x = CreateLayerResponse{}
-	mi := &file_corral_v1_image_proto_msgTypes[6]
+	mi := &file_corral_v1_image_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +515,7 @@ func (x *CreateLayerResponse) String() string {
 func (*CreateLayerResponse) ProtoMessage() {}
 
 func (x *CreateLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[6]
+	mi := &file_corral_v1_image_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +528,7 @@ func (x *CreateLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateLayerResponse.ProtoReflect.Descriptor instead.
 func (*CreateLayerResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{6}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateLayerResponse) GetLayer() *Layer {
@@ -426,7 +547,7 @@ type CreateCompositionRequest struct {
 
 func (x *CreateCompositionRequest) Reset() {
 	*x = CreateCompositionRequest{}
-	mi := &file_corral_v1_image_proto_msgTypes[7]
+	mi := &file_corral_v1_image_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +559,7 @@ func (x *CreateCompositionRequest) String() string {
 func (*CreateCompositionRequest) ProtoMessage() {}
 
 func (x *CreateCompositionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[7]
+	mi := &file_corral_v1_image_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +572,7 @@ func (x *CreateCompositionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCompositionRequest.ProtoReflect.Descriptor instead.
 func (*CreateCompositionRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{7}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateCompositionRequest) GetComposition() *Composition {
@@ -470,7 +591,7 @@ type CreateCompositionResponse struct {
 
 func (x *CreateCompositionResponse) Reset() {
 	*x = CreateCompositionResponse{}
-	mi := &file_corral_v1_image_proto_msgTypes[8]
+	mi := &file_corral_v1_image_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +603,7 @@ func (x *CreateCompositionResponse) String() string {
 func (*CreateCompositionResponse) ProtoMessage() {}
 
 func (x *CreateCompositionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[8]
+	mi := &file_corral_v1_image_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +616,7 @@ func (x *CreateCompositionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCompositionResponse.ProtoReflect.Descriptor instead.
 func (*CreateCompositionResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{8}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateCompositionResponse) GetComposition() *Composition {
@@ -520,7 +641,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_corral_v1_image_proto_msgTypes[9]
+	mi := &file_corral_v1_image_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +653,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[9]
+	mi := &file_corral_v1_image_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +666,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{9}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ImportImageRequest) GetSource() string {
@@ -584,7 +705,7 @@ type ImportProgress struct {
 
 func (x *ImportProgress) Reset() {
 	*x = ImportProgress{}
-	mi := &file_corral_v1_image_proto_msgTypes[10]
+	mi := &file_corral_v1_image_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +717,7 @@ func (x *ImportProgress) String() string {
 func (*ImportProgress) ProtoMessage() {}
 
 func (x *ImportProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[10]
+	mi := &file_corral_v1_image_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +730,7 @@ func (x *ImportProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportProgress.ProtoReflect.Descriptor instead.
 func (*ImportProgress) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{10}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ImportProgress) GetLayer() int32 {
@@ -653,7 +774,7 @@ type ImportResult struct {
 
 func (x *ImportResult) Reset() {
 	*x = ImportResult{}
-	mi := &file_corral_v1_image_proto_msgTypes[11]
+	mi := &file_corral_v1_image_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +786,7 @@ func (x *ImportResult) String() string {
 func (*ImportResult) ProtoMessage() {}
 
 func (x *ImportResult) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[11]
+	mi := &file_corral_v1_image_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +799,7 @@ func (x *ImportResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportResult.ProtoReflect.Descriptor instead.
 func (*ImportResult) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{11}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ImportResult) GetComposition() *Composition {
@@ -722,7 +843,7 @@ type ImportImageResponse struct {
 
 func (x *ImportImageResponse) Reset() {
 	*x = ImportImageResponse{}
-	mi := &file_corral_v1_image_proto_msgTypes[12]
+	mi := &file_corral_v1_image_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +855,7 @@ func (x *ImportImageResponse) String() string {
 func (*ImportImageResponse) ProtoMessage() {}
 
 func (x *ImportImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[12]
+	mi := &file_corral_v1_image_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +868,7 @@ func (x *ImportImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageResponse.ProtoReflect.Descriptor instead.
 func (*ImportImageResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{12}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ImportImageResponse) GetEvent() isImportImageResponse_Event {
@@ -801,7 +922,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_corral_v1_image_proto_msgTypes[13]
+	mi := &file_corral_v1_image_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +934,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[13]
+	mi := &file_corral_v1_image_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +947,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{13}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -851,7 +972,7 @@ type Removed struct {
 
 func (x *Removed) Reset() {
 	*x = Removed{}
-	mi := &file_corral_v1_image_proto_msgTypes[14]
+	mi := &file_corral_v1_image_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -863,7 +984,7 @@ func (x *Removed) String() string {
 func (*Removed) ProtoMessage() {}
 
 func (x *Removed) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[14]
+	mi := &file_corral_v1_image_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -876,7 +997,7 @@ func (x *Removed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Removed.ProtoReflect.Descriptor instead.
 func (*Removed) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{14}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Removed) GetImages() []string {
@@ -923,7 +1044,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_corral_v1_image_proto_msgTypes[15]
+	mi := &file_corral_v1_image_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1056,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[15]
+	mi := &file_corral_v1_image_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1069,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{15}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RemoveImageResponse) GetRemoved() *Removed {
@@ -966,7 +1087,7 @@ type CollectGarbageRequest struct {
 
 func (x *CollectGarbageRequest) Reset() {
 	*x = CollectGarbageRequest{}
-	mi := &file_corral_v1_image_proto_msgTypes[16]
+	mi := &file_corral_v1_image_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1099,7 @@ func (x *CollectGarbageRequest) String() string {
 func (*CollectGarbageRequest) ProtoMessage() {}
 
 func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[16]
+	mi := &file_corral_v1_image_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1112,7 @@ func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
 func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{16}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{17}
 }
 
 type CollectGarbageResponse struct {
@@ -1003,7 +1124,7 @@ type CollectGarbageResponse struct {
 
 func (x *CollectGarbageResponse) Reset() {
 	*x = CollectGarbageResponse{}
-	mi := &file_corral_v1_image_proto_msgTypes[17]
+	mi := &file_corral_v1_image_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1136,7 @@ func (x *CollectGarbageResponse) String() string {
 func (*CollectGarbageResponse) ProtoMessage() {}
 
 func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[17]
+	mi := &file_corral_v1_image_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1149,7 @@ func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
 func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{17}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CollectGarbageResponse) GetRemoved() *Removed {
@@ -1055,7 +1176,7 @@ type PackRequest struct {
 
 func (x *PackRequest) Reset() {
 	*x = PackRequest{}
-	mi := &file_corral_v1_image_proto_msgTypes[18]
+	mi := &file_corral_v1_image_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1067,7 +1188,7 @@ func (x *PackRequest) String() string {
 func (*PackRequest) ProtoMessage() {}
 
 func (x *PackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[18]
+	mi := &file_corral_v1_image_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1080,7 +1201,7 @@ func (x *PackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PackRequest.ProtoReflect.Descriptor instead.
 func (*PackRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{18}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PackRequest) GetSandboxId() string {
@@ -1129,7 +1250,7 @@ type PackResponse struct {
 
 func (x *PackResponse) Reset() {
 	*x = PackResponse{}
-	mi := &file_corral_v1_image_proto_msgTypes[19]
+	mi := &file_corral_v1_image_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +1262,7 @@ func (x *PackResponse) String() string {
 func (*PackResponse) ProtoMessage() {}
 
 func (x *PackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_image_proto_msgTypes[19]
+	mi := &file_corral_v1_image_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +1275,7 @@ func (x *PackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PackResponse.ProtoReflect.Descriptor instead.
 func (*PackResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_image_proto_rawDescGZIP(), []int{19}
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PackResponse) GetLayer() *Layer {
@@ -1171,18 +1292,128 @@ func (x *PackResponse) GetComposition() *Composition {
 	return nil
 }
 
+type PullLayerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The layer digest (sha256:<hex>) as the publishing node lists it.
+	Digest string `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	// NAME@VERSION to record it under here; empty: the name it was published under.
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullLayerRequest) Reset() {
+	*x = PullLayerRequest{}
+	mi := &file_corral_v1_image_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullLayerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullLayerRequest) ProtoMessage() {}
+
+func (x *PullLayerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_image_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullLayerRequest.ProtoReflect.Descriptor instead.
+func (*PullLayerRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *PullLayerRequest) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *PullLayerRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type PullLayerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Layer         *Layer                 `protobuf:"bytes,1,opt,name=layer,proto3" json:"layer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullLayerResponse) Reset() {
+	*x = PullLayerResponse{}
+	mi := &file_corral_v1_image_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullLayerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullLayerResponse) ProtoMessage() {}
+
+func (x *PullLayerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_image_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullLayerResponse.ProtoReflect.Descriptor instead.
+func (*PullLayerResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *PullLayerResponse) GetLayer() *Layer {
+	if x != nil {
+		return x.Layer
+	}
+	return nil
+}
+
 var File_corral_v1_image_proto protoreflect.FileDescriptor
 
 const file_corral_v1_image_proto_rawDesc = "" +
 	"\n" +
-	"\x15corral/v1/image.proto\x12\tcorral.v1\"\x8c\x01\n" +
+	"\x15corral/v1/image.proto\x12\tcorral.v1\"\xba\x01\n" +
 	"\x05Layer\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1b\n" +
 	"\tmeta_size\x18\x03 \x01(\x03R\bmetaSize\x12\x1f\n" +
 	"\vblob_digest\x18\x04 \x01(\tR\n" +
 	"blobDigest\x12\x1b\n" +
-	"\tblob_size\x18\x05 \x01(\x03R\bblobSize\"I\n" +
+	"\tblob_size\x18\x05 \x01(\x03R\bblobSize\x12,\n" +
+	"\x04lazy\x18\x06 \x01(\v2\x18.corral.v1.LazyBlobStatsR\x04lazy\"\xc1\x02\n" +
+	"\rLazyBlobStats\x12#\n" +
+	"\rbytes_fetched\x18\x01 \x01(\x03R\fbytesFetched\x12#\n" +
+	"\rbytes_present\x18\x02 \x01(\x03R\fbytesPresent\x12%\n" +
+	"\x0echunks_present\x18\x03 \x01(\x05R\rchunksPresent\x12!\n" +
+	"\fchunks_total\x18\x04 \x01(\x05R\vchunksTotal\x12\x1d\n" +
+	"\n" +
+	"chunk_size\x18\x05 \x01(\x03R\tchunkSize\x12\x19\n" +
+	"\bhit_rate\x18\x06 \x01(\x01R\ahitRate\x12%\n" +
+	"\x0efailed_fetches\x18\a \x01(\x03R\rfailedFetches\x12%\n" +
+	"\x0ecorrupt_chunks\x18\b \x01(\x03R\rcorruptChunks\x12\x14\n" +
+	"\x05fault\x18\t \x01(\tR\x05fault\"I\n" +
 	"\vComposition\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06layers\x18\x02 \x03(\tR\x06layers\x12\x10\n" +
@@ -1247,7 +1478,12 @@ const file_corral_v1_image_proto_rawDesc = "" +
 	"\x0eno_composition\x18\x05 \x01(\bR\rnoComposition\"p\n" +
 	"\fPackResponse\x12&\n" +
 	"\x05layer\x18\x01 \x01(\v2\x10.corral.v1.LayerR\x05layer\x128\n" +
-	"\vcomposition\x18\x02 \x01(\v2\x16.corral.v1.CompositionR\vcomposition2\xb5\x04\n" +
+	"\vcomposition\x18\x02 \x01(\v2\x16.corral.v1.CompositionR\vcomposition\">\n" +
+	"\x10PullLayerRequest\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\";\n" +
+	"\x11PullLayerResponse\x12&\n" +
+	"\x05layer\x18\x01 \x01(\v2\x10.corral.v1.LayerR\x05layer2\xfd\x04\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.corral.v1.ListImagesRequest\x1a\x1d.corral.v1.ListImagesResponse\x12L\n" +
@@ -1256,7 +1492,8 @@ const file_corral_v1_image_proto_rawDesc = "" +
 	"\vImportImage\x12\x1d.corral.v1.ImportImageRequest\x1a\x1e.corral.v1.ImportImageResponse0\x01\x12L\n" +
 	"\vRemoveImage\x12\x1d.corral.v1.RemoveImageRequest\x1a\x1e.corral.v1.RemoveImageResponse\x12U\n" +
 	"\x0eCollectGarbage\x12 .corral.v1.CollectGarbageRequest\x1a!.corral.v1.CollectGarbageResponse\x127\n" +
-	"\x04Pack\x12\x16.corral.v1.PackRequest\x1a\x17.corral.v1.PackResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"\x04Pack\x12\x16.corral.v1.PackRequest\x1a\x17.corral.v1.PackResponse\x12F\n" +
+	"\tPullLayer\x12\x1b.corral.v1.PullLayerRequest\x1a\x1c.corral.v1.PullLayerResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_image_proto_rawDescOnce sync.Once
@@ -1270,65 +1507,72 @@ func file_corral_v1_image_proto_rawDescGZIP() []byte {
 	return file_corral_v1_image_proto_rawDescData
 }
 
-var file_corral_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_corral_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_corral_v1_image_proto_goTypes = []any{
 	(*Layer)(nil),                     // 0: corral.v1.Layer
-	(*Composition)(nil),               // 1: corral.v1.Composition
-	(*BuiltImage)(nil),                // 2: corral.v1.BuiltImage
-	(*ListImagesRequest)(nil),         // 3: corral.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),        // 4: corral.v1.ListImagesResponse
-	(*CreateLayerRequest)(nil),        // 5: corral.v1.CreateLayerRequest
-	(*CreateLayerResponse)(nil),       // 6: corral.v1.CreateLayerResponse
-	(*CreateCompositionRequest)(nil),  // 7: corral.v1.CreateCompositionRequest
-	(*CreateCompositionResponse)(nil), // 8: corral.v1.CreateCompositionResponse
-	(*ImportImageRequest)(nil),        // 9: corral.v1.ImportImageRequest
-	(*ImportProgress)(nil),            // 10: corral.v1.ImportProgress
-	(*ImportResult)(nil),              // 11: corral.v1.ImportResult
-	(*ImportImageResponse)(nil),       // 12: corral.v1.ImportImageResponse
-	(*RemoveImageRequest)(nil),        // 13: corral.v1.RemoveImageRequest
-	(*Removed)(nil),                   // 14: corral.v1.Removed
-	(*RemoveImageResponse)(nil),       // 15: corral.v1.RemoveImageResponse
-	(*CollectGarbageRequest)(nil),     // 16: corral.v1.CollectGarbageRequest
-	(*CollectGarbageResponse)(nil),    // 17: corral.v1.CollectGarbageResponse
-	(*PackRequest)(nil),               // 18: corral.v1.PackRequest
-	(*PackResponse)(nil),              // 19: corral.v1.PackResponse
+	(*LazyBlobStats)(nil),             // 1: corral.v1.LazyBlobStats
+	(*Composition)(nil),               // 2: corral.v1.Composition
+	(*BuiltImage)(nil),                // 3: corral.v1.BuiltImage
+	(*ListImagesRequest)(nil),         // 4: corral.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),        // 5: corral.v1.ListImagesResponse
+	(*CreateLayerRequest)(nil),        // 6: corral.v1.CreateLayerRequest
+	(*CreateLayerResponse)(nil),       // 7: corral.v1.CreateLayerResponse
+	(*CreateCompositionRequest)(nil),  // 8: corral.v1.CreateCompositionRequest
+	(*CreateCompositionResponse)(nil), // 9: corral.v1.CreateCompositionResponse
+	(*ImportImageRequest)(nil),        // 10: corral.v1.ImportImageRequest
+	(*ImportProgress)(nil),            // 11: corral.v1.ImportProgress
+	(*ImportResult)(nil),              // 12: corral.v1.ImportResult
+	(*ImportImageResponse)(nil),       // 13: corral.v1.ImportImageResponse
+	(*RemoveImageRequest)(nil),        // 14: corral.v1.RemoveImageRequest
+	(*Removed)(nil),                   // 15: corral.v1.Removed
+	(*RemoveImageResponse)(nil),       // 16: corral.v1.RemoveImageResponse
+	(*CollectGarbageRequest)(nil),     // 17: corral.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil),    // 18: corral.v1.CollectGarbageResponse
+	(*PackRequest)(nil),               // 19: corral.v1.PackRequest
+	(*PackResponse)(nil),              // 20: corral.v1.PackResponse
+	(*PullLayerRequest)(nil),          // 21: corral.v1.PullLayerRequest
+	(*PullLayerResponse)(nil),         // 22: corral.v1.PullLayerResponse
 }
 var file_corral_v1_image_proto_depIdxs = []int32{
-	0,  // 0: corral.v1.BuiltImage.layers:type_name -> corral.v1.Layer
-	2,  // 1: corral.v1.ListImagesResponse.images:type_name -> corral.v1.BuiltImage
-	1,  // 2: corral.v1.ListImagesResponse.compositions:type_name -> corral.v1.Composition
-	0,  // 3: corral.v1.ListImagesResponse.layers:type_name -> corral.v1.Layer
-	0,  // 4: corral.v1.CreateLayerResponse.layer:type_name -> corral.v1.Layer
-	1,  // 5: corral.v1.CreateCompositionRequest.composition:type_name -> corral.v1.Composition
-	1,  // 6: corral.v1.CreateCompositionResponse.composition:type_name -> corral.v1.Composition
-	1,  // 7: corral.v1.ImportResult.composition:type_name -> corral.v1.Composition
-	0,  // 8: corral.v1.ImportResult.layers:type_name -> corral.v1.Layer
-	10, // 9: corral.v1.ImportImageResponse.progress:type_name -> corral.v1.ImportProgress
-	11, // 10: corral.v1.ImportImageResponse.result:type_name -> corral.v1.ImportResult
-	0,  // 11: corral.v1.Removed.layers:type_name -> corral.v1.Layer
-	14, // 12: corral.v1.RemoveImageResponse.removed:type_name -> corral.v1.Removed
-	14, // 13: corral.v1.CollectGarbageResponse.removed:type_name -> corral.v1.Removed
-	0,  // 14: corral.v1.PackResponse.layer:type_name -> corral.v1.Layer
-	1,  // 15: corral.v1.PackResponse.composition:type_name -> corral.v1.Composition
-	3,  // 16: corral.v1.ImageService.ListImages:input_type -> corral.v1.ListImagesRequest
-	5,  // 17: corral.v1.ImageService.CreateLayer:input_type -> corral.v1.CreateLayerRequest
-	7,  // 18: corral.v1.ImageService.CreateComposition:input_type -> corral.v1.CreateCompositionRequest
-	9,  // 19: corral.v1.ImageService.ImportImage:input_type -> corral.v1.ImportImageRequest
-	13, // 20: corral.v1.ImageService.RemoveImage:input_type -> corral.v1.RemoveImageRequest
-	16, // 21: corral.v1.ImageService.CollectGarbage:input_type -> corral.v1.CollectGarbageRequest
-	18, // 22: corral.v1.ImageService.Pack:input_type -> corral.v1.PackRequest
-	4,  // 23: corral.v1.ImageService.ListImages:output_type -> corral.v1.ListImagesResponse
-	6,  // 24: corral.v1.ImageService.CreateLayer:output_type -> corral.v1.CreateLayerResponse
-	8,  // 25: corral.v1.ImageService.CreateComposition:output_type -> corral.v1.CreateCompositionResponse
-	12, // 26: corral.v1.ImageService.ImportImage:output_type -> corral.v1.ImportImageResponse
-	15, // 27: corral.v1.ImageService.RemoveImage:output_type -> corral.v1.RemoveImageResponse
-	17, // 28: corral.v1.ImageService.CollectGarbage:output_type -> corral.v1.CollectGarbageResponse
-	19, // 29: corral.v1.ImageService.Pack:output_type -> corral.v1.PackResponse
-	23, // [23:30] is the sub-list for method output_type
-	16, // [16:23] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	1,  // 0: corral.v1.Layer.lazy:type_name -> corral.v1.LazyBlobStats
+	0,  // 1: corral.v1.BuiltImage.layers:type_name -> corral.v1.Layer
+	3,  // 2: corral.v1.ListImagesResponse.images:type_name -> corral.v1.BuiltImage
+	2,  // 3: corral.v1.ListImagesResponse.compositions:type_name -> corral.v1.Composition
+	0,  // 4: corral.v1.ListImagesResponse.layers:type_name -> corral.v1.Layer
+	0,  // 5: corral.v1.CreateLayerResponse.layer:type_name -> corral.v1.Layer
+	2,  // 6: corral.v1.CreateCompositionRequest.composition:type_name -> corral.v1.Composition
+	2,  // 7: corral.v1.CreateCompositionResponse.composition:type_name -> corral.v1.Composition
+	2,  // 8: corral.v1.ImportResult.composition:type_name -> corral.v1.Composition
+	0,  // 9: corral.v1.ImportResult.layers:type_name -> corral.v1.Layer
+	11, // 10: corral.v1.ImportImageResponse.progress:type_name -> corral.v1.ImportProgress
+	12, // 11: corral.v1.ImportImageResponse.result:type_name -> corral.v1.ImportResult
+	0,  // 12: corral.v1.Removed.layers:type_name -> corral.v1.Layer
+	15, // 13: corral.v1.RemoveImageResponse.removed:type_name -> corral.v1.Removed
+	15, // 14: corral.v1.CollectGarbageResponse.removed:type_name -> corral.v1.Removed
+	0,  // 15: corral.v1.PackResponse.layer:type_name -> corral.v1.Layer
+	2,  // 16: corral.v1.PackResponse.composition:type_name -> corral.v1.Composition
+	0,  // 17: corral.v1.PullLayerResponse.layer:type_name -> corral.v1.Layer
+	4,  // 18: corral.v1.ImageService.ListImages:input_type -> corral.v1.ListImagesRequest
+	6,  // 19: corral.v1.ImageService.CreateLayer:input_type -> corral.v1.CreateLayerRequest
+	8,  // 20: corral.v1.ImageService.CreateComposition:input_type -> corral.v1.CreateCompositionRequest
+	10, // 21: corral.v1.ImageService.ImportImage:input_type -> corral.v1.ImportImageRequest
+	14, // 22: corral.v1.ImageService.RemoveImage:input_type -> corral.v1.RemoveImageRequest
+	17, // 23: corral.v1.ImageService.CollectGarbage:input_type -> corral.v1.CollectGarbageRequest
+	19, // 24: corral.v1.ImageService.Pack:input_type -> corral.v1.PackRequest
+	21, // 25: corral.v1.ImageService.PullLayer:input_type -> corral.v1.PullLayerRequest
+	5,  // 26: corral.v1.ImageService.ListImages:output_type -> corral.v1.ListImagesResponse
+	7,  // 27: corral.v1.ImageService.CreateLayer:output_type -> corral.v1.CreateLayerResponse
+	9,  // 28: corral.v1.ImageService.CreateComposition:output_type -> corral.v1.CreateCompositionResponse
+	13, // 29: corral.v1.ImageService.ImportImage:output_type -> corral.v1.ImportImageResponse
+	16, // 30: corral.v1.ImageService.RemoveImage:output_type -> corral.v1.RemoveImageResponse
+	18, // 31: corral.v1.ImageService.CollectGarbage:output_type -> corral.v1.CollectGarbageResponse
+	20, // 32: corral.v1.ImageService.Pack:output_type -> corral.v1.PackResponse
+	22, // 33: corral.v1.ImageService.PullLayer:output_type -> corral.v1.PullLayerResponse
+	26, // [26:34] is the sub-list for method output_type
+	18, // [18:26] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_image_proto_init() }
@@ -1336,7 +1580,7 @@ func file_corral_v1_image_proto_init() {
 	if File_corral_v1_image_proto != nil {
 		return
 	}
-	file_corral_v1_image_proto_msgTypes[12].OneofWrappers = []any{
+	file_corral_v1_image_proto_msgTypes[13].OneofWrappers = []any{
 		(*ImportImageResponse_Progress)(nil),
 		(*ImportImageResponse_Result)(nil),
 	}
@@ -1346,7 +1590,7 @@ func file_corral_v1_image_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_image_proto_rawDesc), len(file_corral_v1_image_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -772,8 +772,14 @@ type Sandbox struct {
 	CreatedAt    *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	LastActiveAt *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=last_active_at,json=lastActiveAt,proto3" json:"last_active_at,omitempty"`
 	// Why the sandbox stopped, when state is STOPPED.
-	StopReason    string         `protobuf:"bytes,15,opt,name=stop_reason,json=stopReason,proto3" json:"stop_reason,omitempty"`
-	Network       *NetworkPolicy `protobuf:"bytes,16,opt,name=network,proto3" json:"network,omitempty"`
+	StopReason string         `protobuf:"bytes,15,opt,name=stop_reason,json=stopReason,proto3" json:"stop_reason,omitempty"`
+	Network    *NetworkPolicy `protobuf:"bytes,16,opt,name=network,proto3" json:"network,omitempty"`
+	// Why the sandbox is degraded (a layer's data cannot be fetched, so reads
+	// of unfetched files fail with EIO); empty when healthy. It keeps running.
+	Degraded string `protobuf:"bytes,17,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	// Reads of lazily loaded layers by the sandbox's processes; unset when
+	// the node loads no layer lazily.
+	LazyReads     *LazyReadStats `protobuf:"bytes,18,opt,name=lazy_reads,json=lazyReads,proto3" json:"lazy_reads,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -920,6 +926,98 @@ func (x *Sandbox) GetNetwork() *NetworkPolicy {
 	return nil
 }
 
+func (x *Sandbox) GetDegraded() string {
+	if x != nil {
+		return x.Degraded
+	}
+	return ""
+}
+
+func (x *Sandbox) GetLazyReads() *LazyReadStats {
+	if x != nil {
+		return x.LazyReads
+	}
+	return nil
+}
+
+// LazyReadStats count one sandbox's reads of lazily loaded layer blobs.
+type LazyReadStats struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	BytesRead int64                  `protobuf:"varint,1,opt,name=bytes_read,json=bytesRead,proto3" json:"bytes_read,omitempty"`
+	// Fetched from the store by fetches this sandbox's reads started.
+	BytesFetched  int64   `protobuf:"varint,2,opt,name=bytes_fetched,json=bytesFetched,proto3" json:"bytes_fetched,omitempty"`
+	Hits          int64   `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	Misses        int64   `protobuf:"varint,4,opt,name=misses,proto3" json:"misses,omitempty"`
+	HitRate       float64 `protobuf:"fixed64,5,opt,name=hit_rate,json=hitRate,proto3" json:"hit_rate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LazyReadStats) Reset() {
+	*x = LazyReadStats{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LazyReadStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LazyReadStats) ProtoMessage() {}
+
+func (x *LazyReadStats) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LazyReadStats.ProtoReflect.Descriptor instead.
+func (*LazyReadStats) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *LazyReadStats) GetBytesRead() int64 {
+	if x != nil {
+		return x.BytesRead
+	}
+	return 0
+}
+
+func (x *LazyReadStats) GetBytesFetched() int64 {
+	if x != nil {
+		return x.BytesFetched
+	}
+	return 0
+}
+
+func (x *LazyReadStats) GetHits() int64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+func (x *LazyReadStats) GetMisses() int64 {
+	if x != nil {
+		return x.Misses
+	}
+	return 0
+}
+
+func (x *LazyReadStats) GetHitRate() float64 {
+	if x != nil {
+		return x.HitRate
+	}
+	return 0
+}
+
 type GetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -929,7 +1027,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -941,7 +1039,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -954,7 +1052,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetRequest) GetId() string {
@@ -973,7 +1071,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1083,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1096,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -1024,7 +1122,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1036,7 +1134,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1049,7 +1147,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -1091,7 +1189,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1201,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1214,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1142,7 +1240,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1252,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1265,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -1187,7 +1285,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1297,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1310,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteResponse) GetExisted() bool {
@@ -1246,7 +1344,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1356,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1369,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1351,7 +1449,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1461,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1474,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -1452,7 +1550,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +1562,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +1575,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -1533,7 +1631,7 @@ type RunResponse struct {
 
 func (x *RunResponse) Reset() {
 	*x = RunResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +1643,7 @@ func (x *RunResponse) String() string {
 func (*RunResponse) ProtoMessage() {}
 
 func (x *RunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +1656,7 @@ func (x *RunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResponse.ProtoReflect.Descriptor instead.
 func (*RunResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RunResponse) GetStdout() []byte {
@@ -1599,7 +1697,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +1709,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +1722,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -1678,7 +1776,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1788,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1801,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -1726,7 +1824,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1836,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1849,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -1791,7 +1889,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +1901,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +1914,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -1843,7 +1941,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +1953,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +1966,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FileInfo) GetName() string {
@@ -1944,7 +2042,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1956,7 +2054,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1969,7 +2067,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -1995,7 +2093,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2105,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2118,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -2040,7 +2138,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2052,7 +2150,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2065,7 +2163,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -2091,7 +2189,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2201,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2214,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -2137,7 +2235,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2149,7 +2247,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2162,7 +2260,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -2194,7 +2292,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2206,7 +2304,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2219,7 +2317,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 type MakeDirRequest struct {
@@ -2234,7 +2332,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2246,7 +2344,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2259,7 +2357,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -2298,7 +2396,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2310,7 +2408,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2323,7 +2421,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 type PauseRequest struct {
@@ -2335,7 +2433,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2347,7 +2445,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2360,7 +2458,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -2378,7 +2476,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2390,7 +2488,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2403,7 +2501,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 type ResumeRequest struct {
@@ -2415,7 +2513,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2525,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2538,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -2458,7 +2556,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2470,7 +2568,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2483,7 +2581,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 var File_corral_v1_sandbox_proto protoreflect.FileDescriptor
@@ -2539,7 +2637,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
 	"\x0eCreateResponse\x12,\n" +
-	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\xc6\x05\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\x9b\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -2559,10 +2657,20 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x0elast_active_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\flastActiveAt\x12\x1f\n" +
 	"\vstop_reason\x18\x0f \x01(\tR\n" +
 	"stopReason\x122\n" +
-	"\anetwork\x18\x10 \x01(\v2\x18.corral.v1.NetworkPolicyR\anetwork\x1a9\n" +
+	"\anetwork\x18\x10 \x01(\v2\x18.corral.v1.NetworkPolicyR\anetwork\x12\x1a\n" +
+	"\bdegraded\x18\x11 \x01(\tR\bdegraded\x127\n" +
+	"\n" +
+	"lazy_reads\x18\x12 \x01(\v2\x18.corral.v1.LazyReadStatsR\tlazyReads\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1c\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x01\n" +
+	"\rLazyReadStats\x12\x1d\n" +
+	"\n" +
+	"bytes_read\x18\x01 \x01(\x03R\tbytesRead\x12#\n" +
+	"\rbytes_fetched\x18\x02 \x01(\x03R\fbytesFetched\x12\x12\n" +
+	"\x04hits\x18\x03 \x01(\x03R\x04hits\x12\x16\n" +
+	"\x06misses\x18\x04 \x01(\x03R\x06misses\x12\x19\n" +
+	"\bhit_rate\x18\x05 \x01(\x01R\ahitRate\"\x1c\n" +
 	"\n" +
 	"GetRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\";\n" +
@@ -2715,7 +2823,7 @@ func file_corral_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_corral_v1_sandbox_proto_goTypes = []any{
 	(NetworkMode)(0),              // 0: corral.v1.NetworkMode
 	(SandboxState)(0),             // 1: corral.v1.SandboxState
@@ -2729,38 +2837,39 @@ var file_corral_v1_sandbox_proto_goTypes = []any{
 	(*CreateRequest)(nil),         // 9: corral.v1.CreateRequest
 	(*CreateResponse)(nil),        // 10: corral.v1.CreateResponse
 	(*Sandbox)(nil),               // 11: corral.v1.Sandbox
-	(*GetRequest)(nil),            // 12: corral.v1.GetRequest
-	(*GetResponse)(nil),           // 13: corral.v1.GetResponse
-	(*ListRequest)(nil),           // 14: corral.v1.ListRequest
-	(*ListResponse)(nil),          // 15: corral.v1.ListResponse
-	(*DeleteRequest)(nil),         // 16: corral.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 17: corral.v1.DeleteResponse
-	(*ExecRequest)(nil),           // 18: corral.v1.ExecRequest
-	(*ExecResponse)(nil),          // 19: corral.v1.ExecResponse
-	(*ExecResult)(nil),            // 20: corral.v1.ExecResult
-	(*RunResponse)(nil),           // 21: corral.v1.RunResponse
-	(*WriteFileRequest)(nil),      // 22: corral.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 23: corral.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),       // 24: corral.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 25: corral.v1.ReadFileResponse
-	(*FileInfo)(nil),              // 26: corral.v1.FileInfo
-	(*ListDirRequest)(nil),        // 27: corral.v1.ListDirRequest
-	(*ListDirResponse)(nil),       // 28: corral.v1.ListDirResponse
-	(*StatRequest)(nil),           // 29: corral.v1.StatRequest
-	(*StatResponse)(nil),          // 30: corral.v1.StatResponse
-	(*RemoveRequest)(nil),         // 31: corral.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 32: corral.v1.RemoveResponse
-	(*MakeDirRequest)(nil),        // 33: corral.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),       // 34: corral.v1.MakeDirResponse
-	(*PauseRequest)(nil),          // 35: corral.v1.PauseRequest
-	(*PauseResponse)(nil),         // 36: corral.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 37: corral.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 38: corral.v1.ResumeResponse
-	nil,                           // 39: corral.v1.CreateRequest.LabelsEntry
-	nil,                           // 40: corral.v1.Sandbox.LabelsEntry
-	nil,                           // 41: corral.v1.ListRequest.LabelsEntry
-	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
+	(*LazyReadStats)(nil),         // 12: corral.v1.LazyReadStats
+	(*GetRequest)(nil),            // 13: corral.v1.GetRequest
+	(*GetResponse)(nil),           // 14: corral.v1.GetResponse
+	(*ListRequest)(nil),           // 15: corral.v1.ListRequest
+	(*ListResponse)(nil),          // 16: corral.v1.ListResponse
+	(*DeleteRequest)(nil),         // 17: corral.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 18: corral.v1.DeleteResponse
+	(*ExecRequest)(nil),           // 19: corral.v1.ExecRequest
+	(*ExecResponse)(nil),          // 20: corral.v1.ExecResponse
+	(*ExecResult)(nil),            // 21: corral.v1.ExecResult
+	(*RunResponse)(nil),           // 22: corral.v1.RunResponse
+	(*WriteFileRequest)(nil),      // 23: corral.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 24: corral.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),       // 25: corral.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 26: corral.v1.ReadFileResponse
+	(*FileInfo)(nil),              // 27: corral.v1.FileInfo
+	(*ListDirRequest)(nil),        // 28: corral.v1.ListDirRequest
+	(*ListDirResponse)(nil),       // 29: corral.v1.ListDirResponse
+	(*StatRequest)(nil),           // 30: corral.v1.StatRequest
+	(*StatResponse)(nil),          // 31: corral.v1.StatResponse
+	(*RemoveRequest)(nil),         // 32: corral.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 33: corral.v1.RemoveResponse
+	(*MakeDirRequest)(nil),        // 34: corral.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),       // 35: corral.v1.MakeDirResponse
+	(*PauseRequest)(nil),          // 36: corral.v1.PauseRequest
+	(*PauseResponse)(nil),         // 37: corral.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 38: corral.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 39: corral.v1.ResumeResponse
+	nil,                           // 40: corral.v1.CreateRequest.LabelsEntry
+	nil,                           // 41: corral.v1.Sandbox.LabelsEntry
+	nil,                           // 42: corral.v1.ListRequest.LabelsEntry
+	(*durationpb.Duration)(nil),   // 43: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
 }
 var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	0,  // 0: corral.v1.NetworkPolicy.mode:type_name -> corral.v1.NetworkMode
@@ -2768,67 +2877,68 @@ var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	2,  // 2: corral.v1.UpdateNetworkResponse.network:type_name -> corral.v1.NetworkPolicy
 	6,  // 3: corral.v1.NetworkStatsResponse.refusals:type_name -> corral.v1.NetworkRefusal
 	8,  // 4: corral.v1.CreateRequest.resources:type_name -> corral.v1.Resources
-	39, // 5: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
-	42, // 6: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
-	42, // 7: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
+	40, // 5: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
+	43, // 6: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
+	43, // 7: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
 	2,  // 8: corral.v1.CreateRequest.network:type_name -> corral.v1.NetworkPolicy
 	11, // 9: corral.v1.CreateResponse.sandbox:type_name -> corral.v1.Sandbox
 	1,  // 10: corral.v1.Sandbox.state:type_name -> corral.v1.SandboxState
 	8,  // 11: corral.v1.Sandbox.resources:type_name -> corral.v1.Resources
-	40, // 12: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
-	42, // 13: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	42, // 14: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	43, // 15: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	43, // 16: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
+	41, // 12: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
+	43, // 13: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	43, // 14: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	44, // 15: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	44, // 16: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
 	2,  // 17: corral.v1.Sandbox.network:type_name -> corral.v1.NetworkPolicy
-	11, // 18: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
-	41, // 19: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
-	1,  // 20: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
-	11, // 21: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
-	42, // 22: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	20, // 23: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
-	42, // 24: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	20, // 25: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
-	43, // 26: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	26, // 27: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
-	26, // 28: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
-	9,  // 29: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
-	12, // 30: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
-	14, // 31: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
-	16, // 32: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
-	18, // 33: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
-	18, // 34: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
-	22, // 35: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
-	24, // 36: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
-	27, // 37: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
-	29, // 38: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
-	31, // 39: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
-	33, // 40: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
-	35, // 41: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
-	37, // 42: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
-	3,  // 43: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
-	5,  // 44: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
-	10, // 45: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
-	13, // 46: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
-	15, // 47: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
-	17, // 48: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
-	19, // 49: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
-	21, // 50: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
-	23, // 51: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
-	25, // 52: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
-	28, // 53: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
-	30, // 54: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
-	32, // 55: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
-	34, // 56: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
-	36, // 57: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
-	38, // 58: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
-	4,  // 59: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
-	7,  // 60: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
-	45, // [45:61] is the sub-list for method output_type
-	29, // [29:45] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	12, // 18: corral.v1.Sandbox.lazy_reads:type_name -> corral.v1.LazyReadStats
+	11, // 19: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
+	42, // 20: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
+	1,  // 21: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
+	11, // 22: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
+	43, // 23: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	21, // 24: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
+	43, // 25: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	21, // 26: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
+	44, // 27: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	27, // 28: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
+	27, // 29: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
+	9,  // 30: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
+	13, // 31: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
+	15, // 32: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
+	17, // 33: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
+	19, // 34: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
+	19, // 35: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
+	23, // 36: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
+	25, // 37: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
+	28, // 38: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
+	30, // 39: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
+	32, // 40: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
+	34, // 41: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
+	36, // 42: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
+	38, // 43: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
+	3,  // 44: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
+	5,  // 45: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
+	10, // 46: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
+	14, // 47: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
+	16, // 48: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
+	18, // 49: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
+	20, // 50: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
+	22, // 51: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
+	24, // 52: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
+	26, // 53: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
+	29, // 54: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
+	31, // 55: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
+	33, // 56: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
+	35, // 57: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
+	37, // 58: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
+	39, // 59: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
+	4,  // 60: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
+	7,  // 61: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
+	46, // [46:62] is the sub-list for method output_type
+	30, // [30:46] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_sandbox_proto_init() }
@@ -2836,7 +2946,7 @@ func file_corral_v1_sandbox_proto_init() {
 	if File_corral_v1_sandbox_proto != nil {
 		return
 	}
-	file_corral_v1_sandbox_proto_msgTypes[17].OneofWrappers = []any{
+	file_corral_v1_sandbox_proto_msgTypes[18].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Result)(nil),
@@ -2847,7 +2957,7 @@ func file_corral_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_sandbox_proto_rawDesc), len(file_corral_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

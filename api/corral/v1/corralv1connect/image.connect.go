@@ -52,6 +52,8 @@ const (
 	ImageServiceCollectGarbageProcedure = "/corral.v1.ImageService/CollectGarbage"
 	// ImageServicePackProcedure is the fully-qualified name of the ImageService's Pack RPC.
 	ImageServicePackProcedure = "/corral.v1.ImageService/Pack"
+	// ImageServicePullLayerProcedure is the fully-qualified name of the ImageService's PullLayer RPC.
+	ImageServicePullLayerProcedure = "/corral.v1.ImageService/PullLayer"
 )
 
 // ImageServiceClient is a client for the corral.v1.ImageService service.
@@ -71,6 +73,10 @@ type ImageServiceClient interface {
 	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
 	// Pack turns a sandbox's writable layer into a new layer version.
 	Pack(context.Context, *connect.Request[v1.PackRequest]) (*connect.Response[v1.PackResponse], error)
+	// PullLayer learns a layer another node published to the shared blob
+	// store: only its metadata becomes local; file data is fetched on first
+	// read. FAILED_PRECONDITION when the node has no blob store.
+	PullLayer(context.Context, *connect.Request[v1.PullLayerRequest]) (*connect.Response[v1.PullLayerResponse], error)
 }
 
 // NewImageServiceClient constructs a client for the corral.v1.ImageService service. By default, it
@@ -126,6 +132,12 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(imageServiceMethods.ByName("Pack")),
 			connect.WithClientOptions(opts...),
 		),
+		pullLayer: connect.NewClient[v1.PullLayerRequest, v1.PullLayerResponse](
+			httpClient,
+			baseURL+ImageServicePullLayerProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("PullLayer")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -138,6 +150,7 @@ type imageServiceClient struct {
 	removeImage       *connect.Client[v1.RemoveImageRequest, v1.RemoveImageResponse]
 	collectGarbage    *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
 	pack              *connect.Client[v1.PackRequest, v1.PackResponse]
+	pullLayer         *connect.Client[v1.PullLayerRequest, v1.PullLayerResponse]
 }
 
 // ListImages calls corral.v1.ImageService.ListImages.
@@ -175,6 +188,11 @@ func (c *imageServiceClient) Pack(ctx context.Context, req *connect.Request[v1.P
 	return c.pack.CallUnary(ctx, req)
 }
 
+// PullLayer calls corral.v1.ImageService.PullLayer.
+func (c *imageServiceClient) PullLayer(ctx context.Context, req *connect.Request[v1.PullLayerRequest]) (*connect.Response[v1.PullLayerResponse], error) {
+	return c.pullLayer.CallUnary(ctx, req)
+}
+
 // ImageServiceHandler is an implementation of the corral.v1.ImageService service.
 type ImageServiceHandler interface {
 	// ListImages lists built images, compositions and layers.
@@ -192,6 +210,10 @@ type ImageServiceHandler interface {
 	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
 	// Pack turns a sandbox's writable layer into a new layer version.
 	Pack(context.Context, *connect.Request[v1.PackRequest]) (*connect.Response[v1.PackResponse], error)
+	// PullLayer learns a layer another node published to the shared blob
+	// store: only its metadata becomes local; file data is fetched on first
+	// read. FAILED_PRECONDITION when the node has no blob store.
+	PullLayer(context.Context, *connect.Request[v1.PullLayerRequest]) (*connect.Response[v1.PullLayerResponse], error)
 }
 
 // NewImageServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -243,6 +265,12 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(imageServiceMethods.ByName("Pack")),
 		connect.WithHandlerOptions(opts...),
 	)
+	imageServicePullLayerHandler := connect.NewUnaryHandler(
+		ImageServicePullLayerProcedure,
+		svc.PullLayer,
+		connect.WithSchema(imageServiceMethods.ByName("PullLayer")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/corral.v1.ImageService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ImageServiceListImagesProcedure:
@@ -259,6 +287,8 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 			imageServiceCollectGarbageHandler.ServeHTTP(w, r)
 		case ImageServicePackProcedure:
 			imageServicePackHandler.ServeHTTP(w, r)
+		case ImageServicePullLayerProcedure:
+			imageServicePullLayerHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -294,4 +324,8 @@ func (UnimplementedImageServiceHandler) CollectGarbage(context.Context, *connect
 
 func (UnimplementedImageServiceHandler) Pack(context.Context, *connect.Request[v1.PackRequest]) (*connect.Response[v1.PackResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.ImageService.Pack is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) PullLayer(context.Context, *connect.Request[v1.PullLayerRequest]) (*connect.Response[v1.PullLayerResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.ImageService.PullLayer is not implemented"))
 }
