@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -35,6 +36,9 @@ type Image struct {
 	// Layers are the mounted Stack as host directories, the topmost first
 	// (overlay lowerdir order). Get mounts them; nothing may write to them.
 	Layers []string
+	// Disks are the same layers as files, topmost first, for VM backends
+	// that attach them to a guest as read-only block devices.
+	Disks []backend.LayerDisk
 	// Env is the default environment ("KEY=VALUE"), e.g. PATH.
 	Env []string
 }
@@ -183,6 +187,7 @@ func (s *Store) load(name string) (Image, error) {
 			return Image{}, fmt.Errorf("image %q: layer %s: bad digest %q", name, m.Layers[i].Ref, m.Layers[i].Digest)
 		}
 		img.Layers = append(img.Layers, s.layerMount(m.Layers[i].Digest))
+		img.Disks = append(img.Disks, backend.LayerDisk{Image: s.layerFile(m.Layers[i].Digest)})
 	}
 	return img, nil
 }
