@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,9 +25,16 @@ func (q *qemu) Name() string { return "qemu" }
 // qemuArgs is the command line of m; restore adds -incoming.
 func (q *qemu) args(m *machine, restore bool) []string {
 	machineOpts := "microvm,x-option-roms=off,rtc=off"
-	accel := []string{"-accel", "tcg,thread=multi"}
+	// Under TCG the guest cannot calibrate its TSC against the PIT when
+	// the host is loaded (and then hangs waiting for timer ticks): it is
+	// told the TSC rate (TCG's TSC is the host's) and gets the TSC-deadline
+	// APIC timer of "-cpu max", which needs no calibration.
+	accel := []string{"-accel", "tcg,thread=multi", "-cpu", "max"}
+	cmdline := "console=ttyS0 quiet loglevel=1 panic=-1 reboot=t rdinit=/init"
 	if m.KVM {
 		accel = []string{"-accel", "kvm", "-cpu", "host"}
+	} else if khz := hostTSCkHz(); khz > 0 {
+		cmdline += fmt.Sprintf(" tsc_early_khz=%d tsc=reliable", khz)
 	}
 	args := []string{q.bin, "-M", machineOpts}
 	args = append(args, accel...)
@@ -39,7 +47,7 @@ func (q *qemu) args(m *machine, restore bool) []string {
 		"-initrd", m.path(initrdFile),
 		// panic=-1 reboots at once on a guest panic, -no-reboot turns the
 		// reboot into QEMU's exit: a crashed guest ends its own VM only.
-		"-append", "console=ttyS0 quiet loglevel=1 panic=-1 reboot=t rdinit=/init",
+		"-append", cmdline,
 		"-serial", "file:"+m.path(consoleFile),
 		"-qmp", "unix:"+m.path(qmpSock)+",server=on,wait=off",
 		"-device", "virtio-serial-device,max_ports=2",
@@ -61,6 +69,25 @@ func (q *qemu) args(m *machine, restore bool) []string {
 		args = append(args, "-incoming", "exec:cat "+shellQuote(m.path(snapshotFile)))
 	}
 	return args
+}
+
+// hostTSCkHz is the host CPU's clock in kHz from /proc/cpuinfo (0 when
+// unknown), the rate TCG guests see their TSC run at.
+func hostTSCkHz() int64 {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if name, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(name) == "cpu MHz" {
+			mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				return 0
+			}
+			return int64(mhz * 1000)
+		}
+	}
+	return 0
 }
 
 // qemuEscape doubles commas, QEMU's option separator.

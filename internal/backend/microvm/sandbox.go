@@ -190,7 +190,11 @@ func (s *sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
 		}
 	}()
 	for {
-		_, err := s.call(ctx, agentproto.Request{Op: agentproto.OpPing})
+		// Each attempt is short: bytes sent before the guest opened its
+		// port may be lost, and a fresh session is the way to resend.
+		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err := s.call(actx, agentproto.Request{Op: agentproto.OpPing})
+		acancel()
 		if err == nil {
 			return nil
 		}
@@ -328,6 +332,12 @@ func (s *sandbox) Resume(ctx context.Context) error {
 	}
 	s.setProc(proc)
 	s.paused = false
+	s.mu.Unlock()
+	err = s.waitAgent(ctx, time.Minute)
+	s.mu.Lock()
+	if err != nil {
+		return fmt.Errorf("sandbox %s: restore: %w", s.m.id, err)
+	}
 	return nil
 }
 
