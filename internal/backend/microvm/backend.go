@@ -53,9 +53,12 @@ type Config struct {
 	Busybox string
 	// QEMU is qemu-system-x86_64 (default: from PATH).
 	QEMU string
-	// Firecracker, when set (or found in PATH) and /dev/kvm exists, is
-	// used instead of QEMU.
-	Firecracker string
+	// Firecracker, when set (or found in PATH) and KVM works, is used
+	// instead of QEMU, booting FirecrackerKernel: an uncompressed ELF
+	// vmlinux of the same release as Kernel (default: Kernel's path with
+	// vmlinuz replaced by vmlinux). Without one QEMU is used.
+	Firecracker       string
+	FirecrackerKernel string
 	// SnapshotAfter: a paused microVM is stopped at once (its RAM stays
 	// allocated, resume is instant); once it has been paused this long its
 	// memory and device state go to a file and the VMM exits, freeing the
@@ -135,8 +138,17 @@ func New(cfg Config) (*Backend, error) {
 		if fc == "" {
 			fc, _ = exec.LookPath("firecracker")
 		}
-		if fc != "" {
+		kernel := cfg.FirecrackerKernel
+		if kernel == "" {
+			kernel = strings.Replace(cfg.Kernel, "vmlinuz", "vmlinux", 1)
+		}
+		switch {
+		case fc == "":
+		case checkKernel(kernel) != nil:
+			b.log.Warn("firecracker found but no uncompressed guest kernel; using QEMU", "err", checkKernel(kernel))
+		default:
 			b.drv = &firecracker{bin: fc}
+			b.cfg.Kernel = kernel
 			mods = append(append([]string(nil), guestModules...), vsockModules...)
 		}
 	}
