@@ -43,6 +43,9 @@ func Main() {
 	if f, err := os.OpenFile("/dev/console", os.O_WRONLY, 0); err == nil {
 		console = f
 	}
+	// Commands running as an unprivileged guest user cannot ptrace the
+	// agent or read its memory (the secret); guest root still could.
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	cfg, err := boot()
 	if err != nil {
 		logf("boot failed: %v", err)
