@@ -95,6 +95,9 @@ func boot() (*runtimeConfig, error) {
 	if fc.Hostname != "" {
 		_ = unix.Sethostname([]byte(fc.Hostname))
 	}
+	if err := dropBounding(); err != nil {
+		return nil, err
+	}
 	return &runtimeConfig{secret: fc.Secret, channel: ch}, nil
 }
 
@@ -233,6 +236,16 @@ func mountAPIFS(root string) error {
 		if err := unix.Mount(m.src, dst, m.fstype, m.flags, m.data); err != nil {
 			return fmt.Errorf("mount %s: %w", dst, err)
 		}
+	}
+	// Sysctls read-only: core_pattern or modprobe pointing at a guest file
+	// would make the kernel run it with every capability, around the
+	// bounding set commands get (see dropBounding).
+	sys := filepath.Join(root, "proc/sys")
+	if err := unix.Mount(sys, sys, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", sys, err)
+	}
+	if err := unix.Mount("", sys, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("remount %s read-only: %w", sys, err)
 	}
 	return nil
 }
