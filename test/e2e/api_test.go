@@ -27,7 +27,7 @@ func TestBadInputsGetClearErrors(t *testing.T) {
 		mention string
 	}{
 		{"unknown backend", client.CreateOptions{Backend: "docker"}, client.CodeInvalidArgument, "backend"},
-		{"backend not here", client.CreateOptions{Backend: "microvm"}, client.CodeUnimplemented, "microvm"},
+		{"backend not here", client.CreateOptions{Backend: "vm"}, client.CodeUnimplemented, "vm"},
 		{"negative memory", client.CreateOptions{Resources: client.Resources{MemoryBytes: -1}}, client.CodeInvalidArgument, "memory_bytes"},
 		{"huge memory", client.CreateOptions{Resources: client.Resources{MemoryBytes: huge}}, client.CodeInvalidArgument, "memory_bytes"},
 		{"negative cpu", client.CreateOptions{Resources: client.Resources{CPUMillis: -5}}, client.CodeInvalidArgument, "cpu_millis"},

@@ -81,6 +81,12 @@ func (s *sandbox) exitReason() string {
 		line, _, _ := strings.Cut(console[i:], "\n")
 		return "guest kernel panic: " + strings.TrimSpace(line)
 	}
+	if i := strings.LastIndex(console, "corral-agent: "); i >= 0 {
+		// The agent's last word, unless it is the "ready" of a normal boot.
+		if line, _, _ := strings.Cut(console[i:], "\n"); strings.TrimSpace(line) != "corral-agent: ready" {
+			return "guest agent ended: " + strings.TrimSpace(line)
+		}
+	}
 	if log := tailFile(s.m.path("qemu.log"), 300); log != "" {
 		return "vmm exited: " + log
 	}
