@@ -78,7 +78,10 @@ func TestPauseResumeSnapshot(t *testing.T) {
 	sb := create(t, b, testSpec(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	sh(t, sb, "echo kept > /root/f; (i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done) >/dev/null 2>&1 &")
+	// The counter is replaced by a rename, so a read never sees it half
+	// written; the loop has counted once before the pause.
+	sh(t, sb, "echo kept > /root/f; (i=0; while true; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.2; done) >/dev/null 2>&1 &")
+	sh(t, sb, "while [ ! -s /tmp/count ]; do sleep 0.1; done")
 	m := sb.(*sandbox).m
 	oldPid := m.Pid
 	if err := sb.Pause(ctx); err != nil {
