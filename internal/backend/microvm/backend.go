@@ -338,7 +338,7 @@ func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (backend.San
 		_ = proc.Kill()
 		return nil, errdefs.NotFound("sandbox %s: vmm does not answer: %v", id, err)
 	}
-	if err := s.waitAgent(ctx, 30*time.Second); err != nil {
+	if err := s.waitAgent(ctx, bootTimeout(m.KVM)); err != nil {
 		_ = proc.Kill()
 		return nil, errdefs.NotFound("sandbox %s: agent does not answer: %v", id, err)
 	}

@@ -23,6 +23,8 @@ func TestRecoverAndSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Whatever fails below, the VM does not outlive the test.
+	t.Cleanup(func() { _ = b.Cleanup(context.Background(), spec.ID, nil) })
 	sh(t, sb, "echo before-restart > /root/mark")
 	pid := sb.(*sandbox).m.Pid
 	// The old daemon's connection goes away with it.
