@@ -9,6 +9,7 @@ build:
 	$(GO) build -o bin/corral ./cmd/corral
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/corral-init ./cmd/corral-init
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/corral-probe ./cmd/corral-probe
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/corral-agent ./cmd/corral-agent
 
 # Regenerate protobuf/ConnectRPC code (committed); needs protoc.
 generate:

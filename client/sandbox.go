@@ -39,7 +39,7 @@ type Resources struct {
 
 // CreateOptions describe a new sandbox. Only Image is commonly set.
 type CreateOptions struct {
-	Backend   string // "container" (default)
+	Backend   string // "container" (default) or "microvm"
 	Image     string // e.g. "busybox", "debian"
 	Resources Resources
 	Env       map[string]string

@@ -30,9 +30,12 @@ type Spec struct {
 	ID string
 	// Layers are read-only root filesystem layers as host directories, the
 	// topmost first (overlayfs lowerdir order).
-	Layers    []string
-	Resources Resources
-	Hostname  string
+	Layers []string
+	// LayerDisks are the same layers as files (topmost first), for
+	// backends that hand them to a guest kernel as block devices.
+	LayerDisks []LayerDisk
+	Resources  Resources
+	Hostname   string
 	// Resettable asks for a sandbox that implements Resetter (fncall
 	// pools). Its writable layer is a tmpfs of Resources.DiskBytes inside
 	// the sandbox, charged to its memory limit.
@@ -223,4 +226,19 @@ type Files interface {
 	Stat(ctx context.Context, path string) (FileInfo, error)
 	Remove(ctx context.Context, path string, recursive bool) error
 	MakeDir(ctx context.Context, path string, mode fs.FileMode, parents bool) error
+}
+
+// LayerDisk is one read-only layer as the files a virtual machine attaches
+// as block devices: Image is the EROFS image, Devices its extra blob
+// devices (mounted with EROFS "device=" options), in order.
+type LayerDisk struct {
+	Image   string   `json:"image"`
+	Devices []string `json:"devices,omitempty"`
+}
+
+// ExitReasoner is implemented by sandboxes that can tell why they ended on
+// their own (a guest kernel panic, an out-of-memory kill of the VMM).
+type ExitReasoner interface {
+	// ExitReason is empty while the sandbox runs.
+	ExitReason() string
 }

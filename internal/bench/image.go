@@ -169,13 +169,6 @@ func Image(ctx context.Context, c *client.Client, o ImageOptions) (res *ImageRes
 	return res, nil
 }
 
-func ratio(a, b float64) float64 {
-	if b == 0 {
-		return 0
-	}
-	return round(a / b)
-}
-
 type imageBench struct {
 	c    *client.Client
 	t    *tracker

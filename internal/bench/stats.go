@@ -120,3 +120,11 @@ func f3(f float64) string {
 	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
 	return s
 }
+
+// ratio is a/b rounded for a table; 0 when b is not positive (no peer).
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return round(a / b)
+}

@@ -24,7 +24,7 @@ Benchmarks create sandboxes labelled corral-bench=<random> and delete them all
 at the end, also on error or Ctrl-C. The density and runc figures read this
 host (/proc/meminfo, runc), so run them on the server's machine.`,
 	}
-	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g), newBenchFnCallCmd(g), newBenchNetCmd(g), newBenchImageCmd(g), newBenchLazyCmd(g))
+	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g), newBenchFnCallCmd(g), newBenchNetCmd(g), newBenchImageCmd(g), newBenchLazyCmd(g), newBenchMicroVMCmd(g))
 	return cmd
 }
 
@@ -189,4 +189,38 @@ func runBench(cmd *cobra.Command, g *globals, run func(ctx context.Context, c *c
 	}
 	return res.WriteTable(os.Stdout)
 
+}
+
+func newBenchMicroVMCmd(g *globals) *cobra.Command {
+	var o bench.MicroVMOptions
+	var memory string
+	cmd := &cobra.Command{
+		Use:   "microvm",
+		Short: "MicroVM boot→ready, exec latency, host memory per idle VM and resume from a snapshot, beside containers",
+		Long: `Measures the microvm backend beside container sandboxes of the same run:
+create→first exec (boot_ready), exec of true, host memory of idle VMs (VMM RSS plus
+the files in their run dirs, and the fall in MemAvailable), and resume of a VM paused
+to a memory snapshot. The snapshot is taken when the server's
+--microvm-snapshot-after says (start it with 0 to snapshot at pause). Run it on the
+server's machine: the VMM processes are read from /proc.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.MemoryBytes, err = parseBytes("memory", memory); err != nil {
+				return err
+			}
+			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
+				o.Log = os.Stderr
+				return bench.MicroVM(ctx, c, o)
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&o.Boots, "boots", 5, "create→first exec samples per backend")
+	fl.IntVar(&o.Execs, "execs", 30, "exec samples per backend")
+	fl.IntVar(&o.Idle, "idle", 20, "idle sandboxes per backend for the memory figures")
+	fl.StringVar(&o.Image, "image", "busybox", "image to create sandboxes from")
+	fl.StringVar(&memory, "memory", "256Mi", "guest RAM of each microVM (and memory limit of each container)")
+	fl.DurationVar(&o.SnapshotMax, "snapshot-wait", 3*time.Minute, "longest wait for a paused VM's memory snapshot")
+	return cmd
 }

@@ -24,7 +24,7 @@ type createFlags struct {
 
 func (f *createFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.StringVar(&f.backend, "backend", "", "isolation backend: container (default)")
+	fl.StringVar(&f.backend, "backend", "", "isolation backend: container (default) or microvm (own guest kernel; at least 128Mi memory)")
 	fl.StringVar(&f.image, "image", "", "image name (default: the server's, busybox)")
 	fl.StringVar(&f.cpu, "cpu", "", "CPU limit in cores or millicores (1, 0.5, 250m)")
 	fl.StringVar(&f.memory, "memory", "", "memory limit (512Mi, 2Gi)")

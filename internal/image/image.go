@@ -27,6 +27,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -38,6 +39,9 @@ type Image struct {
 	// Layers are the mounted Stack as host directories, the topmost first
 	// (overlay lowerdir order). Get mounts them; nothing may write to them.
 	Layers []string
+	// Disks are the same layers as files, topmost first, for VM backends
+	// that attach them to a guest as read-only block devices.
+	Disks []backend.LayerDisk
 	// Env is the default environment ("KEY=VALUE"), e.g. PATH.
 	Env []string
 }
@@ -149,17 +153,21 @@ func (s *Store) Get(ctx context.Context, name string) (Image, error) {
 	if err != nil {
 		return Image{}, err
 	}
-	return img, s.mountImage(ctx, img)
+	return s.mountImage(ctx, img)
 }
 
-// mountImage mounts the layers of img that are not mounted yet.
-func (s *Store) mountImage(ctx context.Context, img Image) error {
-	for _, l := range img.Stack {
-		if err := s.mountLayer(ctx, l); err != nil {
-			return fmt.Errorf("image %q: %w", img.Name, err)
+// mountImage mounts the layers of img that are not mounted yet and fills
+// in img.Disks.
+func (s *Store) mountImage(ctx context.Context, img Image) (Image, error) {
+	img.Disks = make([]backend.LayerDisk, len(img.Stack))
+	for i, l := range img.Stack {
+		disk, err := s.mountLayer(ctx, l)
+		if err != nil {
+			return Image{}, fmt.Errorf("image %q: %w", img.Name, err)
 		}
+		img.Disks[len(img.Stack)-1-i] = disk // topmost first, as Layers
 	}
-	return nil
+	return img, nil
 }
 
 // notFound says which images exist and how to build the missing one.
@@ -275,7 +283,7 @@ func (s *Store) build(ctx context.Context, name string, progress io.Writer, forc
 	if !force {
 		img, err := s.load(name)
 		if err == nil {
-			return img, s.mountImage(ctx, img)
+			return s.mountImage(ctx, img)
 		}
 		if !errors.Is(err, os.ErrNotExist) {
 			return img, err
@@ -288,7 +296,7 @@ func (s *Store) build(ctx context.Context, name string, progress io.Writer, forc
 	if err != nil {
 		return Image{}, err
 	}
-	return img, s.mountImage(ctx, img)
+	return s.mountImage(ctx, img)
 }
 
 // lock serializes builds of one name.

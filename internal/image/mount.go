@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/mountinfo"
 )
 
@@ -85,7 +86,8 @@ func (s *Store) reconcile(ctx context.Context) error {
 			}
 			errs = append(errs, removeDir(mp))
 		case !mounted[mp]:
-			errs = append(errs, s.mountLayer(ctx, idx.describe("", digest)))
+			_, err := s.mountLayer(ctx, idx.describe("", digest))
+			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -95,36 +97,39 @@ func (s *Store) reconcile(ctx context.Context) error {
 }
 
 // mountLayer mounts l at its mount point unless it is there: the metadata
-// file with the blob from the BlobSource as its extra device.
-func (s *Store) mountLayer(ctx context.Context, l Layer) error {
+// file with the blob from the BlobSource as its extra device. It returns
+// the layer as the files a VM attaches.
+func (s *Store) mountLayer(ctx context.Context, l Layer) (backend.LayerDisk, error) {
+	disk := backend.LayerDisk{Image: s.metaFile(l.Digest)}
+	opts := ""
+	if l.Split() {
+		blob, err := s.blobSrc.BlobPath(ctx, l)
+		if err != nil {
+			return disk, fmt.Errorf("mount layer %s: %w", l.Digest, err)
+		}
+		if strings.ContainsAny(blob, ",") {
+			return disk, fmt.Errorf("mount layer %s: blob path %q has a comma, which mount options cannot carry", l.Digest, blob)
+		}
+		opts = "device=" + blob
+		disk.Devices = []string{blob}
+	}
 	s.mountMu.Lock()
 	defer s.mountMu.Unlock()
 	mp := s.layerMount(l.Digest)
 	mounted, err := mountsUnder(mp)
 	if err != nil {
-		return err
+		return disk, err
 	}
 	if mounted[mp] {
-		return nil
-	}
-	opts := ""
-	if l.Split() {
-		blob, err := s.blobSrc.BlobPath(ctx, l)
-		if err != nil {
-			return fmt.Errorf("mount layer %s: %w", l.Digest, err)
-		}
-		if strings.ContainsAny(blob, ",") {
-			return fmt.Errorf("mount layer %s: blob path %q has a comma, which mount options cannot carry", l.Digest, blob)
-		}
-		opts = "device=" + blob
+		return disk, nil
 	}
 	if err := os.Mkdir(mp, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("mount layer %s: %w", l.Digest, err)
+		return disk, fmt.Errorf("mount layer %s: %w", l.Digest, err)
 	}
 	if err := unix.Mount(s.metaFile(l.Digest), mp, "erofs", layerMountFlags, opts); err != nil {
-		return fmt.Errorf("mount layer %s: %w", l.Digest, err)
+		return disk, fmt.Errorf("mount layer %s: %w", l.Digest, err)
 	}
-	return nil
+	return disk, nil
 }
 
 // unmountLayer detaches digest's mount and removes its mount point.

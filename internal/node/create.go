@@ -108,10 +108,11 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		return nil, fmt.Errorf("record sandbox %s: %w", rec.ID, err)
 	}
 	sb, err := b.Create(ctx, backend.Spec{
-		ID:       rec.ID,
-		Layers:   img.Layers,
-		Hostname: "sandbox",
-		Network:  backend.Network{Mode: rec.NetworkMode, Allow: rec.NetworkAllow},
+		ID:         rec.ID,
+		Layers:     img.Layers,
+		LayerDisks: img.Disks,
+		Hostname:   "sandbox",
+		Network:    backend.Network{Mode: rec.NetworkMode, Allow: rec.NetworkAllow},
 		Resources: backend.Resources{
 			CPUMillis:   rec.CPUMillis,
 			MemoryBytes: rec.MemoryBytes,

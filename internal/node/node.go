@@ -261,5 +261,9 @@ func (n *Node) watch(e *entry, sb backend.Sandbox) {
 	<-sb.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n.stop(ctx, e, sb, "sandbox init exited")
+	reason := "sandbox init exited"
+	if r, ok := sb.(backend.ExitReasoner); ok && r.ExitReason() != "" {
+		reason = r.ExitReason()
+	}
+	n.stop(ctx, e, sb, reason)
 }

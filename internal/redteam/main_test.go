@@ -83,7 +83,7 @@ func startServer(t *testing.T) (*testenv.Server, canaries) {
 	}
 	t.Cleanup(func() { logFile.Close() })
 	logger := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	srv := testenv.StartServer(t, func(cfg *server.Config) {
+	srv := testenv.StartServer(t, withAgent(t), func(cfg *server.Config) {
 		cfg.Logger = logger
 		// Before the server starts: its store then turns layers/ into a
 		// mount of its own, across which nothing can be hard-linked.
@@ -158,6 +158,29 @@ func forEachBackend(t *testing.T, f func(t *testing.T, backend string)) {
 	}
 }
 
+// skipIfTableSays skips t on backend when the table skips every row named
+// prefix* for it (recording those rows as n/a), before any sandbox is made.
+func skipIfTableSays(t *testing.T, backend, prefix string) {
+	t.Helper()
+	var why string
+	for _, a := range table.Attempts {
+		if strings.HasPrefix(a.Name, prefix) {
+			if why = a.For(backend).Skip; why == "" {
+				return
+			}
+		}
+	}
+	if why == "" {
+		return
+	}
+	for _, a := range table.Attempts {
+		if strings.HasPrefix(a.Name, prefix) {
+			report.Add(a.Name, backend, Judge(a.For(backend), nil))
+		}
+	}
+	t.Skip(why)
+}
+
 // backendMissing asks a throwaway server for a sandbox of the backend.
 // fncall sandboxes are not reachable through SandboxService at all: its
 // probe rows run in TestProbeFnCall.
@@ -165,13 +188,20 @@ func backendMissing(t *testing.T, backend string) string {
 	if backend == "fncall" {
 		return "fncall: a pooled sandbox is reached only through FnCallService; its probe rows run in TestProbeFnCall"
 	}
-	srv := testenv.StartServer(t)
+	srv := testenv.StartServer(t, withAgent(t))
 	sb, err := srv.Client.Create(context.Background(), client.CreateOptions{Backend: backend})
 	if err != nil {
 		return fmt.Sprintf("create: %v", err)
 	}
 	_ = sb.Delete(context.Background())
 	return ""
+}
+
+// withAgent gives a test server the microVM agent, so that the microvm
+// backend runs wherever QEMU and a guest kernel exist.
+func withAgent(t *testing.T) func(*server.Config) {
+	bins := testenv.Binaries(t)
+	return func(cfg *server.Config) { cfg.AgentBinary = filepath.Join(bins, "corral-agent") }
 }
 
 // installProbe copies the probe into the sandbox.

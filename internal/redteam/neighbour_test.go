@@ -72,6 +72,7 @@ type load struct {
 // SCHED_IDLE.
 func TestNoisyNeighbours(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, backend string) {
+		skipIfTableSays(t, backend, "resource/")
 		srv, _ := startServer(t)
 		const disk, outCap = 64 << 20, 1 << 20
 		a := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend, Resources: client.Resources{

@@ -40,6 +40,9 @@ type Expect struct {
 	KnownGap string `json:"known_gap,omitempty"`
 	// Skip says why the attempt does not apply to this backend.
 	Skip string `json:"skip,omitempty"`
+	// Why explains, for review, an outcome that differs from "*" by
+	// design (a microVM's guest root may mount inside its own kernel).
+	Why string `json:"why,omitempty"`
 }
 
 // Attempt is one row of the table.

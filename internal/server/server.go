@@ -46,6 +46,12 @@ type Config struct {
 	KeepCgroupMountOptions bool
 	// InitBinary is the corral-init path (default: beside this executable).
 	InitBinary string
+	// AgentBinary is the static corral-agent, the microVM guest's init
+	// (default: beside this executable).
+	AgentBinary string
+	// MicroVMSnapshotAfter is how long a paused microVM keeps its RAM
+	// before its state goes to disk (0: at once; negative: never).
+	MicroVMSnapshotAfter time.Duration
 	// DiskStore says how writable layers get disk limits: DiskStoreAuto
 	// (default), DiskStoreXFS or DiskStoreExt4Image.
 	DiskStore string

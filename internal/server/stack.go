@@ -8,6 +8,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/backend/container"
+	"github.com/corral-dev/corral/internal/backend/microvm"
 	"github.com/corral-dev/corral/internal/diskimg"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
@@ -76,7 +77,27 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 		}
 		return nil, err
 	}
-	return &stack{uppers: pool, container: ctr, network: network, backends: []backend.Backend{ctr}}, nil
+	st := &stack{uppers: pool, container: ctr, network: network, backends: []backend.Backend{ctr}}
+	vm, err := microvm.New(microvm.Config{
+		RunDir:        filepath.Join(cfg.DataDir, "vm"),
+		AgentPath:     cfg.AgentBinary,
+		Busybox:       shell,
+		SnapshotAfter: cfg.MicroVMSnapshotAfter,
+		Logger:        cfg.Logger,
+	})
+	switch {
+	case errdefs.IsNotSupported(err):
+		cfg.Logger.Warn("microvm backend unavailable", "err", err)
+	case err != nil:
+		if pool != nil {
+			pool.Close(ctx, false)
+		}
+		return nil, err
+	default:
+		cfg.Logger.Info("microvm backend", "vmm", vm.Driver(), "kvm", vm.KVM())
+		st.backends = append(st.backends, vm)
+	}
+	return st, nil
 }
 
 // openDiskStore opens the store cfg.DiskStore names. With auto, the XFS

@@ -96,6 +96,7 @@ func BuildBinaries() (string, error) {
 		for _, b := range []struct{ out, pkg, cgo string }{
 			{"corral", "./cmd/corral", "1"},
 			{"corral-init", "./cmd/corral-init", "0"},
+			{"corral-agent", "./cmd/corral-agent", "0"},
 		} {
 			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg)
 			cmd.Dir = root

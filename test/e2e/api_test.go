@@ -27,7 +27,7 @@ func TestBadInputsGetClearErrors(t *testing.T) {
 		mention string
 	}{
 		{"unknown backend", client.CreateOptions{Backend: "docker"}, client.CodeInvalidArgument, "backend"},
-		{"backend not here", client.CreateOptions{Backend: "microvm"}, client.CodeUnimplemented, "microvm"},
+		{"backend not here", client.CreateOptions{Backend: "vm"}, client.CodeUnimplemented, "vm"},
 		{"negative memory", client.CreateOptions{Resources: client.Resources{MemoryBytes: -1}}, client.CodeInvalidArgument, "memory_bytes"},
 		{"huge memory", client.CreateOptions{Resources: client.Resources{MemoryBytes: huge}}, client.CodeInvalidArgument, "memory_bytes"},
 		{"negative cpu", client.CreateOptions{Resources: client.Resources{CPUMillis: -5}}, client.CodeInvalidArgument, "cpu_millis"},
@@ -269,7 +269,14 @@ func TestMaxLifetimeStopsABusySandbox(t *testing.T) {
 // reaper has stopped sb, and checks the reason names the TTL.
 func waitStopped(t *testing.T, sb *client.Sandbox, reason string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	waitStoppedWithin(t, sb, reason, 30*time.Second)
+}
+
+// waitStoppedWithin is waitStopped with another bound (microVMs boot slowly
+// under TCG).
+func waitStoppedWithin(t *testing.T, sb *client.Sandbox, reason string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for {
 		info, err := sb.Info(context.Background())
 		if err != nil {
@@ -282,7 +289,7 @@ func waitStopped(t *testing.T, sb *client.Sandbox, reason string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("sandbox still %s 30s later, waiting for its %s", info.State, reason)
+			t.Fatalf("sandbox still %s %v later, waiting for its %s", info.State, within, reason)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

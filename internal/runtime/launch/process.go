@@ -115,3 +115,7 @@ func (p *Process) Alive() bool {
 	})
 	return alive
 }
+
+// Adopt watches a child this process started with SysProcAttr.PidFD set
+// (a VMM, say), reaping it when it exits.
+func Adopt(pid, pidfd int) (*Process, error) { return newProcess(pid, pidfd, true) }

@@ -164,7 +164,7 @@ class ErrorMappingTest(LiveTest):
         with self.assertRaises(corral.NotFoundError):
             await self.make(image="no-such-image")
         with self.assertRaises(corral.UnimplementedError):
-            await self.make(backend="microvm")
+            await self.make(backend="vm")
         with self.assertRaises(corral.InvalidArgumentError):
             await self.make(backend="bogus")
         with self.assertRaises(corral.InvalidArgumentError):

@@ -1,0 +1,348 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/agentproto"
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// drainWait bounds how long output is read after the command exited: a
+// background process it left may hold the pipes open forever.
+const drainWait = 200 * time.Millisecond
+
+type exitStatus struct {
+	ws unix.WaitStatus
+	ru unix.Rusage
+}
+
+// reaper waits for every child (PID 1 inherits all orphans) and hands the
+// exits of started commands to their exec.
+type reaper struct {
+	mu      sync.Mutex // held while forking+registering and while reaping
+	waiters map[int]chan exitStatus
+}
+
+func newReaper() *reaper { return &reaper{waiters: map[int]chan exitStatus{}} }
+
+func (r *reaper) run(sigs <-chan os.Signal) {
+	for sig := range sigs {
+		if sig != unix.SIGCHLD {
+			continue
+		}
+		r.mu.Lock()
+		for {
+			var st exitStatus
+			pid, err := unix.Wait4(-1, &st.ws, unix.WNOHANG, &st.ru)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || pid <= 0 {
+				break
+			}
+			if ch, ok := r.waiters[pid]; ok {
+				delete(r.waiters, pid)
+				ch <- st
+			}
+		}
+		r.mu.Unlock()
+	}
+}
+
+func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr) (int, chan exitStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pid, err := syscall.ForkExec(argv0, argv, attr)
+	if err != nil {
+		return 0, nil, err
+	}
+	ch := make(chan exitStatus, 1)
+	r.waiters[pid] = ch
+	return pid, ch, nil
+}
+
+func (s *server) exec(fs *agentproto.Stream, req *agentproto.Exec) {
+	if req == nil || len(req.Argv) == 0 {
+		replyErr(fs, errdefs.InvalidArgument("exec: argv must not be empty"))
+		return
+	}
+	cred, err := lookupUser(req.User)
+	if err != nil {
+		replyErr(fs, err)
+		return
+	}
+	argv0, err := lookPath(req.Argv[0], req.Env)
+	if err != nil {
+		replyErr(fs, err)
+		return
+	}
+	var stdinR, stdinW *os.File
+	if req.Stdin {
+		if stdinR, stdinW, err = os.Pipe(); err != nil {
+			replyErr(fs, fmt.Errorf("exec: %w", err))
+			return
+		}
+	} else if stdinR, err = os.Open("/dev/null"); err != nil {
+		replyErr(fs, fmt.Errorf("exec: %w", err))
+		return
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		stdinR.Close()
+		replyErr(fs, fmt.Errorf("exec: %w", err))
+		return
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		stdinR.Close()
+		outR.Close()
+		outW.Close()
+		replyErr(fs, fmt.Errorf("exec: %w", err))
+		return
+	}
+	oomBefore := oomKills()
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   cwd,
+		Env:   req.Env,
+		Files: []uintptr{stdinR.Fd(), outW.Fd(), errW.Fd()},
+		Sys:   &syscall.SysProcAttr{Setsid: true, Credential: cred},
+	}
+	pid, done, err := s.procs.start(argv0, req.Argv, attr)
+	stdinR.Close()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		if stdinW != nil {
+			stdinW.Close()
+		}
+		replyErr(fs, startError(req.Argv[0], cwd, err))
+		return
+	}
+	if req.CPUSeconds > 0 {
+		lim := unix.Rlimit{Cur: uint64(req.CPUSeconds), Max: uint64(req.CPUSeconds) + 1}
+		_ = unix.Prlimit(pid, unix.RLIMIT_CPU, &lim, nil)
+	}
+	reply(fs, agentproto.Reply{Op: agentproto.ReplyStarted, Pid: pid})
+	go relayInput(fs, pid, stdinW)
+
+	limit := req.OutputLimit
+	if limit <= 0 {
+		limit = math.MaxInt64
+	}
+	lim := backend.NewOutputLimiter(limit, func(stream backend.Stream, p []byte) error {
+		kind := agentproto.KindStdout
+		if stream == backend.Stderr {
+			kind = agentproto.KindStderr
+		}
+		return fs.Write(kind, p)
+	})
+	var wg sync.WaitGroup
+	for _, p := range []struct {
+		f      *os.File
+		stream backend.Stream
+	}{{outR, backend.Stdout}, {errR, backend.Stderr}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			copyOutput(p.f, p.stream, lim)
+		}()
+	}
+	st := <-done
+	_ = outR.SetReadDeadline(time.Now().Add(drainWait))
+	_ = errR.SetReadDeadline(time.Now().Add(drainWait))
+	wg.Wait()
+	outR.Close()
+	errR.Close()
+	r := agentproto.Reply{Op: agentproto.ReplyExit, ExitCode: st.ws.ExitStatus(),
+		CPUNanos: st.ru.Utime.Nano() + st.ru.Stime.Nano(), Truncated: lim.Truncated(),
+		OOMKilled: oomKills() > oomBefore}
+	if st.ws.Signaled() {
+		r.ExitCode, r.Signal = -1, int(st.ws.Signal())
+	}
+	reply(fs, r)
+}
+
+// copyOutput forwards one pipe through the limiter; past the limit it
+// closes the pipe so the writer gets SIGPIPE instead of filling memory.
+func copyOutput(f *os.File, stream backend.Stream, lim *backend.OutputLimiter) {
+	buf := make([]byte, agentproto.ChunkSize)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			if more, derr := lim.Deliver(stream, buf[:n]); !more || derr != nil {
+				f.Close()
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// relayInput feeds stdin frames to the command and applies signal frames
+// to its process group, until the node closes its side.
+func relayInput(fs *agentproto.Stream, pgid int, stdin *os.File) {
+	defer func() {
+		if stdin != nil {
+			stdin.Close()
+		}
+	}()
+	for {
+		kind, p, err := fs.Read()
+		if err != nil {
+			return
+		}
+		switch kind {
+		case agentproto.KindStdin:
+			if stdin != nil {
+				if _, err := stdin.Write(p); err != nil {
+					stdin.Close()
+					stdin = nil
+				}
+			}
+		case agentproto.KindEOF:
+			if stdin != nil {
+				stdin.Close()
+				stdin = nil
+			}
+		case agentproto.KindSignal:
+			var sig agentproto.Signal
+			if decode(p, &sig) == nil && sig.Signal > 0 {
+				_ = unix.Kill(-pgid, unix.Signal(sig.Signal))
+			}
+		}
+	}
+}
+
+// oomKills is the guest kernel's count of OOM kills so far.
+func oomKills() uint64 {
+	b, err := os.ReadFile("/proc/vmstat")
+	if err != nil {
+		return 0
+	}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte("oom_kill ")); ok {
+			n, _ := strconv.ParseUint(string(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+func startError(argv0, cwd string, err error) error {
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		if _, serr := os.Stat(cwd); serr != nil {
+			return errdefs.NotFound("exec: cwd %s: %v", cwd, serr)
+		}
+		return errdefs.NotFound("exec: %s: no such file", argv0)
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+		return errdefs.PermissionDenied("exec: %s: %v", argv0, err)
+	}
+	return fmt.Errorf("exec %s: %w", argv0, err)
+}
+
+// lookPath resolves a command name without a slash on the PATH of env.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range strings.Split(path, ":") {
+		if dir == "" {
+			dir = "."
+		}
+		p := dir + "/" + name
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", errdefs.NotFound("exec: %s: not found in PATH", name)
+}
+
+// lookupUser turns "", "name", "uid" or "uid:gid" (the group by name or
+// number) into credentials from the guest's /etc/passwd and /etc/group.
+func lookupUser(user string) (*syscall.Credential, error) {
+	if user == "" {
+		return &syscall.Credential{Groups: []uint32{}}, nil
+	}
+	name, group, hasGroup := strings.Cut(user, ":")
+	cred := &syscall.Credential{Groups: []uint32{}}
+	pw := scanColon("/etc/passwd", func(f []string) bool { return len(f) >= 4 && (f[0] == name || f[2] == name) })
+	if uid, err := strconv.ParseUint(name, 10, 32); err == nil {
+		cred.Uid = uint32(uid)
+	} else if pw == nil {
+		return nil, errdefs.NotFound("exec: user %q not found in /etc/passwd", name)
+	}
+	if pw != nil {
+		u, _ := strconv.ParseUint(pw[2], 10, 32)
+		g, _ := strconv.ParseUint(pw[3], 10, 32)
+		cred.Uid, cred.Gid = uint32(u), uint32(g)
+		scanColon("/etc/group", func(f []string) bool {
+			if len(f) >= 4 && f[3] != "" {
+				for _, m := range strings.Split(f[3], ",") {
+					if g, err := strconv.ParseUint(f[2], 10, 32); m == pw[0] && err == nil {
+						cred.Groups = append(cred.Groups, uint32(g))
+					}
+				}
+			}
+			return false
+		})
+	}
+	if hasGroup {
+		if g, err := strconv.ParseUint(group, 10, 32); err == nil {
+			cred.Gid = uint32(g)
+		} else if gr := scanColon("/etc/group", func(f []string) bool { return len(f) >= 3 && f[0] == group }); gr != nil {
+			g, _ := strconv.ParseUint(gr[2], 10, 32)
+			cred.Gid = uint32(g)
+		} else {
+			return nil, errdefs.NotFound("exec: group %q not found in /etc/group", group)
+		}
+	}
+	return cred, nil
+}
+
+// scanColon returns the fields of the first line of file that match.
+func scanColon(file string, match func(f []string) bool) []string {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if fields := strings.Split(line, ":"); match(fields) {
+			return fields
+		}
+	}
+	return nil
+}

@@ -1,0 +1,118 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/agentproto"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/safefs"
+)
+
+type runtimeConfig struct {
+	secret  string
+	channel channel
+}
+
+// server serves the node's streams; it outlives sessions.
+type server struct {
+	secret string
+	procs  *reaper
+	files  *safefs.FS
+}
+
+// serve returns only when the channel fails.
+func serve(cfg *runtimeConfig) error {
+	unix.Umask(0o022)
+	// PID 1 gets no default signal handling; catch everything so that no
+	// signal a command sends ends the guest.
+	sigs := make(chan os.Signal, 64)
+	signal.Notify(sigs)
+	s := &server{secret: cfg.secret, procs: newReaper()}
+	go s.procs.run(sigs)
+	s.files = safefs.New(func() (*os.File, error) {
+		return os.OpenFile("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	})
+	logf("ready")
+	for {
+		conn, err := cfg.channel.next()
+		if err != nil {
+			return err
+		}
+		s.session(conn)
+	}
+}
+
+// session serves one yamux session until the node goes away or detaches.
+func (s *server) session(conn io.ReadWriteCloser) {
+	yc := yamux.DefaultConfig()
+	yc.EnableKeepAlive = false // a paused VM must not look dead
+	yc.LogOutput = io.Discard
+	yc.StreamOpenTimeout = 0
+	yc.ConnectionWriteTimeout = time.Minute
+	sess, err := yamux.Server(conn, yc)
+	if err != nil {
+		conn.Close()
+		return
+	}
+	detach := make(chan struct{}, 1)
+	go func() {
+		<-detach
+		sess.Close()
+	}()
+	for {
+		st, err := sess.Accept()
+		if err != nil {
+			sess.Close()
+			return
+		}
+		go s.handle(st, detach)
+	}
+}
+
+func (s *server) handle(st io.ReadWriteCloser, detach chan<- struct{}) {
+	defer st.Close()
+	fs := agentproto.NewStream(st)
+	var req agentproto.Request
+	if err := fs.ReadJSON(agentproto.KindRequest, &req); err != nil {
+		return
+	}
+	if !agentproto.CheckSecret(req.Secret, s.secret) {
+		_ = fs.WriteJSON(agentproto.KindReply, agentproto.ErrorReply(errdefs.PermissionDenied("agent: request without the sandbox's secret")))
+		return
+	}
+	if req.Version != agentproto.Version {
+		_ = fs.WriteJSON(agentproto.KindReply, agentproto.ErrorReply(errdefs.InvalidArgument("agent: protocol version %d, want %d", req.Version, agentproto.Version)))
+		return
+	}
+	switch req.Op {
+	case agentproto.OpPing:
+		_ = fs.WriteJSON(agentproto.KindReply, agentproto.Reply{Op: agentproto.ReplyOK, Pid: os.Getpid()})
+	case agentproto.OpDetach:
+		_ = fs.WriteJSON(agentproto.KindReply, agentproto.Reply{Op: agentproto.ReplyOK})
+		detach <- struct{}{}
+	case agentproto.OpExec:
+		s.exec(fs, req.Exec)
+	default:
+		s.file(fs, req.Op, req.File)
+	}
+}
+
+func reply(fs *agentproto.Stream, r agentproto.Reply) { _ = fs.WriteJSON(agentproto.KindReply, r) }
+
+func replyErr(fs *agentproto.Stream, err error) { reply(fs, agentproto.ErrorReply(err)) }
+
+// decode is a helper for JSON payloads of control frames.
+func decode(p []byte, v any) error {
+	if err := json.Unmarshal(p, v); err != nil {
+		return fmt.Errorf("decode frame: %w", err)
+	}
+	return nil
+}

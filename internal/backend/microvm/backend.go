@@ -1,0 +1,446 @@
+// Package microvm is the "microvm" backend: each sandbox is a virtual
+// machine with its own guest kernel (Debian's linux-image-amd64), booted
+// by QEMU's microvm machine (KVM when /dev/kvm exists, TCG otherwise) or,
+// where a firecracker binary and /dev/kvm exist, by Firecracker. The guest's
+// PID 1 is corral-agent (internal/agent), from an initramfs the backend
+// builds; it mounts the image's EROFS layers (read-only virtio block
+// devices) under an overlay whose upper is the sandbox's own ext4 disk,
+// and serves exec and file calls (internal/agentproto) over virtio-serial
+// or vsock. Everything of a sandbox lives in its run dir <RunDir>/<id>.
+//
+// It imports backend, agentproto, errdefs and runtime/launch; never the
+// node, control, state or API layers.
+package microvm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/agentproto"
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/launch"
+)
+
+// MinMemoryBytes is the smallest guest RAM: the Debian kernel, the
+// initramfs while it is unpacked, and the agent.
+const MinMemoryBytes = 128 << 20
+
+// Config configures the backend.
+type Config struct {
+	// RunDir holds one 0700 directory per sandbox. Required.
+	RunDir string
+	// AgentPath is the static corral-agent. Default: beside os.Executable().
+	AgentPath string
+	// Kernel is the guest kernel image; KernelModules its modules dir
+	// (/lib/modules/<release>). Default: the newest /boot/vmlinuz-*.
+	Kernel        string
+	KernelModules string
+	// Busybox is a static busybox for shell execs (required).
+	Busybox string
+	// QEMU is qemu-system-x86_64 (default: from PATH).
+	QEMU string
+	// Firecracker, when set (or found in PATH) and KVM works, is used
+	// instead of QEMU, booting FirecrackerKernel: an uncompressed ELF
+	// vmlinux of the same release as Kernel (default: Kernel's path with
+	// vmlinuz replaced by vmlinux). Without one QEMU is used.
+	Firecracker       string
+	FirecrackerKernel string
+	// SnapshotAfter: a paused microVM is stopped at once (its RAM stays
+	// allocated, resume is instant); once it has been paused this long its
+	// memory and device state go to a file and the VMM exits, freeing the
+	// memory; resume then restores it. Zero snapshots at pause; negative
+	// never snapshots.
+	SnapshotAfter time.Duration
+	Logger        *slog.Logger
+}
+
+// Backend implements backend.Backend.
+type Backend struct {
+	cfg  Config
+	drv  driver
+	kvm  bool
+	init *initramfs
+	log  *slog.Logger
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// KVMAvailable reports whether guests can run on KVM: /dev/kvm opens and
+// the CPU exposes hardware virtualization (vmx or svm). A /dev/kvm without
+// those flags exists on some hosted machines (this one among them) and
+// boots nothing: QEMU fails to set MSRs or hangs.
+func KVMAvailable() bool {
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	f.Close()
+	cpuinfo, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(cpuinfo), "\n") {
+		if name, flags, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(name) == "flags" {
+			for _, f := range strings.Fields(flags) {
+				if f == "vmx" || f == "svm" {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	return false
+}
+
+// New checks the host (QEMU or Firecracker, a guest kernel and its modules,
+// the agent) and builds the base initramfs.
+func New(cfg Config) (*Backend, error) {
+	if cfg.RunDir == "" || cfg.Busybox == "" {
+		return nil, errdefs.InvalidArgument("microvm backend: RunDir and Busybox are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.AgentPath == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("microvm backend: find corral-agent: %w", err)
+		}
+		cfg.AgentPath = filepath.Join(filepath.Dir(exe), "corral-agent")
+	}
+	if _, err := os.Stat(cfg.AgentPath); err != nil {
+		return nil, errdefs.NotSupported("microvm backend: corral-agent: %v (needs the static binary beside corral or Config.AgentPath)", err)
+	}
+	if cfg.Kernel == "" {
+		k, mods, err := findKernel()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Kernel, cfg.KernelModules = k, mods
+	}
+	b := &Backend{cfg: cfg, kvm: KVMAvailable(), log: cfg.Logger.With("backend", "microvm")}
+	mods := guestModules
+	if fc := cfg.Firecracker; b.kvm {
+		if fc == "" {
+			fc, _ = exec.LookPath("firecracker")
+		}
+		kernel := cfg.FirecrackerKernel
+		if kernel == "" {
+			kernel = strings.Replace(cfg.Kernel, "vmlinuz", "vmlinux", 1)
+		}
+		switch {
+		case fc == "":
+		case checkKernel(kernel) != nil:
+			b.log.Warn("firecracker found but no uncompressed guest kernel; using QEMU", "err", checkKernel(kernel))
+		default:
+			b.drv = &firecracker{bin: fc}
+			b.cfg.Kernel = kernel
+			mods = append(append([]string(nil), guestModules...), vsockModules...)
+		}
+	}
+	if b.drv == nil {
+		bin := cfg.QEMU
+		if bin == "" {
+			var err error
+			if bin, err = exec.LookPath("qemu-system-x86_64"); err != nil {
+				return nil, errdefs.NotSupported("microvm backend: needs qemu-system-x86_64 (package qemu-system-x86) or firecracker with /dev/kvm")
+			}
+		}
+		b.drv = &qemu{bin: bin}
+	}
+	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
+		return nil, fmt.Errorf("microvm backend: run dir: %w", err)
+	}
+	cache := filepath.Join(cfg.RunDir, ".initramfs")
+	if err := os.MkdirAll(cache, 0o700); err != nil {
+		return nil, fmt.Errorf("microvm backend: %w", err)
+	}
+	ir, err := buildInitramfs(cache, cfg.AgentPath, cfg.Busybox, cfg.KernelModules, mods)
+	if err != nil {
+		return nil, fmt.Errorf("microvm backend: %w", err)
+	}
+	b.init = ir
+	return b, nil
+}
+
+// findKernel returns the newest /boot/vmlinuz-* with its modules dir.
+func findKernel() (string, string, error) {
+	ks, _ := filepath.Glob("/boot/vmlinuz-*")
+	for i := len(ks) - 1; i >= 0; i-- {
+		release := strings.TrimPrefix(filepath.Base(ks[i]), "vmlinuz-")
+		mods := filepath.Join("/lib/modules", release)
+		if _, err := os.Stat(filepath.Join(mods, "modules.dep")); err == nil {
+			return ks[i], mods, nil
+		}
+	}
+	return "", "", errdefs.NotSupported("microvm backend: no guest kernel (/boot/vmlinuz-* with /lib/modules; apt-get install linux-image-amd64)")
+}
+
+// Name implements backend.Backend.
+func (b *Backend) Name() string { return "microvm" }
+
+// Driver names the VMM in use ("qemu" or "firecracker") and KVM whether
+// guests run on KVM (else TCG emulation).
+func (b *Backend) Driver() string { return b.drv.Name() }
+func (b *Backend) KVM() bool      { return b.kvm }
+
+func (b *Backend) runDir(id string) string { return filepath.Join(b.cfg.RunDir, id) }
+
+// Create implements backend.Backend: run dir, writable disk, initrd with
+// the sandbox's config and secret, VMM start, agent handshake.
+func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sandbox, err error) {
+	if err := backend.CheckID(spec.ID); err != nil {
+		return nil, err
+	}
+	if spec.Resettable {
+		return nil, errdefs.NotSupported("microvm backend: resettable sandboxes (fncall pools) are container-only")
+	}
+	r := spec.Resources
+	if r.MemoryBytes < MinMemoryBytes {
+		return nil, errdefs.InvalidArgument("resources.memory_bytes: %d is below the microvm minimum of %d MiB (the guest kernel's RAM)", r.MemoryBytes, MinMemoryBytes>>20)
+	}
+	if len(spec.LayerDisks) == 0 {
+		return nil, errdefs.InvalidArgument("microvm backend: the image has no layer files to attach")
+	}
+	dir := b.runDir(spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, errdefs.AlreadyExists("sandbox %s: run dir exists", spec.ID)
+		}
+		return nil, fmt.Errorf("sandbox %s: run dir: %w", spec.ID, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = b.Cleanup(context.WithoutCancel(ctx), spec.ID, nil)
+		}
+	}()
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, err
+	}
+	m := &machine{id: spec.ID, dir: dir, kernel: b.cfg.Kernel, machineState: machineState{
+		Driver:    b.drv.Name(),
+		Secret:    hex.EncodeToString(secret),
+		VCPUs:     int(max(1, (r.CPUMillis+999)/1000)),
+		MemoryMiB: r.MemoryBytes >> 20,
+		Layers:    spec.LayerDisks,
+		KVM:       b.kvm,
+	}}
+	if err := m.save(); err != nil {
+		return nil, err
+	}
+	if err := makeDisk(ctx, m.path(diskFile), r.DiskBytes, r.DiskInodes); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	fc := agentproto.FileConfig{Secret: m.Secret, Hostname: spec.Hostname, Disk: writableSerial}
+	for i, l := range spec.LayerDisks {
+		ld := agentproto.LayerDisks{Image: diskSerial(i, 0)}
+		for j := range l.Devices {
+			ld.Devices = append(ld.Devices, diskSerial(i, j+1))
+		}
+		fc.Layers = append(fc.Layers, ld)
+	}
+	if m.Driver == "qemu" {
+		fc.Port = agentPort
+	} else {
+		fc.VsockPort = agentVsockPort
+	}
+	if err := b.init.writeInitrd(m.path(initrdFile), fc); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	proc, err := b.drv.Start(ctx, m, false)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: start %s: %w", spec.ID, b.drv.Name(), err)
+	}
+	if err := m.save(); err != nil {
+		_ = proc.Kill()
+		return nil, err
+	}
+	s := b.newSandbox(m, proc)
+	if err := s.waitAgent(ctx, bootTimeout(b.kvm)); err != nil {
+		_ = proc.Kill()
+		<-proc.Done()
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	// The VMM has read the initrd into guest memory; the file held the
+	// secret and is not needed again (a restore loads RAM from the snapshot).
+	_ = os.Remove(m.path(initrdFile))
+	return s, nil
+}
+
+// bootTimeout bounds create → agent ready; TCG on shared cores is slow.
+func bootTimeout(kvm bool) time.Duration {
+	if kvm {
+		return 30 * time.Second
+	}
+	return 3 * time.Minute
+}
+
+// makeDisk makes the writable layer: a sparse file of bytes formatted as
+// ext4 with at most inodes inodes (its size and inode count are the
+// sandbox's disk limits, enforced by the guest kernel).
+func makeDisk(ctx context.Context, path string, bytes, inodes int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("disk: %w", err)
+	}
+	err = f.Truncate(bytes)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("disk: %w", err)
+	}
+	args := []string{"-q", "-F", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1", "-O", "^has_journal"}
+	if inodes > 0 {
+		args = append(args, "-N", strconv.FormatInt(inodes, 10))
+	}
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", append(args, path)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("disk: mkfs.ext4: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Recover implements backend.Backend from the run dir's vm.json.
+func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (backend.Sandbox, error) {
+	if err := backend.CheckID(id); err != nil {
+		return nil, err
+	}
+	m, err := loadMachine(b.runDir(id), id)
+	if err != nil {
+		return nil, errdefs.NotFound("sandbox %s: no vm state: %v", id, err)
+	}
+	m.kernel = b.cfg.Kernel
+	if m.Snapshotted {
+		return b.newSnapshotted(m), nil
+	}
+	proc, err := launch.Attach(m.Pid, m.StartTime)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	s := b.newSandbox(m, proc)
+	// A stopped VM cannot answer: continue it first (the node pauses it
+	// again when its record says paused).
+	if err := b.drv.Resume(ctx, m); err != nil {
+		_ = proc.Kill()
+		return nil, errdefs.NotFound("sandbox %s: vmm does not answer: %v", id, err)
+	}
+	if err := s.waitAgent(ctx, bootTimeout(m.KVM)); err != nil {
+		_ = proc.Kill()
+		return nil, errdefs.NotFound("sandbox %s: agent does not answer: %v", id, err)
+	}
+	return s, nil
+}
+
+// Cleanup implements backend.Backend: kill the VMM (checked by start time
+// against pid reuse), then remove the run dir with everything in it.
+func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
+	if err := backend.CheckID(id); err != nil {
+		return err
+	}
+	dir := b.runDir(id)
+	if m, err := loadMachine(dir, id); err == nil && m.Pid > 0 && !m.Snapshotted {
+		if proc, err := launch.Attach(m.Pid, m.StartTime); err == nil {
+			_ = proc.Kill()
+			select {
+			case <-proc.Done():
+			case <-ctx.Done():
+			}
+			proc.Release()
+		}
+	}
+	// A VMM whose state file never got written is still found by its
+	// command line.
+	for _, pid := range vmmProcesses(b.cfg.RunDir)[id] {
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
+	}
+	return nil
+}
+
+// Sweep implements backend.Backend: VMM processes and run dirs of
+// sandboxes without a record are removed.
+func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
+	ids := map[string]bool{}
+	for id, pids := range vmmProcesses(b.cfg.RunDir) {
+		if !keep(id) {
+			b.log.Info("killing VMM that outlived its sandbox record", "id", id, "pids", pids)
+			ids[id] = true
+		}
+	}
+	ents, err := os.ReadDir(b.cfg.RunDir)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	for _, e := range ents {
+		if backend.CheckID(e.Name()) == nil && !keep(e.Name()) {
+			ids[e.Name()] = true
+		}
+	}
+	var errs []error
+	for id := range ids {
+		b.log.Info("sweeping leftover microvm sandbox", "id", id)
+		errs = append(errs, b.Cleanup(ctx, id, nil))
+	}
+	return errors.Join(errs...)
+}
+
+// vmmProcesses finds the VMM processes started for sandboxes under runDir,
+// by sandbox id: their command lines name a file in <runDir>/<id>/.
+func vmmProcesses(runDir string) map[string][]int {
+	out := map[string][]int{}
+	prefix := filepath.Clean(runDir) + "/"
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if len(args) == 0 || !isVMM(args[0]) {
+			continue
+		}
+		for _, a := range args {
+			i := strings.Index(a, prefix)
+			if i < 0 {
+				continue
+			}
+			id, _, _ := strings.Cut(a[i+len(prefix):], "/")
+			if backend.CheckID(id) == nil {
+				out[id] = append(out[id], pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func isVMM(argv0 string) bool {
+	base := filepath.Base(argv0)
+	return strings.HasPrefix(base, "qemu-system") || base == "firecracker"
+}
+
+// recordOf is the node's opaque record: everything lives in the run dir.
+func recordOf(m *machine) []byte {
+	b, _ := json.Marshal(map[string]string{"driver": m.Driver})
+	return b
+}

@@ -1,0 +1,118 @@
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/runtime/launch"
+)
+
+// Files of a sandbox's run dir (<RunDir>/<id>, 0700). Nothing of a sandbox
+// lives anywhere else, so Cleanup removes the directory and is done.
+const (
+	stateFile    = "vm.json"     // machineState
+	consoleFile  = "console.log" // the guest's serial console (kernel, agent)
+	diskFile     = "disk.img"    // writable ext4 layer, sparse
+	initrdFile   = "initrd"      // per-sandbox initramfs, removed once booted
+	snapshotFile = "memory.snap" // memory + device state of a snapshotted VM
+	qmpSock      = "qmp.sock"
+	agentSock    = "agent.sock" // QEMU: virtio-serial chardev; Firecracker: vsock
+	apiSock      = "api.sock"   // Firecracker's REST API
+	fcConfigFile = "firecracker.json"
+)
+
+// agentPort is the virtio-serial port name (QEMU) and agentVsockPort the
+// vsock port (Firecracker) the agent serves on.
+const (
+	agentPort      = "corral.agent"
+	agentVsockPort = 1024
+)
+
+// machineState is vm.json: what Recover, Cleanup and Sweep need after a
+// daemon restart. It is rewritten whenever the VMM process changes
+// (snapshot, restore), which the node's own record does not follow.
+type machineState struct {
+	Driver    string `json:"driver"`
+	Pid       int    `json:"pid,omitempty"`
+	StartTime uint64 `json:"start_time,omitempty"`
+	// Snapshotted: the VM's state is in snapshotFile and no process runs.
+	Snapshotted bool   `json:"snapshotted,omitempty"`
+	Secret      string `json:"secret"`
+	VCPUs       int    `json:"vcpus"`
+	MemoryMiB   int64  `json:"memory_mib"`
+	// Layers are the attached layer files, topmost first.
+	Layers []backend.LayerDisk `json:"layers"`
+	KVM    bool                `json:"kvm"`
+}
+
+// machine is one VM's configuration and run dir.
+type machine struct {
+	id  string
+	dir string
+	machineState
+	kernel string
+}
+
+func (m *machine) path(name string) string { return filepath.Join(m.dir, name) }
+
+func (m *machine) save() error {
+	b, err := json.Marshal(m.machineState)
+	if err != nil {
+		return err
+	}
+	tmp := m.path(stateFile + ".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("save vm state: %w", err)
+	}
+	if err := os.Rename(tmp, m.path(stateFile)); err != nil {
+		return fmt.Errorf("save vm state: %w", err)
+	}
+	return nil
+}
+
+func loadMachine(dir, id string) (*machine, error) {
+	b, err := os.ReadFile(filepath.Join(dir, stateFile))
+	if err != nil {
+		return nil, err
+	}
+	m := &machine{id: id, dir: dir}
+	if err := json.Unmarshal(b, &m.machineState); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", stateFile, err)
+	}
+	return m, nil
+}
+
+// diskSerial names the virtio-blk serial of layer i's device j (j = 0 the
+// EROFS image itself); the agent finds its disks by serial, not by order.
+func diskSerial(layer, dev int) string {
+	if dev == 0 {
+		return fmt.Sprintf("l%d", layer)
+	}
+	return fmt.Sprintf("l%dd%d", layer, dev)
+}
+
+const writableSerial = "disk"
+
+// driver is one virtual machine monitor (QEMU, Firecracker). A driver
+// keeps no state of its own: everything of a VM is in its machine and run
+// dir, so a restarted daemon can drive a VM an earlier one started.
+type driver interface {
+	Name() string
+	// Start boots the VM (or restores it from snapshotFile when restore
+	// is set) and returns once the VMM runs and the guest is started; the
+	// VMM process is m.Pid afterwards.
+	Start(ctx context.Context, m *machine, restore bool) (*launch.Process, error)
+	// DialAgent opens a byte stream to the guest agent.
+	DialAgent(ctx context.Context, m *machine) (net.Conn, error)
+	// Pause stops the vCPUs; Resume continues them.
+	Pause(ctx context.Context, m *machine) error
+	Resume(ctx context.Context, m *machine) error
+	// Snapshot saves the paused VM's memory and device state into
+	// snapshotFile and ends the VMM process.
+	Snapshot(ctx context.Context, m *machine) error
+}

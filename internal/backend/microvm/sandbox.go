@@ -1,0 +1,399 @@
+package microvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/corral-dev/corral/internal/agentproto"
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/launch"
+)
+
+// sandbox implements backend.Sandbox for one VM.
+type sandbox struct {
+	b   *Backend
+	m   *machine
+	rec []byte
+
+	done     chan struct{}
+	doneOnce sync.Once
+
+	mu      sync.Mutex
+	proc    *launch.Process // nil while snapshotted
+	sess    *yamux.Session
+	paused  bool
+	stopped bool
+	// quitProc is the VMM whose exit the sandbox asked for (snapshot,
+	// stop): that exit does not end the sandbox.
+	quitProc *launch.Process
+	timer    *time.Timer // pending snapshot of a paused VM
+	reason   string
+}
+
+var (
+	_ backend.Sandbox      = (*sandbox)(nil)
+	_ backend.ExitReasoner = (*sandbox)(nil)
+)
+
+func (b *Backend) newSandbox(m *machine, proc *launch.Process) *sandbox {
+	s := &sandbox{b: b, m: m, rec: recordOf(m), done: make(chan struct{})}
+	s.setProc(proc)
+	return s
+}
+
+func (b *Backend) newSnapshotted(m *machine) *sandbox {
+	return &sandbox{b: b, m: m, rec: recordOf(m), done: make(chan struct{}), paused: true}
+}
+
+// setProc installs a VMM process and watches it: an exit nobody asked for
+// ends the sandbox.
+func (s *sandbox) setProc(proc *launch.Process) {
+	s.proc = proc
+	go func() {
+		<-proc.Done()
+		s.mu.Lock()
+		expected := s.quitProc == proc
+		if !expected {
+			s.reason = s.exitReason()
+		}
+		s.mu.Unlock()
+		if !expected {
+			s.end()
+		}
+	}()
+}
+
+func (s *sandbox) end() { s.doneOnce.Do(func() { close(s.done) }) }
+
+// exitReason reads why the VM ended from its console and QEMU's log.
+func (s *sandbox) exitReason() string {
+	console := tailFile(s.m.path(consoleFile), 4096)
+	if i := strings.Index(console, "Kernel panic"); i >= 0 {
+		line, _, _ := strings.Cut(console[i:], "\n")
+		return "guest kernel panic: " + strings.TrimSpace(line)
+	}
+	if i := strings.LastIndex(console, "corral-agent: "); i >= 0 {
+		// The agent's last word, unless it is the "ready" of a normal boot.
+		if line, _, _ := strings.Cut(console[i:], "\n"); strings.TrimSpace(line) != "corral-agent: ready" {
+			return "guest agent ended: " + strings.TrimSpace(line)
+		}
+	}
+	if log := tailFile(s.m.path("qemu.log"), 300); log != "" {
+		return "vmm exited: " + log
+	}
+	return "vmm exited"
+}
+
+func (s *sandbox) ID() string            { return s.m.id }
+func (s *sandbox) Record() []byte        { return s.rec }
+func (s *sandbox) Done() <-chan struct{} { return s.done }
+
+// ExitReason implements backend.ExitReasoner.
+func (s *sandbox) ExitReason() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reason
+}
+
+func (s *sandbox) live() error {
+	select {
+	case <-s.done:
+		return errdefs.FailedPrecondition("sandbox %s: not running", s.m.id)
+	default:
+		return nil
+	}
+}
+
+// session returns the yamux session to the agent, dialling a new one when
+// there is none (first use, after a daemon restart or a restore).
+func (s *sandbox) session(ctx context.Context) (*yamux.Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sess != nil && !s.sess.IsClosed() {
+		return s.sess, nil
+	}
+	if s.proc == nil {
+		return nil, errdefs.FailedPrecondition("sandbox %s: paused to a snapshot", s.m.id)
+	}
+	conn, err := s.b.drv.DialAgent(ctx, s.m)
+	if err != nil {
+		return nil, errdefs.Unavailable("sandbox %s: connect to agent: %v", s.m.id, err)
+	}
+	yc := yamux.DefaultConfig()
+	yc.EnableKeepAlive = false // a paused VM must not look dead
+	yc.LogOutput = io.Discard
+	yc.ConnectionWriteTimeout = time.Minute
+	sess, err := yamux.Client(conn, yc)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("sandbox %s: agent session: %w", s.m.id, err)
+	}
+	s.sess = sess
+	return sess, nil
+}
+
+// open starts one operation: a stream with the request sent and the
+// first reply read. ctx bounds only this opening.
+func (s *sandbox) open(ctx context.Context, req agentproto.Request) (*yamux.Stream, *agentproto.Stream, agentproto.Reply, error) {
+	var r agentproto.Reply
+	sess, err := s.session(ctx)
+	if err != nil {
+		return nil, nil, r, err
+	}
+	st, err := sess.OpenStream()
+	if err != nil {
+		return nil, nil, r, errdefs.Unavailable("sandbox %s: agent stream: %v", s.m.id, err)
+	}
+	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
+	defer stop()
+	fs := agentproto.NewStream(st)
+	req.Version, req.Secret = agentproto.Version, s.m.Secret
+	if err = fs.WriteJSON(agentproto.KindRequest, req); err == nil {
+		err = fs.ReadJSON(agentproto.KindReply, &r)
+	}
+	if err != nil {
+		st.Close()
+		if ctx.Err() != nil {
+			return nil, nil, r, ctx.Err()
+		}
+		return nil, nil, r, errdefs.Unavailable("sandbox %s: agent: %v", s.m.id, err)
+	}
+	if err := r.Err(); err != nil {
+		st.Close()
+		return nil, nil, r, err
+	}
+	return st, fs, r, nil
+}
+
+// call is a request with a single reply.
+func (s *sandbox) call(ctx context.Context, req agentproto.Request) (agentproto.Reply, error) {
+	st, _, r, err := s.open(ctx, req)
+	if err != nil {
+		return r, err
+	}
+	st.Close()
+	return r, nil
+}
+
+// waitAgent pings the agent until it answers, the VMM exits or timeout.
+func (s *sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		// Each attempt is short: bytes sent before the guest opened its
+		// port may be lost, and a fresh session is the way to resend.
+		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err := s.call(actx, agentproto.Request{Op: agentproto.OpPing})
+		acancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-s.done:
+			return fmt.Errorf("guest ended before its agent answered: %s", s.ExitReason())
+		default:
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 500))
+		}
+		s.dropSession()
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (s *sandbox) dropSession() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sess != nil {
+		s.sess.Close()
+		s.sess = nil
+	}
+}
+
+// Pause stops the vCPUs at once; the snapshot to disk follows after
+// Config.SnapshotAfter (at once when zero).
+func (s *sandbox) Pause(ctx context.Context) error {
+	if err := s.live(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.paused {
+		s.mu.Unlock()
+		return nil
+	}
+	if err := s.b.drv.Pause(ctx, s.m); err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("sandbox %s: pause: %w", s.m.id, err)
+	}
+	s.paused = true
+	after := s.b.cfg.SnapshotAfter
+	if after > 0 {
+		s.timer = time.AfterFunc(after, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			if err := s.Snapshot(ctx); err != nil {
+				s.b.log.Warn("snapshot of paused microVM failed; it stays paused in memory", "sandbox", s.m.id, "err", err)
+			}
+		})
+	}
+	s.mu.Unlock()
+	if after == 0 {
+		return s.Snapshot(ctx)
+	}
+	return nil
+}
+
+// Snapshot saves a paused VM's memory and device state to its run dir and
+// ends the VMM, so that the sandbox holds no RAM until Resume restores it.
+// It is a no-op for a running or already snapshotted sandbox.
+func (s *sandbox) Snapshot(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.paused || s.proc == nil || s.stopped {
+		return nil
+	}
+	// The restored agent must not expect this session's stream ids.
+	if err := s.detachLocked(ctx); err != nil {
+		return err
+	}
+	proc := s.proc
+	s.quitProc = proc
+	if err := s.b.drv.Snapshot(ctx, s.m); err != nil {
+		s.quitProc = nil
+		return fmt.Errorf("sandbox %s: snapshot: %w", s.m.id, err)
+	}
+	select {
+	case <-proc.Done():
+	case <-ctx.Done():
+		return fmt.Errorf("sandbox %s: snapshot: vmm did not exit: %w", s.m.id, ctx.Err())
+	}
+	proc.Release()
+	s.proc = nil
+	s.m.Snapshotted, s.m.Pid, s.m.StartTime = true, 0, 0
+	return s.m.save()
+}
+
+// detachLocked tells the agent to start a fresh session, then drops ours.
+// The vCPUs are stopped, so they run for the exchange.
+func (s *sandbox) detachLocked(ctx context.Context) error {
+	if err := s.b.drv.Resume(ctx, s.m); err != nil {
+		return err
+	}
+	s.mu.Unlock()
+	_, err := s.call(ctx, agentproto.Request{Op: agentproto.OpDetach})
+	s.mu.Lock()
+	if perr := s.b.drv.Pause(ctx, s.m); err == nil {
+		err = perr
+	}
+	if s.sess != nil {
+		s.sess.Close()
+		s.sess = nil
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox %s: detach agent: %w", s.m.id, err)
+	}
+	return nil
+}
+
+// Resume continues a paused VM, restoring it from its snapshot if it has one.
+func (s *sandbox) Resume(ctx context.Context) error {
+	if err := s.live(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.paused {
+		return nil
+	}
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
+	}
+	if s.proc != nil {
+		if err := s.b.drv.Resume(ctx, s.m); err != nil {
+			return fmt.Errorf("sandbox %s: resume: %w", s.m.id, err)
+		}
+		s.paused = false
+		return nil
+	}
+	proc, err := s.b.restore(ctx, s.m)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: restore: %w", s.m.id, err)
+	}
+	s.setProc(proc)
+	s.paused = false
+	s.mu.Unlock()
+	err = s.waitAgent(ctx, time.Minute)
+	s.mu.Lock()
+	if err != nil {
+		return fmt.Errorf("sandbox %s: restore: %w", s.m.id, err)
+	}
+	return nil
+}
+
+// restore starts the VMM from the snapshot. QEMU wants an initrd on its
+// command line although the guest's RAM comes from the snapshot: the base
+// initramfs (without any secret) serves.
+func (b *Backend) restore(ctx context.Context, m *machine) (*launch.Process, error) {
+	if err := os.Symlink(b.init.path, m.path(initrdFile)); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, err
+	}
+	defer os.Remove(m.path(initrdFile))
+	proc, err := b.drv.Start(ctx, m, true)
+	if err != nil {
+		return nil, err
+	}
+	m.Snapshotted = false
+	if err := m.save(); err != nil {
+		_ = proc.Kill()
+		return nil, err
+	}
+	_ = os.Remove(m.path(snapshotFile))
+	return proc, nil
+}
+
+// Stop kills the VMM; the run dir stays until Backend.Cleanup.
+func (s *sandbox) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
+	}
+	s.stopped = true
+	proc := s.proc
+	s.quitProc = proc
+	if s.sess != nil {
+		s.sess.Close()
+		s.sess = nil
+	}
+	s.mu.Unlock()
+	if proc != nil {
+		if err := proc.Kill(); err != nil {
+			return fmt.Errorf("sandbox %s: stop: %w", s.m.id, err)
+		}
+		select {
+		case <-proc.Done():
+			proc.Release()
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox %s: stop: %w", s.m.id, ctx.Err())
+		}
+	}
+	s.end()
+	return nil
+}

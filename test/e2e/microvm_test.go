@@ -1,0 +1,88 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/server"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// startMicroVMServer starts a server with the microvm backend, or skips
+// when this host cannot run it (no QEMU or no guest kernel).
+func startMicroVMServer(t *testing.T) *testenv.Server {
+	t.Helper()
+	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
+		t.Skip("microvm: needs qemu-system-x86_64 (package qemu-system-x86)")
+	}
+	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
+		t.Skip("microvm: needs a guest kernel (package linux-image-amd64)")
+	}
+	bins := testenv.Binaries(t)
+	return testenv.StartServer(t, func(c *server.Config) {
+		c.AgentBinary = filepath.Join(bins, "corral-agent")
+		c.MicroVMSnapshotAfter = 0 // pause = snapshot to disk
+	})
+}
+
+// TestMicroVMThroughTheAPI: a microvm sandbox is created, used, paused to
+// disk, resumed and deleted through the same SDK calls as a container; a
+// guest kernel panic and a max lifetime show up as the sandbox's state.
+func TestMicroVMThroughTheAPI(t *testing.T) {
+	srv := startMicroVMServer(t)
+	c := srv.Client
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	vmOpts := func(lifetime time.Duration) client.CreateOptions {
+		o := client.CreateOptions{Backend: "microvm", Resources: client.Resources{MemoryBytes: 256 << 20, CPUMillis: 1000}}
+		if lifetime > 0 {
+			o.MaxLifetime = &lifetime
+		}
+		return o
+	}
+	sb := testenv.NewSandbox(t, c, vmOpts(0))
+	if info, err := sb.Info(ctx); err != nil || info.Backend != "microvm" || info.State != client.StateRunning {
+		t.Fatalf("info = %+v, %v", info, err)
+	}
+	if got := testenv.Sh(t, sb, "echo $((6*7)) > /root/x; cat /root/x; uname -r"); !strings.HasPrefix(got, "42\n") {
+		t.Errorf("sh = %q", got)
+	}
+	if err := sb.Files().Write(ctx, "/root/from-api", []byte("hello vm")); err != nil {
+		t.Fatal(err)
+	}
+	if got := testenv.Sh(t, sb, "cat /root/from-api"); got != "hello vm" {
+		t.Errorf("guest reads %q", got)
+	}
+	if err := sb.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	snaps, _ := filepath.Glob(filepath.Join(srv.Config.DataDir, "vm", sb.ID(), "memory.snap"))
+	if len(snaps) != 1 {
+		t.Errorf("no memory snapshot on disk while paused")
+	}
+	if got := testenv.Sh(t, sb, "cat /root/x"); got != "42\n" { // exec resumes
+		t.Errorf("after resume: %q", got)
+	}
+
+	crash := testenv.NewSandbox(t, c, vmOpts(0))
+	_, _ = crash.Run(ctx, client.Command{Shell: "echo c > /proc/sysrq-trigger", Timeout: time.Minute})
+	waitStopped(t, crash, "guest kernel panic")
+	if got := testenv.Sh(t, sb, "echo ok"); got != "ok\n" {
+		t.Errorf("the other VM after a panic: %q", got)
+	}
+
+	short := testenv.NewSandbox(t, c, vmOpts(40*time.Second))
+	waitStoppedWithin(t, short, "lifetime", 2*time.Minute)
+
+	if err := sb.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(srv.Config.DataDir, "vm", sb.ID())); !os.IsNotExist(err) {
+		t.Errorf("run dir left after delete: %v", err)
+	}
+}
