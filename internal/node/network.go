@@ -8,6 +8,7 @@ import (
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/state"
 )
 
 // NetworkUpdate changes a running sandbox's network policy.
@@ -112,4 +113,32 @@ func (n *Node) NetworkStats(ctx context.Context, id string) (backend.NetworkStat
 		return backend.NetworkStats{}, nil
 	}
 	return nw.NetworkStats(ctx)
+}
+
+// NetworkCounters returns the refusal counters of every running or paused
+// sandbox with a network, for metrics. Unlike NetworkStats it neither
+// resumes a paused sandbox nor counts as activity for its idle timeout.
+func (n *Node) NetworkCounters(ctx context.Context) map[string]backend.NetworkStats {
+	n.mu.Lock()
+	entries := make([]*entry, 0, len(n.sandboxes))
+	for _, e := range n.sandboxes {
+		entries = append(entries, e)
+	}
+	n.mu.Unlock()
+	out := map[string]backend.NetworkStats{}
+	for _, e := range entries {
+		e.mu.Lock()
+		nw, ok := e.sb.(backend.Networker)
+		live := !e.deleting && (e.rec.Phase == state.PhaseRunning || e.rec.Phase == state.PhasePaused) &&
+			e.rec.NetworkMode != "" && e.rec.NetworkMode != string(netpolicy.ModeNone)
+		id := e.rec.ID
+		e.mu.Unlock()
+		if !ok || !live {
+			continue
+		}
+		if st, err := nw.NetworkStats(ctx); err == nil {
+			out[id] = st
+		}
+	}
+	return out
 }

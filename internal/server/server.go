@@ -5,20 +5,25 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"connectrpc.com/connect"
 
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/fncall"
@@ -201,8 +206,8 @@ func (s *Server) listen() error {
 	mux.Handle(path, h)
 	if s.share != nil {
 		sandboxes.SetLazyReads(s.lazyReads)
-		mux.HandleFunc("GET /metrics", s.metrics)
 	}
+	mux.HandleFunc("GET /metrics", s.metrics)
 	path, h = corralv1connect.NewImageServiceHandler(control.NewImageService(sandboxes, s.images, s.share),
 		connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, h)
@@ -312,16 +317,41 @@ func republish(ctx context.Context, share *layershare.Share, images *image.Store
 	}
 }
 
-// metrics serves the lazy blob figures (per blob and per sandbox cgroup)
-// in the Prometheus text format, on the API listeners only.
+// metrics serves, in the Prometheus text format and on the API listeners
+// only, the network refusals of every sandbox with a network and, with a
+// blob store, the lazy blob figures (per blob and per sandbox cgroup).
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
-	b, err := s.share.Lazy().Metrics(r.Context())
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
-		return
+	var buf bytes.Buffer
+	writeNetworkMetrics(&buf, s.node.NetworkCounters(r.Context()))
+	if s.share != nil {
+		b, err := s.share.Lazy().Metrics(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		buf.Write(b)
 	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	_, _ = w.Write(b)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// writeNetworkMetrics writes the refusal counters, per sandbox and per
+// refused destination (the programs keep at most a bounded LRU of those).
+func writeNetworkMetrics(w io.Writer, counters map[string]backend.NetworkStats) {
+	ids := slices.Sorted(maps.Keys(counters))
+	fmt.Fprintln(w, "# HELP corral_network_refused_total Refused connects, sends and packets of a sandbox.")
+	fmt.Fprintln(w, "# TYPE corral_network_refused_total counter")
+	for _, id := range ids {
+		fmt.Fprintf(w, "corral_network_refused_total{sandbox=%q} %d\n", id, counters[id].Total)
+	}
+	fmt.Fprintln(w, "# HELP corral_network_refused_destination_total Refusals of a sandbox by hook and destination (or name, for DNS).")
+	fmt.Fprintln(w, "# TYPE corral_network_refused_destination_total counter")
+	for _, id := range ids {
+		for _, r := range counters[id].Refusals {
+			fmt.Fprintf(w, "corral_network_refused_destination_total{sandbox=%q,hook=%q,protocol=%q,address=%q,port=\"%d\",name=%q} %d\n",
+				id, r.Hook, r.Protocol, r.Address, r.Port, r.Name, r.Count)
+		}
+	}
 }
 
 // lazyReads reports sandbox id's reads of lazily loaded layers.

@@ -3,7 +3,10 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -99,6 +102,11 @@ func TestNetworkThroughTheAPI(t *testing.T) {
 	}
 	if st.RefusedTotal < 2 {
 		t.Errorf("refused total %d, want the refused connects counted: %+v", st.RefusedTotal, st.Refusals)
+	}
+	// The same counter on the node's /metrics (API socket).
+	if m := metrics(t, srv); !strings.Contains(m, fmt.Sprintf("corral_network_refused_total{sandbox=%q} ", sb.ID())) ||
+		!strings.Contains(m, `corral_network_refused_destination_total{sandbox="`+sb.ID()+`",hook="connect"`) {
+		t.Errorf("metrics lack the sandbox's refusals:\n%s", m)
 	}
 
 	_, err = sb.UpdateNetwork(ctx, client.NetworkUpdate{Allow: []string{"nosuch"}})
@@ -272,4 +280,23 @@ func TestNetworkCLI(t *testing.T) {
 	if out, err := corral("create", "--net", "closed"); err == nil || !strings.Contains(out, "network.mode") {
 		t.Errorf("bad mode: %v %s", err, out)
 	}
+}
+
+// metrics reads the node's /metrics over its API socket.
+func metrics(t *testing.T, srv *testenv.Server) string {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", strings.TrimPrefix(srv.Addr, "unix://"))
+	}}}
+	resp, err := hc.Get("http://corral/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("metrics: %s: %s", resp.Status, body)
+	}
+	return string(body)
 }
