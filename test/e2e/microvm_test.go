@@ -45,6 +45,13 @@ func TestMicroVMThroughTheAPI(t *testing.T) {
 		}
 		return o
 	}
+	// A network policy is refused, not silently dropped: guest traffic
+	// would bypass the cgroup programs.
+	netOpts := vmOpts(0)
+	netOpts.Network = client.Network{Mode: client.NetworkAllowlist, Allow: []string{"pypi"}}
+	if _, err := c.Create(ctx, netOpts); err == nil || !strings.Contains(err.Error(), "network.mode") {
+		t.Errorf("microvm with an allowlist: %v, want an error naming network.mode", err)
+	}
 	sb := testenv.NewSandbox(t, c, vmOpts(0))
 	if info, err := sb.Info(ctx); err != nil || info.Backend != "microvm" || info.State != client.StateRunning {
 		t.Fatalf("info = %+v, %v", info, err)

@@ -209,6 +209,12 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if spec.Resettable {
 		return nil, errdefs.NotSupported("microvm backend: resettable sandboxes (fncall pools) are container-only")
 	}
+	if m := spec.Network.Mode; m != "" && m != "none" {
+		// Guest traffic bypasses the cgroup programs that enforce a
+		// container's rules: a VM gets no interface until tc programs on
+		// its tap enforce the same maps.
+		return nil, errdefs.NotSupported("network.mode: %s is not available for microvm sandboxes yet (container only); use mode none", m)
+	}
 	r := spec.Resources
 	if r.MemoryBytes < MinMemoryBytes {
 		return nil, errdefs.InvalidArgument("resources.memory_bytes: %d is below the microvm minimum of %d MiB (the guest kernel's RAM)", r.MemoryBytes, MinMemoryBytes>>20)
