@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentproto"
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/passwd"
 )
 
 // drainWait bounds how long output is read after the command exited: a
@@ -288,61 +288,9 @@ func lookPath(name string, env []string) (string, error) {
 // lookupUser turns "", "name", "uid" or "uid:gid" (the group by name or
 // number) into credentials from the guest's /etc/passwd and /etc/group.
 func lookupUser(user string) (*syscall.Credential, error) {
-	if user == "" {
-		return &syscall.Credential{Groups: []uint32{}}, nil
+	cred, err := passwd.Lookup("", user)
+	if nf := (*passwd.NotFoundError)(nil); errors.As(err, &nf) {
+		return nil, errdefs.NotFound("%v", err)
 	}
-	name, group, hasGroup := strings.Cut(user, ":")
-	cred := &syscall.Credential{Groups: []uint32{}}
-	pw := scanColon("/etc/passwd", func(f []string) bool { return len(f) >= 4 && (f[0] == name || f[2] == name) })
-	if uid, err := strconv.ParseUint(name, 10, 32); err == nil {
-		cred.Uid = uint32(uid)
-	} else if pw == nil {
-		return nil, errdefs.NotFound("exec: user %q not found in /etc/passwd", name)
-	}
-	if pw != nil {
-		u, _ := strconv.ParseUint(pw[2], 10, 32)
-		g, _ := strconv.ParseUint(pw[3], 10, 32)
-		cred.Uid, cred.Gid = uint32(u), uint32(g)
-		scanColon("/etc/group", func(f []string) bool {
-			if len(f) >= 4 && f[3] != "" {
-				for _, m := range strings.Split(f[3], ",") {
-					if g, err := strconv.ParseUint(f[2], 10, 32); m == pw[0] && err == nil {
-						cred.Groups = append(cred.Groups, uint32(g))
-					}
-				}
-			}
-			return false
-		})
-	}
-	if hasGroup {
-		if g, err := strconv.ParseUint(group, 10, 32); err == nil {
-			cred.Gid = uint32(g)
-		} else if gr := scanColon("/etc/group", func(f []string) bool { return len(f) >= 3 && f[0] == group }); gr != nil {
-			g, _ := strconv.ParseUint(gr[2], 10, 32)
-			cred.Gid = uint32(g)
-		} else {
-			return nil, errdefs.NotFound("exec: group %q not found in /etc/group", group)
-		}
-	}
-	return cred, nil
-}
-
-// scanColon returns the fields of the first line of file that match.
-func scanColon(file string, match func(f []string) bool) []string {
-	f, err := os.Open(file)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		if fields := strings.Split(line, ":"); match(fields) {
-			return fields
-		}
-	}
-	return nil
+	return cred, err
 }

@@ -1,0 +1,54 @@
+package passwd
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+func TestLookup(t *testing.T) {
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, data string) {
+		if err := os.WriteFile(filepath.Join(root, "etc", name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("passwd", "root:x:0:0:root:/root:/bin/sh\n# comment\nalice:x:1000:1000::/home/alice:/bin/sh\n")
+	write("group", "root:x:0:\nalice:x:1000:\nwheel:x:10:alice,bob\ndocker:x:999:alice\n")
+	for _, tc := range []struct {
+		user            string
+		uid, gid        uint32
+		groups          []uint32
+		notFound, isGrp bool
+	}{
+		{user: "", uid: 0, gid: 0, groups: []uint32{}},
+		{user: "alice", uid: 1000, gid: 1000, groups: []uint32{10, 999}},
+		{user: "1000", uid: 1000, gid: 1000, groups: []uint32{10, 999}},
+		{user: "alice:wheel", uid: 1000, gid: 10, groups: []uint32{10, 999}},
+		{user: "4242", uid: 4242, gid: 0, groups: []uint32{}}, // unknown uid: as given
+		{user: "5:7", uid: 5, gid: 7, groups: []uint32{}},     // numeric pair: no lookup
+		{user: "bob", notFound: true},
+		{user: "alice:nogroup", notFound: true, isGrp: true},
+	} {
+		cred, err := Lookup(root, tc.user)
+		var nf *NotFoundError
+		if tc.notFound {
+			if !errors.As(err, &nf) || (nf.What == "group") != tc.isGrp {
+				t.Errorf("%q: err %v, want not found", tc.user, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", tc.user, err)
+			continue
+		}
+		if cred.Uid != tc.uid || cred.Gid != tc.gid || !slices.Equal(cred.Groups, tc.groups) {
+			t.Errorf("%q: got %d:%d %v, want %d:%d %v", tc.user, cred.Uid, cred.Gid, cred.Groups, tc.uid, tc.gid, tc.groups)
+		}
+	}
+}
