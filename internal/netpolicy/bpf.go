@@ -64,6 +64,7 @@ const (
 	hookSendmsg = 2
 	hookEgress  = 3
 	hookTap     = 4 // tc on a microVM's veth (tap.go)
+	hookSpoof   = 5 // a microVM frame with a forged MAC or source
 )
 
 const (

@@ -251,7 +251,7 @@ type Refusal struct {
 	Addr  netip.Addr
 	Port  uint16
 	Proto string // tcp, udp, icmp or the protocol number
-	Hook  string // connect, sendmsg, egress, tap (microVM), or dns (Name set)
+	Hook  string // connect, sendmsg, egress, tap or spoof (microVM), or dns (Name set)
 	Name  string // the refused name, for DNS refusals
 	Count uint64
 }
@@ -274,7 +274,7 @@ func (s *Sandbox) Stats() (Stats, error) {
 	for it.Next(&k, &n) {
 		a := netip.AddrFrom16(k.Addr).Unmap()
 		st.Refusals = append(st.Refusals, Refusal{Addr: a, Port: k.Port, Proto: protoName(k.Proto),
-			Hook: [...]string{"", "connect", "sendmsg", "egress", "tap"}[min(int(k.Hook), 4)], Count: n})
+			Hook: [...]string{"", "connect", "sendmsg", "egress", "tap", "spoof"}[min(int(k.Hook), 5)], Count: n})
 	}
 	if err := it.Err(); err != nil {
 		return st, fmt.Errorf("network: read counters: %w", err)

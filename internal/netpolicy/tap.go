@@ -24,6 +24,19 @@ type guestIdentity struct {
 	MAC   net.HardwareAddr
 	Addr4 netip.Addr
 	Addr6 netip.Addr
+	// NetnsMAC is the namespace's own end of the veth: its frames (MLD
+	// reports still pending from before the rewiring) are dropped
+	// uncounted, as they are no guest's doing.
+	NetnsMAC net.HardwareAddr
+}
+
+// linkLocal is the guest kernel's EUI-64 link-local address for mac.
+func linkLocal(mac net.HardwareAddr) netip.Addr {
+	var a [16]byte
+	a[0], a[1] = 0xfe, 0x80
+	a[8], a[9], a[10], a[11], a[12] = mac[0]^0x02, mac[1], mac[2], 0xff, 0xfe
+	a[13], a[14], a[15] = mac[3], mac[4], mac[5]
+	return netip.AddrFrom16(a)
 }
 
 // guestMAC is the locally administered MAC of the VM in slot index.
@@ -62,7 +75,8 @@ func tapProgram(m *maps, g guestIdentity) asm.Instructions {
 			asm.FnSkbLoadBytes.Call(),
 		)
 	}
-	mac, a4, a6 := []byte(g.MAC), g.Addr4.As4(), g.Addr6.As16()
+	mac, a4, a6, ll := []byte(g.MAC), g.Addr4.As4(), g.Addr6.As16(), linkLocal(g.MAC).As16()
+	nsMAC := []byte(g.NetnsMAC)
 	insns := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.Mov.Imm(asm.R8, 0),
@@ -77,9 +91,9 @@ func tapProgram(m *maps, g guestIdentity) asm.Instructions {
 		// MAC spoofing: a frame claiming the gateway's or another
 		// sandbox's MAC would teach the bridge to send their traffic here.
 		asm.LoadMem(asm.R1, asm.RFP, stEth+6, asm.Word),
-		asm.JNE.Imm32(asm.R1, le32(mac[0:4]), "spoofed"),
+		asm.JNE.Imm32(asm.R1, le32(mac[0:4]), "other_mac"),
 		asm.LoadMem(asm.R1, asm.RFP, stEth+10, asm.Half),
-		asm.JNE.Imm32(asm.R1, int32(binary.LittleEndian.Uint16(mac[4:6])), "spoofed"),
+		asm.JNE.Imm32(asm.R1, int32(binary.LittleEndian.Uint16(mac[4:6])), "other_mac"),
 		asm.LoadMem(asm.R2, asm.RFP, stEth+12, asm.Half),
 		asm.JEq.Imm(asm.R2, ethPIPv4LE, "ipv4"),
 		asm.JEq.Imm(asm.R2, ethPIPv6LE, "ipv6"),
@@ -145,8 +159,11 @@ func tapProgram(m *maps, g guestIdentity) asm.Instructions {
 		asm.JEq.Imm(asm.R1, 0, "nd_only"),
 		asm.Ja.Label("spoofed"),
 	)
-	insns = append(insns, neighbourDiscovery(loadBytes, a6, "nd_only", "spoofed", "spoofed")...)
-	insns = append(insns, neighbourDiscovery(loadBytes, a6, "src6_own", "policy6", "spoofed")...)
+	// Link-local and unspecified sources reach nothing beyond the link
+	// (the allow map denies fe80::/10 and multicast): anything but
+	// neighbour discovery (the guest's MLD reports) is dropped uncounted.
+	insns = append(insns, neighbourDiscovery(loadBytes, a6, ll, "nd_only", "drop", "spoofed")...)
+	insns = append(insns, neighbourDiscovery(loadBytes, a6, ll, "src6_own", "policy6", "spoofed")...)
 	s6 := storeAddr6(asm.RFP, stHdr+24)
 	s6[0] = s6[0].WithSymbol("policy6")
 	insns = append(insns, s6...)
@@ -169,9 +186,24 @@ func tapProgram(m *maps, g guestIdentity) asm.Instructions {
 	// Allowed destinations are remembered in flows as the connect hook
 	// does for containers: a download outlives its DNS answer's TTL.
 	insns = append(insns, verdictsReturning(m, hookConnect, tcActOK, tcActShot)...)
-	// A forged frame counts as a refusal (in total: it has no trusted
-	// destination to count it under).
-	insns = append(insns, asm.Ja.Label("count_total").WithSymbol("spoofed"))
+	// The namespace's own veth end: dropped, not counted.
+	insns = append(insns,
+		asm.LoadMem(asm.R1, asm.RFP, stEth+6, asm.Word).WithSymbol("other_mac"),
+		asm.JNE.Imm32(asm.R1, le32(nsMAC[0:4]), "spoofed"),
+		asm.LoadMem(asm.R1, asm.RFP, stEth+10, asm.Half),
+		asm.JNE.Imm32(asm.R1, int32(binary.LittleEndian.Uint16(nsMAC[4:6])), "spoofed"),
+		asm.Ja.Label("drop"),
+	)
+	// A forged frame counts as a refusal under hook "spoof" with no
+	// destination (what it claims is not to be trusted).
+	insns = append(insns,
+		asm.StoreImm(asm.RFP, stFlow, 0, asm.Word).WithSymbol("spoofed"),
+		asm.StoreImm(asm.RFP, stFlow+4, 0, asm.Word),
+		asm.StoreImm(asm.RFP, stFlow+8, 0, asm.Word),
+		asm.StoreImm(asm.RFP, stFlow+12, 0, asm.Word),
+		asm.StoreImm(asm.RFP, stFlowPP, 0, asm.Word),
+		asm.StoreImm(asm.RFP, stHook, hookSpoof, asm.Byte),
+		asm.Ja.Label("count_refusal"))
 	insns = append(insns,
 		asm.Mov.Imm(asm.R0, tcActOK).WithSymbol("allow_l2"),
 		asm.Return(),
@@ -182,11 +214,13 @@ func tapProgram(m *maps, g guestIdentity) asm.Instructions {
 
 // fixHook makes the deny tail count refusals under hookTap (verdicts
 // writes the hook it was built for; the tap program reuses the connect
-// tail for its flow recording).
+// tail for its flow recording) and labels the counting that follows, where
+// forged frames join it.
 func fixHook(insns asm.Instructions) asm.Instructions {
 	for i, ins := range insns {
 		if ins.Symbol() == "deny" {
 			insns[i] = asm.StoreImm(asm.RFP, stHook, hookTap, asm.Byte).WithSymbol("deny")
+			insns[i+1] = insns[i+1].WithSymbol("count_refusal")
 		}
 	}
 	return insns
@@ -195,9 +229,10 @@ func fixHook(insns asm.Instructions) asm.Instructions {
 // neighbourDiscovery passes IPv6 neighbour discovery (ICMPv6 133-136 with
 // hop limit 255 to a link-local or multicast destination: never routed)
 // and jumps to notND for anything else. A neighbour advertisement must be
-// about the guest's own address: one for another sandbox's or the
-// gateway's address would poison the node's neighbour cache.
-func neighbourDiscovery(loadBytes func(int32, asm.Register, int16, int32) asm.Instructions, a6 [16]byte, label, notND, badNA string) asm.Instructions {
+// about one of the guest's own addresses (global or link-local): one for
+// another sandbox's or the gateway's address would poison the node's
+// neighbour cache.
+func neighbourDiscovery(loadBytes func(int32, asm.Register, int16, int32) asm.Instructions, a6, ll [16]byte, label, notND, badNA string) asm.Instructions {
 	l := func(s string) string { return label + "_" + s }
 	insns := asm.Instructions{
 		asm.LoadMem(asm.R1, asm.RFP, stHdr+6, asm.Byte).WithSymbol(label),
@@ -225,7 +260,15 @@ func neighbourDiscovery(loadBytes func(int32, asm.Register, int16, int32) asm.In
 	for i := 0; i < 4; i++ {
 		insns = append(insns,
 			asm.LoadMem(asm.R1, asm.RFP, stKey+8+int16(4*i), asm.Word),
-			asm.JNE.Imm32(asm.R1, le32(a6[4*i:]), badNA))
+			asm.JNE.Imm32(asm.R1, le32(a6[4*i:]), l("na_ll")))
+	}
+	insns = append(insns, asm.Ja.Label("allow_l2"))
+	for i := 0; i < 4; i++ {
+		ins := asm.LoadMem(asm.R1, asm.RFP, stKey+8+int16(4*i), asm.Word)
+		if i == 0 {
+			ins = ins.WithSymbol(l("na_ll"))
+		}
+		insns = append(insns, ins, asm.JNE.Imm32(asm.R1, le32(ll[4*i:]), badNA))
 	}
 	return append(insns, asm.Ja.Label("allow_l2"))
 }

@@ -60,13 +60,14 @@ func (m *Manager) AttachVM(ctx context.Context, id string, p Policy) (*Sandbox, 
 		m.freeSlot(s)
 		return nil, fmt.Errorf("network: %w", err)
 	}
-	if sb.tap, err = rewireForGuest(s); err != nil {
+	var nsMAC net.HardwareAddr
+	if sb.tap, nsMAC, err = rewireForGuest(s); err != nil {
 		return fail(err)
 	}
 	if err := sb.sync(); err != nil {
 		return fail(err)
 	}
-	g := guestIdentity{MAC: guestMAC(s.index), Addr4: s.addr4, Addr6: s.addr6}
+	g := guestIdentity{MAC: guestMAC(s.index), Addr4: s.addr4, Addr6: s.addr6, NetnsMAC: nsMAC}
 	if err := s.filter.attachTap(m.node, s.hostVeth, g); err != nil {
 		return fail(err)
 	}
@@ -86,24 +87,25 @@ func (s *Sandbox) Guest() Guest {
 }
 
 // rewireForGuest turns a container slot into a VM slot: eth0 without
-// addresses in a bridge with a new tap. It returns the tap's fd.
-func rewireForGuest(s *slot) (*os.File, error) {
+// addresses in a bridge with a new tap. It returns the tap's fd and
+// eth0's MAC.
+func rewireForGuest(s *slot) (*os.File, net.HardwareAddr, error) {
 	in, err := handleIn(s.ns)
 	if err != nil {
-		return nil, fmt.Errorf("netlink in sandbox netns: %w", err)
+		return nil, nil, fmt.Errorf("netlink in sandbox netns: %w", err)
 	}
 	defer in.Close()
 	eth, err := in.LinkByName("eth0")
 	if err != nil {
-		return nil, fmt.Errorf("sandbox eth0: %w", err)
+		return nil, nil, fmt.Errorf("sandbox eth0: %w", err)
 	}
 	addrs, err := in.AddrList(eth, unix.AF_UNSPEC)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox eth0 addresses: %w", err)
+		return nil, nil, fmt.Errorf("sandbox eth0 addresses: %w", err)
 	}
 	for _, a := range addrs {
 		if err := in.AddrDel(eth, &a); err != nil {
-			return nil, fmt.Errorf("sandbox eth0: remove %s: %w", a.IPNet, err)
+			return nil, nil, fmt.Errorf("sandbox eth0: remove %s: %w", a.IPNet, err)
 		}
 	}
 	var tap *os.File
@@ -121,7 +123,7 @@ func rewireForGuest(s *slot) (*os.File, error) {
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	la := netlink.NewLinkAttrs()
 	la.Name = "br0"
@@ -133,9 +135,9 @@ func rewireForGuest(s *slot) (*os.File, error) {
 		in.LinkSetUp(br))
 	if err != nil {
 		tap.Close()
-		return nil, fmt.Errorf("sandbox bridge: %w", err)
+		return nil, nil, fmt.Errorf("sandbox bridge: %w", err)
 	}
-	return tap, nil
+	return tap, eth.Attrs().HardwareAddr, nil
 }
 
 func setMasterUp(in *netlink.Handle, name string, br *netlink.Bridge) error {
