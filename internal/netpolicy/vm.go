@@ -126,7 +126,10 @@ func rewireForGuest(s *slot) (*os.File, net.HardwareAddr, error) {
 		return nil, nil, err
 	}
 	la := netlink.NewLinkAttrs()
-	la.Name = "br0"
+	// The bridge's own frames (it gets an IPv4 stack whether it wants one
+	// or not) carry eth0's MAC, which the tap program drops uncounted;
+	// with a random MAC of its own they counted as the guest's forgeries.
+	la.Name, la.HardwareAddr = "br0", eth.Attrs().HardwareAddr
 	br := &netlink.Bridge{LinkAttrs: la}
 	err = errors.Join(
 		in.LinkAdd(br),
