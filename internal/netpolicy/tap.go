@@ -24,9 +24,10 @@ type guestIdentity struct {
 	MAC   net.HardwareAddr
 	Addr4 netip.Addr
 	Addr6 netip.Addr
-	// NetnsMAC is the namespace's own end of the veth: its frames (MLD
-	// reports still pending from before the rewiring) are dropped
-	// uncounted, as they are no guest's doing.
+	// NetnsMAC is the namespace's own end of the veth, whose MAC its
+	// bridge also takes: their frames (MLD reports pending from before
+	// the rewiring, the bridge's IPv4 chatter) are dropped uncounted, as
+	// they are no guest's doing.
 	NetnsMAC net.HardwareAddr
 }
 
