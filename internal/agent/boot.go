@@ -89,6 +89,9 @@ func boot() (*runtimeConfig, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := configureNetwork(fc.Network); err != nil {
+		return nil, err
+	}
 	if err := buildRoot(&fc); err != nil {
 		return nil, err
 	}
@@ -211,7 +214,11 @@ func buildRoot(fc *agentproto.FileConfig) error {
 	if err := mountAPIFS("/newroot"); err != nil {
 		return err
 	}
-	if err := mountShell("/newroot"); err != nil {
+	resolv := ""
+	if fc.Network != nil {
+		resolv = fc.Network.ResolvConf
+	}
+	if err := mountShell("/newroot", resolv); err != nil {
 		return err
 	}
 	return switchRoot("/newroot")
@@ -252,8 +259,10 @@ func mountAPIFS(root string) error {
 
 // mountShell bind-mounts the initramfs's static busybox read-only at
 // ShellPath, on a read-only tmpfs of its own, so that shell execs do not
-// run the image's /bin/sh.
-func mountShell(root string) error {
+// run the image's /bin/sh. A networked guest's resolv.conf is kept in the
+// same tmpfs and bound read-only over /etc/resolv.conf: every resolver asks
+// the node's DNS proxy, the only DNS server its policy lets it reach.
+func mountShell(root, resolv string) error {
 	dir := filepath.Join(root, filepath.Dir(ShellPath))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -268,7 +277,30 @@ func mountShell(root string) error {
 	if err := unix.Mount(BusyboxPath, dst, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind shell: %w", err)
 	}
-	for _, p := range []string{dst, dir} {
+	ro := []string{dst, dir}
+	if resolv != "" {
+		src := filepath.Join(dir, "resolv.conf")
+		if err := os.WriteFile(src, []byte(resolv), 0o644); err != nil {
+			return err
+		}
+		etc := filepath.Join(root, "etc", "resolv.conf")
+		// A symlink (systemd-resolved's stub) would be followed by the
+		// bind: a regular file of the upper layer takes its place.
+		if st, err := os.Lstat(etc); err != nil || !st.Mode().IsRegular() {
+			_ = os.Remove(etc)
+			if err := os.MkdirAll(filepath.Dir(etc), 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(etc, nil, 0o644); err != nil {
+				return err
+			}
+		}
+		if err := unix.Mount(src, etc, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind resolv.conf: %w", err)
+		}
+		ro = append(ro, etc)
+	}
+	for _, p := range ro {
 		if err := unix.Mount("", p, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 			return fmt.Errorf("remount %s read-only: %w", p, err)
 		}

@@ -279,6 +279,19 @@ type FileConfig struct {
 	VsockPort uint32 `json:"vsock_port,omitempty"`
 	// Modules are kernel module paths in the initramfs, in load order.
 	Modules []string `json:"modules"`
+	// Network configures the guest's eth0; nil: loopback only.
+	Network *GuestNetwork `json:"network,omitempty"`
+}
+
+// GuestNetwork is the guest's side of its sandbox network slot.
+type GuestNetwork struct {
+	MAC      string `json:"mac"`      // of the NIC to configure (named eth0)
+	Addr4    string `json:"addr4"`    // prefix, e.g. 10.88.0.7/24
+	Addr6    string `json:"addr6"`    // prefix
+	Gateway4 string `json:"gateway4"` // default routes
+	Gateway6 string `json:"gateway6"`
+	// ResolvConf is bound read-only over /etc/resolv.conf.
+	ResolvConf string `json:"resolv_conf"`
 }
 
 // LayerDisks is one layer: its EROFS image disk and extra blob devices.

@@ -63,6 +63,8 @@ const (
 	hookConnect = 1
 	hookSendmsg = 2
 	hookEgress  = 3
+	hookTap     = 4 // tc on a microVM's veth (tap.go)
+	hookSpoof   = 5 // a microVM frame with a forged MAC or source
 )
 
 const (
@@ -220,6 +222,11 @@ func recoverFilter(cgroupDir string) (*filter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("query programs of %s: %w", cgroupDir, err)
 	}
+	return mapsOfProgram(res, "corral_connect4", cgroupDir)
+}
+
+// mapsOfProgram finds the maps of the attached program called name.
+func mapsOfProgram(res *link.QueryResult, name, where string) (*filter, error) {
 	for _, ap := range res.Programs {
 		p, err := ebpf.NewProgramFromID(ap.ID)
 		if err != nil {
@@ -227,7 +234,7 @@ func recoverFilter(cgroupDir string) (*filter, error) {
 		}
 		info, err := p.Info()
 		p.Close()
-		if err != nil || info.Name != "corral_connect4" {
+		if err != nil || info.Name != name {
 			continue
 		}
 		ids, _ := info.MapIDs()
@@ -257,11 +264,11 @@ func recoverFilter(cgroupDir string) (*filter, error) {
 		}
 		if m.allow == nil || m.flows == nil || m.refused == nil || m.total == nil {
 			m.close()
-			return nil, fmt.Errorf("programs of %s lack their maps", cgroupDir)
+			return nil, fmt.Errorf("programs of %s lack their maps", where)
 		}
 		return &filter{maps: m}, nil
 	}
-	return nil, fmt.Errorf("no corral programs attached to %s", cgroupDir)
+	return nil, fmt.Errorf("no %s program attached to %s", name, where)
 }
 
 // storeAddr4 writes an IPv4 address (in R2, network byte order as loaded)
@@ -373,9 +380,15 @@ func decide(m *maps, egress bool) asm.Instructions {
 // verdicts are the allow and deny tails: allow records the flow (socket
 // hooks), deny counts the attempt per destination and in total.
 func verdicts(m *maps, hook int) asm.Instructions {
+	return verdictsReturning(m, hook, 1, 0)
+}
+
+// verdictsReturning is verdicts with the program type's pass and drop
+// return values (cgroup programs: 1 and 0; tc: TC_ACT_OK and TC_ACT_SHOT).
+func verdictsReturning(m *maps, hook int, pass, drop int32) asm.Instructions {
 	var insns asm.Instructions
 	if hook == hookEgress {
-		insns = append(insns, asm.Mov.Imm(asm.R0, 1).WithSymbol("allow"), asm.Return())
+		insns = append(insns, asm.Mov.Imm(asm.R0, pass).WithSymbol("allow"), asm.Return())
 	} else {
 		insns = append(insns,
 			asm.StoreImm(asm.RFP, stHook, 0, asm.Byte).WithSymbol("allow"),
@@ -388,7 +401,7 @@ func verdicts(m *maps, hook int) asm.Instructions {
 			asm.Add.Imm(asm.R3, stOne),
 			asm.Mov.Imm(asm.R4, 0), // BPF_ANY
 			asm.FnMapUpdateElem.Call(),
-			asm.Mov.Imm(asm.R0, 1),
+			asm.Mov.Imm(asm.R0, pass),
 			asm.Return(),
 		)
 	}
@@ -420,8 +433,8 @@ func verdicts(m *maps, hook int) asm.Instructions {
 		asm.Mov.Imm(asm.R1, 1),
 		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
 		// connect/sendmsg: 0 makes the call fail with EPERM; egress: 0
-		// drops the packet.
-		asm.Mov.Imm(asm.R0, 0).WithSymbol("refuse"),
+		// drops the packet (tc: TC_ACT_SHOT).
+		asm.Mov.Imm(asm.R0, drop).WithSymbol("refuse"),
 		asm.Return(),
 	)
 	return insns

@@ -329,6 +329,7 @@ type Record struct {
 	HostVeth string   `json:"host_veth"`
 	Mode     Mode     `json:"mode"`
 	Allow    []string `json:"allow,omitempty"`
+	VM       bool     `json:"vm,omitempty"` // enforced on the veth (AttachVM)
 }
 
 // Attach gives sandbox id a namespace from the pool and attaches the
@@ -380,7 +381,8 @@ func (m *Manager) register(sb *Sandbox) {
 }
 
 // Recover finds the network of a sandbox that outlived a daemon restart
-// (its programs and maps are still attached to its cgroup).
+// (its programs and maps are still attached to its cgroup, or for a
+// microVM to its veth; cgroupDir is then unused).
 func (m *Manager) Recover(ctx context.Context, id, cgroupDir string, rec Record) (*Sandbox, error) {
 	a4, err4 := netip.ParseAddr(rec.Addr4)
 	a6, err6 := netip.ParseAddr(rec.Addr6)
@@ -404,7 +406,13 @@ func (m *Manager) Recover(ctx context.Context, id, cgroupDir string, rec Record)
 		release()
 		return nil, err
 	}
-	f, err := recoverFilter(cgroupDir)
+	var f *filter
+	var err error
+	if rec.VM {
+		f, err = recoverTapFilter(m.node, rec.HostVeth)
+	} else {
+		f, err = recoverFilter(cgroupDir)
+	}
 	if err != nil {
 		release()
 		return nil, fmt.Errorf("network: %w", err)
@@ -416,7 +424,7 @@ func (m *Manager) Recover(ctx context.Context, id, cgroupDir string, rec Record)
 		return nil, fmt.Errorf("network: record of %s: %w", id, err)
 	}
 	sb := &Sandbox{m: m, id: id, index: rec.Index, addr4: a4, addr6: a6, hostVeth: rec.HostVeth, filter: f,
-		mode: rec.Mode, allow: rec.Allow, rules: rules, learned: map[netip.Addr]learned{}, refusedNames: map[string]uint64{}}
+		vm: rec.VM, mode: rec.Mode, allow: rec.Allow, rules: rules, learned: map[netip.Addr]learned{}, refusedNames: map[string]uint64{}}
 	m.register(sb)
 	return sb, nil
 }

@@ -3,11 +3,15 @@ package netpolicy
 import (
 	"flag"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/cilium/ebpf"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/programs.golden")
@@ -41,6 +45,20 @@ func TestProgramsGolden(t *testing.T) {
 		})
 		b.WriteString(text)
 	}
+	// The microVM tc program, for a fixed guest; it must also pass the
+	// verifier (it is loaded only when a microVM gets a network).
+	g := guestIdentity{MAC: guestMAC(7), Addr4: netip.MustParseAddr("10.88.0.7"), Addr6: netip.MustParseAddr("fd88::7"),
+		NetnsMAC: net.HardwareAddr{0x0a, 1, 2, 3, 4, 5}}
+	insns := tapProgram(m, g)
+	fmt.Fprintf(&b, "== %s (%s, %s) for %s %s %s: %d instructions\n", tapProgramName, ebpf.SchedCLS, ebpf.AttachTCXIngress, g.MAC, g.Addr4, g.Addr6, len(insns))
+	b.WriteString(fd.ReplaceAllStringFunc(fmt.Sprint(insns), func(s string) string {
+		return "map: " + names[fd.FindStringSubmatch(s)[1]]
+	}))
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: tapProgramName, Type: ebpf.SchedCLS, Instructions: insns, License: "Apache-2.0"})
+	if err != nil {
+		t.Fatalf("load %s: %+v", tapProgramName, err)
+	}
+	p.Close()
 	got := b.String()
 	path := filepath.Join("testdata", "programs.golden")
 	if *update {

@@ -31,6 +31,8 @@ type Sandbox struct {
 	hostVeth string
 	ns       *os.File // nil after a restart
 	filter   *filter
+	vm       bool     // a microVM's: enforced by the tap program
+	tap      *os.File // the microVM's tap (nil after a restart)
 
 	mu           sync.Mutex
 	mode         Mode
@@ -58,7 +60,7 @@ func (s *Sandbox) Record() Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return Record{Index: s.index, Addr4: s.addr4.String(), Addr6: s.addr6.String(), HostVeth: s.hostVeth,
-		Mode: s.mode, Allow: slices.Clone(s.allow)}
+		Mode: s.mode, Allow: slices.Clone(s.allow), VM: s.vm}
 }
 
 // Policy is the sandbox's current policy.
@@ -249,7 +251,7 @@ type Refusal struct {
 	Addr  netip.Addr
 	Port  uint16
 	Proto string // tcp, udp, icmp or the protocol number
-	Hook  string // connect, sendmsg, egress, or dns (Name set)
+	Hook  string // connect, sendmsg, egress, tap or spoof (microVM), or dns (Name set)
 	Name  string // the refused name, for DNS refusals
 	Count uint64
 }
@@ -272,7 +274,7 @@ func (s *Sandbox) Stats() (Stats, error) {
 	for it.Next(&k, &n) {
 		a := netip.AddrFrom16(k.Addr).Unmap()
 		st.Refusals = append(st.Refusals, Refusal{Addr: a, Port: k.Port, Proto: protoName(k.Proto),
-			Hook: [...]string{"", "connect", "sendmsg", "egress"}[min(int(k.Hook), 3)], Count: n})
+			Hook: [...]string{"", "connect", "sendmsg", "egress", "tap", "spoof"}[min(int(k.Hook), 5)], Count: n})
 	}
 	if err := it.Err(); err != nil {
 		return st, fmt.Errorf("network: read counters: %w", err)
@@ -322,6 +324,9 @@ func (s *Sandbox) Close() error {
 	err := m.node.deleteLink(s.hostVeth)
 	if s.ns != nil {
 		s.ns.Close()
+	}
+	if s.tap != nil {
+		s.tap.Close()
 	}
 	s.filter.close()
 	m.mu.Lock()

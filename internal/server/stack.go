@@ -83,6 +83,7 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 		AgentPath:     cfg.AgentBinary,
 		Busybox:       shell,
 		SnapshotAfter: cfg.MicroVMSnapshotAfter,
+		Network:       network,
 		Logger:        cfg.Logger,
 	})
 	switch {

@@ -32,6 +32,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentproto"
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 )
 
@@ -65,7 +66,10 @@ type Config struct {
 	// memory; resume then restores it. Zero snapshots at pause; negative
 	// never snapshots.
 	SnapshotAfter time.Duration
-	Logger        *slog.Logger
+	// Network wires sandboxes with a network mode other than none; nil:
+	// only mode none.
+	Network *netpolicy.Manager
+	Logger  *slog.Logger
 }
 
 // Backend implements backend.Backend.
@@ -209,11 +213,20 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if spec.Resettable {
 		return nil, errdefs.NotSupported("microvm backend: resettable sandboxes (fncall pools) are container-only")
 	}
-	if m := spec.Network.Mode; m != "" && m != "none" {
-		// Guest traffic bypasses the cgroup programs that enforce a
-		// container's rules: a VM gets no interface until tc programs on
-		// its tap enforce the same maps.
-		return nil, errdefs.NotSupported("network.mode: %s is not available for microvm sandboxes yet (container only); use mode none", m)
+	mode, err := netpolicy.ParseMode(spec.Network.Mode)
+	if err != nil {
+		return nil, err
+	}
+	if mode == netpolicy.ModeNone && len(spec.Network.Allow) > 0 {
+		return nil, errdefs.InvalidArgument("network.allow: mode none takes no rules (use allowlist)")
+	}
+	if mode != netpolicy.ModeNone {
+		if b.cfg.Network == nil {
+			return nil, errdefs.NotSupported("network.mode: %s needs the node's network manager (this node runs without one)", mode)
+		}
+		if b.drv.Name() != "qemu" {
+			return nil, errdefs.NotSupported("network.mode: %s is not available with %s microVMs (qemu only)", mode, b.drv.Name())
+		}
 	}
 	r := spec.Resources
 	if r.MemoryBytes < MinMemoryBytes {
@@ -246,13 +259,31 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		Layers:    spec.LayerDisks,
 		KVM:       b.kvm,
 	}}
+	fc := agentproto.FileConfig{Secret: m.Secret, Hostname: spec.Hostname, Disk: writableSerial}
+	if mode != netpolicy.ModeNone {
+		// Guest traffic never meets the cgroup programs: the slot's
+		// tc program on its veth enforces the same maps.
+		if m.net, err = b.cfg.Network.AttachVM(ctx, spec.ID, netpolicy.Policy{Mode: mode, Allow: spec.Network.Allow}); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		defer func() {
+			if err != nil {
+				_ = m.net.Close()
+			}
+		}()
+		rec := m.net.Record()
+		g := m.net.Guest()
+		m.Net, m.MAC = &rec, g.MAC.String()
+		fc.Network = &agentproto.GuestNetwork{MAC: m.MAC, Addr4: g.Addr4.String(), Addr6: g.Addr6.String(),
+			Gateway4: g.Gateway4.String(), Gateway6: g.Gateway6.String(),
+			ResolvConf: "nameserver " + m.net.Resolver().String() + "\n"}
+	}
 	if err := m.save(); err != nil {
 		return nil, err
 	}
 	if err := makeDisk(ctx, m.path(diskFile), r.DiskBytes, r.DiskInodes); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
-	fc := agentproto.FileConfig{Secret: m.Secret, Hostname: spec.Hostname, Disk: writableSerial}
 	for i, l := range spec.LayerDisks {
 		ld := agentproto.LayerDisks{Image: diskSerial(i, 0)}
 		for j := range l.Devices {
@@ -277,7 +308,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, err
 	}
 	s := b.newSandbox(m, proc)
-	if err := s.waitAgent(ctx, bootTimeout(b.kvm)); err != nil {
+	if err = s.waitAgent(ctx, bootTimeout(b.kvm)); err != nil {
 		_ = proc.Kill()
 		<-proc.Done()
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
@@ -321,7 +352,7 @@ func makeDisk(ctx context.Context, path string, bytes, inodes int64) error {
 }
 
 // Recover implements backend.Backend from the run dir's vm.json.
-func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (backend.Sandbox, error) {
+func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (_ backend.Sandbox, err error) {
 	if err := backend.CheckID(id); err != nil {
 		return nil, err
 	}
@@ -330,6 +361,21 @@ func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (backend.San
 		return nil, errdefs.NotFound("sandbox %s: no vm state: %v", id, err)
 	}
 	m.kernel = b.cfg.Kernel
+	if m.Net != nil {
+		// The programs and maps are still on the veth, which QEMU's
+		// hold on the namespace kept.
+		if b.cfg.Network == nil {
+			return nil, errdefs.NotFound("sandbox %s: networked, but this node runs without a network manager", id)
+		}
+		if m.net, err = b.cfg.Network.Recover(ctx, id, "", *m.Net); err != nil {
+			return nil, errdefs.NotFound("sandbox %s: %v", id, err)
+		}
+		defer func() {
+			if err != nil {
+				_ = m.net.Close()
+			}
+		}()
+	}
 	if m.Snapshotted {
 		return b.newSnapshotted(m), nil
 	}
@@ -372,6 +418,13 @@ func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
 	// command line.
 	for _, pid := range vmmProcesses(b.cfg.RunDir)[id] {
 		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	// The veth goes with the namespace once QEMU is gone; Remove covers
+	// a namespace something else still held.
+	if m, err := loadMachine(dir, id); err == nil && m.Net != nil && b.cfg.Network != nil {
+		if err := b.cfg.Network.Remove(*m.Net); err != nil {
+			return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
+		}
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)

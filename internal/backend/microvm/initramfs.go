@@ -18,12 +18,12 @@ import (
 
 // guestModules are the modules the agent needs, in load order before
 // dependencies are added: virtio-mmio transport, block devices, the
-// virtio-serial port, free page reporting (the balloon), and the
-// filesystems of the root. crc32c_generic
+// virtio-serial port, free page reporting (the balloon), the NIC of a
+// networked sandbox, and the filesystems of the root. crc32c_generic
 // comes first because libcrc32c asks for the "crc32c" transform at load
 // and the guest has no modprobe to find it.
 var guestModules = []string{
-	"virtio_mmio", "virtio_blk", "virtio_console", "virtio_balloon",
+	"virtio_mmio", "virtio_blk", "virtio_console", "virtio_balloon", "virtio_net",
 	"crc32c_generic", "ext4", "erofs", "overlay",
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 )
 
@@ -48,6 +49,10 @@ type machineState struct {
 	// Layers are the attached layer files, topmost first.
 	Layers []backend.LayerDisk `json:"layers"`
 	KVM    bool                `json:"kvm"`
+	// Net is the network slot of a networked VM (nil: no NIC) and MAC
+	// its NIC's address.
+	Net *netpolicy.Record `json:"net,omitempty"`
+	MAC string            `json:"mac,omitempty"`
 }
 
 // machine is one VM's configuration and run dir.
@@ -56,6 +61,7 @@ type machine struct {
 	dir string
 	machineState
 	kernel string
+	net    *netpolicy.Sandbox // the live network slot (nil: none, or after a restart)
 }
 
 func (m *machine) path(name string) string { return filepath.Join(m.dir, name) }

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 )
 
@@ -81,6 +82,12 @@ func (q *qemu) args(m *machine, restore bool) []string {
 	args = append(args,
 		"-drive", "id=disk,file="+qemuEscape(m.path(diskFile))+",format=raw,if=none,discard=unmap",
 		"-device", "virtio-blk-device,drive=disk,serial="+writableSerial)
+	if m.net != nil {
+		// The tap in the sandbox's network namespace, passed as fd 3.
+		args = append(args,
+			"-netdev", "tap,id=net0,fd=3",
+			"-device", "virtio-net-device,netdev=net0,mac="+m.MAC)
+	}
 	if restore {
 		args = append(args, "-incoming", "exec:cat "+shellQuote(m.path(snapshotFile)))
 	}
@@ -124,12 +131,27 @@ func (q *qemu) Start(ctx context.Context, m *machine, restore bool) (*launch.Pro
 	}
 	defer null.Close()
 	pidfd := -1
-	p, err := os.StartProcess(q.bin, args, &os.ProcAttr{
-		Dir:   m.dir,
-		Files: []*os.File{null, logf, logf},
-		// Its own session: the VM outlives a daemon restart, and a
-		// signal to the daemon's group does not reach it.
-		Sys: &syscall.SysProcAttr{Setsid: true, PidFD: &pidfd},
+	files := []*os.File{null, logf, logf}
+	var ns *os.File
+	if m.net != nil {
+		if m.net.Tap() == nil {
+			return nil, fmt.Errorf("start qemu: the network slot has no tap (lost with a daemon restart)")
+		}
+		files, ns = append(files, m.net.Tap()), m.net.Netns()
+	}
+	var p *os.Process
+	// QEMU starts inside the sandbox's network namespace and so holds it
+	// (with the tap and the veth) through a daemon restart.
+	err = netpolicy.InNetns(ns, func() error {
+		var err error
+		p, err = os.StartProcess(q.bin, args, &os.ProcAttr{
+			Dir:   m.dir,
+			Files: files,
+			// Its own session: the VM outlives a daemon restart, and a
+			// signal to the daemon's group does not reach it.
+			Sys: &syscall.SysProcAttr{Setsid: true, PidFD: &pidfd},
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentproto"
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 )
 
@@ -265,7 +266,9 @@ func (s *sandbox) Pause(ctx context.Context) error {
 func (s *sandbox) Snapshot(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.paused || s.proc == nil || s.stopped {
+	// A networked VM stays paused in memory: its QEMU holds the network
+	// namespace (with the tap and veth), which would end with the process.
+	if !s.paused || s.proc == nil || s.stopped || s.m.Net != nil {
 		return nil
 	}
 	// The restored agent must not expect this session's stream ids.
@@ -394,6 +397,55 @@ func (s *sandbox) Stop(ctx context.Context) error {
 			return fmt.Errorf("sandbox %s: stop: %w", s.m.id, ctx.Err())
 		}
 	}
+	if s.m.net != nil {
+		if err := s.m.net.Close(); err != nil {
+			return fmt.Errorf("sandbox %s: stop: %w", s.m.id, err)
+		}
+	}
 	s.end()
 	return nil
+}
+
+var _ backend.Networker = (*sandbox)(nil)
+
+// UpdateNetwork implements backend.Networker.
+func (s *sandbox) UpdateNetwork(ctx context.Context, n backend.Network) error {
+	if s.m.net == nil {
+		return errdefs.FailedPrecondition("sandbox %s: created with network mode none: it has no NIC to open (create it with mode allowlist, even with no rules, to change its network later)", s.m.id)
+	}
+	if err := s.live(); err != nil {
+		return err
+	}
+	mode, err := netpolicy.ParseMode(n.Mode)
+	if err != nil {
+		return err
+	}
+	if err := s.m.net.Update(ctx, netpolicy.Policy{Mode: mode, Allow: n.Allow}); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.m.id, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec := s.m.net.Record()
+	s.m.Net = &rec
+	return s.m.save()
+}
+
+// NetworkStats implements backend.Networker.
+func (s *sandbox) NetworkStats(ctx context.Context) (backend.NetworkStats, error) {
+	if s.m.net == nil {
+		return backend.NetworkStats{}, nil
+	}
+	st, err := s.m.net.Stats()
+	if err != nil {
+		return backend.NetworkStats{}, fmt.Errorf("sandbox %s: %w", s.m.id, err)
+	}
+	out := backend.NetworkStats{Total: st.Total}
+	for _, r := range st.Refusals {
+		nr := backend.NetworkRefusal{Port: r.Port, Protocol: r.Proto, Hook: r.Hook, Name: r.Name, Count: r.Count}
+		if r.Addr.IsValid() {
+			nr.Address = r.Addr.String()
+		}
+		out.Refusals = append(out.Refusals, nr)
+	}
+	return out, nil
 }
