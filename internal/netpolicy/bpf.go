@@ -477,20 +477,66 @@ const (
 	ip4FragMaskLE = 0xff1f // fragment offset bits of frag_off, loaded LE
 )
 
+// loadBytes copies n packet bytes from offset off (or from R2 when offReg
+// is R2) to the stack at dst with bpf_skb_load_bytes; the skb is in R6.
+func loadBytes(off int32, offReg asm.Register, dst int16, n int32) asm.Instructions {
+	insns := asm.Instructions{asm.Mov.Reg(asm.R1, asm.R6)}
+	if offReg != asm.R2 {
+		insns = append(insns, asm.Mov.Imm(asm.R2, off))
+	}
+	return append(insns,
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, int32(dst)),
+		asm.Mov.Imm(asm.R4, n),
+		asm.FnSkbLoadBytes.Call(),
+	)
+}
+
+// ip4L4 follows storeAddr4 in a program that read the IPv4 header, found l2
+// bytes into the packet, to stHdr: R9 = protocol, R2 = offset of the L4
+// header, then on to "l4"; a non-first fragment goes to "have_port".
+func ip4L4(l2 int32) asm.Instructions {
+	insns := asm.Instructions{
+		asm.LoadMem(asm.R9, asm.RFP, stHdr+9, asm.Byte),
+		// A non-first fragment carries no port: checked as port 0.
+		asm.LoadMem(asm.R1, asm.RFP, stHdr+6, asm.Half),
+		asm.And.Imm(asm.R1, ip4FragMaskLE),
+		asm.JNE.Imm(asm.R1, 0, "have_port"),
+		asm.LoadMem(asm.R2, asm.RFP, stHdr, asm.Byte),
+		asm.And.Imm(asm.R2, 0x0f),
+		asm.LSh.Imm(asm.R2, 2),
+	}
+	if l2 > 0 {
+		insns = append(insns, asm.Add.Imm(asm.R2, l2))
+	}
+	return append(insns, asm.Ja.Label("l4"))
+}
+
+// l4Decide follows storeAddr6 for the IPv6 header (l2 bytes into the
+// packet) at stHdr, and is the "l4" target of ip4L4: it reads a TCP or UDP
+// destination port into R8 and decides with the sandbox's maps.
+func l4Decide(m *maps, l2 int32) asm.Instructions {
+	insns := asm.Instructions{
+		asm.LoadMem(asm.R9, asm.RFP, stHdr+6, asm.Byte),
+		asm.Mov.Imm(asm.R2, l2+ip6HeaderLen),
+		// TCP and UDP: the destination port is 2 bytes into the L4 header.
+		asm.JEq.Imm(asm.R9, unix.IPPROTO_TCP, "read_port").WithSymbol("l4"),
+		asm.JNE.Imm(asm.R9, unix.IPPROTO_UDP, "have_port"),
+		asm.Add.Imm(asm.R2, 2).WithSymbol("read_port"),
+	}
+	insns = append(insns, loadBytes(0, asm.R2, stPortBuf, 2)...)
+	insns = append(insns,
+		asm.JNE.Imm(asm.R0, 0, "have_port"),
+		asm.LoadMem(asm.R8, asm.RFP, stPortBuf, asm.Half),
+		asm.HostTo(asm.BE, asm.R8, asm.Half),
+		asm.Mov.Reg(asm.R2, asm.R9).WithSymbol("have_port"),
+	)
+	insns = append(insns, protoBits()...)
+	return append(insns, decide(m, true)...)
+}
+
 // egressProgram is the cgroup_skb egress catch-all.
 func egressProgram(m *maps) asm.Instructions {
-	loadBytes := func(off int32, offReg asm.Register, dst int16, n int32) asm.Instructions {
-		insns := asm.Instructions{asm.Mov.Reg(asm.R1, asm.R6)}
-		if offReg != asm.R2 {
-			insns = append(insns, asm.Mov.Imm(asm.R2, off))
-		}
-		return append(insns,
-			asm.Mov.Reg(asm.R3, asm.RFP),
-			asm.Add.Imm(asm.R3, int32(dst)),
-			asm.Mov.Imm(asm.R4, n),
-			asm.FnSkbLoadBytes.Call(),
-		)
-	}
 	insns := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.Mov.Imm(asm.R8, 0),
@@ -511,17 +557,7 @@ func egressProgram(m *maps) asm.Instructions {
 		asm.LoadMem(asm.R2, asm.RFP, stHdr+16, asm.Word),
 	)
 	insns = append(insns, storeAddr4()...)
-	insns = append(insns,
-		asm.LoadMem(asm.R9, asm.RFP, stHdr+9, asm.Byte),
-		// A non-first fragment carries no port: checked as port 0.
-		asm.LoadMem(asm.R1, asm.RFP, stHdr+6, asm.Half),
-		asm.And.Imm(asm.R1, ip4FragMaskLE),
-		asm.JNE.Imm(asm.R1, 0, "have_port"),
-		asm.LoadMem(asm.R2, asm.RFP, stHdr, asm.Byte),
-		asm.And.Imm(asm.R2, 0x0f),
-		asm.LSh.Imm(asm.R2, 2),
-		asm.Ja.Label("l4"),
-	)
+	insns = append(insns, ip4L4(0)...)
 	// IPv6: destination at 24, next header at 6; extension headers are
 	// not walked, so such packets are checked as "other" protocol.
 	v6 := loadBytes(0, asm.R0, stHdr, ip6HeaderLen)
@@ -529,23 +565,7 @@ func egressProgram(m *maps) asm.Instructions {
 	insns = append(insns, v6...)
 	insns = append(insns, asm.JNE.Imm(asm.R0, 0, "drop"))
 	insns = append(insns, storeAddr6(asm.RFP, stHdr+24)...)
-	insns = append(insns,
-		asm.LoadMem(asm.R9, asm.RFP, stHdr+6, asm.Byte),
-		asm.Mov.Imm(asm.R2, ip6HeaderLen),
-		// TCP and UDP: the destination port is 2 bytes into the L4 header.
-		asm.JEq.Imm(asm.R9, unix.IPPROTO_TCP, "read_port").WithSymbol("l4"),
-		asm.JNE.Imm(asm.R9, unix.IPPROTO_UDP, "have_port"),
-		asm.Add.Imm(asm.R2, 2).WithSymbol("read_port"),
-	)
-	insns = append(insns, loadBytes(0, asm.R2, stPortBuf, 2)...)
-	insns = append(insns,
-		asm.JNE.Imm(asm.R0, 0, "have_port"),
-		asm.LoadMem(asm.R8, asm.RFP, stPortBuf, asm.Half),
-		asm.HostTo(asm.BE, asm.R8, asm.Half),
-		asm.Mov.Reg(asm.R2, asm.R9).WithSymbol("have_port"),
-	)
-	insns = append(insns, protoBits()...)
-	insns = append(insns, decide(m, true)...)
+	insns = append(insns, l4Decide(m, 0)...)
 	insns = append(insns, verdicts(m, hookEgress)...)
 	return append(insns, asm.Mov.Imm(asm.R0, 0).WithSymbol("drop"), asm.Return())
 }

@@ -64,18 +64,6 @@ func le32(b []byte) int32 { return int32(binary.LittleEndian.Uint32(b)) }
 
 // tapProgram is the tc program of a microVM's veth.
 func tapProgram(m *maps, g guestIdentity) asm.Instructions {
-	loadBytes := func(off int32, offReg asm.Register, dst int16, n int32) asm.Instructions {
-		insns := asm.Instructions{asm.Mov.Reg(asm.R1, asm.R6)}
-		if offReg != asm.R2 {
-			insns = append(insns, asm.Mov.Imm(asm.R2, off))
-		}
-		return append(insns,
-			asm.Mov.Reg(asm.R3, asm.RFP),
-			asm.Add.Imm(asm.R3, int32(dst)),
-			asm.Mov.Imm(asm.R4, n),
-			asm.FnSkbLoadBytes.Call(),
-		)
-	}
 	mac, a4, a6, ll := []byte(g.MAC), g.Addr4.As4(), g.Addr6.As16(), linkLocal(g.MAC).As16()
 	nsMAC := []byte(g.NetnsMAC)
 	insns := asm.Instructions{
@@ -125,18 +113,7 @@ func tapProgram(m *maps, g guestIdentity) asm.Instructions {
 		asm.LoadMem(asm.R2, asm.RFP, stHdr+16, asm.Word),
 	)
 	insns = append(insns, storeAddr4()...)
-	insns = append(insns,
-		asm.LoadMem(asm.R9, asm.RFP, stHdr+9, asm.Byte),
-		// A non-first fragment carries no port: checked as port 0.
-		asm.LoadMem(asm.R1, asm.RFP, stHdr+6, asm.Half),
-		asm.And.Imm(asm.R1, ip4FragMaskLE),
-		asm.JNE.Imm(asm.R1, 0, "have_port"),
-		asm.LoadMem(asm.R2, asm.RFP, stHdr, asm.Byte),
-		asm.And.Imm(asm.R2, 0x0f),
-		asm.LSh.Imm(asm.R2, 2),
-		asm.Add.Imm(asm.R2, ethHLen),
-		asm.Ja.Label("l4"),
-	)
+	insns = append(insns, ip4L4(ethHLen)...)
 	// IPv6.
 	v6 := loadBytes(ethHLen, asm.R0, stHdr, ip6HeaderLen)
 	v6[0] = v6[0].WithSymbol("ipv6")
@@ -163,27 +140,12 @@ func tapProgram(m *maps, g guestIdentity) asm.Instructions {
 	// Link-local and unspecified sources reach nothing beyond the link
 	// (the allow map denies fe80::/10 and multicast): anything but
 	// neighbour discovery (the guest's MLD reports) is dropped uncounted.
-	insns = append(insns, neighbourDiscovery(loadBytes, a6, ll, "nd_only", "drop", "spoofed")...)
-	insns = append(insns, neighbourDiscovery(loadBytes, a6, ll, "src6_own", "policy6", "spoofed")...)
+	insns = append(insns, neighbourDiscovery(a6, ll, "nd_only", "drop", "spoofed")...)
+	insns = append(insns, neighbourDiscovery(a6, ll, "src6_own", "policy6", "spoofed")...)
 	s6 := storeAddr6(asm.RFP, stHdr+24)
 	s6[0] = s6[0].WithSymbol("policy6")
 	insns = append(insns, s6...)
-	insns = append(insns,
-		asm.LoadMem(asm.R9, asm.RFP, stHdr+6, asm.Byte),
-		asm.Mov.Imm(asm.R2, ethHLen+ip6HeaderLen),
-		asm.JEq.Imm(asm.R9, unix.IPPROTO_TCP, "read_port").WithSymbol("l4"),
-		asm.JNE.Imm(asm.R9, unix.IPPROTO_UDP, "have_port"),
-		asm.Add.Imm(asm.R2, 2).WithSymbol("read_port"),
-	)
-	insns = append(insns, loadBytes(0, asm.R2, stPortBuf, 2)...)
-	insns = append(insns,
-		asm.JNE.Imm(asm.R0, 0, "have_port"),
-		asm.LoadMem(asm.R8, asm.RFP, stPortBuf, asm.Half),
-		asm.HostTo(asm.BE, asm.R8, asm.Half),
-		asm.Mov.Reg(asm.R2, asm.R9).WithSymbol("have_port"),
-	)
-	insns = append(insns, protoBits()...)
-	insns = append(insns, decide(m, true)...)
+	insns = append(insns, l4Decide(m, ethHLen)...)
 	// Allowed destinations are remembered in flows as the connect hook
 	// does for containers: a download outlives its DNS answer's TTL.
 	insns = append(insns, verdictsReturning(m, hookConnect, tcActOK, tcActShot)...)
@@ -233,7 +195,7 @@ func fixHook(insns asm.Instructions) asm.Instructions {
 // about one of the guest's own addresses (global or link-local): one for
 // another sandbox's or the gateway's address would poison the node's
 // neighbour cache.
-func neighbourDiscovery(loadBytes func(int32, asm.Register, int16, int32) asm.Instructions, a6, ll [16]byte, label, notND, badNA string) asm.Instructions {
+func neighbourDiscovery(a6, ll [16]byte, label, notND, badNA string) asm.Instructions {
 	l := func(s string) string { return label + "_" + s }
 	insns := asm.Instructions{
 		asm.LoadMem(asm.R1, asm.RFP, stHdr+6, asm.Byte).WithSymbol(label),
