@@ -131,7 +131,10 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader, size int64) erro
 	return nil
 }
 
-// ctxReader stops a copy when its context ends.
+// ContextReader returns r, whose reads fail once ctx ends: an io.Copy
+// from it stops with the context.
+func ContextReader(ctx context.Context, r io.Reader) io.Reader { return &ctxReader{ctx, r} }
+
 type ctxReader struct {
 	ctx context.Context
 	r   io.Reader

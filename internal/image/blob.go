@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -107,7 +108,7 @@ func (s *Store) AddLayer(ctx context.Context, l Layer, meta io.Reader) (Layer, e
 		return Layer{}, fmt.Errorf("layer %s: %w", l.Ref, err)
 	}
 	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	n, err := io.Copy(tmp, io.LimitReader(&ctxReader{ctx: ctx, r: meta}, l.MetaSize+1))
+	n, err := io.Copy(tmp, io.LimitReader(blob.ContextReader(ctx, meta), l.MetaSize+1))
 	if err == nil && n != l.MetaSize {
 		err = errdefs.InvalidArgument("layer %s: metadata is %d bytes, want %d", l.Ref, n, l.MetaSize)
 	}
@@ -148,17 +149,4 @@ func (s *Store) AddLayer(ctx context.Context, l Layer, meta io.Reader) (Layer, e
 		return Layer{}, fmt.Errorf("layer %s: %w", l.Ref, err)
 	}
 	return idx.describe(l.Ref, l.Digest), nil
-}
-
-// ctxReader ends a copy when ctx does.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c *ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
