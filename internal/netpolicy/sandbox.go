@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/miekg/dns"
 )
@@ -260,6 +261,23 @@ type Refusal struct {
 type Stats struct {
 	Total    uint64 // every refused connect, send and packet
 	Refusals []Refusal
+}
+
+// NetworkStats is Stats as a backend reports it.
+func (s *Sandbox) NetworkStats() (backend.NetworkStats, error) {
+	st, err := s.Stats()
+	if err != nil {
+		return backend.NetworkStats{}, err
+	}
+	out := backend.NetworkStats{Total: st.Total}
+	for _, r := range st.Refusals {
+		nr := backend.NetworkRefusal{Port: r.Port, Protocol: r.Proto, Hook: r.Hook, Name: r.Name, Count: r.Count}
+		if r.Addr.IsValid() {
+			nr.Address = r.Addr.String()
+		}
+		out.Refusals = append(out.Refusals, nr)
+	}
+	return out, nil
 }
 
 // Stats reads the refusal counters.

@@ -191,17 +191,9 @@ func (s *sandbox) NetworkStats(ctx context.Context) (backend.NetworkStats, error
 	if s.net == nil {
 		return backend.NetworkStats{}, nil
 	}
-	st, err := s.net.Stats()
+	out, err := s.net.NetworkStats()
 	if err != nil {
 		return backend.NetworkStats{}, fmt.Errorf("sandbox %s: %w", s.id, err)
-	}
-	out := backend.NetworkStats{Total: st.Total}
-	for _, r := range st.Refusals {
-		nr := backend.NetworkRefusal{Port: r.Port, Protocol: r.Proto, Hook: r.Hook, Name: r.Name, Count: r.Count}
-		if r.Addr.IsValid() {
-			nr.Address = r.Addr.String()
-		}
-		out.Refusals = append(out.Refusals, nr)
 	}
 	return out, nil
 }
