@@ -121,15 +121,11 @@ func (s *Store) AddLayer(ctx context.Context, l Layer, meta io.Reader) (Layer, e
 	if err != nil {
 		return Layer{}, fmt.Errorf("layer %s: metadata: %w", l.Ref, err)
 	}
-	unlock, err := s.lockIndex()
+	idx, unlock, err := s.lockedIndex()
 	if err != nil {
 		return Layer{}, err
 	}
 	defer unlock()
-	idx, err := s.readIndex()
-	if err != nil {
-		return Layer{}, err
-	}
 	if old, ok := idx.Layers[l.Ref]; ok {
 		if old != l.Digest {
 			return Layer{}, errdefs.AlreadyExists("name: layer %s exists with digest %s (pick another name)", l.Ref, old)

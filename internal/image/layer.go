@@ -182,6 +182,19 @@ func (s *Store) lockIndex() (func(), error) {
 	return func() { f.Close() }, nil
 }
 
+// lockedIndex takes the store's lock and reads the index under it; the
+// caller runs unlock when done.
+func (s *Store) lockedIndex() (idx index, unlock func(), err error) {
+	if unlock, err = s.lockIndex(); err != nil {
+		return idx, nil, err
+	}
+	if idx, err = s.readIndex(); err != nil {
+		unlock()
+		return idx, nil, err
+	}
+	return idx, unlock, nil
+}
+
 func (s *Store) readIndex() (index, error) {
 	var idx index
 	b, err := os.ReadFile(filepath.Join(s.layers, indexFile))
@@ -307,15 +320,11 @@ func (s *Store) addLayer(ctx context.Context, ref, dir string, replace bool, opt
 		return Layer{}, fmt.Errorf("layer %s: %w", ref, err)
 	}
 	l.Ref = ref
-	unlock, err := s.lockIndex()
+	idx, unlock, err := s.lockedIndex()
 	if err != nil {
 		return Layer{}, err
 	}
 	defer unlock()
-	idx, err := s.readIndex()
-	if err != nil {
-		return Layer{}, err
-	}
 	if old, ok := idx.Layers[ref]; ok && old != l.Digest && !replace {
 		return Layer{}, errdefs.AlreadyExists("name: layer %s exists with digest %s (versions are immutable: pick a new version)", ref, old)
 	}

@@ -142,15 +142,11 @@ func (s *Store) Remove(ctx context.Context, ref string) (Removed, error) {
 	}
 	s.useMu.Lock()
 	defer s.useMu.Unlock()
-	unlock, err := s.lockIndex()
+	idx, unlock, err := s.lockedIndex()
 	if err != nil {
 		return Removed{}, err
 	}
 	defer unlock()
-	idx, err := s.readIndex()
-	if err != nil {
-		return Removed{}, err
-	}
 	_, compErr := s.composition(ref)
 	hasComp := compErr == nil
 	if compErr != nil && !errors.Is(compErr, os.ErrNotExist) {
@@ -234,15 +230,11 @@ func (idx index) refsOf(digest string) []string {
 func (s *Store) GC(ctx context.Context) (Removed, error) {
 	s.useMu.Lock()
 	defer s.useMu.Unlock()
-	unlock, err := s.lockIndex()
+	idx, unlock, err := s.lockedIndex()
 	if err != nil {
 		return Removed{}, err
 	}
 	defer unlock()
-	idx, err := s.readIndex()
-	if err != nil {
-		return Removed{}, err
-	}
 	uses, err := s.users(ctx, idx)
 	if err != nil {
 		return Removed{}, err
