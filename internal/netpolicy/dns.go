@@ -34,6 +34,7 @@ type dnsProxy struct {
 	ns        *os.File
 	upstreams []string
 	servers   []*dns.Server
+	lim       *limiter
 	log       *slog.Logger
 }
 
@@ -59,7 +60,10 @@ func (p *dnsProxy) start(addrs []netip.Addr) error {
 			p.stop()
 			return fmt.Errorf("dns proxy: listen on %s: %w", hostport, err)
 		}
-		for _, s := range []*dns.Server{{PacketConn: pc, Handler: p}, {Listener: ln, Handler: p}} {
+		rate := func(r dns.Reader) dns.Reader { return rateReader{Reader: r, p: p} }
+		udp := &dns.Server{PacketConn: pc, Handler: p, DecorateReader: rate}
+		tcp := &dns.Server{Listener: &limitedListener{Listener: ln, p: p}, Handler: p}
+		for _, s := range []*dns.Server{udp, tcp} {
 			p.servers = append(p.servers, s)
 			started := make(chan struct{})
 			s.NotifyStartedFunc = func() { close(started) }
@@ -85,16 +89,22 @@ func (p *dnsProxy) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		m.SetRcode(r, rcode)
 		_ = w.WriteMsg(m)
 	}
-	src, err := netip.ParseAddrPort(w.RemoteAddr().String())
-	if err != nil {
-		reply(dns.RcodeRefused)
-		return
-	}
-	sb := p.m.bySource(src.Addr().Unmap())
+	sb := p.sandboxOf(w.RemoteAddr())
 	if sb == nil || len(r.Question) != 1 || r.Opcode != dns.OpcodeQuery {
 		reply(dns.RcodeRefused)
 		return
 	}
+	// UDP queries met the rate in the reader already; TCP ones meet it
+	// here. Over a limit a query gets no answer: a reply would be work.
+	if _, udp := w.RemoteAddr().(*net.UDPAddr); !udp && !sb.limits.allow(time.Now(), &p.lim.cfg) {
+		sb.limits.refuse(limitRate)
+		return
+	}
+	if !acquire(&sb.limits.inFlight, p.lim.cfg.InFlight) {
+		sb.limits.refuse(limitInFlight)
+		return
+	}
+	defer sb.limits.inFlight.Add(-1)
 	q := r.Question[0]
 	name := strings.TrimSuffix(strings.ToLower(q.Name), ".")
 	entries := sb.nameEntries(name)
@@ -105,11 +115,17 @@ func (p *dnsProxy) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		reply(dns.RcodeRefused)
 		return
 	}
+	if !acquire(&sb.limits.upstream, p.lim.cfg.Upstream) {
+		sb.limits.refuse(limitUpstream)
+		reply(dns.RcodeServerFailure)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := p.exchange(ctx, r)
+	resp, err := p.exchange(ctx, sb, r)
+	sb.limits.upstream.Add(-1)
 	if err != nil {
-		p.log.Warn("dns proxy: upstream failed", "name", name, "err", err)
+		p.lim.upstreamFailed(fmt.Errorf("%s: %w", name, err))
 		reply(dns.RcodeServerFailure)
 		return
 	}
@@ -119,13 +135,18 @@ func (p *dnsProxy) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	_ = w.WriteMsg(resp)
 }
 
-// exchange asks the upstreams in turn, from the node namespace.
-func (p *dnsProxy) exchange(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+// exchange asks the upstreams in turn, from the node namespace, each
+// socket within the proxy's fd budget.
+func (p *dnsProxy) exchange(ctx context.Context, sb *Sandbox, r *dns.Msg) (*dns.Msg, error) {
 	q := r.Copy()
 	q.Id = dns.Id()
 	var errs []error
 	for _, up := range p.upstreams {
 		for _, network := range []string{"udp", "tcp"} {
+			if !p.lim.takeFD() {
+				sb.limits.refuse(limitFDs)
+				return nil, errors.Join(append(errs, errors.New("dns proxy: fd budget spent"))...)
+			}
 			var conn net.Conn
 			err := InNetns(p.ns, func() error {
 				var err error
@@ -133,6 +154,7 @@ func (p *dnsProxy) exchange(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
 				return err
 			})
 			if err != nil {
+				p.lim.putFD()
 				errs = append(errs, err)
 				break
 			}
@@ -145,6 +167,7 @@ func (p *dnsProxy) exchange(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
 				resp, err = c.ReadMsg()
 			}
 			conn.Close()
+			p.lim.putFD()
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s %s: %w", network, up, err))
 				break

@@ -39,7 +39,13 @@ type Config struct {
 	// PoolSize is how many sandbox namespaces are kept ready (default 4);
 	// the pool's filler holds one more while it waits for room.
 	PoolSize int
-	Logger   *slog.Logger
+	// DNS bounds what one sandbox may make the DNS proxy do.
+	DNS DNSLimits
+	// ConntrackPerSandbox caps the host conntrack entries one sandbox
+	// address may hold (default 4096); new flows beyond it are dropped and
+	// counted (hook "limit", name "conntrack").
+	ConntrackPerSandbox int
+	Logger              *slog.Logger
 }
 
 // Manager is a node's sandbox networking. Nothing on the host changes until
@@ -96,6 +102,9 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.PoolSize <= 0 {
 		cfg.PoolSize = 4
 	}
+	if cfg.ConntrackPerSandbox <= 0 {
+		cfg.ConntrackPerSandbox = defaultConntrackPerSandbox
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -137,7 +146,7 @@ func (m *Manager) ensure() error {
 	if len(ups) == 0 {
 		ups = resolvConfServers("/etc/resolv.conf")
 	}
-	m.dns = &dnsProxy{m: m, ns: m.ns, upstreams: ups, log: m.log}
+	m.dns = &dnsProxy{m: m, ns: m.ns, upstreams: ups, lim: newLimiter(m.cfg.DNS, m.log), log: m.log}
 	gw4, gw6 := m.gateways()
 	if err := m.dns.start([]netip.Addr{gw4.Addr(), gw6.Addr()}); err != nil {
 		return fmt.Errorf("network: %w", err)
@@ -168,7 +177,7 @@ func (m *Manager) openNode() error {
 		return fmt.Errorf("network: netlink: %w", err)
 	}
 	gw4, gw6 := m.gateways()
-	m.node = &nodeSide{ns: m.ns, nl: nl, bridge: m.cfg.Bridge, gw4: gw4, gw6: gw6}
+	m.node = &nodeSide{ns: m.ns, nl: nl, bridge: m.cfg.Bridge, gw4: gw4, gw6: gw6, ctLimit: m.cfg.ConntrackPerSandbox}
 	return nil
 }
 
@@ -220,6 +229,7 @@ func (m *Manager) expire() {
 	defer m.wg.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	lastSummary := time.Now()
 	for {
 		select {
 		case <-m.stop:
@@ -235,6 +245,10 @@ func (m *Manager) expire() {
 				if err := s.expire(now); err != nil {
 					m.log.Warn("network: expire DNS answers", "id", s.id, "err", err)
 				}
+			}
+			if now.Sub(lastSummary) >= summaryInterval {
+				m.dns.lim.summarize(sbs)
+				lastSummary = now
 			}
 		}
 	}

@@ -85,6 +85,7 @@ type nodeSide struct {
 	gw4     netip.Prefix
 	gw6     netip.Prefix
 	brIndex int
+	ctLimit int // conntrack entries per sandbox address
 }
 
 // setUp creates (or adopts) the bridge, turns on forwarding in the node
@@ -149,8 +150,9 @@ func (n *nodeSide) nft() (*nftables.Conn, error) {
 }
 
 // setNAT (re)creates table inet corral_<bridge>: sandbox traffic leaving
-// through any other interface is masqueraded, and new connections from
-// outside into the sandboxes are dropped (a sandbox serves nobody).
+// through any other interface is masqueraded, new connections from
+// outside into the sandboxes are dropped (a sandbox serves nobody), and
+// each sandbox address holds at most ctLimit conntrack entries.
 func (n *nodeSide) setNAT() error {
 	c, err := n.nft()
 	if err != nil {
@@ -182,6 +184,9 @@ func (n *nodeSide) setNAT() error {
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: nativeU32(0)},
 		&expr.Verdict{Kind: expr.VerdictDrop},
 	}})
+	if err := addConntrackCap(c, t, fwd, br, n.ctLimit); err != nil {
+		return err
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables: install table %s: %w", t.Name, err)
 	}

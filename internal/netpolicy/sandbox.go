@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -11,16 +12,29 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/cilium/ebpf"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/miekg/dns"
 )
 
 // learned is an address a DNS answer allowed.
 type learned struct {
-	names   []string // the queried names that led to it
+	names   []string // the queried names that led to it, at most maxLearnedNames
 	entries []entry
 	expires time.Time
 }
+
+// maxLearnedAddrs bounds the addresses one sandbox's answers keep allowed
+// (the allow map holds allowMapEntries, rules included): a flood of
+// distinct names fills it, and then answers with new addresses come back
+// without them, counted, until old ones expire.
+const maxLearnedAddrs = 4096
+
+// maxLearnedNames bounds the names kept per address (a wildcard rule lets
+// any number of names point at one CDN address). They serve only to
+// recompute the address's ports when the rules change; beyond the bound
+// its ports stay what the kept names and the answers so far allowed.
+const maxLearnedNames = 8
 
 // Sandbox is one sandbox's network.
 type Sandbox struct {
@@ -42,6 +56,8 @@ type Sandbox struct {
 	learned      map[netip.Addr]learned
 	refusedNames map[string]uint64
 	closed       bool
+
+	limits sandboxLimits // the DNS proxy's limits and refusal counters
 }
 
 // Netns is the namespace the sandbox's init must start in.
@@ -137,6 +153,7 @@ func (s *Sandbox) learn(name string, answer []dns.RR, entries []entry) []dns.RR 
 	}
 	now := time.Now()
 	var out []dns.RR
+	var static []item
 	for _, rr := range answer {
 		a, isAddr := answerAddr(rr)
 		if !isAddr {
@@ -149,22 +166,66 @@ func (s *Sandbox) learn(name string, answer []dns.RR, entries []entry) []dns.RR 
 		if s.deniedLocked(a) {
 			continue
 		}
+		l, known := s.learned[a]
+		if !known && len(s.learned) >= maxLearnedAddrs {
+			s.limits.refuse(limitLearned)
+			continue
+		}
 		ttl := min(max(time.Duration(rr.Header().Ttl)*time.Second, minLearnedTTL), maxLearnedTTL)
-		l := s.learned[a]
-		l.entries = mergeEntries(l.entries, entries)
-		if !slices.Contains(l.names, name) {
+		var widened bool
+		l.entries, widened = mergeEntriesChanged(l.entries, entries)
+		if len(l.names) < maxLearnedNames && !slices.Contains(l.names, name) {
 			l.names = append(l.names, name)
 		}
 		if exp := now.Add(ttl); exp.After(l.expires) {
 			l.expires = exp
 		}
 		s.learned[a] = l
+		// Only this address's key changes: one map write, not a rebuild
+		// of the whole table per answer.
+		if !known || widened {
+			if static == nil {
+				static = s.staticItemsLocked()
+			}
+			if err := s.putLearnedLocked(a, static); err != nil {
+				s.m.log.Warn("network: allow DNS answer", "id", s.id, "err", err)
+				continue
+			}
+		}
 		out = append(out, rr)
 	}
-	if err := s.syncLocked(); err != nil {
-		s.m.log.Warn("network: allow DNS answer", "id", s.id, "err", err)
-	}
 	return out
+}
+
+// putLearnedLocked writes the allow-map key of a learned address.
+func (s *Sandbox) putLearnedLocked(a netip.Addr, static []item) error {
+	k := to16(netip.PrefixFrom(a, a.BitLen()))
+	items := static
+	if l, ok := s.learned[a]; ok && len(l.entries) > 0 && s.mode != ModeNone {
+		items = append(slices.Clip(static), item{k, l.entries})
+	}
+	v, _ := keyValue(k, items, s.m.deny)
+	if v == (lpmValue{}) && !s.staticKeyLocked(k, static) {
+		if err := s.filter.maps.allow.Delete(lpmKeyOf(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("update allow map: %w", err)
+		}
+		return nil
+	}
+	if err := s.filter.maps.allow.Put(lpmKeyOf(k), v); err != nil {
+		return fmt.Errorf("update allow map: %w", err)
+	}
+	return nil
+}
+
+// staticKeyLocked reports whether k is a key of the table without learned
+// addresses (an item or deny prefix): it stays when its address expires.
+func (s *Sandbox) staticKeyLocked(k netip.Prefix, static []item) bool {
+	for _, it := range static {
+		if it.prefix == k {
+			return true
+		}
+	}
+	return slices.Contains(s.m.deny, k)
 }
 
 // deniedLocked reports whether a lies in an always-denied range that no
@@ -188,17 +249,22 @@ func (s *Sandbox) deniedLocked(a netip.Addr) bool {
 func (s *Sandbox) expire(now time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	changed := false
+	var gone []netip.Addr
 	for a, l := range s.learned {
 		if now.After(l.expires) {
 			delete(s.learned, a)
-			changed = true
+			gone = append(gone, a)
 		}
 	}
-	if !changed || s.closed {
+	if len(gone) == 0 || s.closed {
 		return nil
 	}
-	return s.syncLocked()
+	static := s.staticItemsLocked()
+	var errs []error
+	for _, a := range gone {
+		errs = append(errs, s.putLearnedLocked(a, static))
+	}
+	return errors.Join(errs...)
 }
 
 func (s *Sandbox) sync() error {
@@ -210,6 +276,22 @@ func (s *Sandbox) sync() error {
 // syncLocked writes the allow map from the mode, the rules, the learned
 // addresses and the sandbox's fixed needs.
 func (s *Sandbox) syncLocked() error {
+	items := s.staticItemsLocked()
+	for a, l := range s.learned {
+		if len(l.entries) > 0 && s.mode != ModeNone {
+			items = append(items, item{to16(netip.PrefixFrom(a, a.BitLen())), l.entries})
+		}
+	}
+	table, err := buildTable(items, s.m.deny)
+	if err != nil {
+		s.m.log.Warn("network: rules", "id", s.id, "err", err)
+	}
+	return syncMap(s.filter.maps.allow, table)
+}
+
+// staticItemsLocked are the allow items of the mode, the rules and the
+// sandbox's fixed needs: everything but the learned addresses.
+func (s *Sandbox) staticItemsLocked() []item {
 	all := []entry{{First: 0, Last: 65535, Protos: uint32(protoAll)}}
 	host := func(a netip.Addr) netip.Prefix { return to16(netip.PrefixFrom(a, a.BitLen())) }
 	items := []item{
@@ -235,16 +317,7 @@ func (s *Sandbox) syncLocked() error {
 			items = append(items, item{to16(r.Prefix), r.portEntries()})
 		}
 	}
-	for a, l := range s.learned {
-		if len(l.entries) > 0 && s.mode != ModeNone {
-			items = append(items, item{host(a), l.entries})
-		}
-	}
-	table, err := buildTable(items, s.m.deny)
-	if err != nil {
-		s.m.log.Warn("network: rules", "id", s.id, "err", err)
-	}
-	return syncMap(s.filter.maps.allow, table)
+	return items
 }
 
 // Refusal is one refused destination and how often.
@@ -302,6 +375,16 @@ func (s *Sandbox) Stats() (Stats, error) {
 		st.Refusals = append(st.Refusals, Refusal{Hook: "dns", Name: name, Count: n})
 	}
 	s.mu.Unlock()
+	for reason, n := range s.limits.counts() {
+		st.Refusals = append(st.Refusals, Refusal{Hook: "limit", Name: reason, Count: n})
+	}
+	ct, err := s.m.node.conntrackRefused(s.addr4, s.addr6)
+	if err != nil {
+		return st, fmt.Errorf("network: read counters: %w", err)
+	}
+	if ct > 0 {
+		st.Refusals = append(st.Refusals, Refusal{Hook: "limit", Name: "conntrack", Count: ct})
+	}
 	slices.SortFunc(st.Refusals, func(a, b Refusal) int {
 		if a.Count != b.Count {
 			return int(b.Count) - int(a.Count)
@@ -340,6 +423,9 @@ func (s *Sandbox) Close() error {
 	delete(m.sandboxes, s.id)
 	m.mu.Unlock()
 	err := m.node.deleteLink(s.hostVeth)
+	if ferr := m.node.forgetConntrack(s.addr4, s.addr6); ferr != nil {
+		m.log.Warn("network: forget conntrack counts", "id", s.id, "err", ferr)
+	}
 	if s.ns != nil {
 		s.ns.Close()
 	}

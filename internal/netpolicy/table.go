@@ -67,32 +67,45 @@ func buildTable(allow []item, deny []netip.Prefix) (map[lpmKey]lpmValue, error) 
 	out := make(map[lpmKey]lpmValue, len(keys))
 	var overflow []string
 	for k := range keys {
-		denyBits := -1
-		for _, d := range deny {
-			if contains(d, k) && d.Bits() > denyBits {
-				denyBits = d.Bits()
-			}
-		}
-		var es []entry
-		for _, it := range allow {
-			if contains(it.prefix, k) && it.prefix.Bits() >= denyBits {
-				es = mergeEntries(es, it.entries)
-			}
-		}
-		var v lpmValue
-		if len(es) > maxPortRanges {
-			// Fails closed: the extra ranges are not allowed.
+		v, ok := keyValue(k, allow, deny)
+		if !ok {
 			overflow = append(overflow, k.String())
-			es = es[:maxPortRanges]
 		}
-		copy(v[:], es)
-		out[lpmKey{Prefixlen: uint32(k.Bits()), Addr: k.Addr().As16()}] = v
+		out[lpmKeyOf(k)] = v
 	}
 	if len(overflow) > 0 {
 		slices.Sort(overflow)
 		return out, fmt.Errorf("more than %d port ranges for %v: the rest are refused", maxPortRanges, overflow)
 	}
 	return out, nil
+}
+
+// keyValue is buildTable's value for one key; false when ranges beyond
+// maxPortRanges were cut (fails closed: they are not allowed).
+func keyValue(k netip.Prefix, allow []item, deny []netip.Prefix) (lpmValue, bool) {
+	denyBits := -1
+	for _, d := range deny {
+		if contains(d, k) && d.Bits() > denyBits {
+			denyBits = d.Bits()
+		}
+	}
+	var es []entry
+	for _, it := range allow {
+		if contains(it.prefix, k) && it.prefix.Bits() >= denyBits {
+			es = mergeEntries(es, it.entries)
+		}
+	}
+	var v lpmValue
+	ok := len(es) <= maxPortRanges
+	if !ok {
+		es = es[:maxPortRanges]
+	}
+	copy(v[:], es)
+	return v, ok
+}
+
+func lpmKeyOf(k netip.Prefix) lpmKey {
+	return lpmKey{Prefixlen: uint32(k.Bits()), Addr: k.Addr().As16()}
 }
 
 // mergeEntries adds b's entries to a, merging equal port ranges.
@@ -106,6 +119,24 @@ func mergeEntries(a, b []entry) []entry {
 		}
 	}
 	return a
+}
+
+// mergeEntriesChanged is mergeEntries, also reporting whether a's
+// protocols grew (a new range shows in its length).
+func mergeEntriesChanged(a, b []entry) ([]entry, bool) {
+	changed := false
+	for _, e := range b {
+		i := slices.IndexFunc(a, func(x entry) bool { return x.First == e.First && x.Last == e.Last })
+		switch {
+		case i < 0:
+			a = append(a, e)
+			changed = true
+		case a[i].Protos|e.Protos != a[i].Protos:
+			a[i].Protos |= e.Protos
+			changed = true
+		}
+	}
+	return a, changed
 }
 
 // syncMap makes the allow map hold exactly want.
