@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/corral-dev/corral/internal/backend"
 	"github.com/cilium/ebpf"
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/miekg/dns"
 )
