@@ -25,7 +25,9 @@
 // NetInput from stdin and makes the network rows; "httpload URL SECONDS
 // CONCURRENCY" is the load generator of `corral bench net`; "sched" tries
 // to leave SCHED_IDLE (in a best-effort sandbox); "connect TARGET..." tries
-// the unix sockets named (paths, @abstract) as forge/connect rows. Run under any other
+// the unix sockets named (paths, @abstract) as forge/connect rows; "dnsflood"
+// reads a FloodInput and floods the node's DNS proxy; "dnsserver ADDR" is
+// the suite's upstream resolver, run on the host. Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
 
@@ -160,6 +162,10 @@ func main() {
 		netAttempts(in)
 	case "httpload":
 		httpLoad(os.Args[2:])
+	case "dnsflood":
+		dnsFlood()
+	case "dnsserver":
+		dnsServer(os.Args[2])
 	case "connect":
 		for _, r := range connectAll(os.Args[2:]) {
 			emit(r)

@@ -283,8 +283,13 @@ func (r rateReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration) (
 
 // sandboxOf finds the sandbox by a query's source address.
 func (p *dnsProxy) sandboxOf(a net.Addr) *Sandbox {
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
+	var ap netip.AddrPort
+	switch a := a.(type) {
+	case *net.UDPAddr:
+		ap = a.AddrPort()
+	case *net.TCPAddr:
+		ap = a.AddrPort()
+	default:
 		return nil
 	}
 	return p.m.bySource(ap.Addr().Unmap())

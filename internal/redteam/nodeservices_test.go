@@ -1,0 +1,414 @@
+package redteam
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/netpolicy/netlab"
+	"github.com/corral-dev/corral/internal/server"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// The rows of this file attack the node's own services from inside a
+// container sandbox (issue 21, round 2): the DNS proxy (its descriptors,
+// CPU and log) and the host conntrack table, and check that the node
+// keeps serving everyone else meanwhile. The node's limits are per node,
+// whichever backend floods them, so they run on the container backend.
+
+// floodInput mirrors cmd/corral-probe's FloodInput.
+type floodInput struct {
+	Kind     string  `json:"kind"`
+	Resolver string  `json:"resolver"`
+	Target   string  `json:"target,omitempty"`
+	Suffix   string  `json:"suffix,omitempty"`
+	Conns    int     `json:"conns,omitempty"`
+	Seconds  float64 `json:"seconds"`
+}
+
+// floodResult mirrors cmd/corral-probe's FloodResult.
+type floodResult struct {
+	Sent     int64  `json:"sent"`
+	Answered int64  `json:"answered"`
+	Opened   int64  `json:"opened"`
+	Closed   int64  `json:"closed"`
+	Errors   int64  `json:"errors"`
+	FirstErr string `json:"first_err"`
+}
+
+// nodeLab is a server whose sandboxes reach a private test network
+// (netlab) with an upstream resolver of the suite's own (the probe's
+// "dnsserver", a process outside the daemon, so that the daemon's CPU is
+// the proxy's alone), its log in a file.
+type nodeLab struct {
+	lab     *netlab.Lab
+	srv     *testenv.Server
+	logPath string
+	gw      netip.Addr
+}
+
+// upstreamPort is where the probe's resolver listens on netlab.DNS4.
+const upstreamPort = 5353
+
+func startNodeLab(t *testing.T) *nodeLab {
+	t.Helper()
+	testenv.RequireRoot(t)
+	lab, err := netlab.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lab.Close() })
+	up := netip.AddrPortFrom(netlab.DNS4, upstreamPort).String()
+	// nsenter joins the lab's internet namespace, passed as fd 3.
+	cmd := exec.Command("nsenter", "--net=/proc/self/fd/3", probeBin, "dnsserver", up)
+	cmd.ExtraFiles = []*os.File{lab.Internet}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("start the suite's upstream resolver: %v (needs nsenter from util-linux)", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("upstream resolver: %q %v", line, err)
+	}
+	logPath := filepath.Join(t.TempDir(), "node.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { logFile.Close() })
+	srv := testenv.StartServer(t, func(c *server.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logFile, nil))
+		c.Network = netpolicy.Config{
+			Bridge:    testenv.UniqueName("crn")[:11],
+			NodeNetns: lab.NodePath,
+			Subnet4:   netip.MustParsePrefix("100.96.0.0/16"),
+			Upstreams: []string{up},
+			PoolSize:  1,
+		}
+	})
+	return &nodeLab{lab: lab, srv: srv, logPath: logPath, gw: netip.MustParseAddr("100.96.0.1")}
+}
+
+// resolver is the DNS proxy as a sandbox sees it.
+func (l *nodeLab) resolver() string { return netip.AddrPortFrom(l.gw, 53).String() }
+
+// flood runs the probe's dnsflood in sb and returns its result.
+func flood(t *testing.T, sb *client.Sandbox, in floodInput) floodResult {
+	t.Helper()
+	stdin, _ := json.Marshal(in)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(in.Seconds)*time.Second+2*time.Minute)
+	defer cancel()
+	res, err := sb.Run(ctx, client.Command{Args: []string{"/corral-probe/corral-probe", "dnsflood"}, Stdin: stdin, Timeout: time.Duration(in.Seconds)*time.Second + time.Minute})
+	if err != nil {
+		t.Errorf("flood %s: %v", in.Kind, err)
+		return floodResult{}
+	}
+	var r floodResult
+	if err := json.Unmarshal(res.Stdout, &r); err != nil {
+		t.Errorf("flood %s: exit %d, output %q %q: %v", in.Kind, res.ExitCode, res.Stdout, res.Stderr, err)
+	}
+	return r
+}
+
+// daemonFDs counts the open descriptors of this process: the daemon's,
+// since the test server runs in it.
+func daemonFDs() int {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	return len(ents)
+}
+
+// watchFDs samples daemonFDs every 50 ms until stop is closed and returns
+// the highest count.
+func watchFDs(stop <-chan struct{}) <-chan int {
+	out := make(chan int, 1)
+	go func() {
+		most := 0
+		for {
+			most = max(most, daemonFDs())
+			select {
+			case <-stop:
+				out <- most
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	return out
+}
+
+// limitRefusals returns the sandbox's refusals with hook "limit", by name.
+func limitRefusals(t *testing.T, sb *client.Sandbox) map[string]uint64 {
+	st, err := sb.NetworkStats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, r := range st.Refusals {
+		if r.Hook == "limit" {
+			out[r.Name] += r.Count
+		}
+	}
+	return out
+}
+
+// judgeNode is judge, with each row's measurements in the test log too.
+func judgeNode(t *testing.T, backend string, results []Result) {
+	t.Helper()
+	for _, r := range results {
+		t.Logf("%s: %s: %s", r.Name, r.Outcome, r.Detail)
+	}
+	judge(t, backend, results)
+}
+
+// countLines counts the lines of path that contain s.
+func countLines(path, s string) int {
+	b, _ := os.ReadFile(path)
+	return strings.Count(string(b), s)
+}
+
+// TestNodeDNSFloodFDs: one sandbox holds thousands of TCP connections to
+// the DNS proxy, then floods it over UDP with names whose upstream answer
+// never comes in time (finding 1). The daemon's descriptors must stay
+// within the proxy's per-sandbox limits, the refusals must be counted
+// for the sandbox, and the node log must get summary lines, not a line
+// per query.
+func TestNodeDNSFloodFDs(t *testing.T) {
+	const backend = "container"
+	l := startNodeLab(t)
+	sb := testenv.NewSandbox(t, l.srv.Client, client.CreateOptions{Backend: backend, Network: client.Network{Allow: []string{"*.slow.test:80", "*.wild.test:80"}}})
+	installProbe(t, sb)
+	// What one sandbox may make the proxy hold: its TCP connections and
+	// its upstream sockets (16 each by default), plus slack for the
+	// daemon's own comings and goings.
+	const allowance = 64
+
+	base := daemonFDs()
+	stop := make(chan struct{})
+	most := watchFDs(stop)
+	tcp := flood(t, sb, floodInput{Kind: "tcp", Resolver: l.resolver(), Suffix: "slow.test", Conns: 4000, Seconds: 15})
+	close(stop)
+	grew := <-most - base
+	lim := limitRefusals(t, sb)
+	judgeNode(t, backend, []Result{check("node/dns-tcp-conn-flood", grew <= allowance && lim["dns-tcp-conns"] > 0,
+		"daemon fds %d at rest, +%d during the flood (allowed +%d); flood %+v; limit refusals %v", base, grew, allowance, tcp, lim)})
+
+	logBefore := countLines(l.logPath, "dns proxy")
+	base = daemonFDs()
+	stop = make(chan struct{})
+	most = watchFDs(stop)
+	udp := flood(t, sb, floodInput{Kind: "udp", Resolver: l.resolver(), Suffix: "slow.test", Seconds: 15})
+	close(stop)
+	grew = <-most - base
+	lim = limitRefusals(t, sb)
+	judgeNode(t, backend, []Result{check("node/dns-udp-flood-fds", grew <= allowance && lim["dns-rate"]+lim["dns-upstream"]+lim["dns-in-flight"] > 0,
+		"daemon fds %d at rest, +%d during the flood (allowed +%d); flood %+v; limit refusals %v", base, grew, allowance, udp, lim)})
+	// Upstream failures end 5 s after the last query; the summary of the
+	// interval they fall in comes at most 10 s later.
+	time.Sleep(16 * time.Second)
+	lines := countLines(l.logPath, "dns proxy") - logBefore
+	// One summary per 10 s interval for the sandbox, one for upstream
+	// failures: four intervals at most over the flood and its tail.
+	const maxLines = 12
+	judgeNode(t, backend, []Result{check("node/dns-log-flood", lines <= maxLines,
+		"%d node log lines about the DNS proxy for %d queries (allowed %d)", lines, udp.Sent, maxLines)})
+}
+
+// sandboxCPU returns the CPU time the sandbox's cgroup has used.
+func sandboxCPU(t *testing.T, parent, id string) time.Duration {
+	for _, p := range []string{"/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/cpu,cpuacct"} {
+		if b, err := os.ReadFile(filepath.Join(p, parent, id, "cpuacct.usage")); err == nil {
+			ns, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+			return time.Duration(ns)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", parent, id, "cpu.stat"))
+	if err != nil {
+		t.Fatalf("sandbox %s: no CPU accounting found: %v", id, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+			us, _ := strconv.ParseInt(v, 10, 64)
+			return time.Duration(us) * time.Microsecond
+		}
+	}
+	t.Fatalf("sandbox %s: no usage_usec in cpu.stat", id)
+	return 0
+}
+
+// processCPU is this process's (the daemon's) user+system CPU time.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestNodeDNSCPU: a sandbox limited to half a core floods the proxy with
+// distinct names a wildcard rule allows (finding 2: the daemon spent 29×
+// the sandbox's CPU, more as its learned set grew). The daemon's CPU over
+// the flood must not exceed the sandbox's.
+func TestNodeDNSCPU(t *testing.T) {
+	const backend = "container"
+	l := startNodeLab(t)
+	sb := testenv.NewSandbox(t, l.srv.Client, client.CreateOptions{Backend: backend,
+		Resources: client.Resources{CPUMillis: 500}, Network: client.Network{Allow: []string{"*.wild.test:80"}}})
+	installProbe(t, sb)
+	parent := l.srv.Config.CgroupParent
+	sb0, d0 := sandboxCPU(t, parent, sb.ID()), processCPU()
+	r := flood(t, sb, floodInput{Kind: "udp", Resolver: l.resolver(), Suffix: "wild.test", Seconds: 10})
+	sbCPU, dCPU := sandboxCPU(t, parent, sb.ID())-sb0, processCPU()-d0
+	ratio := dCPU.Seconds() / max(sbCPU.Seconds(), 1e-9)
+	report.Logf("node/dns-cpu-amplification: %d queries (%d answered) in 10 s; sandbox CPU %v, daemon CPU %v: daemon/sandbox %.2f",
+		r.Sent, r.Answered, sbCPU.Round(time.Millisecond), dCPU.Round(time.Millisecond), ratio)
+	judgeNode(t, backend, []Result{check("node/dns-cpu-amplification", ratio <= 1 && r.Sent > 0,
+		"sandbox CPU %v, daemon CPU %v (daemon/sandbox %.2f, allowed 1); flood %+v; limit refusals %v",
+		sbCPU, dCPU, ratio, r, limitRefusals(t, sb))})
+}
+
+// nodeConntrack counts the conntrack entries of the node namespace whose
+// original source is addr.
+func nodeConntrack(t *testing.T, l *nodeLab, addr netip.Addr) int {
+	var n int
+	err := netpolicy.InNetns(l.lab.Node, func() error {
+		// thread-self: this thread is the one in the node namespace.
+		b, err := os.ReadFile("/proc/thread-self/net/nf_conntrack")
+		if err == nil {
+			n = strings.Count(string(b), " src="+addr.String()+" ")
+		}
+		return err
+	})
+	if err != nil {
+		t.Skipf("no conntrack table to read in the node namespace: %v", err)
+	}
+	return n
+}
+
+// sandboxAddr4 is the sandbox's IPv4 address, as its eth0 has it.
+func sandboxAddr4(t *testing.T, sb *client.Sandbox) netip.Addr {
+	out := testenv.Sh(t, sb, "ip -o -4 addr show dev eth0")
+	for _, f := range strings.Fields(out) {
+		if p, err := netip.ParsePrefix(f); err == nil {
+			return p.Addr()
+		}
+	}
+	t.Fatalf("no IPv4 address on eth0: %q", out)
+	return netip.Addr{}
+}
+
+// TestNodeConntrack: a sandbox sends UDP from 20,000 source ports, to the
+// DNS proxy (the node's input) and to an allowed host (forwarded), each a
+// new conntrack entry (finding 8: 64,512 entries in 4 s, no cap). The
+// node's table must grow by no more than the per-sandbox cap, and the
+// refusals must be counted for the sandbox.
+func TestNodeConntrack(t *testing.T) {
+	const backend = "container"
+	l := startNodeLab(t)
+	echo := netip.AddrPortFrom(netlab.Denied4, netlab.UDPPort)
+	sb := testenv.NewSandbox(t, l.srv.Client, client.CreateOptions{Backend: backend,
+		Network: client.Network{Allow: []string{fmt.Sprintf("%s/32:%d/udp", echo.Addr(), echo.Port()), "*.wild.test:80"}}})
+	installProbe(t, sb)
+	const ctCap, ports = 4096, 20000 // netpolicy's default cap
+	addr := sandboxAddr4(t, sb)
+	before := nodeConntrack(t, l, addr)
+	toProxy := flood(t, sb, floodInput{Kind: "ports", Target: l.resolver(), Suffix: "wild.test", Conns: ports / 2, Seconds: 60})
+	toHost := flood(t, sb, floodInput{Kind: "ports", Target: echo.String(), Suffix: "wild.test", Conns: ports / 2, Seconds: 60})
+	grew := nodeConntrack(t, l, addr) - before
+	lim := limitRefusals(t, sb)
+	judgeNode(t, backend, []Result{check("node/conntrack-cap", grew <= ctCap && lim["conntrack"] > 0,
+		"node conntrack entries from the sandbox +%d after %d datagrams to the proxy and %d to %s from fresh ports (cap %d); limit refusals %v",
+		grew, toProxy.Sent, toHost.Sent, echo, ctCap, lim)})
+}
+
+// p99 returns the 99th percentile of samples (their largest below 100).
+func p99(samples []time.Duration) time.Duration {
+	if len(samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	return s[(len(s)*99)/100]
+}
+
+// nodeLatencies measures, for d, `corral ls` and another sandbox's
+// create (networked, like the attacker) and exec.
+func nodeLatencies(t *testing.T, l *nodeLab, b *client.Sandbox, d time.Duration) (ls, create, execs []time.Duration) {
+	ctx := context.Background()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		start := time.Now()
+		if _, err := l.srv.Client.List(ctx, client.ListOptions{}); err != nil {
+			t.Errorf("ls: %v", err)
+		}
+		ls = append(ls, time.Since(start))
+		start = time.Now()
+		sb, err := l.srv.Client.Create(ctx, client.CreateOptions{Backend: "container", Network: client.Network{Allow: []string{"*.wild.test:80"}}})
+		if err != nil {
+			t.Errorf("create: %v", err)
+			continue
+		}
+		create = append(create, time.Since(start))
+		_ = sb.Delete(ctx)
+		for range 10 {
+			start = time.Now()
+			res, err := b.Run(ctx, client.Command{Args: []string{"true"}})
+			if err != nil || res.ExitCode != 0 {
+				t.Errorf("exec in B: %v %+v", err, res)
+				continue
+			}
+			execs = append(execs, time.Since(start))
+		}
+	}
+	return ls, create, execs
+}
+
+// TestNodeDNSFloodNoisy: while sandbox A floods the DNS proxy over TCP
+// (thousands of connections) and UDP (distinct allowed names), `corral
+// ls` must answer within 100 ms and sandbox B's create and exec p99 stay
+// within 2× of idle. The figures go in the report.
+func TestNodeDNSFloodNoisy(t *testing.T) {
+	const backend = "container"
+	l := startNodeLab(t)
+	net := client.Network{Allow: []string{"*.wild.test:80", "*.slow.test:80"}}
+	a := testenv.NewSandbox(t, l.srv.Client, client.CreateOptions{Backend: backend, Network: net})
+	b := testenv.NewSandbox(t, l.srv.Client, client.CreateOptions{Backend: backend, Network: net})
+	installProbe(t, a)
+	const window = 20 * time.Second
+	idleLs, idleCreate, idleExec := nodeLatencies(t, l, b, window)
+
+	var wg sync.WaitGroup
+	var tcp, udp floodResult
+	wg.Add(2)
+	go func() { defer wg.Done(); tcp = flood(t, a, floodInput{Kind: "tcp", Resolver: l.resolver(), Suffix: "slow.test", Conns: 4000, Seconds: 40}) }()
+	go func() { defer wg.Done(); udp = flood(t, a, floodInput{Kind: "udp", Resolver: l.resolver(), Suffix: "wild.test", Seconds: 40}) }()
+	time.Sleep(5 * time.Second) // the connections are open, the queries flowing
+	ls, create, execs := nodeLatencies(t, l, b, window)
+	wg.Wait()
+
+	figures := fmt.Sprintf("ls p99 %v (idle %v); B create p99 %v (idle %v, %d samples); B exec p99 %v (idle %v, %d samples); flood tcp %+v, udp sent %d",
+		p99(ls).Round(time.Microsecond), p99(idleLs).Round(time.Microsecond),
+		p99(create).Round(time.Millisecond), p99(idleCreate).Round(time.Millisecond), len(create),
+		p99(execs).Round(time.Microsecond), p99(idleExec).Round(time.Microsecond), len(execs), tcp, udp.Sent)
+	report.Logf("node/dns-flood-*: %s", figures)
+	judgeNode(t, backend, []Result{
+		check("node/dns-flood-ls", len(ls) > 0 && p99(ls) < 100*time.Millisecond, "%s", figures),
+		check("node/dns-flood-neighbour-create", len(create) > 0 && p99(create) <= 2*p99(idleCreate), "%s", figures),
+		check("node/dns-flood-neighbour-exec", len(execs) > 0 && p99(execs) <= 2*p99(idleExec), "%s", figures),
+	})
+}
