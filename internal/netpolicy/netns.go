@@ -152,7 +152,7 @@ func (n *nodeSide) nft() (*nftables.Conn, error) {
 // setNAT (re)creates table inet corral_<bridge>: sandbox traffic leaving
 // through any other interface is masqueraded, new connections from
 // outside into the sandboxes are dropped (a sandbox serves nobody), and
-// each sandbox address holds at most ctLimit conntrack entries.
+// the per-sandbox caps on conntrack entries and DNS packets hold.
 func (n *nodeSide) setNAT() error {
 	c, err := n.nft()
 	if err != nil {
@@ -184,7 +184,7 @@ func (n *nodeSide) setNAT() error {
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: nativeU32(0)},
 		&expr.Verdict{Kind: expr.VerdictDrop},
 	}})
-	if err := addConntrackCap(c, t, fwd, br, n.ctLimit); err != nil {
+	if err := addSourceCaps(c, t, fwd, br, n.ctLimit); err != nil {
 		return err
 	}
 	if err := c.Flush(); err != nil {

@@ -378,12 +378,14 @@ func (s *Sandbox) Stats() (Stats, error) {
 	for reason, n := range s.limits.counts() {
 		st.Refusals = append(st.Refusals, Refusal{Hook: "limit", Name: reason, Count: n})
 	}
-	ct, err := s.m.node.conntrackRefused(s.addr4, s.addr6)
-	if err != nil {
-		return st, fmt.Errorf("network: read counters: %w", err)
-	}
-	if ct > 0 {
-		st.Refusals = append(st.Refusals, Refusal{Hook: "limit", Name: "conntrack", Count: ct})
+	for _, c := range []struct{ which, name string }{{capConntrack, "conntrack"}, {capDNSRate, "dns-rate-kernel"}} {
+		n, err := s.m.node.capRefused(c.which, s.addr4, s.addr6)
+		if err != nil {
+			return st, fmt.Errorf("network: read counters: %w", err)
+		}
+		if n > 0 {
+			st.Refusals = append(st.Refusals, Refusal{Hook: "limit", Name: c.name, Count: n})
+		}
 	}
 	slices.SortFunc(st.Refusals, func(a, b Refusal) int {
 		if a.Count != b.Count {
@@ -423,8 +425,8 @@ func (s *Sandbox) Close() error {
 	delete(m.sandboxes, s.id)
 	m.mu.Unlock()
 	err := m.node.deleteLink(s.hostVeth)
-	if ferr := m.node.forgetConntrack(s.addr4, s.addr6); ferr != nil {
-		m.log.Warn("network: forget conntrack counts", "id", s.id, "err", ferr)
+	if ferr := m.node.forgetSource(s.addr4, s.addr6); ferr != nil {
+		m.log.Warn("network: forget per-source caps", "id", s.id, "err", ferr)
 	}
 	if s.ns != nil {
 		s.ns.Close()
