@@ -398,8 +398,14 @@ func TestNodeDNSFloodNoisy(t *testing.T) {
 	var wg sync.WaitGroup
 	var tcp, udp floodResult
 	wg.Add(2)
-	go func() { defer wg.Done(); tcp = flood(t, a, floodInput{Kind: "tcp", Resolver: l.resolver(), Suffix: "slow.test", Conns: 4000, Seconds: 40}) }()
-	go func() { defer wg.Done(); udp = flood(t, a, floodInput{Kind: "udp", Resolver: l.resolver(), Suffix: "wild.test", Seconds: 40}) }()
+	go func() {
+		defer wg.Done()
+		tcp = flood(t, a, floodInput{Kind: "tcp", Resolver: l.resolver(), Suffix: "slow.test", Conns: 4000, Seconds: 40})
+	}()
+	go func() {
+		defer wg.Done()
+		udp = flood(t, a, floodInput{Kind: "udp", Resolver: l.resolver(), Suffix: "wild.test", Seconds: 40})
+	}()
 	time.Sleep(5 * time.Second) // the connections are open, the queries flowing
 	ls, create, execs := nodeLatencies(t, l, b, window)
 	wg.Wait()
