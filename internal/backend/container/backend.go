@@ -71,6 +71,7 @@ type Backend struct {
 	poolSeccomp []byte
 	cg          *cgroup.Manager
 	cgIdle      *cgroup.Manager // best-effort sandboxes (cgroup.Manager.Idle)
+	claims      []*cgroup.Claim // the parents, held by ClaimCgroupParent
 	log         *slog.Logger
 }
 
@@ -143,6 +144,36 @@ func (b *Backend) RemoveCgroupParent() error {
 		return fmt.Errorf("container backend: remove cgroup parent %s: %w", b.cfg.CgroupParent, err)
 	}
 	return nil
+}
+
+// ClaimCgroupParent takes the backend's cgroup parents (its own and the
+// best-effort one) for the daemon with data dir dataDir until
+// ReleaseCgroupParent: a daemon whose parent another live daemon holds
+// must not start, or its sweep would remove that daemon's sandboxes.
+func (b *Backend) ClaimCgroupParent(dataDir string) error {
+	for _, m := range []*cgroup.Manager{b.cg, b.cgIdle} {
+		c, err := m.Claim(dataDir)
+		if err != nil {
+			_ = b.ReleaseCgroupParent()
+			var owned *cgroup.OwnedError
+			if errors.As(err, &owned) {
+				return errdefs.FailedPrecondition("container backend: %v", err)
+			}
+			return fmt.Errorf("container backend: %w", err)
+		}
+		b.claims = append(b.claims, c)
+	}
+	return nil
+}
+
+// ReleaseCgroupParent gives the parents up.
+func (b *Backend) ReleaseCgroupParent() error {
+	var errs []error
+	for _, c := range b.claims {
+		errs = append(errs, c.Release())
+	}
+	b.claims = nil
+	return errors.Join(errs...)
 }
 
 // group returns sandbox id's cgroup, under the best-effort parent if it
@@ -237,7 +268,9 @@ func (b *Backend) Cleanup(ctx context.Context, id string, rec []byte) error {
 	// The layer before the run dir: if Remove fails (a disk still
 	// attached), the run dir keeps the id visible to the next Sweep.
 	errs = append(errs, b.cfg.Uppers.Remove(ctx, id))
-	if errs[len(errs)-1] == nil {
+	// The run dir also outlives a cgroup that could not be removed: it is
+	// how the next Sweep knows that cgroup is this daemon's.
+	if errs[len(errs)-1] == nil && !g.Exists() {
 		errs = append(errs, b.removeRunDir(id))
 	}
 	// Last: the range may go to a new sandbox only once no process of
@@ -267,17 +300,13 @@ func (b *Backend) removeRunDir(id string) error {
 	return nil
 }
 
-// Sweep implements backend.Backend.
+// Sweep implements backend.Backend. Its candidates are what this daemon
+// made: run dirs (made before the cgroup and removed after it), writable
+// layers and id ranges. A cgroup under the parent with none of them is
+// not this daemon's (a dead daemon's whose parent it took over) and is
+// left alone.
 func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
-	ids, err := b.cg.List()
-	if err != nil {
-		return err
-	}
-	idle, err := b.cgIdle.List()
-	if err != nil {
-		return err
-	}
-	ids = append(ids, idle...)
+	var ids []string
 	ents, err := os.ReadDir(b.cfg.RunDir)
 	if err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("sweep: %w", err)
@@ -305,9 +334,40 @@ func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
 		b.log.Info("sweeping leftover sandbox", "id", id)
 		errs = append(errs, b.Cleanup(ctx, id, nil))
 	}
-	if b.cfg.Network != nil {
-		// Veths of live and pooled sandboxes are known to the manager.
-		errs = append(errs, b.cfg.Network.Sweep(func(string) bool { return false }))
+	b.logForeignCgroups(ids)
+	return errors.Join(append(errs, b.sweepNetwork())...)
+}
+
+// logForeignCgroups says how many cgroups under the parents are not this
+// daemon's (none of ours names them), once per sweep.
+func (b *Backend) logForeignCgroups(ours []string) {
+	mine := map[string]bool{}
+	for _, id := range ours {
+		mine[id] = true
 	}
-	return errors.Join(errs...)
+	var foreign []string
+	for _, m := range []*cgroup.Manager{b.cg, b.cgIdle} {
+		ids, err := m.List()
+		if err != nil {
+			b.log.Warn("sweep: list cgroups", "err", err)
+			continue
+		}
+		for _, id := range ids {
+			if !mine[id] {
+				foreign = append(foreign, id)
+			}
+		}
+	}
+	if len(foreign) > 0 {
+		b.log.Warn("sweep: cgroups this daemon did not create are left alone", "parent", b.cfg.CgroupParent,
+			"count", len(foreign), "first", foreign[0])
+	}
+}
+
+func (b *Backend) sweepNetwork() error {
+	if b.cfg.Network == nil {
+		return nil
+	}
+	// Veths of live and pooled sandboxes are known to the manager.
+	return b.cfg.Network.Sweep(func(string) bool { return false })
 }
