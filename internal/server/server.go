@@ -112,6 +112,7 @@ type Server struct {
 	http        *http.Server
 	listeners   []net.Listener
 	served      chan error
+	claims      cgroupClaims // the cgroup parents, held until Stop ends
 }
 
 // Start builds the node and starts serving. Stop ends it.
@@ -125,6 +126,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
+	claims, err := claimCgroupParents(cfg)
+	if err != nil {
+		return nil, err
+	}
+	served := false
+	defer func() {
+		if !served {
+			_ = claims.release()
+		}
+	}()
 	images, share, err := openImages(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -178,7 +189,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		closeImages()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, share: share, served: make(chan error, 3)}
+	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, share: share, served: make(chan error, 3), claims: claims}
 	if share != nil {
 		mctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -194,6 +205,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cfg.Logger.Info("corral serving", "node", n.ID(), "socket", cfg.Socket, "listen", cfg.Listen, "data_dir", cfg.DataDir)
+	served = true
 	return s, nil
 }
 
@@ -450,5 +462,6 @@ func (s *Server) Stop(ctx context.Context) error {
 	if s.cfg.CleanupOnExit {
 		_ = os.Remove(s.cfg.Socket)
 	}
+	errs = append(errs, s.claims.release())
 	return errors.Join(errs...)
 }

@@ -77,13 +77,6 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 		}
 		return nil, err
 	}
-	// Before anything sweeps: a parent another live daemon holds is not ours.
-	if err := ctr.ClaimCgroupParent(cfg.DataDir); err != nil {
-		if pool != nil {
-			pool.Close(ctx, false)
-		}
-		return nil, err
-	}
 	st := &stack{uppers: pool, container: ctr, network: network, backends: []backend.Backend{ctr}}
 	vm, err := microvm.New(microvm.Config{
 		RunDir:        filepath.Join(cfg.DataDir, "vm"),
@@ -151,6 +144,5 @@ func (s *stack) close(ctx context.Context, cleanup bool) error {
 	if s.uppers != nil {
 		errs = append(errs, s.uppers.Close(ctx, cleanup))
 	}
-	errs = append(errs, s.container.ReleaseCgroupParent())
 	return errors.Join(errs...)
 }

@@ -71,7 +71,6 @@ type Backend struct {
 	poolSeccomp []byte
 	cg          *cgroup.Manager
 	cgIdle      *cgroup.Manager // best-effort sandboxes (cgroup.Manager.Idle)
-	claims      []*cgroup.Claim // the parents, held by ClaimCgroupParent
 	log         *slog.Logger
 }
 
@@ -144,36 +143,6 @@ func (b *Backend) RemoveCgroupParent() error {
 		return fmt.Errorf("container backend: remove cgroup parent %s: %w", b.cfg.CgroupParent, err)
 	}
 	return nil
-}
-
-// ClaimCgroupParent takes the backend's cgroup parents (its own and the
-// best-effort one) for the daemon with data dir dataDir until
-// ReleaseCgroupParent: a daemon whose parent another live daemon holds
-// must not start, or its sweep would remove that daemon's sandboxes.
-func (b *Backend) ClaimCgroupParent(dataDir string) error {
-	for _, m := range []*cgroup.Manager{b.cg, b.cgIdle} {
-		c, err := m.Claim(dataDir)
-		if err != nil {
-			_ = b.ReleaseCgroupParent()
-			var owned *cgroup.OwnedError
-			if errors.As(err, &owned) {
-				return errdefs.FailedPrecondition("container backend: %v", err)
-			}
-			return fmt.Errorf("container backend: %w", err)
-		}
-		b.claims = append(b.claims, c)
-	}
-	return nil
-}
-
-// ReleaseCgroupParent gives the parents up.
-func (b *Backend) ReleaseCgroupParent() error {
-	var errs []error
-	for _, c := range b.claims {
-		errs = append(errs, c.Release())
-	}
-	b.claims = nil
-	return errors.Join(errs...)
 }
 
 // group returns sandbox id's cgroup, under the best-effort parent if it
