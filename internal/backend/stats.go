@@ -1,0 +1,27 @@
+package backend
+
+import (
+	"context"
+	"time"
+)
+
+// Stats are a sandbox's resource figures at one moment.
+type Stats struct {
+	// CPUTime is the CPU time of every process so far.
+	CPUTime     time.Duration
+	MemoryBytes int64
+	// DiskBytes is the writable layer's use (0 when the store cannot say).
+	DiskBytes int64
+	Pids      int64
+	// NetRxBytes and NetTxBytes count the sandbox's interfaces but loopback.
+	NetRxBytes, NetTxBytes uint64
+	// OOMKills counts the OOM kills in the sandbox so far.
+	OOMKills uint64
+}
+
+// StatsReader is implemented by sandboxes that can report their resource
+// figures. Reading them neither resumes a paused sandbox nor counts as
+// activity.
+type StatsReader interface {
+	Stats(ctx context.Context) (Stats, error)
+}
