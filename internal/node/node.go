@@ -79,8 +79,8 @@ type Node struct {
 	faultMu     sync.Mutex
 	layerFaults map[string]string // layer digest -> why its data cannot be read
 
-	stopReaper context.CancelFunc
-	reaperDone chan struct{}
+	stopReaper  context.CancelFunc
+	reaperDone  chan struct{}
 	samplerDone chan struct{}
 }
 
