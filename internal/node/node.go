@@ -79,9 +79,10 @@ type Node struct {
 	faultMu     sync.Mutex
 	layerFaults map[string]string // layer digest -> why its data cannot be read
 
-	stopReaper  context.CancelFunc
-	reaperDone  chan struct{}
-	samplerDone chan struct{}
+	stopReaper context.CancelFunc
+	reaperDone chan struct{}
+
+	samplerDone chan struct{} // closed when the stats sampler ends
 }
 
 // New opens the node's state, re-attaches to sandboxes that survived a
