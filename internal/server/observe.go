@@ -14,6 +14,7 @@ import (
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/node"
+	"github.com/corral-dev/corral/internal/ui"
 )
 
 // registerCollectors adds the figures computed at scrape time: sandboxes
@@ -108,7 +109,8 @@ func (s *Server) registerPerSandbox(m *metrics.Metrics) {
 	)
 }
 
-// observeRoutes serves /metrics, the ObserveService and the dashboard.
+// observeRoutes serves /metrics, the ObserveService and the dashboard,
+// on the API listeners and behind whatever guards them.
 func (s *Server) observeRoutes(mux *http.ServeMux, counted connect.Interceptor) {
 	var extra []prometheus.Gatherer
 	if s.share != nil {
@@ -118,6 +120,7 @@ func (s *Server) observeRoutes(mux *http.ServeMux, counted connect.Interceptor) 
 	path, h := corralv1connect.NewObserveServiceHandler(control.NewObserveService(s.node, s.events),
 		connect.WithInterceptors(counted, control.ErrorInterceptor{}))
 	mux.Handle(path, h)
+	ui.Register(mux, s.events)
 }
 
 // networkCounters reads every sandbox's refusal counters for a scrape.
