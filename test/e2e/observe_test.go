@@ -193,7 +193,7 @@ func TestEventsResumeAcrossDaemonRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := readEvents(t, c, 0, 4) // created, started, paused, resumed
-	mid := before[1].Seq              // resume after "started"
+	mid := before[1].Seq             // resume after "started"
 
 	d.stop(syscall.SIGKILL) // a crash: nothing is flushed on the way out
 	c = d.start("--cleanup-on-exit")
