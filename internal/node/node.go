@@ -211,7 +211,7 @@ func (n *Node) recover(ctx context.Context) error {
 }
 
 func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
-	log := n.log.With("sandbox", rec.ID)
+	log := n.log.With("sandbox", rec.ID, "project", projectOf(rec))
 	b, ok := n.backends[rec.Backend]
 	if !ok {
 		log.Warn("record of a backend this node no longer runs; keeping it", "backend", rec.Backend)
