@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/server"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -62,7 +63,7 @@ func histCount(fams map[string]*dto.MetricFamily, op string) uint64 {
 }
 
 func TestMetricsHistogramsMove(t *testing.T) {
-	srv := testenv.StartServer(t)
+	srv := testenv.StartServer(t, func(c *server.Config) { c.MetricsPerSandbox = true; onePool(c) })
 	before := scrape(t, srv)
 	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Labels: map[string]string{"test": "metrics"}})
 	testenv.Sh(t, sb, "true")
@@ -74,7 +75,23 @@ func TestMetricsHistogramsMove(t *testing.T) {
 	if err := sb.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if res := call(t, srv.Client, shCall("echo ok")); res.Verdict != client.VerdictOK {
+		t.Fatalf("fncall: %+v", res)
+	}
+	// A Stats call takes a sample, which the per-sandbox gauges show.
+	if _, err := srv.Client.Stats(ctx, client.StatsOptions{IDs: []string{sb.ID()}}); err != nil {
+		t.Fatal(err)
+	}
 	after := scrape(t, srv)
+	if m := sample(after, "corral_sandbox_memory_bytes", map[string]string{"sandbox": sb.ID(), "backend": "container"}); m == nil || m.GetGauge().GetValue() <= 0 {
+		t.Errorf("per-sandbox memory gauge: %v", m)
+	}
+	if m := sample(after, "corral_fncall_calls_total", map[string]string{"verdict": "ok"}); m == nil || m.GetCounter().GetValue() != 1 {
+		t.Errorf("fncall verdicts: %v", m)
+	}
+	if m := sample(after, "corral_fncall_pool_sandboxes", map[string]string{"kind": "total"}); m == nil || m.GetGauge().GetValue() < 1 {
+		t.Errorf("fncall pool size: %v", m)
+	}
 	for op, want := range map[string]uint64{"create": 1, "exec": 2, "pause": 1, "resume": 1} {
 		if got := histCount(after, op) - histCount(before, op); got != want {
 			t.Errorf("%s histogram count moved by %d, want %d", op, got, want)
