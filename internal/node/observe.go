@@ -121,15 +121,8 @@ func (n *Node) entries() []*entry {
 // counters show (OOM kills, network refusals). ok is false when the
 // sandbox is not live or cannot report.
 func (n *Node) sample(ctx context.Context, e *entry) (Sample, bool) {
-	e.mu.Lock()
-	sb, deleting := e.sb, e.deleting
-	e.mu.Unlock()
-	sr, ok := sb.(backend.StatsReader)
-	if !ok || deleting {
-		return Sample{}, false
-	}
-	st, err := sr.Stats(ctx)
-	if err != nil {
+	s, st, sb, ok := n.measure(ctx, e)
+	if !ok {
 		return Sample{}, false
 	}
 	var refused *backend.NetworkStats
@@ -138,16 +131,8 @@ func (n *Node) sample(ctx context.Context, e *entry) (Sample, bool) {
 			refused = &ns
 		}
 	}
-	now := time.Now()
 	o := &e.obs
 	o.mu.Lock()
-	s := Sample{Time: now, MemoryBytes: st.MemoryBytes, DiskBytes: st.DiskBytes, Pids: st.Pids,
-		NetRxBytes: st.NetRxBytes, NetTxBytes: st.NetTxBytes}
-	if k := len(o.samples); k > 0 {
-		if dt := now.Sub(o.samples[k-1].Time); dt > 0 {
-			s.CPUPercent = max(0, float64(st.CPUTime-o.lastCPU)/float64(dt)*100)
-		}
-	}
 	o.lastCPU = st.CPUTime
 	o.samples = append(o.samples, s)
 	if len(o.samples) > statsRing {
@@ -230,8 +215,38 @@ func argvName(argv []string) string {
 	return strconv.Quote(s)
 }
 
-// Stats reports the sandboxes named by ids (every one when empty): current
-// figures read now, and with history the sampled series and recent execs.
+// measure reads e's figures now, with CPU use since its latest sample,
+// leaving the ring and the event counters alone; it also returns the raw
+// figures and the live sandbox they came from.
+func (n *Node) measure(ctx context.Context, e *entry) (Sample, backend.Stats, backend.Sandbox, bool) {
+	e.mu.Lock()
+	sb, deleting := e.sb, e.deleting
+	e.mu.Unlock()
+	sr, ok := sb.(backend.StatsReader)
+	if !ok || deleting {
+		return Sample{}, backend.Stats{}, nil, false
+	}
+	st, err := sr.Stats(ctx)
+	if err != nil {
+		return Sample{}, backend.Stats{}, nil, false
+	}
+	now := time.Now()
+	s := Sample{Time: now, MemoryBytes: st.MemoryBytes, DiskBytes: st.DiskBytes, Pids: st.Pids,
+		NetRxBytes: st.NetRxBytes, NetTxBytes: st.NetTxBytes}
+	e.obs.mu.Lock()
+	if k := len(e.obs.samples); k > 0 {
+		if dt := now.Sub(e.obs.samples[k-1].Time); dt > 0 {
+			s.CPUPercent = max(0, float64(st.CPUTime-e.obs.lastCPU)/float64(dt)*100)
+		}
+	}
+	e.obs.mu.Unlock()
+	return s, st, sb, true
+}
+
+// Stats reports sandboxes, with the sampled series and recent execs when
+// history is set. The sandboxes named by ids are measured now; with no ids,
+// every sandbox is reported from its latest sample (at most a sampling
+// interval old), so that watching a whole node costs no extra reads.
 func (n *Node) Stats(ctx context.Context, ids []string, history bool) ([]SandboxStats, error) {
 	var list []*entry
 	if len(ids) == 0 {
@@ -248,8 +263,13 @@ func (n *Node) Stats(ctx context.Context, ids []string, history bool) ([]Sandbox
 	for _, e := range list {
 		rec := e.snapshot()
 		st := SandboxStats{Record: rec, Project: projectOf(rec)}
-		if cur, ok := n.sample(ctx, e); ok {
-			st.Current = cur
+		e.obs.mu.Lock()
+		if k := len(e.obs.samples); k > 0 && len(ids) == 0 && rec.Phase != state.PhaseStopped {
+			st.Current = e.obs.samples[k-1]
+		}
+		e.obs.mu.Unlock()
+		if st.Current.Time.IsZero() {
+			st.Current, _, _, _ = n.measure(ctx, e)
 		}
 		if history {
 			e.obs.mu.Lock()

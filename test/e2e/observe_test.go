@@ -78,14 +78,15 @@ func TestMetricsHistogramsMove(t *testing.T) {
 	if res := call(t, srv.Client, shCall("echo ok")); res.Verdict != client.VerdictOK {
 		t.Fatalf("fncall: %+v", res)
 	}
-	// A Stats call takes a sample, which the per-sandbox gauges show.
-	if _, err := srv.Client.Stats(ctx, client.StatsOptions{IDs: []string{sb.ID()}}); err != nil {
-		t.Fatal(err)
+	// The per-sandbox gauges show the node's next sample.
+	var mem *dto.Metric
+	for deadline := time.Now().Add(10 * time.Second); mem == nil && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		mem = sample(scrape(t, srv), "corral_sandbox_memory_bytes", map[string]string{"sandbox": sb.ID(), "backend": "container"})
+	}
+	if mem == nil || mem.GetGauge().GetValue() <= 0 {
+		t.Errorf("per-sandbox memory gauge: %v", mem)
 	}
 	after := scrape(t, srv)
-	if m := sample(after, "corral_sandbox_memory_bytes", map[string]string{"sandbox": sb.ID(), "backend": "container"}); m == nil || m.GetGauge().GetValue() <= 0 {
-		t.Errorf("per-sandbox memory gauge: %v", m)
-	}
 	if m := sample(after, "corral_fncall_calls_total", map[string]string{"verdict": "ok"}); m == nil || m.GetCounter().GetValue() != 1 {
 		t.Errorf("fncall verdicts: %v", m)
 	}

@@ -44,8 +44,10 @@ const (
 
 // ObserveServiceClient is a client for the corral.v1.ObserveService service.
 type ObserveServiceClient interface {
-	// Stats returns the current figures of sandboxes (every live one when ids
-	// is empty) and, with history, the samples kept since each was created.
+	// Stats returns the figures of sandboxes: those named by ids measured
+	// now, or (ids empty) every sandbox's latest sample, at most a sampling
+	// interval old; with history, also the samples kept since each was
+	// created and its recent execs.
 	Stats(context.Context, *connect.Request[v1.StatsRequest]) (*connect.Response[v1.StatsResponse], error)
 	// WatchEvents streams lifecycle events in sequence order. With since_seq
 	// it first replays the kept events after that sequence number (across
@@ -111,8 +113,10 @@ func (c *observeServiceClient) Nodes(ctx context.Context, req *connect.Request[v
 
 // ObserveServiceHandler is an implementation of the corral.v1.ObserveService service.
 type ObserveServiceHandler interface {
-	// Stats returns the current figures of sandboxes (every live one when ids
-	// is empty) and, with history, the samples kept since each was created.
+	// Stats returns the figures of sandboxes: those named by ids measured
+	// now, or (ids empty) every sandbox's latest sample, at most a sampling
+	// interval old; with history, also the samples kept since each was
+	// created and its recent execs.
 	Stats(context.Context, *connect.Request[v1.StatsRequest]) (*connect.Response[v1.StatsResponse], error)
 	// WatchEvents streams lifecycle events in sequence order. With since_seq
 	// it first replays the kept events after that sequence number (across
