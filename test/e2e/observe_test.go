@@ -253,3 +253,38 @@ func readEvents(t *testing.T, c *client.Client, after uint64, n int) []client.Ev
 	t.Fatalf("events after %d: got %+v, want %d", after, out, n)
 	return nil
 }
+
+func TestStopAndTimeoutEventsCarryTheReason(t *testing.T) {
+	srv := testenv.StartServer(t)
+	idle, life := time.Second, 2*time.Second
+	idler := testenv.NewSandbox(t, srv.Client, client.CreateOptions{IdleTimeout: &idle})
+	busy := testenv.NewSandbox(t, srv.Client, client.CreateOptions{MaxLifetime: &life})
+	res := testenv.Run(t, busy, client.Command{Shell: "sleep 5", Timeout: 200 * time.Millisecond})
+	if !res.TimedOut {
+		t.Fatalf("exec did not time out: %+v", res)
+	}
+	want := map[string]string{
+		client.EventIdleStopped + " " + idler.ID():    "idle_timeout",
+		client.EventLifetimeReached + " " + busy.ID(): "max_lifetime",
+		client.EventExecTimedOut + " " + busy.ID():    "sleep 5",
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	zero := uint64(0)
+	for e, err := range srv.Client.Events(ctx, client.EventOptions{After: &zero,
+		Types: []string{client.EventIdleStopped, client.EventLifetimeReached, client.EventExecTimedOut}}) {
+		if err != nil {
+			t.Fatalf("events: %v (still missing %v)", err, want)
+		}
+		key := e.Type + " " + e.SandboxID
+		if sub, ok := want[key]; ok {
+			if !strings.Contains(e.Reason, sub) {
+				t.Errorf("%s: reason %q lacks %q", key, e.Reason, sub)
+			}
+			delete(want, key)
+		}
+		if len(want) == 0 {
+			return
+		}
+	}
+}
