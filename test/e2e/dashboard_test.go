@@ -104,6 +104,26 @@ func TestDashboardShowsNodeAndSandbox(t *testing.T) {
 		}
 	}
 
+	// The table's filter hides what does not match and shows what does.
+	rows := func(filter string) int {
+		t.Helper()
+		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](fmt.Sprintf(`(() => {
+			const f = document.getElementById("filter");
+			f.value = %q; f.dispatchEvent(new Event("input"));
+			return new Promise(ok => setTimeout(() => ok(document.querySelectorAll("#sandboxes tbody tr").length), 1500));
+		})()`, filter), chromedp.EvalAwaitPromise))
+		if err != nil {
+			t.Fatalf("filter %q: %v", filter, err)
+		}
+		return n
+	}
+	if n := rows("task=nosuch"); n != 0 {
+		t.Errorf("filter task=nosuch shows %d rows", n)
+	}
+	if n := rows("task=dashboard"); n != 1 {
+		t.Errorf("filter task=dashboard shows %d rows, want the sandbox", n)
+	}
+
 	// The sandbox's detail shows its recent exec.
 	wait, cancel = context.WithTimeout(ctx, 10*time.Second)
 	err = chromedp.Do(wait, chromedp.Click(chromedp.CSS(fmt.Sprintf(`#sandboxes tr[data-id=%q]`, sb.ID()))))
