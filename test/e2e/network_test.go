@@ -110,6 +110,21 @@ func TestNetworkThroughTheAPI(t *testing.T) {
 		!regexp.MustCompile(`corral_network_refused_destination_total\{[^}]*hook="connect"[^}]*sandbox="`+sb.ID()+`"`).MatchString(m) {
 		t.Errorf("metrics lack the sandbox's refusals:\n%s", m)
 	}
+	// And the event stream reports them at the node's next sample.
+	ectx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	zero := uint64(0)
+	var refused client.Event
+	for e, err := range srv.Client.Events(ectx, client.EventOptions{After: &zero, SandboxIDs: []string{sb.ID()}, Types: []string{client.EventNetworkRefused}}) {
+		if err != nil {
+			t.Errorf("network_refused event: %v", err)
+		}
+		refused = e
+		break
+	}
+	if refused.Figures["refused_total"] < 1 || !strings.HasPrefix(refused.Reason, "refused ") {
+		t.Errorf("network_refused event: %+v", refused)
+	}
 
 	_, err = sb.UpdateNetwork(ctx, client.NetworkUpdate{Allow: []string{"nosuch"}})
 	if err == nil || !strings.Contains(err.Error(), "unknown preset") {
