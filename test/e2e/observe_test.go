@@ -235,13 +235,18 @@ func TestEventsResumeAcrossDaemonRestart(t *testing.T) {
 	testenv.RemoveCgroupParent(d.parent)
 }
 
-// readEvents reads n events after seq.
-func readEvents(t *testing.T, c *client.Client, after uint64, n int) []client.Event {
+// readEvents reads n events after seq (that match filter, if given).
+func readEvents(t *testing.T, c *client.Client, after uint64, n int, filter ...client.EventOptions) []client.Event {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	var o client.EventOptions
+	if len(filter) > 0 {
+		o = filter[0]
+	}
+	o.After = &after
 	var out []client.Event
-	for e, err := range c.Events(ctx, client.EventOptions{After: &after}) {
+	for e, err := range c.Events(ctx, o) {
 		if err != nil {
 			t.Fatalf("events after %d: %v (got %+v)", after, err, out)
 		}
