@@ -25,3 +25,12 @@ type Stats struct {
 type StatsReader interface {
 	Stats(ctx context.Context) (Stats, error)
 }
+
+// Checkpointer is implemented by sandboxes whose state can sit on disk
+// while paused (a microVM's memory and device state after
+// --microvm-snapshot-after).
+type Checkpointer interface {
+	// Checkpointed reports that the sandbox's state is on disk now and no
+	// process of it runs.
+	Checkpointed() bool
+}

@@ -81,3 +81,33 @@ func TestFilter(t *testing.T) {
 		t.Fatalf("filtered event = %+v, want seq 3", evs[0])
 	}
 }
+
+// BenchmarkAppend is the cost an event adds to a lifecycle call (JSON and
+// an append to the log file), next to the bare file append it contains.
+func BenchmarkAppend(b *testing.B) {
+	l, err := Open(b.TempDir(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	e := Event{Type: Created, SandboxID: "n1-0123456789ab", Backend: "container", Reason: "image busybox",
+		Labels: map[string]string{"job": "42"}, Figures: map[string]float64{"memory_limit_bytes": 1 << 29, "cpu_millis": 1000}}
+	b.Run("event", func(b *testing.B) {
+		for b.Loop() {
+			l.Append(e)
+		}
+	})
+	b.Run("peer-raw-append", func(b *testing.B) {
+		f, err := os.CreateTemp(b.TempDir(), "raw")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		line := []byte(`{"seq":1,"type":"created","sandbox_id":"n1-0123456789ab"}` + "\n")
+		for b.Loop() {
+			if _, err := f.Write(line); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

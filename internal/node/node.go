@@ -241,7 +241,8 @@ func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
 			}
 			e.markStopped(fmt.Sprintf("lost at daemon restart: %v", err))
 			n.persist(e)
-			n.emit(e.snapshot(), events.Stopped, e.snapshot().StopReason, nil)
+			lost := e.snapshot()
+			n.emit(lost, events.Stopped, lost.StopReason, nil)
 			break
 		}
 		if rec.Phase == state.PhasePaused {

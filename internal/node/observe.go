@@ -48,13 +48,14 @@ type ExecRecord struct {
 // observed is what the node keeps about a sandbox for observers: the
 // sample and exec rings and the counters events are derived from.
 type observed struct {
-	mu       sync.Mutex
-	samples  []Sample
-	execs    []ExecRecord
-	lastCPU  time.Duration
-	primed   bool   // the counters below hold a first reading
-	oomSeen  uint64 // OOM kills already reported
-	refusals uint64 // network refusals already reported
+	mu           sync.Mutex
+	samples      []Sample
+	execs        []ExecRecord
+	lastCPU      time.Duration
+	primed       bool   // the counters below hold a first reading
+	oomSeen      uint64 // OOM kills already reported
+	refusals     uint64 // network refusals already reported
+	checkpointed bool   // a checkpointed event was sent for the current pause
 }
 
 // SandboxStats are one sandbox's figures for the Stats call.
@@ -151,6 +152,7 @@ func (n *Node) sample(ctx context.Context, e *entry) (Sample, bool) {
 	o.mu.Unlock()
 
 	rec := e.snapshot()
+	n.noteCheckpoint(rec, e, sb)
 	if newOOM {
 		f := resourceFigures(rec)
 		f["memory_bytes"], f["oom_kills"] = float64(st.MemoryBytes), float64(st.OOMKills)
@@ -165,6 +167,22 @@ func (n *Node) sample(ctx context.Context, e *entry) (Sample, bool) {
 			"refused_new": float64(newRefused), "refused_total": float64(refused.Total)})
 	}
 	return s, true
+}
+
+// noteCheckpoint emits checkpointed once each time sb's state goes to disk.
+func (n *Node) noteCheckpoint(rec *state.Record, e *entry, sb backend.Sandbox) {
+	c, ok := sb.(backend.Checkpointer)
+	if !ok {
+		return
+	}
+	now := c.Checkpointed()
+	e.obs.mu.Lock()
+	first := now && !e.obs.checkpointed
+	e.obs.checkpointed = now
+	e.obs.mu.Unlock()
+	if first {
+		n.emit(rec, events.Checkpointed, "the paused sandbox's state went to disk", nil)
+	}
 }
 
 // destination names a refused destination as the dashboard shows it.

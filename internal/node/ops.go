@@ -279,7 +279,9 @@ func (n *Node) setPaused(ctx context.Context, id string, pause bool) error {
 		}
 		e.rec.Phase = state.PhasePaused
 		n.cfg.Metrics.ObserveOp(e.rec.Backend, metrics.OpPause, time.Since(start))
-		n.emit(e.snapshotLocked(), events.Paused, "", nil)
+		rec := e.snapshotLocked()
+		n.emit(rec, events.Paused, "", nil)
+		n.noteCheckpoint(rec, e, e.sb)
 	case !pause && e.rec.Phase == state.PhasePaused:
 		if err := e.sb.Resume(ctx); err != nil {
 			return fmt.Errorf("resume sandbox %s: %w", id, err)

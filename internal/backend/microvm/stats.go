@@ -12,7 +12,18 @@ import (
 	"github.com/corral-dev/corral/internal/backend"
 )
 
-var _ backend.StatsReader = (*sandbox)(nil)
+var (
+	_ backend.StatsReader  = (*sandbox)(nil)
+	_ backend.Checkpointer = (*sandbox)(nil)
+)
+
+// Checkpointed implements backend.Checkpointer: no VMM runs while the VM's
+// state is in its snapshot files.
+func (s *sandbox) Checkpointed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proc == nil && !s.stopped
+}
 
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat's CPU times (100 on
 // every Linux architecture corral runs on).
