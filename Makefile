@@ -3,7 +3,7 @@
 # static bin/corral-probe (red-team attempts, the load of `corral bench net`).
 GO ?= go
 
-.PHONY: build generate test lint clean redteam
+.PHONY: build generate test lint clean redteam ui
 
 build:
 	$(GO) build -o bin/corral ./cmd/corral
@@ -14,6 +14,11 @@ build:
 # Regenerate protobuf/ConnectRPC code (committed); needs protoc.
 generate:
 	./scripts/generate.sh
+
+# Rebuild the dashboard bundle (committed in internal/ui/dist, embedded in
+# the binary) from internal/ui/web with esbuild; needs npm.
+ui:
+	cd internal/ui/web && npm ci --no-audit --no-fund && npm run build
 
 test:
 	./scripts/test.sh

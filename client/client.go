@@ -29,6 +29,7 @@ type Client struct {
 	svc  corralv1connect.SandboxServiceClient
 	fn   corralv1connect.FnCallServiceClient
 	img  corralv1connect.ImageServiceClient
+	obs  corralv1connect.ObserveServiceClient
 	http *http.Client
 }
 
@@ -72,6 +73,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 		svc:  corralv1connect.NewSandboxServiceClient(hc, baseURL, copts...),
 		fn:   corralv1connect.NewFnCallServiceClient(hc, baseURL, copts...),
 		img:  corralv1connect.NewImageServiceClient(hc, baseURL, copts...),
+		obs:  corralv1connect.NewObserveServiceClient(hc, baseURL, copts...),
 		http: hc,
 	}, nil
 }

@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 # their writable disks.
 pkgs=(busybox-static mmdebstrap erofs-utils runc xfsprogs iproute2 ca-certificates protobuf-compiler python3
   e2fsprogs qemu-system-x86)
+# chromium (headless) loads the dashboard in its test.
+pkgs+=(chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

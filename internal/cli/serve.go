@@ -26,7 +26,7 @@ import (
 
 func newServeCmd() *cobra.Command {
 	var cfg server.Config
-	var logLevel, diskPool, defMemory, defDisk, subnet4, subnet6, presetsFile string
+	var logLevel, logFormat, diskPool, defMemory, defDisk, subnet4, subnet6, presetsFile string
 	var presets []string
 	var d node.Defaults
 	var bf blobFlags
@@ -43,7 +43,14 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
 			}
-			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			switch logFormat {
+			case "text":
+				cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			case "json":
+				cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			default:
+				return fmt.Errorf("--log-format: %q must be text or json", logFormat)
+			}
 			var err error
 			if cfg.DiskPoolBytes, err = parseBytes("disk-pool", diskPool); err != nil {
 				return err
@@ -91,6 +98,8 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&diskPool, "disk-pool", "64Gi", "size of the sparse XFS filesystem holding all writable layers (--disk-store xfs)")
 	fl.BoolVar(&cfg.CleanupOnExit, "cleanup-on-exit", false, "delete every sandbox when the daemon exits")
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&logFormat, "log-format", "text", "log lines as text (key=value) or json (one object a line)")
+	fl.BoolVar(&cfg.MetricsPerSandbox, "metrics-per-sandbox", false, "add per-sandbox CPU, memory, disk and network gauges to /metrics (a series per sandbox and figure)")
 	fl.IntVar(&cfg.FnCallPoolFloor, "fncall-pool-floor", 1, "fncall: warm sandboxes kept per pool (image and memory limit) even when idle")
 	fl.IntVar(&cfg.FnCallPoolCeiling, "fncall-pool-ceiling", 16, "fncall: most sandboxes per pool")
 	fl.StringVar(&d.Image, "default-image", "", "image for requests that name none (default busybox)")

@@ -10,7 +10,9 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/state"
 )
@@ -84,6 +86,7 @@ func (n *Node) checkID(id string) error {
 
 // Create validates req, fills in defaults and starts the sandbox.
 func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	start := time.Now()
 	rec, err := n.admit(req)
 	if err != nil {
 		return nil, err
@@ -129,13 +132,18 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	rec.Phase = state.PhaseRunning
 	rec.BackendRecord = sb.Record()
 	e := &entry{rec: rec, backend: b, sb: sb}
+	e.obs.primed = true // a new sandbox's counters start at zero
 	e.touch()
 	n.persist(e)
 	n.mu.Lock()
 	n.sandboxes[rec.ID] = e
 	n.mu.Unlock()
 	go n.watch(e, sb)
-	n.log.Debug("sandbox created", "sandbox", rec.ID, "image", rec.Image)
+	took := time.Since(start)
+	n.cfg.Metrics.ObserveOp(rec.Backend, metrics.OpCreate, took)
+	n.emit(rec, events.Created, "image "+rec.Image, resourceFigures(rec))
+	n.emit(rec, events.Started, "", map[string]float64{"create_seconds": took.Seconds()})
+	n.log.Debug("sandbox created", "sandbox", rec.ID, "project", projectOf(rec), "image", rec.Image)
 	return n.describe(e), nil
 }
 

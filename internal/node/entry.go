@@ -10,6 +10,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
+	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/state"
 )
 
@@ -26,6 +28,8 @@ type entry struct {
 
 	lastActive atomic.Int64 // unix nanos of the last request
 	inflight   atomic.Int32 // requests running now
+
+	obs observed // samples, recent execs and event counters (observe.go)
 }
 
 func (e *entry) touch() { e.lastActive.Store(time.Now().UnixNano()) }
@@ -86,11 +90,14 @@ func (n *Node) acquire(ctx context.Context, id string) (*entry, backend.Sandbox,
 	case state.PhaseStopped:
 		return nil, nil, errdefs.FailedPrecondition("sandbox %s is stopped (%s); create a new one", id, e.rec.StopReason)
 	case state.PhasePaused:
+		start := time.Now()
 		if err := e.sb.Resume(ctx); err != nil {
 			return nil, nil, err
 		}
+		n.cfg.Metrics.ObserveOp(e.rec.Backend, metrics.OpResume, time.Since(start))
 		e.rec.Phase = state.PhaseRunning
 		n.putLocked(e)
+		n.emit(e.snapshotLocked(), events.Resumed, "a request resumed it", nil)
 	}
 	e.inflight.Add(1)
 	e.touch()

@@ -17,7 +17,9 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/state"
 )
 
@@ -55,6 +57,12 @@ type Config struct {
 	// ReapInterval is how often TTLs are checked.
 	ReapInterval time.Duration
 	Logger       *slog.Logger
+	// Events receives the sandboxes' lifecycle events (nil: none kept).
+	Events *events.Log
+	// Metrics records operation latencies and event counts (nil: none).
+	Metrics *metrics.Metrics
+	// StatsInterval is how often each sandbox's figures are sampled.
+	StatsInterval time.Duration
 }
 
 // Node is one machine's sandbox manager.
@@ -73,6 +81,8 @@ type Node struct {
 
 	stopReaper context.CancelFunc
 	reaperDone chan struct{}
+
+	samplerDone chan struct{} // closed when the stats sampler ends
 }
 
 // New opens the node's state, re-attaches to sandboxes that survived a
@@ -85,6 +95,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if cfg.ReapInterval == 0 {
 		cfg.ReapInterval = time.Second
+	}
+	if cfg.StatsInterval == 0 {
+		cfg.StatsInterval = defaultStatsInterval
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -122,6 +135,8 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.stopReaper = cancel
 	n.reaperDone = make(chan struct{})
 	go n.reap(reapCtx)
+	n.samplerDone = make(chan struct{})
+	go n.sampleLoop(reapCtx, n.samplerDone)
 	return n, nil
 }
 
@@ -137,6 +152,7 @@ func (n *Node) ID() string { return n.id }
 func (n *Node) Close() error {
 	n.stopReaper()
 	<-n.reaperDone
+	<-n.samplerDone
 	return n.db.Close()
 }
 
@@ -195,7 +211,7 @@ func (n *Node) recover(ctx context.Context) error {
 }
 
 func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
-	log := n.log.With("sandbox", rec.ID)
+	log := n.log.With("sandbox", rec.ID, "project", projectOf(rec))
 	b, ok := n.backends[rec.Backend]
 	if !ok {
 		log.Warn("record of a backend this node no longer runs; keeping it", "backend", rec.Backend)
@@ -225,6 +241,8 @@ func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
 			}
 			e.markStopped(fmt.Sprintf("lost at daemon restart: %v", err))
 			n.persist(e)
+			lost := e.snapshot()
+			n.emit(lost, events.Stopped, lost.StopReason, nil)
 			break
 		}
 		if rec.Phase == state.PhasePaused {
@@ -265,5 +283,5 @@ func (n *Node) watch(e *entry, sb backend.Sandbox) {
 	if r, ok := sb.(backend.ExitReasoner); ok && r.ExitReason() != "" {
 		reason = r.ExitReason()
 	}
-	n.stop(ctx, e, sb, reason)
+	n.stop(ctx, e, sb, events.Stopped, reason)
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
+	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/state"
 )
 
@@ -128,6 +130,7 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 	e.deleting = true
 	sb, rec := e.sb, e.snapshotLocked()
 	e.mu.Unlock()
+	start := time.Now()
 	undo := func() {
 		e.mu.Lock()
 		e.deleting = false
@@ -152,7 +155,9 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 	delete(n.sandboxes, id)
 	n.mu.Unlock()
 	n.cfg.Images.Release(id)
-	n.log.Debug("sandbox deleted", "sandbox", id)
+	n.cfg.Metrics.ObserveOp(rec.Backend, metrics.OpDelete, time.Since(start))
+	n.emit(rec, events.Deleted, "", nil)
+	n.log.Debug("sandbox deleted", "sandbox", id, "project", projectOf(rec))
 	return true, nil
 }
 
@@ -175,11 +180,18 @@ func (n *Node) Exec(ctx context.Context, id string, req ExecRequest, out backend
 		return backend.ExecResult{}, err
 	}
 	defer e.release()
-	spec, err := n.execSpec(e.snapshot(), req)
+	rec := e.snapshot()
+	spec, err := n.execSpec(rec, req)
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
-	return sb.Exec(ctx, spec, out)
+	start := time.Now()
+	res, err := sb.Exec(ctx, spec, out)
+	n.cfg.Metrics.ObserveOp(rec.Backend, metrics.OpExec, time.Since(start))
+	if err == nil {
+		n.noteExec(ctx, e, spec.Argv, start, res)
+	}
+	return res, err
 }
 
 func (n *Node) execSpec(rec *state.Record, req ExecRequest) (backend.ExecSpec, error) {
@@ -255,6 +267,7 @@ func (n *Node) setPaused(ctx context.Context, id string, pause bool) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.touch()
+	start := time.Now()
 	switch {
 	case e.deleting:
 		return errdefs.NotFound("sandbox %s is being deleted", id)
@@ -265,11 +278,17 @@ func (n *Node) setPaused(ctx context.Context, id string, pause bool) error {
 			return fmt.Errorf("pause sandbox %s: %w", id, err)
 		}
 		e.rec.Phase = state.PhasePaused
+		n.cfg.Metrics.ObserveOp(e.rec.Backend, metrics.OpPause, time.Since(start))
+		rec := e.snapshotLocked()
+		n.emit(rec, events.Paused, "", nil)
+		n.noteCheckpoint(rec, e, e.sb)
 	case !pause && e.rec.Phase == state.PhasePaused:
 		if err := e.sb.Resume(ctx); err != nil {
 			return fmt.Errorf("resume sandbox %s: %w", id, err)
 		}
 		e.rec.Phase = state.PhaseRunning
+		n.cfg.Metrics.ObserveOp(e.rec.Backend, metrics.OpResume, time.Since(start))
+		n.emit(e.snapshotLocked(), events.Resumed, "", nil)
 	default:
 		return nil
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/state"
 )
 
@@ -43,9 +44,9 @@ func (n *Node) reapOnce(ctx context.Context, now time.Time) {
 				}
 			}
 		case now.Sub(rec.CreatedAt) > rec.MaxLifetime:
-			n.stop(ctx, e, e.live(), fmt.Sprintf("max_lifetime %s reached", rec.MaxLifetime))
+			n.stop(ctx, e, e.live(), events.LifetimeReached, fmt.Sprintf("max_lifetime %s reached", rec.MaxLifetime))
 		case rec.IdleTimeout > 0 && e.inflight.Load() == 0 && e.idleFor(now) > rec.IdleTimeout:
-			n.stop(ctx, e, e.live(), fmt.Sprintf("idle_timeout %s elapsed", rec.IdleTimeout))
+			n.stop(ctx, e, e.live(), events.IdleStopped, fmt.Sprintf("idle_timeout %s elapsed", rec.IdleTimeout))
 		}
 	}
 }
@@ -53,17 +54,22 @@ func (n *Node) reapOnce(ctx context.Context, now time.Time) {
 // stop kills a sandbox's processes and keeps its record and writable layer
 // (until Delete or retention) with the reason. The entry stays locked while
 // the backend stops, so no request slips in and a stopped sandbox has no
-// processes left by the time anyone sees it stopped.
-func (n *Node) stop(ctx context.Context, e *entry, sb backend.Sandbox, reason string) {
+// processes left by the time anyone sees it stopped. typ is the event
+// that reports it.
+func (n *Node) stop(ctx context.Context, e *entry, sb backend.Sandbox, typ, reason string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.sb != sb || sb == nil || e.deleting {
 		return
 	}
-	n.log.Info("stopping sandbox", "sandbox", sb.ID(), "reason", reason)
+	n.log.Info("stopping sandbox", "sandbox", sb.ID(), "project", projectOf(e.rec), "reason", reason)
 	if err := sb.Stop(ctx); err != nil {
 		n.log.Error("stop sandbox", "sandbox", sb.ID(), "err", err)
 	}
 	e.markStoppedLocked(reason)
 	n.putLocked(e)
+	rec := e.snapshotLocked()
+	f := resourceFigures(rec)
+	f["lifetime_seconds"] = rec.StoppedAt.Sub(rec.CreatedAt).Seconds()
+	n.emit(rec, typ, reason, f)
 }

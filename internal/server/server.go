@@ -5,30 +5,27 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"connectrpc.com/connect"
 
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
-	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/control"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/fncall"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/layershare"
+	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
@@ -77,6 +74,9 @@ type Config struct {
 	// Blobs shares layers through a blob store (nil: every layer is local).
 	Blobs  *BlobsConfig
 	Logger *slog.Logger
+	// MetricsPerSandbox adds per-sandbox CPU, memory, disk and network
+	// gauges to /metrics (a series per sandbox: off by default).
+	MetricsPerSandbox bool
 }
 
 // BlobsConfig configures the blob store layers are shared through.
@@ -109,6 +109,8 @@ type Server struct {
 	blobAddr string
 	// stopMonitor ends the lazy fault monitor (nil without a share).
 	stopMonitor func()
+	events      *events.Log
+	metrics     *metrics.Metrics
 	http        *http.Server
 	listeners   []net.Listener
 	served      chan error
@@ -166,6 +168,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if share != nil {
 		nodeImages = lazyImages{Store: images, share: share, parent: cgroupParent(cfg), log: cfg.Logger}
 	}
+	evlog, err := events.Open(filepath.Join(cfg.DataDir, "events"), cfg.Logger)
+	if err != nil {
+		st.close(ctx, false)
+		closeImages()
+		return nil, err
+	}
+	reg := metrics.New()
 	n, err := node.New(ctx, node.Config{
 		DataDir:  cfg.DataDir,
 		State:    db,
@@ -173,8 +182,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Images:   nodeImages,
 		Defaults: cfg.Defaults,
 		Logger:   cfg.Logger,
+		Events:   evlog,
+		Metrics:  reg,
 	})
 	if err != nil {
+		evlog.Close()
 		st.close(ctx, false)
 		closeImages()
 		return nil, err
@@ -185,11 +197,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	})
 	if err != nil {
 		n.Close()
+		evlog.Close()
 		st.close(ctx, false)
 		closeImages()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, share: share, served: make(chan error, 3), claims: claims}
+	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, share: share, served: make(chan error, 3), claims: claims,
+		events: evlog, metrics: reg}
+	s.registerCollectors(reg)
 	if share != nil {
 		mctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -212,21 +227,22 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 func (s *Server) listen() error {
 	mux := http.NewServeMux()
 	sandboxes := control.NewService(s.node)
+	counted := control.MetricsInterceptor{M: s.metrics}
 	path, h := corralv1connect.NewSandboxServiceHandler(sandboxes,
-		connect.WithInterceptors(control.ErrorInterceptor{}),
+		connect.WithInterceptors(counted, control.ErrorInterceptor{}),
 		connect.WithReadMaxBytes(80<<20))
 	mux.Handle(path, h)
 	if s.share != nil {
 		sandboxes.SetLazyReads(s.lazyReads)
 	}
-	mux.HandleFunc("GET /metrics", s.metrics)
+	s.observeRoutes(mux, counted)
 	path, h = corralv1connect.NewImageServiceHandler(control.NewImageService(sandboxes, s.images, s.share),
-		connect.WithInterceptors(control.ErrorInterceptor{}))
+		connect.WithInterceptors(counted, control.ErrorInterceptor{}))
 	mux.Handle(path, h)
 	// Calls are small and many: compressing a short reply costs more than
 	// sending it (a gzip writer's reset was ~5% of a call's server CPU).
 	path, h = corralv1connect.NewFnCallServiceHandler(control.NewFnCallService(s.fncall),
-		connect.WithInterceptors(control.ErrorInterceptor{}),
+		connect.WithInterceptors(counted, control.ErrorInterceptor{}),
 		connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
 	protocols := new(http.Protocols)
@@ -329,43 +345,6 @@ func republish(ctx context.Context, share *layershare.Share, images *image.Store
 	}
 }
 
-// metrics serves, in the Prometheus text format and on the API listeners
-// only, the network refusals of every sandbox with a network and, with a
-// blob store, the lazy blob figures (per blob and per sandbox cgroup).
-func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
-	var buf bytes.Buffer
-	writeNetworkMetrics(&buf, s.node.NetworkCounters(r.Context()))
-	if s.share != nil {
-		b, err := s.share.Lazy().Metrics(r.Context())
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		buf.Write(b)
-	}
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	_, _ = w.Write(buf.Bytes())
-}
-
-// writeNetworkMetrics writes the refusal counters, per sandbox and per
-// refused destination (the programs keep at most a bounded LRU of those).
-func writeNetworkMetrics(w io.Writer, counters map[string]backend.NetworkStats) {
-	ids := slices.Sorted(maps.Keys(counters))
-	fmt.Fprintln(w, "# HELP corral_network_refused_total Refused connects, sends and packets of a sandbox.")
-	fmt.Fprintln(w, "# TYPE corral_network_refused_total counter")
-	for _, id := range ids {
-		fmt.Fprintf(w, "corral_network_refused_total{sandbox=%q} %d\n", id, counters[id].Total)
-	}
-	fmt.Fprintln(w, "# HELP corral_network_refused_destination_total Refusals of a sandbox by hook and destination (or name, for DNS).")
-	fmt.Fprintln(w, "# TYPE corral_network_refused_destination_total counter")
-	for _, id := range ids {
-		for _, r := range counters[id].Refusals {
-			fmt.Fprintf(w, "corral_network_refused_destination_total{sandbox=%q,hook=%q,protocol=%q,address=%q,port=\"%d\",name=%q} %d\n",
-				id, r.Hook, r.Protocol, r.Address, r.Port, r.Name, r.Count)
-		}
-	}
-}
-
 // lazyReads reports sandbox id's reads of lazily loaded layers.
 func (s *Server) lazyReads(ctx context.Context, id string) (*corralv1.LazyReadStats, error) {
 	parent := cgroupParent(s.cfg)
@@ -445,6 +424,7 @@ func (s *Server) Stop(ctx context.Context) error {
 	} else {
 		errs = append(errs, s.node.Close())
 	}
+	errs = append(errs, s.events.Close())
 	errs = append(errs, s.stack.close(ctx, s.cfg.CleanupOnExit))
 	// Layer mounts stay for sandboxes that outlive the server.
 	errs = append(errs, s.images.Close(s.cfg.CleanupOnExit))

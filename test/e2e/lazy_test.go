@@ -299,6 +299,21 @@ func TestLazyLayerFromPeer(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// The event stream says so too.
+	ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	zero := uint64(0)
+	var degraded client.Event
+	for e, err := range b.Events(ectx, client.EventOptions{After: &zero, SandboxIDs: []string{sb.ID()}, Types: []string{client.EventDegraded}}) {
+		if err != nil {
+			t.Errorf("degraded event: %v", err)
+		}
+		degraded = e
+		break
+	}
+	if !strings.Contains(degraded.Reason, "lazy blob server") {
+		t.Errorf("degraded event: %+v", degraded)
+	}
 
 	nodeB.stop(syscall.SIGTERM)
 	nodeA.stop(syscall.SIGTERM)

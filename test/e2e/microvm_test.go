@@ -68,6 +68,9 @@ func TestMicroVMThroughTheAPI(t *testing.T) {
 	if len(snaps) != 1 {
 		t.Errorf("no memory snapshot on disk while paused")
 	}
+	if got := readEvents(t, c, 0, 1, client.EventOptions{SandboxIDs: []string{sb.ID()}, Types: []string{client.EventCheckpointed}}); got[0].Reason == "" {
+		t.Errorf("checkpointed event: %+v", got[0])
+	}
 	if got := testenv.Sh(t, sb, "cat /root/x"); got != "42\n" { // exec resumes
 		t.Errorf("after resume: %q", got)
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -104,9 +105,25 @@ func TestNetworkThroughTheAPI(t *testing.T) {
 		t.Errorf("refused total %d, want the refused connects counted: %+v", st.RefusedTotal, st.Refusals)
 	}
 	// The same counter on the node's /metrics (API socket).
+	// Prometheus writes labels in name order.
 	if m := metrics(t, srv); !strings.Contains(m, fmt.Sprintf("corral_network_refused_total{sandbox=%q} ", sb.ID())) ||
-		!strings.Contains(m, `corral_network_refused_destination_total{sandbox="`+sb.ID()+`",hook="connect"`) {
+		!regexp.MustCompile(`corral_network_refused_destination_total\{[^}]*hook="connect"[^}]*sandbox="`+sb.ID()+`"`).MatchString(m) {
 		t.Errorf("metrics lack the sandbox's refusals:\n%s", m)
+	}
+	// And the event stream reports them at the node's next sample.
+	ectx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	zero := uint64(0)
+	var refused client.Event
+	for e, err := range srv.Client.Events(ectx, client.EventOptions{After: &zero, SandboxIDs: []string{sb.ID()}, Types: []string{client.EventNetworkRefused}}) {
+		if err != nil {
+			t.Errorf("network_refused event: %v", err)
+		}
+		refused = e
+		break
+	}
+	if refused.Figures["refused_total"] < 1 || !strings.HasPrefix(refused.Reason, "refused ") {
+		t.Errorf("network_refused event: %+v", refused)
 	}
 
 	_, err = sb.UpdateNetwork(ctx, client.NetworkUpdate{Allow: []string{"nosuch"}})

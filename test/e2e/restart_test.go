@@ -136,6 +136,10 @@ func TestDaemonCrashKeepsOrCleansEverySandbox(t *testing.T) {
 	if err != nil || info.State != client.StateStopped {
 		t.Errorf("victim after restart: %+v %v", info, err)
 	}
+	lost := readEvents(t, c, 0, 1, client.EventOptions{SandboxIDs: []string{victim.ID()}, Types: []string{client.EventStopped}})
+	if len(lost) != 1 || !strings.Contains(lost[0].Reason, "lost at daemon restart") {
+		t.Errorf("stopped event of the victim: %+v", lost)
+	}
 	if pids := cgroupPids(d.parent, victim.ID()); len(pids) != 0 {
 		t.Errorf("victim processes left: %v", pids)
 	}

@@ -300,7 +300,7 @@ func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
 			continue
 		}
 		seen[id] = true
-		b.log.Info("sweeping leftover sandbox", "id", id)
+		b.log.Info("sweeping leftover sandbox", "sandbox", id)
 		errs = append(errs, b.Cleanup(ctx, id, nil))
 	}
 	b.logForeignCgroups(ids)

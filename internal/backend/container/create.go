@@ -103,7 +103,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 			return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 	}
-	b.log.Debug("sandbox created", append([]any{"id", spec.ID, "pid", c.proc.Pid}, timings...)...)
+	b.log.Debug("sandbox created", append([]any{"sandbox", spec.ID, "pid", c.proc.Pid}, timings...)...)
 	return s, nil
 }
 

@@ -438,7 +438,7 @@ func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
 	ids := map[string]bool{}
 	for id, pids := range vmmProcesses(b.cfg.RunDir) {
 		if !keep(id) {
-			b.log.Info("killing VMM that outlived its sandbox record", "id", id, "pids", pids)
+			b.log.Info("killing VMM that outlived its sandbox record", "sandbox", id, "pids", pids)
 			ids[id] = true
 		}
 	}
@@ -453,7 +453,7 @@ func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
 	}
 	var errs []error
 	for id := range ids {
-		b.log.Info("sweeping leftover microvm sandbox", "id", id)
+		b.log.Info("sweeping leftover microvm sandbox", "sandbox", id)
 		errs = append(errs, b.Cleanup(ctx, id, nil))
 	}
 	return errors.Join(errs...)

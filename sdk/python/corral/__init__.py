@@ -34,6 +34,7 @@ from .errors import (
 )
 from .fncall import CallResult
 from .images import Composition, Images, Layer, Packed, Removed
+from .observe import EVENT_TYPES, Event, SandboxStats, StatsSample
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
 from .sync import Client, Files, Sandbox, SyncExecStream
 from .types import ExecChunk, ExecResult, FileInfo, Resources, SandboxInfo, State
@@ -50,5 +51,6 @@ __all__ = [
     "FailedPreconditionError", "ResourceExhaustedError", "UnavailableError",
     "PermissionDeniedError", "UnauthenticatedError", "UnimplementedError",
     "DeadlineExceededError", "CanceledError", "InternalError",
+    "Event", "SandboxStats", "StatsSample", "EVENT_TYPES",
     "DEFAULT_ADDRESS", "__version__",
 ]

@@ -4,13 +4,15 @@ returns."""
 
 import asyncio
 import ssl as _ssl
-from typing import Any, Dict, List, Optional, Set, Union
+from typing import Any, AsyncIterator, Dict, List, Optional, Set, Union
 
 from ._connect import Transport
 from ._http import default_address
 from .errors import UnimplementedError
 from .fncall import _BATCH, _CALL, CallResult, call_request
 from .images import _SVC, Composition, Images, Layer, Removed, images_from_json
+from .observe import _SVC as _OBS, WATCH_TIMEOUT, Event, SandboxStats, event_from_json, stats_from_json
+from .observe import watch_request
 from .sandbox import AsyncSandbox
 from .types import SandboxInfo, State, env_list, format_duration
 
@@ -178,6 +180,32 @@ class AsyncClient:
         name's latest version stays)."""
         d = await self._t.unary(_SVC + "CollectGarbage", {}, timeout=request_timeout)
         return Removed._from_json(d.get("removed", {}))
+
+    async def stats(self, ids: Optional[List[str]] = None, *, history: bool = False,
+                    request_timeout: Optional[float] = None) -> List[SandboxStats]:
+        """CPU, memory, disk, PIDs and network figures of the sandboxes
+        ``ids`` (every one when empty); ``history`` adds the sampled series."""
+        msg: Dict[str, Any] = {"ids": list(ids or []), "history": history}
+        return stats_from_json(await self._t.unary(_OBS + "Stats", msg, idempotent=True, timeout=request_timeout))
+
+    def events(self, *, since: Optional[int] = None, project: str = "",
+               labels: Optional[Dict[str, str]] = None, sandbox_ids: Optional[List[str]] = None,
+               types: Optional[List[str]] = None, timeout: Optional[float] = None) -> AsyncIterator[Event]:
+        """Iterate lifecycle events (``async for e in c.events(...)``). With
+        ``since``, the kept events after that sequence number come first
+        (also across daemon restarts), then live ones; without it, live ones
+        only. Filters must all match; a bad one raises ValueError here.
+        ``timeout`` ends the watch (default: practically never)."""
+        return self._watch(watch_request(since, project, labels, sandbox_ids, types), timeout)
+
+    async def _watch(self, req: Dict[str, Any], timeout: Optional[float]) -> AsyncIterator[Event]:
+        stream = self._t.stream(_OBS + "WatchEvents", req, timeout=timeout or WATCH_TIMEOUT)
+        try:
+            async for m in stream:
+                if m.get("event"):
+                    yield event_from_json(m["event"])
+        finally:
+            stream.close()
 
     def attach(self, sandbox_id: str) -> AsyncSandbox:
         """A handle on an existing sandbox, without a call."""

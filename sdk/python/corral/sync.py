@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Dict, Iterator, List, Optional, TypeVar
 from .client import AsyncClient
 from .fncall import CallResult
 from .images import Composition, Images, Layer, Packed, Removed
+from .observe import Event, SandboxStats
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
 from .types import ExecChunk, ExecResult, FileInfo, SandboxInfo
 
@@ -121,6 +122,23 @@ class Client:
     def delete(self, sandbox_id: str, **kw: Any) -> bool:
         """Delete a sandbox; False if it did not exist."""
         return self._run(self._async.delete(sandbox_id, **kw))
+
+    def stats(self, ids: Optional[List[str]] = None, **kw: Any) -> List[SandboxStats]:
+        """See :meth:`AsyncClient.stats`."""
+        return self._run(self._async.stats(ids, **kw))
+
+    def events(self, **kw: Any) -> Iterator[Event]:
+        """Blocking iterator over :meth:`AsyncClient.events`; close it (or
+        leave a ``for`` loop and drop it) to end the watch."""
+        agen = self._async.events(**kw)
+        try:
+            while True:
+                try:
+                    yield self._run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._run(agen.aclose())
 
     def list_images(self, **kw: Any) -> Images:
         """The node's built images, compositions and layers."""

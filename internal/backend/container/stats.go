@@ -1,0 +1,71 @@
+package container
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"golang.org/x/sys/unix"
+)
+
+var _ backend.StatsReader = (*sandbox)(nil)
+
+// diskUsage is implemented by upper stores that can tell a layer's use
+// (the XFS project quota store).
+type diskUsage interface {
+	Usage(id string) (bytes, inodes int64, err error)
+}
+
+// Stats implements backend.StatsReader from the sandbox's cgroup, its
+// writable layer's quota and its network namespace's interfaces.
+func (s *sandbox) Stats(_ context.Context) (backend.Stats, error) {
+	u, err := s.group.Usage()
+	if err != nil {
+		return backend.Stats{}, fmt.Errorf("sandbox %s: stats: %w", s.id, err)
+	}
+	st := backend.Stats{CPUTime: u.CPU, MemoryBytes: u.MemoryBytes, Pids: u.Pids}
+	st.OOMKills, _ = s.group.OOMKills()
+	if du, ok := s.b.cfg.Uppers.(diskUsage); ok && s.pool == nil {
+		st.DiskBytes, _, _ = du.Usage(s.id)
+	} else if s.pool == nil {
+		// overlayfs reports its upper filesystem: the sandbox's own ext4
+		// disk for the ext4-image store.
+		var fs unix.Statfs_t
+		if unix.Statfs(fmt.Sprintf("/proc/%d/root", s.proc.Pid), &fs) == nil {
+			st.DiskBytes = int64(fs.Blocks-fs.Bfree) * fs.Bsize
+		}
+	}
+	if s.net != nil {
+		st.NetRxBytes, st.NetTxBytes = netDev(s.proc.Pid)
+	}
+	return st, nil
+}
+
+// netDev sums the byte counters of pid's network namespace's interfaces
+// but loopback (zero when they cannot be read).
+func netDev(pid int) (rx, tx uint64) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/net/dev", pid))
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		name, rest, ok := strings.Cut(sc.Text(), ":")
+		if !ok || strings.TrimSpace(name) == "lo" {
+			continue
+		}
+		fields := strings.Fields(rest)
+		if len(fields) < 9 {
+			continue
+		}
+		r, _ := strconv.ParseUint(fields[0], 10, 64)
+		t, _ := strconv.ParseUint(fields[8], 10, 64)
+		rx, tx = rx+r, tx+t
+	}
+	return rx, tx
+}

@@ -1,0 +1,77 @@
+// Package ui serves corral's dashboard at /ui: the page and its bundle
+// (built from web/ by `make ui` with esbuild and committed in dist/, so the
+// binary needs no network and no CDN) and a server-sent event stream of
+// lifecycle events. The page reads everything else from the public API and
+// /metrics. It imports the event log and control (for the events' API
+// form); never the node or server packages.
+package ui
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"strconv"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/corral-dev/corral/internal/control"
+	"github.com/corral-dev/corral/internal/events"
+)
+
+//go:embed dist
+var dist embed.FS
+
+// Register serves the dashboard on mux under /ui/, with events from log.
+func Register(mux *http.ServeMux, log *events.Log) {
+	static, _ := fs.Sub(dist, "dist")
+	mux.Handle("GET /ui/", http.StripPrefix("/ui/", http.FileServerFS(static)))
+	mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusFound))
+	mux.Handle("GET /ui/api/events", eventStream(log))
+}
+
+// maxRecent bounds ?recent=N.
+const maxRecent = 1000
+
+// eventStream serves the event log as text/event-stream: ?since=SEQ replays
+// what follows SEQ, ?recent=N the last N kept, then live events follow.
+func eventStream(log *events.Log) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var since uint64
+		switch q := r.URL.Query(); {
+		case q.Has("since"):
+			v, err := strconv.ParseUint(q.Get("since"), 10, 64)
+			if err != nil {
+				http.Error(w, "since: not a sequence number", http.StatusBadRequest)
+				return
+			}
+			since = v
+		default:
+			n, err := strconv.Atoi(q.Get("recent"))
+			if q.Has("recent") && (err != nil || n < 0 || n > maxRecent) {
+				http.Error(w, fmt.Sprintf("recent: must be 0 to %d", maxRecent), http.StatusBadRequest)
+				return
+			}
+			since = log.LastSeq() - min(log.LastSeq(), uint64(max(n, 0)))
+		}
+		flusher, ok := w.(http.Flusher)
+		if !ok {
+			http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusOK)
+		flusher.Flush()
+		for e := range log.Watch(r.Context(), &since, events.Filter{}) {
+			b, err := protojson.Marshal(control.EventToProto(e))
+			if err != nil {
+				continue
+			}
+			if _, err := fmt.Fprintf(w, "id: %d\ndata: %s\n\n", e.Seq, b); err != nil {
+				return
+			}
+			flusher.Flush()
+		}
+	}
+}
