@@ -25,7 +25,8 @@
 // NetInput from stdin and makes the network rows; "httpload URL SECONDS
 // CONCURRENCY" is the load generator of `corral bench net`; "sched" tries
 // to leave SCHED_IDLE (in a best-effort sandbox); "connect TARGET..." tries
-// the unix sockets named (paths, @abstract) as forge/connect rows. Run under any other
+// the unix sockets named (paths, @abstract) as forge/connect rows; "hog
+// SECONDS" and "kres" take and test per-user kernel counts (kres.go). Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
 
@@ -166,6 +167,12 @@ func main() {
 		}
 	case "sched":
 		for _, r := range schedAttempts() {
+			emit(r)
+		}
+	case "hog":
+		hog(os.Args[2:])
+	case "kres":
+		for _, r := range kres() {
 			emit(r)
 		}
 	case "noop":

@@ -27,7 +27,7 @@ var (
 
 func TestMain(m *testing.M) {
 	var err error
-	if table, err = LoadTable("testdata/expected.json"); err != nil {
+	if table, err = LoadTables("testdata/expected.json", "testdata/expected-*.json"); err != nil {
 		fmt.Fprintln(os.Stderr, "redteam:", err)
 		os.Exit(1)
 	}
