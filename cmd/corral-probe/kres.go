@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -101,4 +102,44 @@ func kres() []Result {
 		mqUnlink(name)
 	}
 	return []Result{ino, mq}
+}
+
+var spinSink int // keeps the spin loop from being optimised away
+
+// spin burns secs of CPU (its own, by getrusage) and exits (mode "spin").
+func spin(secs float64) {
+	want := time.Duration(secs * float64(time.Second))
+	for {
+		var ru unix.Rusage
+		_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+		if time.Duration(ru.Utime.Nano()+ru.Stime.Nano()) >= want {
+			return
+		}
+		for i := range 1_000_000 {
+			spinSink += i
+		}
+	}
+}
+
+// detach starts n spinners of secs each in sessions of their own, not
+// waited for (re-parented to the sandbox's init as soon as this exits),
+// then sleeps wait seconds without using CPU (mode "detach N SECS WAIT").
+func detach(args []string) {
+	if len(args) != 3 {
+		fmt.Fprintln(os.Stderr, "usage: corral-probe detach N SECS WAIT")
+		os.Exit(2)
+	}
+	n, _ := strconv.Atoi(args[0])
+	wait, _ := strconv.ParseFloat(args[2], 64)
+	self, _ := os.Executable()
+	for range min(n, 64) {
+		p, err := os.StartProcess(self, []string{"corral-probe", "spin", args[1]}, &os.ProcAttr{
+			Files: []*os.File{nil, nil, nil}, Sys: &syscall.SysProcAttr{Setsid: true}})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "detach:", err)
+			os.Exit(1)
+		}
+		_ = p.Release()
+	}
+	time.Sleep(time.Duration(wait * float64(time.Second)))
 }

@@ -26,7 +26,8 @@
 // CONCURRENCY" is the load generator of `corral bench net`; "sched" tries
 // to leave SCHED_IDLE (in a best-effort sandbox); "connect TARGET..." tries
 // the unix sockets named (paths, @abstract) as forge/connect rows; "hog
-// SECONDS" and "kres" take and test per-user kernel counts (kres.go). Run under any other
+// SECONDS" and "kres" take and test per-user kernel counts, "spin SECS" and
+// "detach N SECS WAIT" burn CPU in detached processes (kres.go). Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
 
@@ -38,6 +39,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -171,6 +173,14 @@ func main() {
 		}
 	case "hog":
 		hog(os.Args[2:])
+	case "spin":
+		if len(os.Args) > 2 {
+			if v, err := strconv.ParseFloat(os.Args[2], 64); err == nil {
+				spin(v)
+			}
+		}
+	case "detach":
+		detach(os.Args[2:])
 	case "kres":
 		for _, r := range kres() {
 			emit(r)

@@ -113,7 +113,12 @@ func startZygote(sb backend.Sandbox, env []string, preload []string) (*zygote, e
 	pr, pw := io.Pipe()
 	z := &zygote{stdin: pw, lines: make(chan []byte, 1), done: make(chan struct{}), cancel: cancel}
 	lw := &lineWriter{out: z.lines}
-	spec := backend.ExecSpec{Argv: []string{"python3", "-c", zygoteSource},
+	// -B: the warm python writes no bytecode. Its start compiles
+	// sitecustomize (and preloads) into __pycache__ on the view, which
+	// made every reset dirty and so restarted it on every call of a stock
+	// image. Calls forked from it inherit the setting: their caches would
+	// go with the view at the reset anyway.
+	spec := backend.ExecSpec{Argv: []string{"python3", "-B", "-c", zygoteSource},
 		Env: append(env, "CORRAL_PRELOAD="+strings.Join(preload, ",")), Cwd: "/", StdinReader: pr}
 	go func() {
 		defer close(z.done)

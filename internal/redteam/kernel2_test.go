@@ -161,3 +161,30 @@ func TestKernelCountsPerSandboxFnCall(t *testing.T) {
 	t.Logf("neighbour call: verdict %s exit %d stdout %q stderr %q", nr.Verdict, nr.ExitCode, nr.Stdout, nr.Stderr)
 	judge(t, "fncall", kresRows(h, hostIno, hostMq, parseProbeOutput(t, nr.Stdout)))
 }
+
+// TestFnCallCPUAllProcesses (issue 21, finding 5): a call with a 1 s CPU
+// limit starts seven detached spinners of 0.8 s each and waits without
+// using CPU itself. The call's CPU must count them (its cgroup's, not
+// wait4 of the direct child), end as time_limit, and leave none running.
+func TestFnCallCPUAllProcesses(t *testing.T) {
+	testenv.RequireRoot(t)
+	srv, _ := startServer(t)
+	bin, err := os.ReadFile(probeBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := srv.Client.Call(context.Background(), client.CallOptions{
+		Args:        []string{"/bin/sh", "-c", "chmod 755 /tmp/corral-probe && /tmp/corral-probe detach 7 0.8 6; echo waited"},
+		Files:       map[string][]byte{"/tmp/corral-probe": bin},
+		CPUTimeout:  time.Second,
+		WallTimeout: 20 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("call: %v", err)
+	}
+	t.Logf("verdict %s, cpu %v, wall %v", r.Verdict, r.CPUTime, r.WallTime)
+	judge(t, "fncall", []Result{check("fncall2/cpu-detached-spinners",
+		r.Verdict == client.VerdictTimeLimit && r.CPUTime >= time.Second && !strings.Contains(string(r.Stdout), "waited"),
+		"verdict %s, cpu %v, wall %v, stdout %q, stderr %q (want time_limit, >= 1s, killed before the wait ended)",
+		r.Verdict, r.CPUTime, r.WallTime, r.Stdout, r.Stderr)})
+}
