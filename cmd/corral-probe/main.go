@@ -27,7 +27,8 @@
 // to leave SCHED_IDLE (in a best-effort sandbox); "connect TARGET..." tries
 // the unix sockets named (paths, @abstract) as forge/connect rows; "hog
 // SECONDS" and "kres" take and test per-user kernel counts, "spin SECS" and
-// "detach N SECS WAIT" burn CPU in detached processes (kres.go). Run under any other
+// "detach N SECS WAIT" burn CPU in detached processes (kres.go); "mq",
+// "pid" and "forkn" are steps of attacks across fncalls (calls.go). Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
 
@@ -181,6 +182,14 @@ func main() {
 		}
 	case "detach":
 		detach(os.Args[2:])
+	case "mq":
+		for _, r := range mqMode(os.Args[2:]) {
+			emit(r)
+		}
+	case "pid":
+		pidLine()
+	case "forkn":
+		forkN(os.Args[2:])
 	case "kres":
 		for _, r := range kres() {
 			emit(r)

@@ -28,6 +28,10 @@ func (s *Service) run(ctx context.Context, sb backend.Sandbox, req *Request, arg
 	var err error
 	if s.warmable(req) {
 		res, er, err = s.execWarm(sb, req)
+		if errors.Is(err, errRetired) {
+			s.warm.drop(sb)
+			res, er, err = s.execWarm(sb, req)
+		}
 		if err != nil {
 			// The warm python failed before the call's code started (a
 			// previous call may have killed it): the call runs cold.

@@ -159,6 +159,11 @@ func (z *zygote) read(timeout time.Duration, v any) error {
 // so the call can run cold instead.
 var errNotStarted = errors.New("warm python failed before the call started")
 
+// errRetired: the warm python found its scheduling state changed by an
+// earlier call and exited before this call started (see zygote.py); a
+// fresh one serves the call.
+var errRetired = fmt.Errorf("%w: it retired", errNotStarted)
+
 // call runs one request; on error the zygote is unusable.
 func (z *zygote) call(req zygoteRequest) (zygoteReply, error) {
 	var r zygoteReply
@@ -174,6 +179,9 @@ func (z *zygote) call(req zygoteRequest) (zygoteReply, error) {
 		Error   string `json:"error"`
 	}
 	if err := z.read(5*time.Second, &ack); err != nil || ack.Started == 0 {
+		if strings.HasPrefix(ack.Error, "retired") {
+			return r, fmt.Errorf("%w: %s", errRetired, ack.Error)
+		}
 		return r, fmt.Errorf("%w: %v %s", errNotStarted, err, ack.Error)
 	}
 	return r, z.read(time.Duration(req.Wall*float64(time.Second))+5*time.Second, &r)
