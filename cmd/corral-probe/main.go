@@ -205,4 +205,5 @@ func runAttempts(in Input) {
 	harnessAttempts(in)
 	kernelAttempts(in)
 	surfaceAttempts()
+	neighbourAttempts()
 }
