@@ -27,7 +27,10 @@
 // to leave SCHED_IDLE (in a best-effort sandbox); "connect TARGET..." tries
 // the unix sockets named (paths, @abstract) as forge/connect rows; "dnsflood"
 // reads a FloodInput and floods the node's DNS proxy; "dnsserver ADDR" is
-// the suite's upstream resolver, run on the host. Run under any other
+// the suite's upstream resolver, run on the host; "hog SECONDS" and "kres"
+// take and test per-user kernel counts, "spin SECS" and "detach N SECS WAIT"
+// burn CPU in detached processes (kres.go); "mq", "pid" and "forkn" are
+// steps of attacks across fncalls (calls.go). Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
 
@@ -39,6 +42,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -174,6 +178,28 @@ func main() {
 		for _, r := range schedAttempts() {
 			emit(r)
 		}
+	case "hog":
+		hog(os.Args[2:])
+	case "spin":
+		if len(os.Args) > 2 {
+			if v, err := strconv.ParseFloat(os.Args[2], 64); err == nil {
+				spin(v)
+			}
+		}
+	case "detach":
+		detach(os.Args[2:])
+	case "mq":
+		for _, r := range mqMode(os.Args[2:]) {
+			emit(r)
+		}
+	case "pid":
+		pidLine()
+	case "forkn":
+		forkN(os.Args[2:])
+	case "kres":
+		for _, r := range kres() {
+			emit(r)
+		}
 	case "noop":
 	default:
 		fmt.Fprintln(os.Stderr, "corral-probe: unknown mode", mode)
@@ -185,4 +211,5 @@ func runAttempts(in Input) {
 	harnessAttempts(in)
 	kernelAttempts(in)
 	surfaceAttempts()
+	neighbourAttempts()
 }

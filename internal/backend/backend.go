@@ -90,6 +90,12 @@ type Resetter interface {
 	MemoryPeak() (int64, error)
 	// OOMKills counts the OOM kills in the sandbox so far.
 	OOMKills() (uint64, error)
+	// CPUUsage is the CPU time every process of the sandbox has used so
+	// far (its cgroup's, so detached processes count too).
+	CPUUsage() (time.Duration, error)
+	// KillAllBut kills every process of the sandbox but its init and the
+	// processes keep (pids inside the sandbox), leaving its files alone.
+	KillAllBut(ctx context.Context, keep []int) error
 }
 
 // Backend creates sandboxes of one kind and cleans up after them.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,26 +54,67 @@ type FnCallResult struct {
 	Concurrency int     `json:"concurrency"`
 	DurationS   float64 `json:"duration_s"`
 
-	CallsPerS         float64   `json:"calls_per_s"` // sh -c true
-	Sh                CallRate  `json:"sh"`
-	ShBatch           CallRate  `json:"sh_batch"` // CallBatch of 64
-	PythonCallsPerS   *float64  `json:"python_calls_per_s"`
-	Python            *CallRate `json:"python,omitempty"`
-	PythonReason      string    `json:"python_reason,omitempty"`
-	BareCallsPerS     float64   `json:"bare_calls_per_s"` // host fork+exec of sh -c true
-	Bare              CallRate  `json:"bare"`
-	BarePythonPerS    *float64  `json:"bare_python_calls_per_s"`
-	RuncCallsPerS     *float64  `json:"runc_calls_per_s"`
-	RuncReason        string    `json:"runc_reason,omitempty"`
-	RatioVsBare       float64   `json:"ratio_vs_bare"` // bare / corral: at most 3
-	RatioVsRunc       *float64  `json:"ratio_vs_runc"` // corral / runc: at least 20
-	PythonRatioVsBare *float64  `json:"python_ratio_vs_bare,omitempty"`
+	CallsPerS       float64   `json:"calls_per_s"` // sh -c true
+	Sh              CallRate  `json:"sh"`
+	ShBatch         CallRate  `json:"sh_batch"` // CallBatch of 64
+	PythonCallsPerS *float64  `json:"python_calls_per_s"`
+	Python          *CallRate `json:"python,omitempty"`
+	PythonReason    string    `json:"python_reason,omitempty"`
+	// PythonWarmReusePct is the share of python calls served by a warm
+	// python that had served an earlier call (not started for this one).
+	PythonWarmReusePct *float64 `json:"python_warm_reuse_pct,omitempty"`
+	BareCallsPerS      float64  `json:"bare_calls_per_s"` // host fork+exec of sh -c true
+	Bare               CallRate `json:"bare"`
+	BarePythonPerS     *float64 `json:"bare_python_calls_per_s"`
+	RuncCallsPerS      *float64 `json:"runc_calls_per_s"`
+	RuncReason         string   `json:"runc_reason,omitempty"`
+	RatioVsBare        float64  `json:"ratio_vs_bare"` // bare / corral: at most 3
+	RatioVsRunc        *float64 `json:"ratio_vs_runc"` // corral / runc: at least 20
+	PythonRatioVsBare  *float64 `json:"python_ratio_vs_bare,omitempty"`
 
 	Targets []Target `json:"targets"`
 	Load    Load     `json:"load"`
 }
 
-const pySource = "print(sum(range(1000)))"
+// pySource is the python call: a small sum, then the identity of the
+// interpreter that forked it (pid and start time of its parent), from
+// which the bench counts warm-python reuse.
+const pySource = "import os\nprint(sum(range(1000)))\n" +
+	"print(os.getppid(), open('/proc/%d/stat' % os.getppid()).read().rsplit(')', 1)[1].split()[19])"
+
+// reuse counts python calls whose parent interpreter (a warm python) had
+// already served an earlier call; a cold call's parent is the sandbox's
+// init (pid 1) and never counts.
+type reuse struct {
+	mu           sync.Mutex
+	seen         map[string]bool
+	calls, again int
+}
+
+func (u *reuse) note(r *client.CallResult, err error) (*client.CallResult, error) {
+	if err != nil || r == nil {
+		return r, err
+	}
+	lines := strings.Split(strings.TrimSpace(string(r.Stdout)), "\n")
+	parent := lines[len(lines)-1]
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.calls++
+	if !strings.HasPrefix(parent, "1 ") {
+		if u.seen[parent] {
+			u.again++
+		}
+		u.seen[parent] = true
+	}
+	return r, err
+}
+
+func (u *reuse) percent() float64 {
+	if u.calls == 0 {
+		return 0
+	}
+	return round(100 * float64(u.again) / float64(u.calls))
+}
 
 // FnCall measures fncall call rates through the API (sh and python, one
 // Call per call, and sh through CallBatch) against a host fork+exec of the
@@ -97,8 +139,11 @@ func FnCall(ctx context.Context, c *client.Client, o FnCallOptions) (*FnCallResu
 	} else {
 		fmt.Fprintf(o.Log, "python3 -c %q through Call...\n", pySource)
 		warmUp(ctx, o, func(ctx context.Context) error { return checkCall(c.Call(ctx, py)) })
-		r := measureCalls(ctx, o, func(ctx context.Context) error { return checkCall(c.Call(ctx, py)) })
+		u := &reuse{seen: map[string]bool{}}
+		r := measureCalls(ctx, o, func(ctx context.Context) error { return checkCall(u.note(c.Call(ctx, py))) })
 		res.Python, res.PythonCallsPerS = &r, &r.PerS
+		v := u.percent()
+		res.PythonWarmReusePct = &v
 	}
 	fmt.Fprintf(o.Log, "bare fork+exec on the host...\n")
 	res.Bare = measureCalls(ctx, o, func(ctx context.Context) error {
@@ -246,6 +291,9 @@ func (r *FnCallResult) WriteTable(w io.Writer) error {
 		{"corral / runc", ratio, "", targetFor(r.Targets, "ratio_vs_runc")},
 		{"python calls/s", py, pyBare, targetFor(r.Targets, "python_calls_per_s")},
 		{"python latency", orDash(pyLat), "", ""},
+	}
+	if r.PythonWarmReusePct != nil {
+		rows = append(rows, row{"python calls on a reused warm python", f3(*r.PythonWarmReusePct) + "%", "", ""})
 	}
 	title := fmt.Sprintf("corral bench fncall: %d calls in flight, %gs per phase", r.Concurrency, r.DurationS)
 	if err := writeTable(w, title, rows); err != nil {

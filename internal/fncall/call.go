@@ -28,6 +28,10 @@ func (s *Service) run(ctx context.Context, sb backend.Sandbox, req *Request, arg
 	var err error
 	if s.warmable(req) {
 		res, er, err = s.execWarm(sb, req)
+		if errors.Is(err, errRetired) {
+			s.warm.drop(sb)
+			res, er, err = s.execWarm(sb, req)
+		}
 		if err != nil {
 			// The warm python failed before the call's code started (a
 			// previous call may have killed it): the call runs cold.
@@ -36,7 +40,7 @@ func (s *Service) run(ctx context.Context, sb backend.Sandbox, req *Request, arg
 		}
 	}
 	if res == nil {
-		if res, er, err = execCold(ctx, sb, req, argv); err != nil {
+		if res, er, err = s.execCold(ctx, sb, req, argv); err != nil {
 			return nil, err
 		}
 	}
@@ -53,7 +57,8 @@ func (s *Service) warmable(req *Request) bool {
 }
 
 // execCold runs argv with the backend's Exec.
-func execCold(ctx context.Context, sb backend.Sandbox, req *Request, argv []string) (*Result, backend.ExecResult, error) {
+func (s *Service) execCold(ctx context.Context, sb backend.Sandbox, req *Request, argv []string) (*Result, backend.ExecResult, error) {
+	cpu := watchCPU(sb.(backend.Resetter), s.log, req.CPULimit, s.warm.keep(sb))
 	var mu sync.Mutex
 	var stdout, stderr bytes.Buffer
 	spec := backend.ExecSpec{Argv: argv, Env: req.Env, Cwd: Workdir, Stdin: req.Stdin,
@@ -68,6 +73,7 @@ func execCold(ctx context.Context, sb backend.Sandbox, req *Request, argv []stri
 		}
 		return nil
 	})
+	er.CPUTime = max(er.CPUTime, cpu.end())
 	if err != nil && !errdefs.IsNotFound(err) && !errdefs.IsPermissionDenied(err) {
 		return nil, er, fmt.Errorf("fncall: %w", err)
 	}
@@ -93,7 +99,9 @@ func (s *Service) execWarm(sb backend.Sandbox, req *Request) (*Result, backend.E
 	start := time.Now()
 	zr := zygoteRequest{Src: req.Source, Stdin: req.Stdin, Env: envMap(req.Env),
 		CPU: int64((req.CPULimit + time.Second - 1) / time.Second), Cap: req.OutputBytes, Wall: req.WallLimit.Seconds()}
+	cpu := watchCPU(rs, s.log, req.CPULimit, []int{z.pid})
 	r, err := z.call(zr)
+	cpuUsed := cpu.end()
 	if errors.Is(err, errNotStarted) {
 		return nil, er, err
 	}
@@ -103,7 +111,7 @@ func (s *Service) execWarm(sb backend.Sandbox, req *Request) (*Result, backend.E
 		s.warm.drop(sb)
 		r = zygoteReply{Code: -int(unix.SIGKILL), Err: []byte("corral: the call's python interpreter was killed: " + err.Error() + "\n")}
 	}
-	er = backend.ExecResult{ExitCode: r.Code, CPUTime: time.Duration(r.CPUNanos), TimedOut: r.TimedOut,
+	er = backend.ExecResult{ExitCode: r.Code, CPUTime: max(time.Duration(r.CPUNanos), cpuUsed), TimedOut: r.TimedOut,
 		Truncated: r.Truncated, Duration: time.Since(start)}
 	if r.Code < 0 {
 		er.ExitCode, er.Signal = -1, -r.Code

@@ -113,7 +113,12 @@ func startZygote(sb backend.Sandbox, env []string, preload []string) (*zygote, e
 	pr, pw := io.Pipe()
 	z := &zygote{stdin: pw, lines: make(chan []byte, 1), done: make(chan struct{}), cancel: cancel}
 	lw := &lineWriter{out: z.lines}
-	spec := backend.ExecSpec{Argv: []string{"python3", "-c", zygoteSource},
+	// -B: the warm python writes no bytecode. Its start compiles
+	// sitecustomize (and preloads) into __pycache__ on the view, which
+	// made every reset dirty and so restarted it on every call of a stock
+	// image. Calls forked from it inherit the setting: their caches would
+	// go with the view at the reset anyway.
+	spec := backend.ExecSpec{Argv: []string{"python3", "-B", "-c", zygoteSource},
 		Env: append(env, "CORRAL_PRELOAD="+strings.Join(preload, ",")), Cwd: "/", StdinReader: pr}
 	go func() {
 		defer close(z.done)
@@ -154,6 +159,11 @@ func (z *zygote) read(timeout time.Duration, v any) error {
 // so the call can run cold instead.
 var errNotStarted = errors.New("warm python failed before the call started")
 
+// errRetired: the warm python found its scheduling state changed by an
+// earlier call and exited before this call started (see zygote.py); a
+// fresh one serves the call.
+var errRetired = fmt.Errorf("%w: it retired", errNotStarted)
+
 // call runs one request; on error the zygote is unusable.
 func (z *zygote) call(req zygoteRequest) (zygoteReply, error) {
 	var r zygoteReply
@@ -169,6 +179,9 @@ func (z *zygote) call(req zygoteRequest) (zygoteReply, error) {
 		Error   string `json:"error"`
 	}
 	if err := z.read(5*time.Second, &ack); err != nil || ack.Started == 0 {
+		if strings.HasPrefix(ack.Error, "retired") {
+			return r, fmt.Errorf("%w: %s", errRetired, ack.Error)
+		}
 		return r, fmt.Errorf("%w: %v %s", errNotStarted, err, ack.Error)
 	}
 	return r, z.read(time.Duration(req.Wall*float64(time.Second))+5*time.Second, &r)

@@ -6,15 +6,46 @@
 # its saved uid is not the calls' (root's), so no call can change its rlimits
 # (prlimit needs every uid of the target to match the caller's). Between
 # calls the node's reset kills everything else and SIGCONTs this process.
+#
+# A call can still change this process's scheduling (its euid matches:
+# nice, policy, affinity, I/O priority, OOM score), and every later call
+# would inherit it; no call can lower its nice or leave SCHED_IDLE back
+# (that needs CAP_SYS_NICE on the host). So before each fork the state is
+# compared with the one at start, and a changed process retires (exits
+# with "retired"): the node starts a fresh one for the call.
 import base64, ctypes, io, json, os, resource, selectors, signal, sys, time
 
-ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+_libc = ctypes.CDLL(None)
+_libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
 os.setresuid(0, 0, 65534)
 for _m in os.environ.get("CORRAL_PRELOAD", "").split(","):
     if _m:
         __import__(_m)
 _OUT = os.dup(1)
 os.dup2(os.open("/dev/null", os.O_RDWR), 1)
+_RLIMITS = sorted(getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_"))
+
+
+def sched_state():
+    with open("/proc/self/oom_score_adj") as f:
+        oom = f.read()
+    return (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), os.sched_getparam(0).sched_priority,
+            sorted(os.sched_getaffinity(0)), _libc.syscall(252, 1, 0),  # ioprio_get(IOPRIO_WHO_PROCESS, self)
+            oom, [resource.getrlimit(r) for r in _RLIMITS])
+
+
+_PRISTINE = sched_state()
+
+
+def reap():
+    """Reaps exited children that were not the call's (a CLONE_PARENT clone)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def reply(d):
@@ -124,6 +155,10 @@ def serve():
     reply({"pid": os.getpid()})
     for line in sys.stdin.buffer:
         req = json.loads(line)
+        reap()
+        if sched_state() != _PRISTINE:
+            reply({"error": "retired: a call changed the warm python's scheduling state"})
+            sys.exit(1)
         try:
             rin, win = os.pipe()
             rout, wout = os.pipe()
@@ -147,6 +182,7 @@ def serve():
         status, ru, out, err, timed_out, truncated = collect(pid, rout, rerr, req["cap"], req["wall"])
         os.close(rout)
         os.close(rerr)
+        reap()
         reply({"code": os.waitstatus_to_exitcode(status), "cpu_ns": int((ru.ru_utime + ru.ru_stime) * 1e9),
                "out": base64.b64encode(out).decode(), "err": base64.b64encode(err).decode(),
                "timed_out": timed_out, "truncated": truncated})

@@ -27,7 +27,7 @@ var (
 
 func TestMain(m *testing.M) {
 	var err error
-	if table, err = LoadTable("testdata/expected.json"); err != nil {
+	if table, err = LoadTables("testdata/expected.json", "testdata/expected-*.json"); err != nil {
 		fmt.Fprintln(os.Stderr, "redteam:", err)
 		os.Exit(1)
 	}
@@ -104,7 +104,10 @@ func startServer(t *testing.T) (*testenv.Server, canaries) {
 // into the server's store when there is one; the suite uses busybox
 // otherwise (the probe then plants bash and python3 instead of replacing them).
 func addDebianImage(t *testing.T, dst string) {
-	const cached = "/var/lib/corral/images"
+	cached := "/var/lib/corral/images"
+	if d := os.Getenv("CORRAL_REDTEAM_IMAGES"); d != "" { // another store's images dir
+		cached = d
+	}
 	if _, err := os.Stat(filepath.Join(cached, "debian", "image.json")); err != nil {
 		return
 	}

@@ -35,6 +35,11 @@ var maskedPaths = []string{
 	"/proc/kpagecount",
 	"/sys/firmware",
 	"/sys/devices/virtual/powercap",
+	// Block devices: the node's loop devices name their backing files,
+	// other sandboxes' disk images (and so their ids).
+	"/sys/block",
+	"/sys/class/block",
+	"/sys/devices/virtual/block",
 }
 
 // readonlyPaths are Docker's read-only /proc paths.

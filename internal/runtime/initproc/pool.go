@@ -82,6 +82,9 @@ func buildPoolRoot(cfg *initproto.Config, mounts []int) error {
 	if err := mountTemplates("."); err != nil {
 		return err
 	}
+	if err := mountMqueue("."); err != nil {
+		return err
+	}
 	if err := pivot(); err != nil {
 		return err
 	}

@@ -55,6 +55,12 @@ func (p *pool) reset(keep []int) (bool, error) {
 		return false, err
 	}
 	removeIPC()
+	if err := removeMqueues(); err != nil {
+		return false, err
+	}
+	if err := rewindPids(); err != nil {
+		return false, err
+	}
 	fp, err := takeFingerprint()
 	if err != nil {
 		return false, fmt.Errorf("reset: %w", err)
@@ -66,6 +72,9 @@ func (p *pool) reset(keep []int) (bool, error) {
 		return false, nil
 	}
 	if err := killAll(); err != nil {
+		return true, err
+	}
+	if err := rewindPids(); err != nil { // before the new forker's thread
 		return true, err
 	}
 	if err := unmountView(); err != nil {
@@ -115,7 +124,7 @@ func killAllBut(keep []int) error {
 		left := 0
 		for _, e := range ents {
 			pid, err := strconv.Atoi(e.Name())
-			if err != nil || pid == 1 || slices.Contains(keep, pid) {
+			if err != nil || pid == 1 || slices.Contains(keep, pid) || keptZombie(pid, keep) {
 				continue
 			}
 			left++

@@ -201,6 +201,15 @@ func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err err
 	}
 	defer bin.Close()
 	files := []uintptr{null.Fd(), stderr.Fd(), stderr.Fd(), sc.Listener.Fd(), setupChild.Fd(), bin.Fd()}
+	restoreOwner, err := becomeOwner(sc.IDs.Host)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() {
+		if rerr := restoreOwner(); rerr != nil && err == nil {
+			err = rerr
+		}
+	}()
 	pid, err = syscall.ForkExec(fmt.Sprintf("/proc/self/fd/%d", initFd), []string{"corral-init"}, &syscall.ProcAttr{
 		Env: []string{}, Files: files, Sys: attr,
 	})

@@ -11,12 +11,14 @@ const (
 	iocTypeMask     = 0xff00     // ioctl "type" byte, bits 8..15 of the command
 	iocTypeX        = 'X' << 8   // XFS_IOC_*, FIFREEZE, FITHAW, FITRIM, FS_IOC_FS[GS]ETXATTR
 
-	afUnix       = 1
-	afInet       = 2
-	afInet6      = 10
-	afNetlink    = 16
-	sockTypeMask = 0xf // SOCK_NONBLOCK and SOCK_CLOEXEC are OR-ed into socket's type
-	sockRaw      = 3
+	afUnix    = 1
+	afInet    = 2
+	afInet6   = 10
+	afNetlink = 16
+	// netlinkKobjectUevent is socket's protocol (argument 2) for the kernel's device events.
+	netlinkKobjectUevent = 15
+	sockTypeMask         = 0xf // SOCK_NONBLOCK and SOCK_CLOEXEC are OR-ed into socket's type
+	sockRaw              = 3
 
 	// cloneNSFlags are the namespace flags of clone(2). The kernel reads clone's flags as
 	// lower_32_bits(arg0). CLONE_NEWTIME (0x80) lies in CSIGNAL for clone(), where it would
@@ -73,6 +75,8 @@ var corralRules = map[string]rule{
 			{when: []cond{eq(0, afInet)}, then: actAllow, why: "AF_INET: TCP/UDP and ICMP datagram (ping) sockets"},
 			{when: []cond{eq(0, afInet6), masked(1, sockTypeMask, sockRaw)}, then: actEPERM, why: "raw IPv6: as raw IPv4"},
 			{when: []cond{eq(0, afInet6)}, then: actAllow, why: "AF_INET6: TCP/UDP"},
+			{when: []cond{eq(0, afNetlink), eq(2, netlinkKobjectUevent)}, then: actEPERM,
+				why: "NETLINK_KOBJECT_UEVENT: the host's device events (a loop device attached for every other sandbox created); no sandboxed program needs udev's feed"},
 			{when: []cond{eq(0, afNetlink)}, then: actAllow, why: "AF_NETLINK: glibc getaddrinfo(AI_ADDRCONFIG), ip addr"},
 		}},
 	"socketpair": {def: actEPERM, why: "other families have no socketpair or only add kernel surface",

@@ -1,0 +1,190 @@
+package redteam
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/testenv"
+	"golang.org/x/sys/unix"
+)
+
+// hogLine is the probe's "hog" report (cmd/corral-probe/kres.go).
+type hogLine struct {
+	Name    string `json:"name"`
+	Inotify int    `json:"inotify"`
+	InoErr  string `json:"inotify_errno"`
+	Mqueues int    `json:"mqueues"`
+	MqErr   string `json:"mqueue_errno"`
+}
+
+// hostKres makes, as host root, what an ordinary program does: one inotify
+// instance and one POSIX message queue of 10 x 8 KiB.
+func hostKres() (inotifyErr, mqErr error) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err == nil {
+		unix.Close(fd)
+	}
+	inotifyErr = err
+	name := testenv.UniqueName("corral-rt-mq")
+	p, _ := unix.BytePtrFromString(name)
+	attr := [8]int64{0, 10, 8192}
+	mfd, _, e := unix.Syscall6(unix.SYS_MQ_OPEN, uintptr(unsafe.Pointer(p)),
+		uintptr(unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC), 0o600, uintptr(unsafe.Pointer(&attr[0])), 0, 0)
+	if e != 0 {
+		return inotifyErr, e
+	}
+	unix.Close(int(mfd))
+	_, _, _ = unix.Syscall(unix.SYS_MQ_UNLINK, uintptr(unsafe.Pointer(p)), 0, 0)
+	return inotifyErr, nil
+}
+
+// kresRows judges the host's and a neighbour's inotify and mqueue while a
+// hog holds everything the kernel gave it.
+func kresRows(h hogLine, hostIno, hostMq error, neighbour []Result) []Result {
+	byName := map[string]Result{}
+	for _, r := range neighbour {
+		byName[r.Name] = r
+	}
+	hogged := fmt.Sprintf("hog got %d inotify instances (%s), %d queues (%s)", h.Inotify, h.InoErr, h.Mqueues, h.MqErr)
+	// The hog must have reached a limit: otherwise nothing was tested.
+	filled := h.InoErr != "" && h.MqErr != ""
+	return []Result{
+		check("kernel2/inotify-host-root", filled && hostIno == nil, "%s; host root's inotify_init1: %v", hogged, hostIno),
+		check("kernel2/inotify-neighbour", filled && byName["kernel2/inotify-init"].Outcome == succeeded, "%s; neighbour: %+v", hogged, byName["kernel2/inotify-init"]),
+		check("kernel2/mqueue-host-root", filled && hostMq == nil, "%s; host root's mq_open: %v", hogged, hostMq),
+		check("kernel2/mqueue-neighbour", filled && byName["kernel2/mqueue-open"].Outcome == succeeded, "%s; neighbour: %+v", hogged, byName["kernel2/mqueue-open"]),
+	}
+}
+
+const succeeded = "succeeded"
+
+// skipRows skips t on backend when the table skips every row named,
+// recording them as n/a.
+func skipRows(t *testing.T, backend string, names ...string) {
+	t.Helper()
+	var why string
+	for _, n := range names {
+		a, ok := table.Lookup(n)
+		if !ok {
+			t.Fatalf("%s is not in the table", n)
+		}
+		if why = a.For(backend).Skip; why == "" {
+			return
+		}
+	}
+	for _, n := range names {
+		a, _ := table.Lookup(n)
+		report.Add(n, backend, Judge(a.For(backend), nil))
+	}
+	t.Skip(why)
+}
+
+// TestKernelCountsPerSandbox (issue 21, finding 3): one sandbox takes every
+// inotify instance and every byte of POSIX message queue the kernel lets
+// it have; host root and another sandbox must still get theirs. Before
+// each sandbox's user namespace was owned by its own uid, all of them were
+// charged to host root's fs.inotify.max_user_instances and RLIMIT_MSGQUEUE.
+func TestKernelCountsPerSandbox(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, backend string) {
+		skipRows(t, backend, "kernel2/inotify-host-root", "kernel2/inotify-neighbour", "kernel2/mqueue-host-root", "kernel2/mqueue-neighbour")
+		srv, _ := startServer(t)
+		a := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend})
+		b := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend})
+		installProbe(t, a)
+		installProbe(t, b)
+		testenv.Sh(t, a, "/corral-probe/corral-probe hog 60 > /tmp/hog.json 2>&1 &")
+		var h hogLine
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			out := testenv.Sh(t, a, "cat /tmp/hog.json")
+			if json.Unmarshal([]byte(out), &h) == nil && h.Name != "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("hog did not report: %q", out)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		hostIno, hostMq := hostKres()
+		neighbour := runProbe(t, b, nil, "kres")
+		testenv.Sh(t, a, "kill -9 -1; true")
+		judge(t, backend, kresRows(h, hostIno, hostMq, neighbour))
+	})
+}
+
+// TestKernelCountsPerSandboxFnCall is the same attack from an fncall: a
+// call holds what it could take while host root and another call try.
+func TestKernelCountsPerSandboxFnCall(t *testing.T) {
+	testenv.RequireRoot(t)
+	srv, _ := startServer(t)
+	bin, err := os.ReadFile(probeBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(script string, wall time.Duration) (*client.CallResult, error) {
+		return srv.Client.Call(context.Background(), client.CallOptions{
+			Args:        []string{"/bin/sh", "-c", "chmod 755 /tmp/corral-probe && " + script},
+			Files:       map[string][]byte{"/tmp/corral-probe": bin},
+			WallTimeout: wall,
+		})
+	}
+	type res struct {
+		r   *client.CallResult
+		err error
+	}
+	hogDone := make(chan res, 1)
+	go func() {
+		r, err := call("/tmp/corral-probe hog 8", 20*time.Second)
+		hogDone <- res{r, err}
+	}()
+	time.Sleep(4 * time.Second) // the hog fills in milliseconds, then holds 8 s
+	hostIno, hostMq := hostKres()
+	nr, err := call("/tmp/corral-probe kres", 20*time.Second)
+	if err != nil {
+		t.Fatalf("neighbour call: %v", err)
+	}
+	hr := <-hogDone
+	if hr.err != nil {
+		t.Fatalf("hog call: %v", hr.err)
+	}
+	var h hogLine
+	if err := json.Unmarshal([]byte(strings.TrimSpace(string(hr.r.Stdout))), &h); err != nil {
+		t.Fatalf("hog output %q: %v", hr.r.Stdout, err)
+	}
+	t.Logf("neighbour call: verdict %s exit %d stdout %q stderr %q", nr.Verdict, nr.ExitCode, nr.Stdout, nr.Stderr)
+	judge(t, "fncall", kresRows(h, hostIno, hostMq, parseProbeOutput(t, nr.Stdout)))
+}
+
+// TestFnCallCPUAllProcesses (issue 21, finding 5): a call with a 1 s CPU
+// limit starts seven detached spinners of 0.8 s each and waits without
+// using CPU itself. The call's CPU must count them (its cgroup's, not
+// wait4 of the direct child), end as time_limit, and leave none running.
+func TestFnCallCPUAllProcesses(t *testing.T) {
+	testenv.RequireRoot(t)
+	srv, _ := startServer(t)
+	bin, err := os.ReadFile(probeBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := srv.Client.Call(context.Background(), client.CallOptions{
+		Args:        []string{"/bin/sh", "-c", "chmod 755 /tmp/corral-probe && /tmp/corral-probe detach 7 0.8 6; echo waited"},
+		Files:       map[string][]byte{"/tmp/corral-probe": bin},
+		CPUTimeout:  time.Second,
+		WallTimeout: 20 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("call: %v", err)
+	}
+	t.Logf("verdict %s, cpu %v, wall %v", r.Verdict, r.CPUTime, r.WallTime)
+	judge(t, "fncall", []Result{check("fncall2/cpu-detached-spinners",
+		r.Verdict == client.VerdictTimeLimit && r.CPUTime >= time.Second && !strings.Contains(string(r.Stdout), "waited"),
+		"verdict %s, cpu %v, wall %v, stdout %q, stderr %q (want time_limit, >= 1s, killed before the wait ended)",
+		r.Verdict, r.CPUTime, r.WallTime, r.Stdout, r.Stderr)})
+}

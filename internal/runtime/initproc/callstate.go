@@ -1,0 +1,90 @@
+package initproc
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// What one call could leave for the next in a pooled sandbox, besides its
+// processes and files, and how a reset removes it (equivalent to a fresh
+// IPC namespace and PID view for the next call):
+//
+//   - SysV IPC objects: removed (removeIPC).
+//   - POSIX message queues live in the IPC namespace's own mqueue
+//     filesystem, which exists whether or not anything mounts it: init
+//     mounts it in its private root (poolMqueue, never visible to a call)
+//     and unlinks every queue.
+//   - The PID counter: the next pid is the first free one above the
+//     namespace's cursor, so a call could tell from its own pid how many
+//     processes an earlier one forked. Once every process of the calls is
+//     gone, the cursor goes back to 1 (ns_last_pid): the next call's pids
+//     are the lowest free ones, which depend only on what the reset keeps
+//     (init's threads and the warm python), not on earlier calls.
+//
+// The IPC and PID sysctls (/proc/sys/kernel/*, fs/mqueue/*) are read-only in
+// the view, and the calls hold no CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE,
+// so no call can change them.
+
+// poolMqueue is where init mounts the IPC namespace's mqueue filesystem.
+const poolMqueue = "/q"
+
+// mountMqueue mounts the mqueue filesystem of init's IPC namespace (the
+// sandbox's) at root+poolMqueue.
+func mountMqueue(root string) error {
+	if err := os.Mkdir(root+poolMqueue, 0o700); err != nil {
+		return fmt.Errorf("pool root: %w", err)
+	}
+	if err := unix.Mount("mqueue", root+poolMqueue, "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("pool root: mount mqueue: %w", err)
+	}
+	return nil
+}
+
+// removeMqueues unlinks every POSIX message queue of the sandbox.
+func removeMqueues() error {
+	ents, err := os.ReadDir(poolMqueue)
+	if err != nil {
+		return fmt.Errorf("reset: list message queues: %w", err)
+	}
+	for _, e := range ents {
+		if err := unix.Unlink(poolMqueue + "/" + e.Name()); err != nil && err != unix.ENOENT {
+			return fmt.Errorf("reset: remove message queue %s: %w", e.Name(), err)
+		}
+	}
+	return nil
+}
+
+// rewindPids sets the PID namespace's cursor back to 1 (see above).
+func rewindPids() error {
+	if err := os.WriteFile(poolProc+"/sys/kernel/ns_last_pid", []byte("1"), 0); err != nil {
+		return fmt.Errorf("reset: rewind pids: %w", err)
+	}
+	return nil
+}
+
+// keptZombie reports whether pid is a zombie whose parent is kept: a
+// child the warm python did not wait for (one a call cloned with
+// CLONE_PARENT, say). SIGKILL cannot remove it, and its parent reaps it
+// before it forks the next call.
+func keptZombie(pid int, keep []int) bool {
+	b, err := os.ReadFile(poolView + "/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 || f[0] != "Z" {
+		return false
+	}
+	ppid, err := strconv.Atoi(f[1])
+	return err == nil && slices.Contains(keep, ppid)
+}
