@@ -55,6 +55,10 @@ type Config struct {
 	// ReapInterval is how often TTLs are checked.
 	ReapInterval time.Duration
 	Logger       *slog.Logger
+
+	// Admit, when set, decides on every create against the live and
+	// in-flight sandboxes of the node (quota admission); see reserve.
+	Admit AdmitFunc
 }
 
 // Node is one machine's sandbox manager.
@@ -67,6 +71,11 @@ type Node struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*entry
+
+	// admitMu serialises Admit decisions; pending are the creates
+	// admitted but not yet in sandboxes.
+	admitMu sync.Mutex
+	pending map[*state.Record]state.Record
 
 	faultMu     sync.Mutex
 	layerFaults map[string]string // layer digest -> why its data cannot be read
@@ -108,6 +117,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		backends:  map[string]backend.Backend{},
 		log:       cfg.Logger.With("node", id),
 		sandboxes: map[string]*entry{},
+		pending:   map[*state.Record]state.Record{},
 
 		layerFaults: map[string]string{},
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/fncall"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/layershare"
 	"github.com/corral-dev/corral/internal/netpolicy"
@@ -44,6 +45,8 @@ type Config struct {
 	// Listen is a TCP address for the API ("" disables it). It should stay
 	// on loopback: sandboxes have no route to it either way.
 	Listen string
+	// TLSCert and TLSKey serve the TCP listener over TLS (PEM files).
+	TLSCert, TLSKey string
 	// CgroupParent names the cgroup under which sandboxes are made.
 	CgroupParent string
 	// KeepCgroupMountOptions leaves the host's cgroup2 mount as it is;
@@ -104,6 +107,7 @@ type Server struct {
 	fncall   *fncall.Service
 	stack    *stack
 	images   *image.Store
+	iam      *iam.Service
 	share    *layershare.Share // nil without Config.Blobs
 	blobHTTP *http.Server      // peer blob fetch, nil unless Blobs.Listen
 	blobAddr string
@@ -125,16 +129,25 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	images, share, err := openImages(ctx, cfg)
+	if _, err := tlsFiles(cfg); err != nil {
+		return nil, err
+	}
+	iamSvc, err := openIAM(cfg)
 	if err != nil {
 		return nil, err
 	}
-	// closeImages undoes openImages when a later step fails.
+	images, share, err := openImages(ctx, cfg)
+	if err != nil {
+		iamSvc.Close()
+		return nil, err
+	}
+	// closeImages undoes openImages (and openIAM) when a later step fails.
 	closeImages := func() {
 		images.Close(false)
 		if share != nil {
 			_ = share.Close(ctx, false)
 		}
+		iamSvc.Close()
 	}
 	if _, err := images.Build(ctx, "busybox", nil); err != nil {
 		closeImages()
@@ -162,6 +175,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Images:   nodeImages,
 		Defaults: cfg.Defaults,
 		Logger:   cfg.Logger,
+		Admit:    admitWith(iamSvc),
 	})
 	if err != nil {
 		st.close(ctx, false)
@@ -178,7 +192,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		closeImages()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, share: share, served: make(chan error, 3)}
+	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, iam: iamSvc, share: share, served: make(chan error, 3)}
 	if share != nil {
 		mctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -199,28 +213,31 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 func (s *Server) listen() error {
 	mux := http.NewServeMux()
+	guard := connect.WithInterceptors(control.ErrorInterceptor{}, s.guard())
 	sandboxes := control.NewService(s.node)
 	path, h := corralv1connect.NewSandboxServiceHandler(sandboxes,
-		connect.WithInterceptors(control.ErrorInterceptor{}),
+		guard,
 		connect.WithReadMaxBytes(80<<20))
 	mux.Handle(path, h)
 	if s.share != nil {
 		sandboxes.SetLazyReads(s.lazyReads)
 	}
-	mux.HandleFunc("GET /metrics", s.metrics)
+	mux.HandleFunc("GET /metrics", s.authHTTP(s.metrics))
 	path, h = corralv1connect.NewImageServiceHandler(control.NewImageService(sandboxes, s.images, s.share),
-		connect.WithInterceptors(control.ErrorInterceptor{}))
+		guard)
 	mux.Handle(path, h)
 	// Calls are small and many: compressing a short reply costs more than
 	// sending it (a gzip writer's reset was ~5% of a call's server CPU).
 	path, h = corralv1connect.NewFnCallServiceHandler(control.NewFnCallService(s.fncall),
-		connect.WithInterceptors(control.ErrorInterceptor{}),
+		guard,
 		connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
+	s.serveIAM(mux, guard)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
-	s.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
+	protocols.SetHTTP2(true)
+	s.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second, ConnContext: connContext}
 
 	_ = os.Remove(s.cfg.Socket) // a stale socket from a crashed run
 	unixLn, err := net.Listen("unix", s.cfg.Socket)
@@ -239,8 +256,9 @@ func (s *Server) listen() error {
 		}
 		s.listeners = append(s.listeners, tcpLn)
 	}
-	for _, ln := range s.listeners {
-		go func() { s.served <- s.http.Serve(ln) }()
+	go func() { s.served <- s.http.Serve(unixLn) }()
+	if len(s.listeners) > 1 {
+		go func() { s.served <- s.serveTCP(s.listeners[1]) }()
 	}
 	return s.listenBlobs()
 }
@@ -450,5 +468,6 @@ func (s *Server) Stop(ctx context.Context) error {
 	if s.cfg.CleanupOnExit {
 		_ = os.Remove(s.cfg.Socket)
 	}
+	errs = append(errs, s.iam.Close())
 	return errors.Join(errs...)
 }
