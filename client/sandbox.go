@@ -205,9 +205,14 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]*Info, error) {
 }
 
 // Delete removes a sandbox by id; it succeeds if the sandbox is already gone.
+// (With a project token the server answers NotFound for a sandbox that is
+// gone or not the project's, so as not to reveal which; both are "gone".)
 func (c *Client) Delete(ctx context.Context, id string) error {
 	_, err := c.svc.Delete(ctx, connect.NewRequest(&corralv1.DeleteRequest{Id: id}))
-	return wrapErr(err)
+	if err = wrapErr(err); IsNotFound(err) {
+		return nil
+	}
+	return err
 }
 
 // ID is the sandbox id.

@@ -169,8 +169,8 @@ func (g *Guard) checkSandbox(ctx context.Context, p iam.Principal, id string) er
 		return nil // the handler names the missing field
 	}
 	project, err := g.SandboxProject(ctx, id)
-	if err != nil && !errdefs.IsNotFound(err) && !errdefs.IsInvalidArgument(err) {
-		return err
+	if err != nil && !errdefs.IsNotFound(err) {
+		return err // a malformed id says nothing about other projects
 	}
 	if err != nil || !p.Sees(project) {
 		return errdefs.NotFound("sandbox %s: not found", truncateID(id))
