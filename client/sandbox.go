@@ -82,6 +82,9 @@ type Info struct {
 	// LazyReads are the sandbox's reads of lazily loaded layers (Get only;
 	// nil when the node loads no layer lazily).
 	LazyReads *LazyReads
+	// Project is the project the sandbox belongs to ("": the node
+	// administrator's, outside any project).
+	Project string
 }
 
 // LazyReads count a sandbox's reads of lazily loaded layer data.
@@ -108,6 +111,7 @@ func infoFromProto(p *corralv1.Sandbox) *Info {
 		Network:    networkFromProto(p.GetNetwork()),
 		Degraded:   p.Degraded,
 		LazyReads:  lazyReadsFromProto(p.GetLazyReads()),
+		Project:    p.Project,
 	}
 }
 

@@ -514,6 +514,9 @@ func TestAuditSurvivesKill9(t *testing.T) {
 	if _, err := ca.Sandbox(sb.ID()).Run(ctx, client.Command{Args: []string{"true"}}); err != nil {
 		t.Errorf("owner's exec after restart: %v", err)
 	}
+	if info, err := admin.Get(ctx, sb.ID()); err != nil || info.Project != "audited" {
+		t.Errorf("sandbox after restart: project %q (%v), want audited", info.Project, err)
+	}
 	if _, err := cother.Sandbox(sb.ID()).Info(ctx); !client.IsNotFound(err) {
 		t.Errorf("other project's get after restart: %v, want not found", err)
 	}
