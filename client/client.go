@@ -10,9 +10,11 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -30,6 +32,7 @@ type Client struct {
 	fn   corralv1connect.FnCallServiceClient
 	img  corralv1connect.ImageServiceClient
 	obs  corralv1connect.ObserveServiceClient
+	iam  corralv1connect.IAMServiceClient
 	http *http.Client
 }
 
@@ -38,7 +41,18 @@ type Option func(*options)
 
 type options struct {
 	maxConns int
+	token    *string
+	tls      *tls.Config
 }
+
+// WithToken sends token as "Authorization: Bearer <token>" on every call
+// (required on TCP; ignored on the node's unix socket, which is the node
+// administrator). Without it, New uses $CORRAL_TOKEN; "" sends none.
+func WithToken(token string) Option { return func(o *options) { o.token = &token } }
+
+// WithTLSConfig sets the TLS configuration of https:// addresses (e.g. a
+// RootCAs pool holding the server's certificate).
+func WithTLSConfig(c *tls.Config) Option { return func(o *options) { o.tls = c } }
 
 // WithMaxConnections caps the connections kept open to the server (default 256).
 func WithMaxConnections(n int) Option { return func(o *options) { o.maxConns = n } }
@@ -56,6 +70,11 @@ func New(addr string, opts ...Option) (*Client, error) {
 		MaxIdleConnsPerHost: o.maxConns,
 		MaxConnsPerHost:     o.maxConns,
 		IdleConnTimeout:     90 * time.Second,
+		TLSClientConfig:     o.tls,
+	}
+	token := os.Getenv("CORRAL_TOKEN")
+	if o.token != nil {
+		token = *o.token
 	}
 	baseURL, socket, err := parseAddress(addr)
 	if err != nil {
@@ -67,13 +86,18 @@ func New(addr string, opts ...Option) (*Client, error) {
 			return d.DialContext(ctx, "unix", socket)
 		}
 	}
-	hc := &http.Client{Transport: transport}
+	var rt http.RoundTripper = transport
+	if token != "" {
+		rt = bearer{token: "Bearer " + token, next: transport}
+	}
+	hc := &http.Client{Transport: rt}
 	copts := []connect.ClientOption{connect.WithSendMaxBytes(64 << 20), connect.WithReadMaxBytes(128 << 20)}
 	return &Client{
 		svc:  corralv1connect.NewSandboxServiceClient(hc, baseURL, copts...),
 		fn:   corralv1connect.NewFnCallServiceClient(hc, baseURL, copts...),
 		img:  corralv1connect.NewImageServiceClient(hc, baseURL, copts...),
 		obs:  corralv1connect.NewObserveServiceClient(hc, baseURL, copts...),
+		iam:  corralv1connect.NewIAMServiceClient(hc, baseURL, copts...),
 		http: hc,
 	}, nil
 }
@@ -95,8 +119,26 @@ func parseAddress(addr string) (baseURL, socket string, err error) {
 	return "http://" + addr, "", nil
 }
 
+// bearer adds the token to every request.
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", b.token)
+	return b.next.RoundTrip(r)
+}
+
 // Close releases idle connections.
 func (c *Client) Close() error {
 	c.http.CloseIdleConnections()
 	return nil
+}
+
+func (b bearer) CloseIdleConnections() {
+	if c, ok := b.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }

@@ -17,6 +17,7 @@ const (
 	CodeResourceExhausted  Code = "resource_exhausted"
 	CodeUnavailable        Code = "unavailable"
 	CodePermissionDenied   Code = "permission_denied"
+	CodeUnauthenticated    Code = "unauthenticated"
 	CodeUnimplemented      Code = "unimplemented"
 	CodeDeadlineExceeded   Code = "deadline_exceeded"
 	CodeCanceled           Code = "canceled"
@@ -64,3 +65,5 @@ func IsFailedPrecondition(err error) bool {
 func IsUnimplemented(err error) bool     { return CodeOf(err) == CodeUnimplemented }
 func IsUnavailable(err error) bool       { return CodeOf(err) == CodeUnavailable }
 func IsResourceExhausted(err error) bool { return CodeOf(err) == CodeResourceExhausted }
+func IsUnauthenticated(err error) bool   { return CodeOf(err) == CodeUnauthenticated }
+func IsPermissionDenied(err error) bool  { return CodeOf(err) == CodePermissionDenied }

@@ -82,6 +82,9 @@ type Info struct {
 	// LazyReads are the sandbox's reads of lazily loaded layers (Get only;
 	// nil when the node loads no layer lazily).
 	LazyReads *LazyReads
+	// Project is the project the sandbox belongs to ("": the node
+	// administrator's, outside any project).
+	Project string
 }
 
 // LazyReads count a sandbox's reads of lazily loaded layer data.
@@ -108,6 +111,7 @@ func infoFromProto(p *corralv1.Sandbox) *Info {
 		Network:    networkFromProto(p.GetNetwork()),
 		Degraded:   p.Degraded,
 		LazyReads:  lazyReadsFromProto(p.GetLazyReads()),
+		Project:    p.Project,
 	}
 }
 
@@ -205,9 +209,14 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]*Info, error) {
 }
 
 // Delete removes a sandbox by id; it succeeds if the sandbox is already gone.
+// (With a project token the server answers NotFound for a sandbox that is
+// gone or not the project's, so as not to reveal which; both are "gone".)
 func (c *Client) Delete(ctx context.Context, id string) error {
 	_, err := c.svc.Delete(ctx, connect.NewRequest(&corralv1.DeleteRequest{Id: id}))
-	return wrapErr(err)
+	if err = wrapErr(err); IsNotFound(err) {
+		return nil
+	}
+	return err
 }
 
 // ID is the sandbox id.

@@ -2,7 +2,8 @@
 # Tests the Python SDK (sdk/python) with Debian's python3 against a live
 # daemon of its own: builds corral, starts `corral serve` on a temporary data
 # dir, a free TCP port and its own cgroup parent, runs the unittest suite once
-# over the unix socket and once over TCP, then stops the daemon (SIGTERM,
+# over the unix socket and once over TCP (with an admin token of a project
+# "pytest" made on the socket), then stops the daemon (SIGTERM,
 # --cleanup-on-exit deletes every sandbox) and fails if any test failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,8 +46,7 @@ stop_daemon() {
 trap stop_daemon EXIT
 
 for _ in $(seq 300); do
-  if bin/corral --addr "unix://$sock" ls >/dev/null 2>&1 &&
-     bin/corral --addr "127.0.0.1:$port" ls >/dev/null 2>&1; then
+  if bin/corral --addr "unix://$sock" ls >/dev/null 2>&1; then
     break
   fi
   if ! kill -0 "$daemon" 2>/dev/null; then
@@ -57,11 +57,16 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 
+bin/corral --addr "unix://$sock" project create pytest >/dev/null
+tcp_token=$(bin/corral --addr "unix://$sock" token create --project pytest --role admin 2>/dev/null)
+
 status=0
 export CORRAL_TEST_RUN_ID="pytest$RANDOM"
 for addr in "unix://$sock" "127.0.0.1:$port"; do
   echo "== Python SDK tests against $addr"
-  CORRAL_TEST_ADDR="$addr" "$PYTHON" -m unittest discover -s sdk/python/tests -v || status=1
+  token=""
+  [[ $addr == unix://* ]] || token=$tcp_token
+  CORRAL_TOKEN="$token" CORRAL_TEST_ADDR="$addr" "$PYTHON" -m unittest discover -s sdk/python/tests -v || status=1
 done
 
 left=$(PYTHONPATH=sdk/python "$PYTHON" -c '

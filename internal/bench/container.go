@@ -21,7 +21,10 @@ type ContainerOptions struct {
 	Concurrency int           // workers for the cycle rates (default 8)
 	Duration    time.Duration // length of each sustained-cycle phase (default 20s)
 	Rootfs      string        // runc peer's rootfs; "" builds a temporary busybox one
-	Log         io.Writer     // progress lines; nil discards
+	// TCPAddr, when set, also compares create→ready over this TCP
+	// listener with a project token against the client's (unix) address.
+	TCPAddr string
+	Log     io.Writer // progress lines; nil discards
 }
 
 func (o *ContainerOptions) defaults() {
@@ -77,6 +80,9 @@ type ContainerResult struct {
 	RuncReason     string   `json:"runc_reason,omitempty"`
 	RatioVsRunc    *float64 `json:"ratio_vs_runc"`
 
+	// Auth is set with ContainerOptions.TCPAddr.
+	Auth *AuthResult `json:"auth,omitempty"`
+
 	Targets []Target `json:"targets"`
 	Load    Load     `json:"load"`
 	Leaked  int      `json:"leaked"`
@@ -119,6 +125,13 @@ func Container(ctx context.Context, c *client.Client, o ContainerOptions) (res *
 	}
 	res.CreateReady = Summarise(ready)
 	res.CreateReadyP50Ms, res.CreateReadyP99Ms = res.CreateReady.P50, res.CreateReady.P99
+
+	if o.TCPAddr != "" {
+		fmt.Fprintf(o.Log, "create→ready over TCP %s with a project token vs the unix socket: %d samples each, interleaved\n", o.TCPAddr, o.N)
+		if res.Auth, err = measureAuth(ctx, t, o); err != nil {
+			return res, fmt.Errorf("auth comparison: %w", err)
+		}
+	}
 
 	fmt.Fprintf(o.Log, "exec: %d samples in one sandbox, and host fork/exec of /bin/true\n", o.N)
 	if err := measureExec(ctx, t, create, o.N, res); err != nil {
@@ -313,6 +326,9 @@ func containerTargets(r *ContainerResult) []Target {
 		atLeast("cycles_per_s", r.CyclesPerS, 100),
 		atMost("exec_p50_ms", r.ExecP50Ms, 3),
 	}
+	if r.Auth != nil {
+		ts = append(ts, atMost("auth_overhead_p50_ms", r.Auth.OverheadP50Ms, 0.5))
+	}
 	ratio := Target{Figure: "ratio_vs_runc", Op: "at_least", Limit: 5}
 	if r.RatioVsRunc != nil {
 		ratio = atLeast("ratio_vs_runc", *r.RatioVsRunc, 5)
@@ -340,6 +356,12 @@ func (r *ContainerResult) WriteTable(w io.Writer) error {
 		{"exec true p99", f3(r.ExecP99Ms) + " ms", "fork/exec: " + f3(r.ForkExecP99Ms) + " ms", ""},
 		{"exec true p50 (streaming Exec)", f3(r.ExecStream.P50) + " ms", "", ""},
 		{"leaked sandboxes", fmt.Sprint(r.Leaked), "", "0"},
+	}
+	if a := r.Auth; a != nil {
+		rows = append(rows,
+			row{"create→ready p50, TCP + token", f3(a.TCPTokenP50Ms) + " ms", "unix socket: " + f3(a.UnixP50Ms) + " ms", ""},
+			row{"create→ready p99, TCP + token", f3(a.TCPToken.P99) + " ms", "unix socket: " + f3(a.Unix.P99) + " ms", ""},
+			row{"auth overhead (p50 difference)", f3(a.OverheadP50Ms) + " ms", "", targetFor(r.Targets, "auth_overhead_p50_ms")})
 	}
 	title := fmt.Sprintf("corral bench container: image %s, %d samples, %d workers for %gs per rate",
 		r.Image, r.Samples, r.Concurrency, r.DurationS)

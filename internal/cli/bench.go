@@ -47,6 +47,7 @@ func newBenchContainerCmd(g *globals) *cobra.Command {
 	fl.DurationVar(&o.Duration, "duration", 20*time.Second, "length of each cycle-rate phase")
 	fl.StringVar(&o.Image, "image", "busybox", "image to create sandboxes from")
 	fl.StringVar(&o.Rootfs, "rootfs", "", "rootfs for the runc peer (default: a temporary busybox rootfs)")
+	fl.StringVar(&o.TCPAddr, "tcp", "", "also compare create→ready over this TCP address with a project token (made on --addr, the unix socket) against the socket")
 	return cmd
 }
 

@@ -47,7 +47,7 @@ Start a server with 'corral serve', then create sandboxes and run commands:
 	if defAddr == "" {
 		defAddr = client.DefaultAddress
 	}
-	root.PersistentFlags().StringVar(&g.addr, "addr", defAddr, "server address: unix:///path.sock or host:port (env CORRAL_ADDR)")
+	root.PersistentFlags().StringVar(&g.addr, "addr", defAddr, "server address: unix:///path.sock or host:port (env CORRAL_ADDR; on TCP a token from CORRAL_TOKEN)")
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print machine-readable JSON")
 	root.AddCommand(
 		newServeCmd(),
@@ -60,6 +60,7 @@ Start a server with 'corral serve', then create sandboxes and run commands:
 		newBenchCmd(g),
 		newLazyblobServeCmd(),
 		newStatsCmd(g), newEventsCmd(g),
+		newTokenCmd(g), newProjectCmd(g), newWhoAmICmd(g), newAuditCmd(g),
 	)
 	return root
 }
@@ -90,10 +91,13 @@ func describe(err error) string {
 	if client.IsUnavailable(err) {
 		msg += "\n  is the server running? start it with 'corral serve' or point --addr / CORRAL_ADDR at it"
 	}
+	if client.IsUnauthenticated(err) {
+		msg += "\n  TCP calls need a token: set CORRAL_TOKEN (root makes one on the node: corral token create --project P)"
+	}
 	return msg
 }
 
-func (g *globals) client() (*client.Client, error) { return client.New(g.addr) }
+func (g *globals) client() (*client.Client, error) { return newClient(g.addr) }
 
 func printJSON(v any) error {
 	enc := json.NewEncoder(os.Stdout)

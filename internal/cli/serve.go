@@ -86,7 +86,9 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl := cmd.Flags()
 	fl.StringVar(&cfg.DataDir, "data-dir", "/var/lib/corral", "state, images, writable layers and run files")
 	fl.StringVar(&cfg.Socket, "socket", "", "unix socket for the API (default <data-dir>/corral.sock)")
-	fl.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "TCP address for the API; empty disables it")
+	fl.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "TCP address for the API (every call needs a token); empty disables it")
+	fl.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate: serve the TCP listener over TLS (with --tls-key)")
+	fl.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	fl.StringVar(&cfg.CgroupParent, "cgroup-parent", "corral", "cgroup under which sandboxes are created")
 	fl.BoolVar(&cfg.KeepCgroupMountOptions, "keep-cgroup-mount-options", false,
 		"do not turn on the host's cgroup2 favordynmods option (which makes sandbox creation ~10 ms faster on cgroup v1 hosts)")

@@ -58,6 +58,7 @@ func sandboxToProto(sb *node.Sandbox) *corralv1.Sandbox {
 		StopReason:   sb.StopReason,
 		Network:      networkToProto(sb.NetworkMode, sb.NetworkAllow),
 		Degraded:     sb.Degraded,
+		Project:      sb.Project,
 	}
 }
 

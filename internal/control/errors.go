@@ -27,6 +27,8 @@ func codeOf(err error) connect.Code {
 		return connect.CodeUnavailable
 	case errdefs.IsPermissionDenied(err):
 		return connect.CodePermissionDenied
+	case errdefs.IsUnauthenticated(err):
+		return connect.CodeUnauthenticated
 	case errdefs.IsNotSupported(err):
 		return connect.CodeUnimplemented
 	case errors.Is(err, errdefs.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):

@@ -68,6 +68,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[corralv1.Crea
 	if err != nil {
 		return nil, err
 	}
+	cr.Project = CallerProject(ctx)
 	sb, err := s.local.Create(ctx, cr)
 	if err != nil {
 		return nil, err
@@ -99,6 +100,7 @@ func (s *Service) List(ctx context.Context, req *connect.Request[corralv1.ListRe
 	}
 	sbs, next, err := s.local.List(ctx, node.ListFilter{
 		Labels:    req.Msg.Labels,
+		Visible:   visibleTo(ctx),
 		Phase:     phase,
 		PageSize:  int(req.Msg.PageSize),
 		PageToken: req.Msg.PageToken,

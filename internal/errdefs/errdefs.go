@@ -80,3 +80,14 @@ func IsResourceExhausted(err error) bool  { return errors.Is(err, ErrResourceExh
 func IsUnavailable(err error) bool        { return errors.Is(err, ErrUnavailable) }
 func IsPermissionDenied(err error) bool   { return errors.Is(err, ErrPermissionDenied) }
 func IsNotSupported(err error) bool       { return errors.Is(err, ErrNotSupported) }
+
+// ErrUnauthenticated is a request without valid credentials (no token, or
+// an unknown, revoked or expired one).
+var ErrUnauthenticated = errors.New("unauthenticated")
+
+// Unauthenticated reports a caller whose credentials are missing or invalid.
+func Unauthenticated(format string, args ...any) error {
+	return newf(ErrUnauthenticated, format, args...)
+}
+
+func IsUnauthenticated(err error) bool { return errors.Is(err, ErrUnauthenticated) }

@@ -31,6 +31,8 @@ type Resources struct {
 
 // CreateRequest asks for a new sandbox.
 type CreateRequest struct {
+	// Project is the IAM project the sandbox is made in ("": none).
+	Project   string
 	Backend   string
 	Image     string
 	Resources Resources
@@ -98,6 +100,10 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	if rec.ID, err = n.newID(); err != nil {
 		return nil, fmt.Errorf("sandbox id: %w", err)
 	}
+	if err := n.reserve(ctx, rec); err != nil {
+		return nil, err
+	}
+	defer n.unreserve(rec)
 	img, err := n.cfg.Images.Acquire(ctx, rec.Image, rec.ID)
 	if err != nil {
 		return nil, fmt.Errorf("image: %w", err)
@@ -195,6 +201,7 @@ func (n *Node) pickBackend(name string) (backend.Backend, error) {
 func (n *Node) admit(req CreateRequest) (*state.Record, error) {
 	d, l := n.cfg.Defaults, n.cfg.Limits
 	rec := &state.Record{
+		Project:     req.Project,
 		Backend:     or(req.Backend, d.Backend),
 		Image:       or(req.Image, d.Image),
 		Phase:       state.PhaseCreating,

@@ -63,6 +63,10 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// StatsInterval is how often each sandbox's figures are sampled.
 	StatsInterval time.Duration
+
+	// Admit, when set, decides on every create against the live and
+	// in-flight sandboxes of the node (quota admission); see reserve.
+	Admit AdmitFunc
 }
 
 // Node is one machine's sandbox manager.
@@ -75,6 +79,11 @@ type Node struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*entry
+
+	// admitMu serialises Admit decisions; pending are the creates
+	// admitted but not yet in sandboxes.
+	admitMu sync.Mutex
+	pending map[*state.Record]state.Record
 
 	faultMu     sync.Mutex
 	layerFaults map[string]string // layer digest -> why its data cannot be read
@@ -121,6 +130,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		backends:  map[string]backend.Backend{},
 		log:       cfg.Logger.With("node", id),
 		sandboxes: map[string]*entry{},
+		pending:   map[*state.Record]state.Record{},
 
 		layerFaults: map[string]string{},
 	}

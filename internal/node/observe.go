@@ -67,9 +67,8 @@ type SandboxStats struct {
 	Execs   []ExecRecord
 }
 
-// projectOf is the project a sandbox belongs to: the one place that
-// learns it from the record once tenancy adds it.
-func projectOf(*state.Record) string { return "" }
+// projectOf is the IAM project a sandbox belongs to.
+func projectOf(rec *state.Record) string { return rec.Project }
 
 // emit appends an event about rec to the node's log and counts it.
 func (n *Node) emit(rec *state.Record, typ, reason string, figures map[string]float64) {

@@ -37,7 +37,9 @@ func (n *Node) Get(_ context.Context, id string) (*Sandbox, error) {
 
 // ListFilter selects sandboxes for List.
 type ListFilter struct {
-	Labels    map[string]string
+	Labels map[string]string
+	// Visible, when set, keeps only sandboxes of projects it accepts.
+	Visible   func(project string) bool
 	Phase     state.Phase // empty: any
 	PageSize  int
 	PageToken string
@@ -80,6 +82,9 @@ func (n *Node) List(_ context.Context, f ListFilter) ([]*Sandbox, string, error)
 
 func matches(sb *Sandbox, f ListFilter) bool {
 	if f.Phase != "" && sb.Phase != f.Phase {
+		return false
+	}
+	if f.Visible != nil && !f.Visible(sb.Project) {
 		return false
 	}
 	for k, v := range f.Labels {

@@ -111,14 +111,13 @@ func (s *Server) registerPerSandbox(m *metrics.Metrics) {
 
 // observeRoutes serves /metrics, the ObserveService and the dashboard,
 // on the API listeners and behind whatever guards them.
-func (s *Server) observeRoutes(mux *http.ServeMux, counted connect.Interceptor) {
+func (s *Server) observeRoutes(mux *http.ServeMux, opts ...connect.HandlerOption) {
 	var extra []prometheus.Gatherer
 	if s.share != nil {
 		extra = append(extra, metrics.TextGatherer(s.share.Lazy().Metrics))
 	}
-	mux.Handle("GET /metrics", s.metrics.Handler(extra...))
-	path, h := corralv1connect.NewObserveServiceHandler(control.NewObserveService(s.node, s.events),
-		connect.WithInterceptors(counted, control.ErrorInterceptor{}))
+	mux.HandleFunc("GET /metrics", s.authHTTP(s.metrics.Handler(extra...).ServeHTTP))
+	path, h := corralv1connect.NewObserveServiceHandler(control.NewObserveService(s.node, s.events), opts...)
 	mux.Handle(path, h)
 	ui.Register(mux, s.events)
 }

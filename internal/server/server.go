@@ -23,6 +23,7 @@ import (
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/fncall"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/layershare"
 	"github.com/corral-dev/corral/internal/metrics"
@@ -41,6 +42,8 @@ type Config struct {
 	// Listen is a TCP address for the API ("" disables it). It should stay
 	// on loopback: sandboxes have no route to it either way.
 	Listen string
+	// TLSCert and TLSKey serve the TCP listener over TLS (PEM files).
+	TLSCert, TLSKey string
 	// CgroupParent names the cgroup under which sandboxes are made.
 	CgroupParent string
 	// KeepCgroupMountOptions leaves the host's cgroup2 mount as it is;
@@ -104,6 +107,7 @@ type Server struct {
 	fncall   *fncall.Service
 	stack    *stack
 	images   *image.Store
+	iam      *iam.Service
 	share    *layershare.Share // nil without Config.Blobs
 	blobHTTP *http.Server      // peer blob fetch, nil unless Blobs.Listen
 	blobAddr string
@@ -138,16 +142,25 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			_ = claims.release()
 		}
 	}()
-	images, share, err := openImages(ctx, cfg)
+	if _, err := tlsFiles(cfg); err != nil {
+		return nil, err
+	}
+	iamSvc, err := openIAM(cfg)
 	if err != nil {
 		return nil, err
 	}
-	// closeImages undoes openImages when a later step fails.
+	images, share, err := openImages(ctx, cfg)
+	if err != nil {
+		iamSvc.Close()
+		return nil, err
+	}
+	// closeImages undoes openImages (and openIAM) when a later step fails.
 	closeImages := func() {
 		images.Close(false)
 		if share != nil {
 			_ = share.Close(ctx, false)
 		}
+		iamSvc.Close()
 	}
 	if _, err := images.Build(ctx, "busybox", nil); err != nil {
 		closeImages()
@@ -184,6 +197,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Logger:   cfg.Logger,
 		Events:   evlog,
 		Metrics:  reg,
+		Admit:    admitWith(iamSvc),
 	})
 	if err != nil {
 		evlog.Close()
@@ -202,7 +216,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		closeImages()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, share: share, served: make(chan error, 3), claims: claims,
+	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, iam: iamSvc, share: share, served: make(chan error, 3), claims: claims,
 		events: evlog, metrics: reg}
 	s.registerCollectors(reg)
 	if share != nil {
@@ -227,28 +241,31 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 func (s *Server) listen() error {
 	mux := http.NewServeMux()
 	sandboxes := control.NewService(s.node)
-	counted := control.MetricsInterceptor{M: s.metrics}
+	// counted outermost: it records the code the client sees.
+	guard := connect.WithInterceptors(control.MetricsInterceptor{M: s.metrics}, control.ErrorInterceptor{}, s.guard())
 	path, h := corralv1connect.NewSandboxServiceHandler(sandboxes,
-		connect.WithInterceptors(counted, control.ErrorInterceptor{}),
+		guard,
 		connect.WithReadMaxBytes(80<<20))
 	mux.Handle(path, h)
 	if s.share != nil {
 		sandboxes.SetLazyReads(s.lazyReads)
 	}
-	s.observeRoutes(mux, counted)
+	s.observeRoutes(mux, guard)
 	path, h = corralv1connect.NewImageServiceHandler(control.NewImageService(sandboxes, s.images, s.share),
-		connect.WithInterceptors(counted, control.ErrorInterceptor{}))
+		guard)
 	mux.Handle(path, h)
 	// Calls are small and many: compressing a short reply costs more than
 	// sending it (a gzip writer's reset was ~5% of a call's server CPU).
 	path, h = corralv1connect.NewFnCallServiceHandler(control.NewFnCallService(s.fncall),
-		connect.WithInterceptors(counted, control.ErrorInterceptor{}),
+		guard,
 		connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
+	s.serveIAM(mux, guard)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
-	s.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
+	protocols.SetHTTP2(true)
+	s.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second, ConnContext: connContext}
 
 	_ = os.Remove(s.cfg.Socket) // a stale socket from a crashed run
 	unixLn, err := net.Listen("unix", s.cfg.Socket)
@@ -267,8 +284,9 @@ func (s *Server) listen() error {
 		}
 		s.listeners = append(s.listeners, tcpLn)
 	}
-	for _, ln := range s.listeners {
-		go func() { s.served <- s.http.Serve(ln) }()
+	go func() { s.served <- s.http.Serve(unixLn) }()
+	if len(s.listeners) > 1 {
+		go func() { s.served <- s.serveTCP(s.listeners[1]) }()
 	}
 	return s.listenBlobs()
 }
@@ -443,5 +461,6 @@ func (s *Server) Stop(ctx context.Context) error {
 		_ = os.Remove(s.cfg.Socket)
 	}
 	errs = append(errs, s.claims.release())
+	errs = append(errs, s.iam.Close())
 	return errors.Join(errs...)
 }

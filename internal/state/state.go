@@ -44,6 +44,9 @@ const (
 type Record struct {
 	ID      string `json:"id"`
 	Backend string `json:"backend"`
+	// Project is the IAM project the sandbox belongs to ("": the node
+	// administrator's own).
+	Project string `json:"project,omitempty"`
 	Image   string `json:"image"`
 	// Layers are the read-only layers the sandbox was made from, base
 	// first: the image store keeps them while the record exists.

@@ -779,7 +779,10 @@ type Sandbox struct {
 	Degraded string `protobuf:"bytes,17,opt,name=degraded,proto3" json:"degraded,omitempty"`
 	// Reads of lazily loaded layers by the sandbox's processes; unset when
 	// the node loads no layer lazily.
-	LazyReads     *LazyReadStats `protobuf:"bytes,18,opt,name=lazy_reads,json=lazyReads,proto3" json:"lazy_reads,omitempty"`
+	LazyReads *LazyReadStats `protobuf:"bytes,18,opt,name=lazy_reads,json=lazyReads,proto3" json:"lazy_reads,omitempty"`
+	// The project the sandbox belongs to (empty: made by the node
+	// administrator outside any project).
+	Project       string `protobuf:"bytes,19,opt,name=project,proto3" json:"project,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -938,6 +941,13 @@ func (x *Sandbox) GetLazyReads() *LazyReadStats {
 		return x.LazyReads
 	}
 	return nil
+}
+
+func (x *Sandbox) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
 }
 
 // LazyReadStats count one sandbox's reads of lazily loaded layer blobs.
@@ -2637,7 +2647,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
 	"\x0eCreateResponse\x12,\n" +
-	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\x9b\x06\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\xb5\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -2660,7 +2670,8 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\anetwork\x18\x10 \x01(\v2\x18.corral.v1.NetworkPolicyR\anetwork\x12\x1a\n" +
 	"\bdegraded\x18\x11 \x01(\tR\bdegraded\x127\n" +
 	"\n" +
-	"lazy_reads\x18\x12 \x01(\v2\x18.corral.v1.LazyReadStatsR\tlazyReads\x1a9\n" +
+	"lazy_reads\x18\x12 \x01(\v2\x18.corral.v1.LazyReadStatsR\tlazyReads\x12\x18\n" +
+	"\aproject\x18\x13 \x01(\tR\aproject\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x01\n" +

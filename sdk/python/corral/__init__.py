@@ -6,7 +6,7 @@ server over its unix socket or TCP::
     import asyncio, corral
 
     async def main():
-        async with corral.AsyncClient("http://127.0.0.1:7070") as c:
+        async with corral.AsyncClient("http://127.0.0.1:7070", token=TOKEN) as c:
             async with c.sandbox(image="busybox", memory_mb=64) as sb:
                 r = await sb.run("echo hello")
                 print(r.exit_code, r.text)
@@ -33,6 +33,7 @@ from .errors import (
     UnimplementedError,
 )
 from .fncall import CallResult
+from .iam import AuditEntry, Identity, Project, Quota, Token, Usage
 from .images import Composition, Images, Layer, Packed, Removed
 from .observe import EVENT_TYPES, Event, SandboxStats, StatsSample
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
@@ -46,6 +47,7 @@ DEFAULT_ADDRESS = "unix:///var/lib/corral/corral.sock"
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncFiles", "ExecStream", "Command",
     "Client", "Sandbox", "Files", "SyncExecStream",
+    "AuditEntry", "Identity", "Project", "Quota", "Token", "Usage",
     "CallResult", "Composition", "Images", "Layer", "Packed", "Removed", "ExecChunk", "ExecResult", "FileInfo", "Resources", "SandboxInfo", "State",
     "CorralError", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError",
     "FailedPreconditionError", "ResourceExhaustedError", "UnavailableError",

@@ -89,16 +89,18 @@ class Transport:
         timeout: default deadline of a call, in seconds.
         retries: extra attempts of idempotent calls on ``unavailable``.
         ssl: TLS context for ``https://`` addresses (default: system CAs).
+        token: bearer token sent on every call ("" sends none).
     """
 
     def __init__(self, addr: str, *, max_connections: int, timeout: float, retries: int,
-                 ssl: Optional[_ssl.SSLContext] = None) -> None:
+                 ssl: Optional[_ssl.SSLContext] = None, token: str = "") -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
         self.addr = Address(addr)
         self.pool = Pool(self.addr, max_connections, ssl)
         self.timeout = float(timeout)
         self.retries = max(0, int(retries))
+        self.token = token
 
     def budget(self, timeout: Optional[float]) -> float:
         """The deadline budget for a call: timeout, or the client default."""
@@ -110,12 +112,15 @@ class Transport:
 
     def _headers(self, content_type: str, deadline: float) -> Dict[str, str]:
         ms = max(1, int((deadline - asyncio.get_running_loop().time()) * 1000))
-        return {
+        headers = {
             "Content-Type": content_type,
             "Connect-Protocol-Version": "1",
             "Connect-Timeout-Ms": str(min(ms, 9_999_999_999)),
             "User-Agent": _USER_AGENT,
         }
+        if self.token:
+            headers["Authorization"] = "Bearer " + self.token
+        return headers
 
     async def _acquire(self, method: str) -> Connection:
         try:

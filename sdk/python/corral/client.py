@@ -3,13 +3,15 @@ sandboxes; commands and files go through the :class:`AsyncSandbox` it
 returns."""
 
 import asyncio
+import os
 import ssl as _ssl
 from typing import Any, AsyncIterator, Dict, List, Optional, Set, Union
 
 from ._connect import Transport
 from ._http import default_address
-from .errors import UnimplementedError
+from .errors import NotFoundError, UnimplementedError
 from .fncall import _BATCH, _CALL, CallResult, call_request
+from .iam import IAMMixin
 from .images import _SVC, Composition, Images, Layer, Removed, images_from_json
 from .observe import _SVC as _OBS, WATCH_TIMEOUT, Event, SandboxStats, event_from_json, stats_from_json
 from .observe import watch_request
@@ -21,7 +23,7 @@ __all__ = ["AsyncClient"]
 _MIB = 1 << 20
 
 
-class AsyncClient:
+class AsyncClient(IAMMixin):
     """A connection pool to one corral server, for one asyncio event loop.
 
     Args:
@@ -36,15 +38,19 @@ class AsyncClient:
         retries: extra attempts for idempotent calls (get, list, delete, file
             read/stat/list) after a connection error or ``unavailable``.
         ssl: TLS context for ``https://`` addresses.
+        token: the bearer token TCP calls need (default ``$CORRAL_TOKEN``;
+            the node's unix socket ignores it: it is the node administrator).
 
     Use ``async with AsyncClient(...) as c:`` or call :meth:`close`.
     """
 
     def __init__(self, addr: Optional[str] = None, *, timeout: float = 120.0, max_connections: int = 256,
-                 retries: int = 3, ssl: Optional[_ssl.SSLContext] = None) -> None:
+                 retries: int = 3, ssl: Optional[_ssl.SSLContext] = None, token: Optional[str] = None) -> None:
         self.addr = addr or default_address()
+        if token is None:
+            token = os.environ.get("CORRAL_TOKEN", "")
         self._t = Transport(self.addr, max_connections=max_connections, timeout=timeout,
-                            retries=retries, ssl=ssl)
+                            retries=retries, ssl=ssl, token=token)
         self._background: Set["asyncio.Future[Any]"] = set()
 
     def __repr__(self) -> str:
@@ -242,8 +248,14 @@ class AsyncClient:
             req["pageToken"] = token
 
     async def delete(self, sandbox_id: str, *, request_timeout: Optional[float] = None) -> bool:
-        """Delete a sandbox; returns False if it did not exist (no error)."""
-        resp = await self._t.unary("Delete", {"id": sandbox_id}, idempotent=True, timeout=request_timeout)
+        """Delete a sandbox; returns False if it did not exist (no error).
+
+        With a project token the server answers NotFound for a sandbox that
+        is gone or not the project's (not revealing which): False too."""
+        try:
+            resp = await self._t.unary("Delete", {"id": sandbox_id}, idempotent=True, timeout=request_timeout)
+        except NotFoundError:
+            return False
         return bool(resp.get("existed", False))
 
     async def _delete_shielded(self, sandbox_id: str) -> None:

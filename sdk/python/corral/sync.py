@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Dict, Iterator, List, Optional, TypeVar
 
 from .client import AsyncClient
 from .fncall import CallResult
+from .iam import AuditEntry, Identity, Project, Quota, Token
 from .images import Composition, Images, Layer, Packed, Removed
 from .observe import Event, SandboxStats
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
@@ -159,6 +160,46 @@ class Client:
     def collect_garbage(self, **kw: Any) -> Removed:
         """Remove every layer nothing uses (see :meth:`AsyncClient.collect_garbage`)."""
         return self._run(self._async.collect_garbage(**kw))
+
+    def whoami(self, **kw: Any) -> Identity:
+        """Who the server takes the caller for (see :meth:`AsyncClient.whoami`)."""
+        return self._run(self._async.whoami(**kw))
+
+    def create_token(self, project: str, **kw: Any) -> "tuple[Token, str]":
+        """Make a token; returns (token, secret) (see :meth:`AsyncClient.create_token`)."""
+        return self._run(self._async.create_token(project, **kw))
+
+    def list_tokens(self, project: str = "", **kw: Any) -> List[Token]:
+        """The tokens the caller administers."""
+        return self._run(self._async.list_tokens(project, **kw))
+
+    def revoke_token(self, token_id: str, **kw: Any) -> None:
+        """Revoke a token."""
+        return self._run(self._async.revoke_token(token_id, **kw))
+
+    def create_project(self, path: str, quota: Optional[Quota] = None, **kw: Any) -> Project:
+        """Make a (sub)project (see :meth:`AsyncClient.create_project`)."""
+        return self._run(self._async.create_project(path, quota, **kw))
+
+    def list_projects(self, **kw: Any) -> List[Project]:
+        """The projects the caller sees."""
+        return self._run(self._async.list_projects(**kw))
+
+    def get_project(self, path: str, **kw: Any) -> Project:
+        """One project with quota and usage."""
+        return self._run(self._async.get_project(path, **kw))
+
+    def set_quota(self, path: str, quota: Quota, **kw: Any) -> Project:
+        """Replace a (sub)project's quota."""
+        return self._run(self._async.set_quota(path, quota, **kw))
+
+    def delete_project(self, path: str, **kw: Any) -> None:
+        """Delete a project and what it holds (see :meth:`AsyncClient.delete_project`)."""
+        return self._run(self._async.delete_project(path, **kw))
+
+    def audit(self, project: str = "", **kw: Any) -> List[AuditEntry]:
+        """Audit entries, oldest first (see :meth:`AsyncClient.audit`)."""
+        return self._run(self._async.audit(project, **kw))
 
 
 class Sandbox:

@@ -88,6 +88,7 @@ class SandboxInfo:
     created_at: Optional[_dt.datetime]
     last_active_at: Optional[_dt.datetime]
     stop_reason: str  # why it stopped, when state is STOPPED
+    project: str = ""  # its project ("": the node administrator's)
 
     @classmethod
     def _from_json(cls, d: Dict[str, Any]) -> "SandboxInfo":
@@ -111,6 +112,7 @@ class SandboxInfo:
             created_at=parse_timestamp(d.get("createdAt")),
             last_active_at=parse_timestamp(d.get("lastActiveAt")),
             stop_reason=d.get("stopReason", ""),
+            project=d.get("project", ""),
         )
 
 

@@ -165,6 +165,22 @@ class TransportTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(headers["connect-protocol-version"], "1")
         self.assertTrue(0 < int(headers["connect-timeout-ms"]) <= 5000)
 
+    async def test_token_is_sent_as_bearer(self) -> None:
+        srv = FakeServer(lambda p, b: (200, [], [b'{"nodeAdmin":false,"project":"p","role":"viewer"}']))
+        addr = await srv.start()
+        self.addAsyncCleanup(srv.stop)
+        c = corral.AsyncClient(addr, token="corral_0123456789ab_s3cret")
+        self.addAsyncCleanup(c.close)
+        me = await c.whoami()
+        self.assertEqual((me.node_admin, me.project, me.role), (False, "p", "viewer"))
+        path, headers = srv.requests[0]
+        self.assertEqual(path, "/corral.v1.IAMService/WhoAmI")
+        self.assertEqual(headers["authorization"], "Bearer corral_0123456789ab_s3cret")
+        c2 = corral.AsyncClient(addr, token="")
+        self.addAsyncCleanup(c2.close)
+        await c2.whoami()
+        self.assertNotIn("authorization", srv.requests[1][1])
+
     async def test_connection_close_is_honoured(self) -> None:
         srv, c = await self.serve(lambda p, b: (200, [], [b'{"existed":true}']), close_after=True)
         self.assertTrue(await c.delete("n1-ab"))

@@ -1,0 +1,172 @@
+package control
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+)
+
+// ImageOwners records which project owns each image name (all versions of
+// NAME@VERSION belong to the project that made NAME first), in the IAM
+// store under images/NAME. A name without an owner was made by the node
+// administrator (the built-in busybox and debian among them) and every
+// project may use it. A project may use its own names, its ancestors' and
+// its subprojects'; others' are NotFound. Names are one namespace per node:
+// a name taken by another project is refused as taken.
+type ImageOwners struct {
+	Store iam.Store
+	// Exists reports whether the node's image store has name (any
+	// version, as an image, composition or layer).
+	Exists func(ctx context.Context, name string) (bool, error)
+}
+
+func ownerKey(name string) string { return "images/" + name }
+
+// imageName is the name part of NAME@VERSION.
+func imageName(ref string) string {
+	name, _, _ := strings.Cut(ref, "@")
+	return name
+}
+
+func (o *ImageOwners) owner(ctx context.Context, name string) (project string, rev int64, err error) {
+	v, rev, err := o.Store.Get(ctx, ownerKey(name))
+	if errdefs.IsNotFound(err) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("owner of image %s: %w", name, err)
+	}
+	return string(v), rev, nil
+}
+
+// usable says whether p may use what owner owns.
+func usable(p iam.Principal, owner string) bool {
+	return p.NodeAdmin || owner == "" || p.Sees(owner) || iam.Within(p.Project, owner)
+}
+
+// CheckUse fails unless p may use image ref (as a sandbox's image or a
+// composition's layer).
+func (o *ImageOwners) CheckUse(ctx context.Context, p iam.Principal, ref string) error {
+	if ref == "" || p.NodeAdmin {
+		return nil
+	}
+	owner, _, err := o.owner(ctx, imageName(ref))
+	if err != nil {
+		return err
+	}
+	if !usable(p, owner) {
+		return errdefs.NotFound("image %s: not found", ref)
+	}
+	return nil
+}
+
+// CheckOwn fails unless p may change or remove image ref.
+func (o *ImageOwners) CheckOwn(ctx context.Context, p iam.Principal, ref string) error {
+	if p.NodeAdmin {
+		return nil
+	}
+	owner, _, err := o.owner(ctx, imageName(ref))
+	if err != nil {
+		return err
+	}
+	if owner == "" {
+		if ok, err := o.Exists(ctx, imageName(ref)); err != nil || ok {
+			return errdefs.PermissionDenied("image %s: belongs to the node administrator (built-in or made on the node's socket)", ref)
+		}
+		return errdefs.NotFound("image %s: not found", ref)
+	}
+	if !p.Sees(owner) {
+		return errdefs.NotFound("image %s: not found", ref)
+	}
+	return nil
+}
+
+// Claim makes p's project the owner of ref's name, or checks that it (or a
+// project p sees) owns it already; it is called before the name is made.
+func (o *ImageOwners) Claim(ctx context.Context, p iam.Principal, ref string) error {
+	name := imageName(ref)
+	if p.NodeAdmin || name == "" {
+		return nil
+	}
+	for range 3 {
+		owner, _, err := o.owner(ctx, name)
+		if err != nil {
+			return err
+		}
+		if owner != "" {
+			if p.Sees(owner) {
+				return nil
+			}
+			return errdefs.AlreadyExists("image name %s: taken by another project on this node; pick another name", name)
+		}
+		if ok, err := o.Exists(ctx, name); err != nil {
+			return err
+		} else if ok {
+			return errdefs.PermissionDenied("image name %s: belongs to the node administrator; pick another name", name)
+		}
+		err = o.Store.Txn(ctx, []iam.Cond{{Key: ownerKey(name), Rev: 0}}, []iam.Write{{Key: ownerKey(name), Value: []byte(p.Project)}})
+		if err == nil || !errdefs.IsFailedPrecondition(err) {
+			return err
+		}
+	}
+	return errdefs.Unavailable("image name %s: claimed concurrently; retry", name)
+}
+
+// Owned returns the names project owns (not its subprojects').
+func (o *ImageOwners) Owned(ctx context.Context, project string) ([]string, error) {
+	entries, err := o.Store.List(ctx, "images/")
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if string(e.Value) == project {
+			names = append(names, strings.TrimPrefix(e.Key, "images/"))
+		}
+	}
+	return names, nil
+}
+
+// Forget drops the owner record of name.
+func (o *ImageOwners) Forget(ctx context.Context, name string) error {
+	return o.Store.Txn(ctx, nil, []iam.Write{{Key: ownerKey(name), Delete: true}})
+}
+
+// Filter keeps in r what p may use.
+func (o *ImageOwners) Filter(ctx context.Context, p iam.Principal, r *corralv1.ListImagesResponse) {
+	owners := map[string]string{}
+	if entries, err := o.Store.List(ctx, "images/"); err == nil {
+		for _, e := range entries {
+			owners[strings.TrimPrefix(e.Key, "images/")] = string(e.Value)
+		}
+	} else {
+		// Unknown owners: show only what nobody owns... which we cannot
+		// tell either, so show nothing.
+		r.Images, r.Compositions, r.Layers = nil, nil, nil
+		return
+	}
+	keep := func(ref string) bool { return usable(p, owners[imageName(ref)]) }
+	var imgs []*corralv1.BuiltImage
+	for _, i := range r.Images {
+		if keep(i.Name) {
+			imgs = append(imgs, i)
+		}
+	}
+	var comps []*corralv1.Composition
+	for _, c := range r.Compositions {
+		if keep(c.Ref) {
+			comps = append(comps, c)
+		}
+	}
+	var layers []*corralv1.Layer
+	for _, l := range r.Layers {
+		if keep(l.Ref) {
+			layers = append(layers, l)
+		}
+	}
+	r.Images, r.Compositions, r.Layers = imgs, comps, layers
+}

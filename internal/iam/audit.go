@@ -1,0 +1,191 @@
+package iam
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// AuditEntry is one management request in the audit log.
+type AuditEntry struct {
+	// Key orders entries (time, then a random suffix); it is the cursor
+	// of a listing.
+	Key       string    `json:"key"`
+	Time      time.Time `json:"time"`
+	NodeAdmin bool      `json:"node_admin,omitempty"`
+	TokenID   string    `json:"token_id,omitempty"`
+	// Project is the caller's project ("" for the node administrator).
+	Project   string `json:"project,omitempty"`
+	Procedure string `json:"procedure"`
+	Summary   string `json:"summary,omitempty"`
+	// Result is "ok" or the error's code and message.
+	Result string `json:"result"`
+}
+
+const auditPrefix = "audit/"
+
+// Record appends e to the audit log durably (the store's Txn is synced to
+// disk before it returns): callers record before they answer.
+func (s *Service) Record(ctx context.Context, p Principal, e AuditEntry) error {
+	e.Time = s.now().UTC()
+	e.NodeAdmin, e.TokenID, e.Project = p.NodeAdmin, p.TokenID, p.Project
+	rnd := make([]byte, 4)
+	_, _ = rand.Read(rnd)
+	e.Key = fmt.Sprintf("%s%020d-%s", auditPrefix, e.Time.UnixNano(), hex.EncodeToString(rnd))
+	val, _ := json.Marshal(e)
+	// The request is done: a cancelled caller must still leave its entry.
+	if err := s.store.Txn(context.WithoutCancel(ctx), []Cond{{Key: e.Key, Rev: 0}}, []Write{{Key: e.Key, Value: val}}); err != nil {
+		return errdefs.Unavailable("audit log: %v", err)
+	}
+	s.publish(e)
+	return nil
+}
+
+// AuditFilter selects audit entries.
+type AuditFilter struct {
+	// Project keeps entries of this project and beneath it ("" all p sees).
+	Project string
+	// After is a Key: only later entries.
+	After string
+	// Limit keeps the last Limit entries (0: all).
+	Limit int
+}
+
+func (f AuditFilter) keep(p Principal, e AuditEntry) bool {
+	if e.Key <= f.After {
+		return false
+	}
+	if !p.NodeAdmin && (e.NodeAdmin || !p.Administers(e.Project)) {
+		return false
+	}
+	return f.Project == "" || (!e.NodeAdmin && Within(e.Project, f.Project))
+}
+
+func (s *Service) checkAuditReader(p Principal, f AuditFilter) error {
+	if f.Project != "" && !p.Sees(f.Project) {
+		return errdefs.NotFound("project %s: not found", f.Project)
+	}
+	if !p.Administers(or(f.Project, p.Project)) {
+		return errdefs.PermissionDenied("audit: %s may not read the audit log (needs the admin role)", p)
+	}
+	return nil
+}
+
+// ListAudit returns the entries p may read (an admin: its project's and
+// beneath; the node administrator: all), oldest first.
+func (s *Service) ListAudit(ctx context.Context, p Principal, f AuditFilter) ([]AuditEntry, error) {
+	if err := s.checkAuditReader(p, f); err != nil {
+		return nil, err
+	}
+	entries, err := s.store.List(ctx, auditPrefix)
+	if err != nil {
+		return nil, err
+	}
+	var out []AuditEntry
+	for _, kv := range entries {
+		var e AuditEntry
+		if err := json.Unmarshal(kv.Value, &e); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", kv.Key, err)
+		}
+		if f.keep(p, e) {
+			out = append(out, e)
+		}
+	}
+	if f.Limit > 0 && len(out) > f.Limit {
+		out = out[len(out)-f.Limit:]
+	}
+	return out, nil
+}
+
+// FollowAudit calls fn with every entry p may read recorded after the
+// listing f selects (which it sends first), until ctx ends or fn fails.
+// A follower that falls far behind is cut off with an error.
+func (s *Service) FollowAudit(ctx context.Context, p Principal, f AuditFilter, fn func(AuditEntry) error) error {
+	if err := s.checkAuditReader(p, f); err != nil {
+		return err
+	}
+	ch := make(chan AuditEntry, 1024)
+	s.subMu.Lock()
+	s.subs[ch] = struct{}{}
+	s.subMu.Unlock()
+	defer s.unsubscribe(ch)
+	past, err := s.ListAudit(ctx, p, f)
+	if err != nil {
+		return err
+	}
+	// Entries recorded meanwhile may come both ways; the live feed's
+	// order is not the keys' order, so skip by key, not by cursor.
+	seen := map[string]bool{}
+	last := f.After
+	for _, e := range past {
+		if err := fn(e); err != nil {
+			return err
+		}
+		seen[e.Key], last = true, e.Key
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-ch:
+			if !ok {
+				return errdefs.Unavailable("audit follow: fell behind by more than %d entries; list from %s to catch up", cap(ch), last)
+			}
+			if seen[e.Key] || !f.keep(p, e) {
+				continue
+			}
+			if err := fn(e); err != nil {
+				return err
+			}
+			last = e.Key
+		}
+	}
+}
+
+func (s *Service) publish(e AuditEntry) {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	for ch := range s.subs {
+		select {
+		case ch <- e:
+		default:
+			delete(s.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+func (s *Service) unsubscribe(ch chan AuditEntry) {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	if _, ok := s.subs[ch]; ok {
+		delete(s.subs, ch)
+		close(ch)
+	}
+}
+
+// Summarize joins key=value pairs for an entry's summary, truncating
+// long values.
+func Summarize(kv ...string) string {
+	var b strings.Builder
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] == "" {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		v := kv[i+1]
+		if len(v) > 120 {
+			v = v[:120] + "…"
+		}
+		fmt.Fprintf(&b, "%s=%q", kv[i], v)
+	}
+	return b.String()
+}

@@ -1,0 +1,68 @@
+package iam
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Service is IAM over a Store: tokens, projects, quota admission and the
+// audit log. It holds no record of its own beyond rate buckets and audit
+// subscribers, so several instances may share one Store.
+type Service struct {
+	store    Store
+	now      func() time.Time
+	log      *slog.Logger
+	contents Contents
+	usage    func(project string) Usage
+
+	rateMu  sync.Mutex
+	buckets map[string]*bucket
+
+	subMu sync.Mutex
+	subs  map[chan AuditEntry]struct{}
+}
+
+// Config configures a Service.
+type Config struct {
+	Store Store
+	// Contents empties deleted projects (nil: projects hold nothing).
+	Contents Contents
+	// Usage reports what a project and its subprojects use now (for
+	// listings; admission is given the usage by its caller).
+	Usage  func(project string) Usage
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+// New returns a Service over cfg.Store.
+func New(cfg Config) *Service {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Usage == nil {
+		cfg.Usage = func(string) Usage { return Usage{} }
+	}
+	return &Service{store: cfg.Store, now: cfg.Now, log: cfg.Logger, contents: cfg.Contents, usage: cfg.Usage,
+		buckets: map[string]*bucket{}, subs: map[chan AuditEntry]struct{}{}}
+}
+
+// Usage reports what project (with its subprojects) uses now.
+func (s *Service) Usage(project string) Usage { return s.usage(project) }
+
+// SetContents plugs in what projects hold once the node exists.
+func (s *Service) SetContents(c Contents, usage func(project string) Usage) {
+	s.contents = c
+	if usage != nil {
+		s.usage = usage
+	}
+}
+
+// Close releases the store.
+func (s *Service) Close() error { return s.store.Close() }
+
+// Store is the store the service keeps its records in.
+func (s *Service) Store() Store { return s.store }
