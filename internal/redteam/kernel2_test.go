@@ -234,3 +234,27 @@ func TestDiskIONeighbour(t *testing.T) {
 			"A wrote %.1f MiB/s (limit %d MiB/s; output %q %q); B idle %.3fs, loaded %.3fs", f.MiBs, limitMiBs, res.Stdout, res.Stderr, idle, loaded)})
 	})
 }
+
+// TestPackSparse (issue 21, finding 7): twelve 1,000 MiB sparse files
+// (nothing stored) made packing cost 76 s of node CPU and blocked the
+// sandbox's exec and delete meanwhile. Pack must refuse them up front with
+// ResourceExhausted, and the sandbox must keep answering and delete.
+func TestPackSparse(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, backend string) {
+		skipRows(t, backend, "kernel2/pack-sparse")
+		srv, _ := startServer(t)
+		sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend})
+		testenv.Sh(t, sb, "mkdir -p /data && for i in 1 2 3 4 5 6 7 8 9 10 11 12; do truncate -s 1000M /data/sparse$i; done")
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		start := time.Now()
+		_, err := sb.Pack(ctx, testenv.UniqueName("sparse")+"@1", client.PackOptions{})
+		took := time.Since(start)
+		after := testenv.Sh(t, sb, "echo alive")
+		delErr := sb.Delete(ctx)
+		t.Logf("pack: %v (after %v)", err, took)
+		judge(t, backend, []Result{check("kernel2/pack-sparse",
+			client.IsResourceExhausted(err) && after == "alive\n" && delErr == nil,
+			"pack: %v (after %v); exec afterwards %q; delete: %v", err, took.Round(time.Millisecond), after, delErr)})
+	})
+}
