@@ -104,8 +104,6 @@ func kres() []Result {
 	return []Result{ino, mq}
 }
 
-var spinSink int // keeps the spin loop from being optimised away
-
 // spin burns secs of CPU (its own, by getrusage) and exits (mode "spin").
 func spin(secs float64) {
 	want := time.Duration(secs * float64(time.Second))
@@ -114,9 +112,6 @@ func spin(secs float64) {
 		_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
 		if time.Duration(ru.Utime.Nano()+ru.Stime.Nano()) >= want {
 			return
-		}
-		for i := range 1_000_000 {
-			spinSink += i
 		}
 	}
 }
@@ -142,4 +137,59 @@ func detach(args []string) {
 		_ = p.Release()
 	}
 	time.Sleep(time.Duration(wait * float64(time.Second)))
+}
+
+// syncWrites times n writes of 4 KiB to path, each followed by fsync, and
+// prints {"name":"kernel2/sync-writes","seconds":S} (mode "syncwrites").
+func syncWrites(path string, n int) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "syncwrites:", err)
+		os.Exit(1)
+	}
+	defer os.Remove(path)
+	defer f.Close()
+	buf := make([]byte, 4096)
+	start := time.Now()
+	for range n {
+		_, err := f.Write(buf)
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "syncwrites:", err)
+			os.Exit(1)
+		}
+	}
+	fmt.Printf("{\"name\":\"kernel2/sync-writes\",\"seconds\":%.4f}\n", time.Since(start).Seconds())
+}
+
+// flood writes path with O_DIRECT in 1 MiB blocks, fsync after each, for
+// secs (mode "flood"): the attacker of the I/O row.
+func flood(path string, secs float64) {
+	fd, err := unix.Open(path, unix.O_CREAT|unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "flood:", err)
+		os.Exit(1)
+	}
+	defer unix.Close(fd)
+	buf, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		os.Exit(1)
+	}
+	deadline := time.Now().Add(time.Duration(secs * float64(time.Second)))
+	var off, total int64
+	for time.Now().Before(deadline) {
+		n, err := unix.Pwrite(fd, buf, off)
+		if err != nil {
+			off = 0 // the disk is full: write over the start
+			continue
+		}
+		_ = unix.Fsync(fd)
+		total += int64(n)
+		if off += int64(n); off >= 48<<20 {
+			off = 0
+		}
+	}
+	fmt.Printf("{\"name\":\"kernel2/flood\",\"mib_per_s\":%.1f}\n", float64(total)/(1<<20)/secs)
 }

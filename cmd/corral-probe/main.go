@@ -30,7 +30,9 @@
 // the suite's upstream resolver, run on the host; "hog SECONDS" and "kres"
 // take and test per-user kernel counts, "spin SECS" and "detach N SECS WAIT"
 // burn CPU in detached processes (kres.go); "mq", "pid" and "forkn" are
-// steps of attacks across fncalls (calls.go). Run under any other
+// steps of attacks across fncalls (calls.go); "flood PATH SECS" and
+// "syncwrites PATH N" are the disk I/O row's attacker and victim (kres.go).
+// Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
 
@@ -196,6 +198,16 @@ func main() {
 		pidLine()
 	case "forkn":
 		forkN(os.Args[2:])
+	case "syncwrites":
+		if len(os.Args) == 4 {
+			n, _ := strconv.Atoi(os.Args[3])
+			syncWrites(os.Args[2], n)
+		}
+	case "flood":
+		if len(os.Args) == 4 {
+			secs, _ := strconv.ParseFloat(os.Args[3], 64)
+			flood(os.Args[2], secs)
+		}
 	case "kres":
 		for _, r := range kres() {
 			emit(r)

@@ -364,8 +364,21 @@ func (s *Store) mkfs(ctx context.Context, dir string, st staged, opts mkfsOption
 		args = append(args, "--exclude-regex="+re)
 	}
 	cmd := exec.CommandContext(ctx, bin, append(args, meta, dir)...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return Layer{}, fmt.Errorf("mkfs.erofs %s: %w: %s", dir, err, strings.TrimSpace(string(out)))
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Start()
+	if err == nil && opts.cpuSeconds > 0 {
+		// Set at once after the start: mkfs has read nothing yet.
+		lim := unix.Rlimit{Cur: opts.cpuSeconds, Max: opts.cpuSeconds + 1}
+		if perr := unix.Prlimit(cmd.Process.Pid, unix.RLIMIT_CPU, &lim, nil); perr != nil {
+			_ = cmd.Process.Kill()
+		}
+	}
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
+		return Layer{}, fmt.Errorf("mkfs.erofs %s: %w: %s", dir, err, strings.TrimSpace(out.String()))
 	}
 	layer := sha256.New()
 	_, metaSize, err := hashFile(meta, layer)
@@ -431,6 +444,8 @@ type mkfsOptions struct {
 	// excludeRegexps leave out paths (relative to the tree, no leading /)
 	// that match; a directory's whole subtree goes with it.
 	excludeRegexps []string
+	// cpuSeconds bounds mkfs.erofs's CPU time (RLIMIT_CPU); 0: none.
+	cpuSeconds uint64
 }
 
 // hashFile fsyncs path, makes it read-only and returns its digest and

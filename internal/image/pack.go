@@ -82,8 +82,18 @@ func (s *Store) Pack(ctx context.Context, upper string, opts PackOptions) (Layer
 	if err != nil {
 		return Layer{}, err
 	}
-	return s.createLayer(ctx, opts.Ref, upper, false, mkfsOptions{keepMtimes: true, excludeRegexps: res})
+	apparent, err := packBudget(ctx, upper, res)
+	if err != nil {
+		return Layer{}, err
+	}
+	return s.createLayer(ctx, opts.Ref, upper, false, mkfsOptions{keepMtimes: true, excludeRegexps: res,
+		cpuSeconds: packCPUSeconds(apparent)})
 }
+
+// packCPUSeconds is mkfs.erofs's CPU budget for a tree of apparent bytes:
+// a minute, plus a second per 16 MiB (it reads and hashes hundreds of MiB
+// per second of CPU here).
+func packCPUSeconds(apparent int64) uint64 { return 60 + uint64(apparent>>24) }
 
 // excludeRegexps turns the exclusion patterns into mkfs.erofs regexps on
 // paths relative to the tree.

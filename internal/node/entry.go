@@ -25,6 +25,10 @@ type entry struct {
 	rec      *state.Record
 	sb       backend.Sandbox
 	deleting bool
+	// packing is closed when the running pack ends, which packCancel
+	// cancels (Delete does); nil when no pack runs.
+	packing    chan struct{}
+	packCancel context.CancelFunc
 
 	lastActive atomic.Int64 // unix nanos of the last request
 	inflight   atomic.Int32 // requests running now

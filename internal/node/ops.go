@@ -134,8 +134,13 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 	}
 	e.deleting = true
 	sb, rec := e.sb, e.snapshotLocked()
+	packing, cancelPack := e.packing, e.packCancel
 	e.mu.Unlock()
 	start := time.Now()
+	if cancelPack != nil { // a pack reads the writable layer Cleanup removes
+		cancelPack()
+		<-packing
+	}
 	undo := func() {
 		e.mu.Lock()
 		e.deleting = false

@@ -49,24 +49,49 @@ func (n *Node) Pack(ctx context.Context, req PackRequest) (*PackResult, error) {
 		return nil, errdefs.NotSupported("pack: backend %s cannot read a sandbox's writable layer", e.backend.Name())
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.deleting {
+		e.mu.Unlock()
 		return nil, errdefs.NotFound("sandbox %s is being deleted", req.ID)
+	}
+	if e.packing != nil {
+		e.mu.Unlock()
+		return nil, errdefs.FailedPrecondition("pack: sandbox %s is being packed already", req.ID)
 	}
 	rec := e.snapshotLocked()
 	if !req.NoComposition && len(rec.Layers) == 0 {
+		e.mu.Unlock()
 		return nil, errdefs.FailedPrecondition("pack: sandbox %s was made by an earlier version and names no layers; pack with no composition", req.ID)
 	}
+	paused := false
 	if rec.Phase == state.PhaseRunning {
 		if err := e.sb.Pause(ctx); err != nil {
+			e.mu.Unlock()
 			return nil, fmt.Errorf("pack: pause sandbox %s: %w", req.ID, err)
 		}
-		defer func() {
-			if err := e.sb.Resume(context.WithoutCancel(ctx)); err != nil {
+		paused = true
+	}
+	// The pack runs without the sandbox's lock: a delete cancels it (and
+	// waits for it), and other requests are not queued behind the lock
+	// (an exec waits for the thaw). Its work is bounded by what the
+	// sandbox stored (image.Store.Pack refuses sparse trees).
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	e.packing, e.packCancel = done, cancel
+	sb := e.sb
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.packing, e.packCancel = nil, nil
+		resume := paused && e.sb != nil && !e.deleting
+		e.mu.Unlock()
+		if resume {
+			if err := sb.Resume(context.WithoutCancel(ctx)); err != nil {
 				n.log.Error("resume sandbox after pack", "sandbox", req.ID, "err", err)
 			}
-		}()
-	}
+		}
+		cancel()
+		close(done)
+	}()
 	var l image.Layer
 	err = reader.ReadUpper(ctx, req.ID, func(upper string) error {
 		var err error

@@ -188,3 +188,73 @@ func TestFnCallCPUAllProcesses(t *testing.T) {
 		"verdict %s, cpu %v, wall %v, stdout %q, stderr %q (want time_limit, >= 1s, killed before the wait ended)",
 		r.Verdict, r.CPUTime, r.WallTime, r.Stdout, r.Stderr)})
 }
+
+// TestDiskIONeighbour (issue 21, finding 11): sandbox A writes flat out
+// (1 MiB O_DIRECT writes, each with fsync) while sandbox B times 200 small
+// synchronous writes. A's rate must stay within its I/O limit (the
+// container backend's default, 128 MiB/s of writes; unlimited it reached
+// 570-860 MiB/s here). B's time against idle is printed as a measurement.
+func TestDiskIONeighbour(t *testing.T) {
+	const limitMiBs = 128 // container.DefaultIO.WriteBPS
+	forEachBackend(t, func(t *testing.T, backend string) {
+		skipRows(t, backend, "kernel2/disk-io-limit")
+		srv, _ := startServer(t)
+		a := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend, Resources: client.Resources{DiskBytes: 256 << 20}})
+		b := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend})
+		installProbe(t, a)
+		installProbe(t, b)
+		timeB := func() float64 {
+			var r struct {
+				Seconds float64 `json:"seconds"`
+			}
+			out := testenv.Sh(t, b, "/corral-probe/corral-probe syncwrites /victim 200")
+			if err := json.Unmarshal([]byte(out), &r); err != nil {
+				t.Fatalf("syncwrites: %q: %v", out, err)
+			}
+			return r.Seconds
+		}
+		idle := min(timeB(), timeB())
+		done := make(chan *client.Result, 1)
+		go func() {
+			res, err := a.Run(context.Background(), client.Command{Args: []string{"/corral-probe/corral-probe", "flood", "/flood", "8"}, Timeout: time.Minute})
+			if err != nil {
+				res = &client.Result{Stderr: []byte(err.Error())}
+			}
+			done <- res
+		}()
+		time.Sleep(time.Second)
+		loaded := timeB()
+		res := <-done
+		var f struct {
+			MiBs float64 `json:"mib_per_s"`
+		}
+		ferr := json.Unmarshal(res.Stdout, &f)
+		report.Logf("disk I/O [%s]: B's 200 x (4 KiB write + fsync) idle %.3fs, while A floods at %.1f MiB/s %.3fs (%.2fx idle)", backend, idle, f.MiBs, loaded, loaded/idle)
+		judge(t, backend, []Result{check("kernel2/disk-io-limit", ferr == nil && f.MiBs > 0 && f.MiBs <= limitMiBs*1.25,
+			"A wrote %.1f MiB/s (limit %d MiB/s; output %q %q); B idle %.3fs, loaded %.3fs", f.MiBs, limitMiBs, res.Stdout, res.Stderr, idle, loaded)})
+	})
+}
+
+// TestPackSparse (issue 21, finding 7): twelve 1,000 MiB sparse files
+// (nothing stored) made packing cost 76 s of node CPU and blocked the
+// sandbox's exec and delete meanwhile. Pack must refuse them up front with
+// ResourceExhausted, and the sandbox must keep answering and delete.
+func TestPackSparse(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, backend string) {
+		skipRows(t, backend, "kernel2/pack-sparse")
+		srv, _ := startServer(t)
+		sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend})
+		testenv.Sh(t, sb, "mkdir -p /data && for i in 1 2 3 4 5 6 7 8 9 10 11 12; do truncate -s 1000M /data/sparse$i; done")
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		start := time.Now()
+		_, err := sb.Pack(ctx, testenv.UniqueName("sparse")+"@1", client.PackOptions{})
+		took := time.Since(start)
+		after := testenv.Sh(t, sb, "echo alive")
+		delErr := sb.Delete(ctx)
+		t.Logf("pack: %v (after %v)", err, took)
+		judge(t, backend, []Result{check("kernel2/pack-sparse",
+			client.IsResourceExhausted(err) && after == "alive\n" && delErr == nil,
+			"pack: %v (after %v); exec afterwards %q; delete: %v", err, took.Round(time.Millisecond), after, delErr)})
+	})
+}

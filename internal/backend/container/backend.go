@@ -59,6 +59,9 @@ type Config struct {
 	// namespace), persisted by the node's state. Default: ranges kept in
 	// memory, unique within this process only.
 	IDRanges *userns.Allocator
+	// IO limits each sandbox's I/O on its writable layer's device;
+	// zero: DefaultIO.
+	IO cgroup.IOLimits
 }
 
 // Backend implements backend.Backend.
@@ -96,6 +99,9 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.IO == (cgroup.IOLimits{}) {
+		cfg.IO = DefaultIO
 	}
 	if cfg.IDRanges == nil {
 		cfg.IDRanges = userns.NewAllocator(&userns.MemSlots{})

@@ -57,6 +57,7 @@ var createSteps = []step{
 	{"cgroup", (*creation).makeCgroup},
 	{"network", (*creation).makeNetwork},
 	{"upper", (*creation).makeUpper},
+	{"io", (*creation).limitIO},
 	{"ids", (*creation).allocateIDs},
 	{"socket", (*creation).makeSocket},
 	{"spawn", (*creation).spawn},

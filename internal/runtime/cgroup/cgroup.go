@@ -20,7 +20,7 @@ import (
 // v1Controllers are the v1 controllers a sandbox is placed in. cpuset is left
 // out on purpose: a v1 cpuset cgroup refuses tasks until cpus and mems are
 // copied in, and corral does not pin CPUs.
-var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer"}
+var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer", "blkio"}
 
 // Hierarchies is the cgroup layout of this host.
 type Hierarchies struct {
@@ -217,7 +217,7 @@ func (m *Manager) ensureParent() error {
 		return nil
 	}
 	var enable []string
-	for _, c := range []string{"memory", "cpu", "pids"} {
+	for _, c := range []string{"memory", "cpu", "pids", "io"} {
 		if m.h.V2Controllers[c] {
 			enable = append(enable, "+"+c)
 		}

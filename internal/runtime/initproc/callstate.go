@@ -11,8 +11,9 @@ import (
 )
 
 // What one call could leave for the next in a pooled sandbox, besides its
-// processes and files, and how a reset removes it (equivalent to a fresh
-// IPC namespace and PID view for the next call):
+// processes and files, and how a reset removes it (cleanup instead of a
+// fresh IPC namespace and PID view, which the warm python, kept across
+// calls, could not join):
 //
 //   - SysV IPC objects: removed (removeIPC).
 //   - POSIX message queues live in the IPC namespace's own mqueue
@@ -28,7 +29,10 @@ import (
 //
 // The IPC and PID sysctls (/proc/sys/kernel/*, fs/mqueue/*) are read-only in
 // the view, and the calls hold no CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE,
-// so no call can change them.
+// so no call can change them. What stays: the ids of SysV objects carry a
+// sequence number the kernel never rewinds (a later call's first shmget
+// id tells whether earlier calls made SysV objects), a residual that only
+// a new IPC namespace removes.
 
 // poolMqueue is where init mounts the IPC namespace's mqueue filesystem.
 const poolMqueue = "/q"
