@@ -162,7 +162,7 @@ func (s *Sandbox) learn(name string, answer []dns.RR, entries []entry) []dns.RR 
 		out = append(out, rr)
 	}
 	if err := s.syncLocked(); err != nil {
-		s.m.log.Warn("network: allow DNS answer", "id", s.id, "err", err)
+		s.m.log.Warn("network: allow DNS answer", "sandbox", s.id, "err", err)
 	}
 	return out
 }
@@ -242,7 +242,7 @@ func (s *Sandbox) syncLocked() error {
 	}
 	table, err := buildTable(items, s.m.deny)
 	if err != nil {
-		s.m.log.Warn("network: rules", "id", s.id, "err", err)
+		s.m.log.Warn("network: rules", "sandbox", s.id, "err", err)
 	}
 	return syncMap(s.filter.maps.allow, table)
 }
