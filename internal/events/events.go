@@ -253,14 +253,20 @@ func cmpUint(a, b uint64) int {
 }
 
 // Watch yields the events that match f in sequence order: with since, the
-// kept ones after since first, then live ones; without it (nil), only
+// kept ones after since first (all of them when since is beyond the newest,
+// as after a reset data dir), then live ones; without it (nil), only
 // events appended from now on. It ends when ctx ends, EndWatches is called
 // or the log closes.
 // The events yielded are shared: callers must not change them.
 func (l *Log) Watch(ctx context.Context, since *uint64, f Filter) iter.Seq[*Event] {
 	return func(yield func(*Event) bool) {
 		cursor := l.LastSeq()
-		if since != nil {
+		switch {
+		case since != nil && *since > cursor:
+			// The watcher saw events this log never had: the data dir was
+			// reset, so everything in it is new to the watcher.
+			cursor = 0
+		case since != nil:
 			cursor = *since
 		}
 		for {

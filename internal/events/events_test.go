@@ -134,3 +134,16 @@ func TestEndWatchesKeepsAppending(t *testing.T) {
 		t.Fatalf("append after EndWatches: %+v", e)
 	}
 }
+
+func TestSinceBeyondTheLogReplaysIt(t *testing.T) {
+	l, err := Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.Append(Event{Type: Created, SandboxID: "n-1"})
+	far := uint64(1000) // a watcher of a data dir since wiped
+	if evs := collect(t, l, &far, Filter{}, 1); evs[0].Seq != 1 {
+		t.Fatalf("resume beyond the log: %+v", evs[0])
+	}
+}
