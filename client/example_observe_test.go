@@ -7,8 +7,9 @@ import (
 	"github.com/corral-dev/corral/client"
 )
 
-// Read a sandbox's figures, then replay its lifecycle events from the
-// node's event log (pass the last Seq seen as After to resume later).
+// Note where the node's event log is, make a sandbox, read its figures,
+// then replay its lifecycle events from that point (pass the last Seq seen
+// as After to resume later, also after a daemon restart).
 func ExampleClient_Events() {
 	ctx := context.Background()
 	c, err := client.New(addr)
@@ -17,6 +18,12 @@ func ExampleClient_Events() {
 		return
 	}
 	defer c.Close()
+	nodes, err := c.Nodes(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	from := nodes[0].LastEventSeq
 	sb, err := c.Create(ctx, client.CreateOptions{Resources: client.Resources{MemoryBytes: 64 << 20}})
 	if err != nil {
 		fmt.Println(err)
@@ -32,8 +39,7 @@ func ExampleClient_Events() {
 	_ = sb.Resume(ctx)
 	_ = sb.Delete(ctx)
 
-	zero := uint64(0)
-	for e, err := range c.Events(ctx, client.EventOptions{After: &zero, SandboxIDs: []string{sb.ID()}}) {
+	for e, err := range c.Events(ctx, client.EventOptions{After: &from, SandboxIDs: []string{sb.ID()}}) {
 		if err != nil {
 			fmt.Println(err)
 			return

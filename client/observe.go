@@ -133,8 +133,8 @@ type EventOptions struct {
 
 // Events streams lifecycle events until ctx ends or an error, which is
 // yielded last. To see every event from a point on, pass the last Seq seen
-// as After: a stream without After starts
-// wherever the server is when the request arrives.
+// (or a node's LastEventSeq from Nodes) as After: a stream without After
+// starts wherever the server is when the request arrives.
 func (c *Client) Events(ctx context.Context, o EventOptions) iter.Seq2[Event, error] {
 	return func(yield func(Event, error) bool) {
 		stream, err := c.obs.WatchEvents(ctx, connect.NewRequest(&corralv1.WatchEventsRequest{
@@ -159,4 +159,34 @@ func (c *Client) Events(ctx context.Context, o EventOptions) iter.Seq2[Event, er
 			yield(Event{}, wrapErr(err))
 		}
 	}
+}
+
+// NodeInfo describes one node: its capacity and what its sandboxes take.
+type NodeInfo struct {
+	ID       string
+	Backends []string
+	// Capacity is the machine; Committed the limits of its running and
+	// paused sandboxes; Used their latest samples (CPU in millicores).
+	Capacity, Committed, Used Resources
+	SandboxesByState          map[string]int64
+	// LastEventSeq is the newest event's sequence number: Events with
+	// After set to it misses nothing that happens afterwards.
+	LastEventSeq uint64
+}
+
+// Nodes describes the nodes the server knows.
+func (c *Client) Nodes(ctx context.Context) ([]NodeInfo, error) {
+	resp, err := c.obs.Nodes(ctx, connect.NewRequest(&corralv1.NodesRequest{}))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	res := func(r *corralv1.Resources) Resources {
+		return Resources{CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), DiskBytes: r.GetDiskBytes(), Pids: r.GetPids()}
+	}
+	var out []NodeInfo
+	for _, n := range resp.Msg.Nodes {
+		out = append(out, NodeInfo{ID: n.Id, Backends: n.Backends, Capacity: res(n.Capacity), Committed: res(n.Committed),
+			Used: res(n.Used), SandboxesByState: maps.Clone(n.SandboxesByState), LastEventSeq: n.LastEventSeq})
+	}
+	return out, nil
 }

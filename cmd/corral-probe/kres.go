@@ -164,9 +164,9 @@ func syncWrites(path string, n int) {
 	fmt.Printf("{\"name\":\"kernel2/sync-writes\",\"seconds\":%.4f}\n", time.Since(start).Seconds())
 }
 
-// flood writes path with O_DIRECT in 1 MiB blocks, fsync after each, for
+// diskFlood writes path with O_DIRECT in 1 MiB blocks, fsync after each, for
 // secs (mode "flood"): the attacker of the I/O row.
-func flood(path string, secs float64) {
+func diskFlood(path string, secs float64) {
 	fd, err := unix.Open(path, unix.O_CREAT|unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "flood:", err)

@@ -206,7 +206,7 @@ func main() {
 	case "flood":
 		if len(os.Args) == 4 {
 			secs, _ := strconv.ParseFloat(os.Args[3], 64)
-			flood(os.Args[2], secs)
+			diskFlood(os.Args[2], secs)
 		}
 	case "kres":
 		for _, r := range kres() {

@@ -113,7 +113,8 @@ func (s *ObserveService) Nodes(ctx context.Context, _ *connect.Request[corralv1.
 		return &corralv1.Resources{CpuMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, DiskBytes: r.DiskBytes, Pids: r.Pids}
 	}
 	info := &corralv1.NodeInfo{Id: o.ID, Backends: o.Backends, Capacity: res(o.Capacity),
-		Committed: res(o.Committed), Used: res(o.Used), SandboxesByState: map[string]int64{}}
+		Committed: res(o.Committed), Used: res(o.Used), SandboxesByState: map[string]int64{},
+		LastEventSeq: s.events.LastSeq()}
 	for k, v := range o.Sandboxes {
 		info.SandboxesByState[k[1]] += int64(v)
 	}

@@ -104,6 +104,9 @@ type Log struct {
 	next    uint64        // the next sequence number
 	changed chan struct{} // closed and replaced on every append
 	closed  bool
+
+	ending  chan struct{} // closed by EndWatches
+	endOnce sync.Once
 }
 
 // Open loads the log kept in dir (made if missing) and continues its
@@ -115,7 +118,7 @@ func Open(dir string, log *slog.Logger) (*Log, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("event log: %w", err)
 	}
-	l := &Log{dir: dir, log: log, next: 1, changed: make(chan struct{})}
+	l := &Log{dir: dir, log: log, next: 1, changed: make(chan struct{}), ending: make(chan struct{})}
 	var err error
 	if l.prev, err = readSegment(filepath.Join(dir, previousName)); err != nil {
 		return nil, err
@@ -250,13 +253,20 @@ func cmpUint(a, b uint64) int {
 }
 
 // Watch yields the events that match f in sequence order: with since, the
-// kept ones after since first, then live ones; without it (nil), only
-// events appended from now on. It ends when ctx ends or the log closes.
+// kept ones after since first (all of them when since is beyond the newest,
+// as after a reset data dir), then live ones; without it (nil), only
+// events appended from now on. It ends when ctx ends, EndWatches is called
+// or the log closes.
 // The events yielded are shared: callers must not change them.
 func (l *Log) Watch(ctx context.Context, since *uint64, f Filter) iter.Seq[*Event] {
 	return func(yield func(*Event) bool) {
 		cursor := l.LastSeq()
-		if since != nil {
+		switch {
+		case since != nil && *since > cursor:
+			// The watcher saw events this log never had: the data dir was
+			// reset, so everything in it is new to the watcher.
+			cursor = 0
+		case since != nil:
 			cursor = *since
 		}
 		for {
@@ -273,11 +283,18 @@ func (l *Log) Watch(ctx context.Context, since *uint64, f Filter) iter.Seq[*Even
 			select {
 			case <-ctx.Done():
 				return
+			case <-l.ending:
+				return
 			case <-changed:
 			}
 		}
 	}
 }
+
+// EndWatches ends every watch, now and later, while appends go on: a
+// server shutting down lets its streams finish and still logs the deletes
+// that follow.
+func (l *Log) EndWatches() { l.endOnce.Do(func() { close(l.ending) }) }
 
 // Close closes the file and ends every watch.
 func (l *Log) Close() error {

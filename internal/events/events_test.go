@@ -111,3 +111,39 @@ func BenchmarkAppend(b *testing.B) {
 		}
 	})
 }
+
+func TestEndWatchesKeepsAppending(t *testing.T) {
+	l, err := Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range l.Watch(context.Background(), nil, Filter{}) {
+		}
+	}()
+	l.EndWatches()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("watch still running after EndWatches")
+	}
+	if e := l.Append(Event{Type: Deleted, SandboxID: "n-1"}); e.Seq != 1 {
+		t.Fatalf("append after EndWatches: %+v", e)
+	}
+}
+
+func TestSinceBeyondTheLogReplaysIt(t *testing.T) {
+	l, err := Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.Append(Event{Type: Created, SandboxID: "n-1"})
+	far := uint64(1000) // a watcher of a data dir since wiped
+	if evs := collect(t, l, &far, Filter{}, 1); evs[0].Seq != 1 {
+		t.Fatalf("resume beyond the log: %+v", evs[0])
+	}
+}

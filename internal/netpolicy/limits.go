@@ -186,7 +186,7 @@ func (l *limiter) summarize(sbs []*Sandbox) {
 			}
 		}
 		if len(attrs) > 0 {
-			l.log.Warn("dns proxy: sandbox over its limits", append([]any{"id", sb.id}, attrs...)...)
+			l.log.Warn("dns proxy: sandbox over its limits", append([]any{"sandbox", sb.id}, attrs...)...)
 		}
 	}
 }

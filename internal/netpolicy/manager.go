@@ -243,7 +243,7 @@ func (m *Manager) expire() {
 			m.mu.Unlock()
 			for _, s := range sbs {
 				if err := s.expire(now); err != nil {
-					m.log.Warn("network: expire DNS answers", "id", s.id, "err", err)
+					m.log.Warn("network: expire DNS answers", "sandbox", s.id, "err", err)
 				}
 			}
 			if now.Sub(lastSummary) >= summaryInterval {

@@ -188,7 +188,7 @@ func (s *Sandbox) learn(name string, answer []dns.RR, entries []entry) []dns.RR 
 				static = s.staticItemsLocked()
 			}
 			if err := s.putLearnedLocked(a, static); err != nil {
-				s.m.log.Warn("network: allow DNS answer", "id", s.id, "err", err)
+				s.m.log.Warn("network: allow DNS answer", "sandbox", s.id, "err", err)
 				continue
 			}
 		}
@@ -284,7 +284,7 @@ func (s *Sandbox) syncLocked() error {
 	}
 	table, err := buildTable(items, s.m.deny)
 	if err != nil {
-		s.m.log.Warn("network: rules", "id", s.id, "err", err)
+		s.m.log.Warn("network: rules", "sandbox", s.id, "err", err)
 	}
 	return syncMap(s.filter.maps.allow, table)
 }
@@ -426,7 +426,7 @@ func (s *Sandbox) Close() error {
 	m.mu.Unlock()
 	err := m.node.deleteLink(s.hostVeth)
 	if ferr := m.node.forgetSource(s.addr4, s.addr6); ferr != nil {
-		m.log.Warn("network: forget per-source caps", "id", s.id, "err", ferr)
+		m.log.Warn("network: forget per-source caps", "sandbox", s.id, "err", ferr)
 	}
 	if s.ns != nil {
 		s.ns.Close()

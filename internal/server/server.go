@@ -266,6 +266,8 @@ func (s *Server) listen() error {
 	protocols.SetUnencryptedHTTP2(true)
 	protocols.SetHTTP2(true)
 	s.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second, ConnContext: connContext}
+	// Event streams never end on their own: end them so Shutdown need not wait.
+	s.http.RegisterOnShutdown(s.events.EndWatches)
 
 	_ = os.Remove(s.cfg.Socket) // a stale socket from a crashed run
 	unixLn, err := net.Listen("unix", s.cfg.Socket)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"os"
@@ -229,6 +230,36 @@ func TestEventsResumeAcrossDaemonRestart(t *testing.T) {
 	}
 	if got[0].Seq != before[2].Seq || !got[0].Time.Equal(before[2].Time) {
 		t.Errorf("replayed event %+v differs from the one seen before the restart %+v", got[0], before[2])
+	}
+
+	// The CLI replays the same, one line per event, and follows on.
+	sock := "unix://" + filepath.Join(d.dataDir, "corral.sock")
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cli := exec.CommandContext(cctx, filepath.Join(d.bins, "corral"), "--addr", sock, "events",
+		"--since", strconv.FormatUint(mid, 10), "--filter", "sandbox="+sb.ID(), "--filter", "label=run=a")
+	out, err := cli.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if strings.Contains(sc.Text(), " deleted "+sb.ID()) {
+			break
+		}
+	}
+	_ = cli.Process.Kill()
+	_ = cli.Wait()
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], strconv.FormatUint(mid+1, 10)+" ") || !strings.Contains(lines[0], " paused "+sb.ID()) {
+		t.Errorf("corral events --since %d:\n%s", mid, strings.Join(lines, "\n"))
+	}
+	if out, err := exec.Command(filepath.Join(d.bins, "corral"), "--addr", sock, "events", "--filter", "colour=red").CombinedOutput(); err == nil || !strings.Contains(string(out), "--filter") {
+		t.Errorf("corral events with a bad filter: %v %s", err, out)
 	}
 	d.stop(syscall.SIGTERM)
 	testenv.AssertNoLeaks(t, d.dataDir, d.parent)

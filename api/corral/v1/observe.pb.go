@@ -775,8 +775,11 @@ type NodeInfo struct {
 	// used: the sampled use of those sandboxes, summed (cpu in millicores).
 	Used             *Resources       `protobuf:"bytes,5,opt,name=used,proto3" json:"used,omitempty"`
 	SandboxesByState map[string]int64 `protobuf:"bytes,6,rep,name=sandboxes_by_state,json=sandboxesByState,proto3" json:"sandboxes_by_state,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// last_event_seq is the newest event's sequence number: WatchEvents with
+	// since_seq set to it misses nothing that happens afterwards.
+	LastEventSeq  uint64 `protobuf:"varint,7,opt,name=last_event_seq,json=lastEventSeq,proto3" json:"last_event_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
@@ -849,6 +852,13 @@ func (x *NodeInfo) GetSandboxesByState() map[string]int64 {
 		return x.SandboxesByState
 	}
 	return nil
+}
+
+func (x *NodeInfo) GetLastEventSeq() uint64 {
+	if x != nil {
+		return x.LastEventSeq
+	}
+	return 0
 }
 
 var File_corral_v1_observe_proto protoreflect.FileDescriptor
@@ -937,14 +947,15 @@ const file_corral_v1_observe_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x0e\n" +
 	"\fNodesRequest\":\n" +
 	"\rNodesResponse\x12)\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x13.corral.v1.NodeInfoR\x05nodes\"\xe4\x02\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x13.corral.v1.NodeInfoR\x05nodes\"\x8a\x03\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bbackends\x18\x02 \x03(\tR\bbackends\x120\n" +
 	"\bcapacity\x18\x03 \x01(\v2\x14.corral.v1.ResourcesR\bcapacity\x122\n" +
 	"\tcommitted\x18\x04 \x01(\v2\x14.corral.v1.ResourcesR\tcommitted\x12(\n" +
 	"\x04used\x18\x05 \x01(\v2\x14.corral.v1.ResourcesR\x04used\x12W\n" +
-	"\x12sandboxes_by_state\x18\x06 \x03(\v2).corral.v1.NodeInfo.SandboxesByStateEntryR\x10sandboxesByState\x1aC\n" +
+	"\x12sandboxes_by_state\x18\x06 \x03(\v2).corral.v1.NodeInfo.SandboxesByStateEntryR\x10sandboxesByState\x12$\n" +
+	"\x0elast_event_seq\x18\a \x01(\x04R\flastEventSeq\x1aC\n" +
 	"\x15SandboxesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x012\xd8\x01\n" +

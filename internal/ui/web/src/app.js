@@ -228,7 +228,9 @@ async function tick() {
     await renderDetail();
     $("status").textContent = "live · " + new Date().toLocaleTimeString();
   } catch (e) {
-    $("status").textContent = "cannot reach the node: " + e.message;
+    $("status").textContent = /HTTP 401/.test(e.message)
+      ? "the node wants a token: open /ui/?token=YOUR_TOKEN"
+      : "cannot reach the node: " + e.message;
   }
   setTimeout(tick, POLL_MS);
 }
