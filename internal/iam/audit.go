@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -47,7 +48,18 @@ func (s *Service) Record(ctx context.Context, p Principal, e AuditEntry) error {
 	case <-s.stopAudit:
 		return errdefs.Unavailable("audit log: closed")
 	}
-	if err := <-rec.done; err != nil {
+	var err error
+	select {
+	case err = <-rec.done:
+	case <-s.auditDone:
+		// The writer has stopped; it may have answered just before.
+		select {
+		case err = <-rec.done:
+		default:
+			err = errors.New("closed before the entry was written")
+		}
+	}
+	if err != nil {
 		return errdefs.Unavailable("audit log: %v", err)
 	}
 	return nil
