@@ -413,7 +413,8 @@ func TestRevokedAndExpiredTokensFailAtOnce(t *testing.T) {
 	if _, err := c.WhoAmI(ctx); !client.IsUnauthenticated(err) || !strings.Contains(err.Error(), tok.ID) {
 		t.Errorf("first call after revoke: %v, want unauthenticated naming %s", err, tok.ID)
 	}
-	tok, secret, err = srv.Client.CreateToken(ctx, client.TokenOptions{Project: "p", TTL: time.Second})
+	// Long enough for the first call to come before expiry on a loaded host.
+	tok, secret, err = srv.Client.CreateToken(ctx, client.TokenOptions{Project: "p", TTL: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
