@@ -10,9 +10,9 @@ import (
 	_ "github.com/corral-dev/corral/api/corral/v1"
 )
 
-// Procedures lists every RPC of every corral.v1 service, from the
+// procedures lists every RPC of every corral.v1 service, from the
 // registered descriptors, so new RPCs are covered without editing tests.
-func Procedures() []string {
+func procedures() []string {
 	var out []string
 	protoregistry.GlobalFiles.RangeFilesByPackage("corral.v1", func(fd protoreflect.FileDescriptor) bool {
 		for i := range fd.Services().Len() {
@@ -30,7 +30,7 @@ func Procedures() []string {
 // node only, IAM) before a token may call it; those naming a sandbox must
 // say in which field.
 func TestEveryProcedureHasARule(t *testing.T) {
-	procs := Procedures()
+	procs := procedures()
 	if len(procs) < 30 {
 		t.Fatalf("found only %d procedures: %v", len(procs), procs)
 	}

@@ -16,7 +16,10 @@ import (
 // administrator (the built-in busybox and debian among them) and every
 // project may use it. A project may use its own names, its ancestors' and
 // its subprojects'; others' are NotFound. Names are one namespace per node:
-// a name taken by another project is refused as taken.
+// a name taken by another project is refused as taken. The layers an
+// import makes (oci-<diff id>, shared by every import of that content) are
+// reached by tokens only through the import's composition: listing or
+// naming them directly could expose another project's private image.
 type ImageOwners struct {
 	Store iam.Store
 	// Exists reports whether the node's image store has name (any
@@ -25,6 +28,11 @@ type ImageOwners struct {
 }
 
 func ownerKey(name string) string { return "images/" + name }
+
+// importedLayerPrefix starts the names of layers made by imports.
+const importedLayerPrefix = "oci-"
+
+func imported(name string) bool { return strings.HasPrefix(name, importedLayerPrefix) }
 
 // imageName is the name part of NAME@VERSION.
 func imageName(ref string) string {
@@ -54,6 +62,9 @@ func (o *ImageOwners) CheckUse(ctx context.Context, p iam.Principal, ref string)
 	if ref == "" || p.NodeAdmin {
 		return nil
 	}
+	if imported(imageName(ref)) {
+		return errdefs.NotFound("image %s: not found (an import's layers are used through its composition)", ref)
+	}
 	owner, _, err := o.owner(ctx, imageName(ref))
 	if err != nil {
 		return err
@@ -68,6 +79,9 @@ func (o *ImageOwners) CheckUse(ctx context.Context, p iam.Principal, ref string)
 func (o *ImageOwners) CheckOwn(ctx context.Context, p iam.Principal, ref string) error {
 	if p.NodeAdmin {
 		return nil
+	}
+	if imported(imageName(ref)) {
+		return errdefs.NotFound("image %s: not found", ref)
 	}
 	owner, _, err := o.owner(ctx, imageName(ref))
 	if err != nil {
@@ -91,6 +105,9 @@ func (o *ImageOwners) Claim(ctx context.Context, p iam.Principal, ref string) er
 	name := imageName(ref)
 	if p.NodeAdmin || name == "" {
 		return nil
+	}
+	if imported(name) {
+		return errdefs.InvalidArgument("name %s: names starting with %s are kept for the layers imports make", ref, importedLayerPrefix)
 	}
 	for range 3 {
 		owner, _, err := o.owner(ctx, name)
@@ -149,7 +166,7 @@ func (o *ImageOwners) Filter(ctx context.Context, p iam.Principal, r *corralv1.L
 		r.Images, r.Compositions, r.Layers = nil, nil, nil
 		return
 	}
-	keep := func(ref string) bool { return usable(p, owners[imageName(ref)]) }
+	keep := func(ref string) bool { return !imported(imageName(ref)) && usable(p, owners[imageName(ref)]) }
 	var imgs []*corralv1.BuiltImage
 	for _, i := range r.Images {
 		if keep(i.Name) {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -31,7 +32,8 @@ type AuditEntry struct {
 const auditPrefix = "audit/"
 
 // Record appends e to the audit log durably (the store's Txn is synced to
-// disk before it returns): callers record before they answer.
+// disk before it returns): callers record before they answer. Concurrent
+// records share one transaction, so one sync serves them all.
 func (s *Service) Record(ctx context.Context, p Principal, e AuditEntry) error {
 	e.Time = s.now().UTC()
 	e.NodeAdmin, e.TokenID, e.Project = p.NodeAdmin, p.TokenID, p.Project
@@ -39,12 +41,75 @@ func (s *Service) Record(ctx context.Context, p Principal, e AuditEntry) error {
 	_, _ = rand.Read(rnd)
 	e.Key = fmt.Sprintf("%s%020d-%s", auditPrefix, e.Time.UnixNano(), hex.EncodeToString(rnd))
 	val, _ := json.Marshal(e)
-	// The request is done: a cancelled caller must still leave its entry.
-	if err := s.store.Txn(context.WithoutCancel(ctx), []Cond{{Key: e.Key, Rev: 0}}, []Write{{Key: e.Key, Value: val}}); err != nil {
+	rec := auditWrite{entry: e, value: val, done: make(chan error, 1)}
+	// The request is done: a cancelled caller still waits for its entry.
+	select {
+	case s.auditQ <- rec:
+	case <-s.stopAudit:
+		return errdefs.Unavailable("audit log: closed")
+	}
+	var err error
+	select {
+	case err = <-rec.done:
+	case <-s.auditDone:
+		// The writer has stopped; it may have answered just before.
+		select {
+		case err = <-rec.done:
+		default:
+			err = errors.New("closed before the entry was written")
+		}
+	}
+	if err != nil {
 		return errdefs.Unavailable("audit log: %v", err)
 	}
-	s.publish(e)
 	return nil
+}
+
+// auditWrite is one entry waiting for the audit writer.
+type auditWrite struct {
+	entry AuditEntry
+	value []byte
+	done  chan error
+}
+
+// maxAuditBatch bounds the entries of one audit transaction.
+const maxAuditBatch = 256
+
+// writeAudit commits queued entries, as many per transaction as are
+// waiting, until stopAudit closes.
+func (s *Service) writeAudit() {
+	defer close(s.auditDone)
+	for {
+		var batch []auditWrite
+		select {
+		case w := <-s.auditQ:
+			batch = append(batch, w)
+		case <-s.stopAudit:
+			return
+		}
+	drain:
+		for len(batch) < maxAuditBatch {
+			select {
+			case w := <-s.auditQ:
+				batch = append(batch, w)
+			default:
+				break drain
+			}
+		}
+		conds := make([]Cond, len(batch))
+		writes := make([]Write, len(batch))
+		for i, w := range batch {
+			conds[i] = Cond{Key: w.entry.Key, Rev: 0}
+			writes[i] = Write{Key: w.entry.Key, Value: w.value}
+		}
+		err := s.store.Txn(context.Background(), conds, writes)
+		for _, w := range batch {
+			if err == nil {
+				s.publish(w.entry)
+			}
+			w.done <- err
+		}
+	}
 }
 
 // AuditFilter selects audit entries.

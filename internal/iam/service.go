@@ -21,6 +21,14 @@ type Service struct {
 
 	subMu sync.Mutex
 	subs  map[chan AuditEntry]struct{}
+
+	// auditQ feeds the audit writer (writeAudit); stopAudit ends it and
+	// auditDone says it has ended.
+	auditQ    chan auditWrite
+	stopAudit chan struct{}
+	auditDone chan struct{}
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Config configures a Service.
@@ -46,8 +54,11 @@ func New(cfg Config) *Service {
 	if cfg.Usage == nil {
 		cfg.Usage = func(string) Usage { return Usage{} }
 	}
-	return &Service{store: cfg.Store, now: cfg.Now, log: cfg.Logger, contents: cfg.Contents, usage: cfg.Usage,
-		buckets: map[string]*bucket{}, subs: map[chan AuditEntry]struct{}{}}
+	s := &Service{store: cfg.Store, now: cfg.Now, log: cfg.Logger, contents: cfg.Contents, usage: cfg.Usage,
+		buckets: map[string]*bucket{}, subs: map[chan AuditEntry]struct{}{},
+		auditQ: make(chan auditWrite, maxAuditBatch), stopAudit: make(chan struct{}), auditDone: make(chan struct{})}
+	go s.writeAudit()
+	return s
 }
 
 // Usage reports what project (with its subprojects) uses now.
@@ -61,8 +72,16 @@ func (s *Service) SetContents(c Contents, usage func(project string) Usage) {
 	}
 }
 
-// Close releases the store.
-func (s *Service) Close() error { return s.store.Close() }
+// Close stops the audit writer and releases the store; later calls do
+// nothing.
+func (s *Service) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.stopAudit)
+		<-s.auditDone
+		s.closeErr = s.store.Close()
+	})
+	return s.closeErr
+}
 
 // Store is the store the service keeps its records in.
 func (s *Service) Store() Store { return s.store }

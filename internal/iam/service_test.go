@@ -284,3 +284,31 @@ func TestAuditListAndFollow(t *testing.T) {
 		t.Errorf("follow ended with %v", err)
 	}
 }
+
+// TestConcurrentAuditRecords: records made at once (sharing transactions)
+// are each in the log once, and a closed service refuses new ones.
+func TestConcurrentAuditRecords(t *testing.T) {
+	svc, _, _ := newService(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := range 300 {
+		wg.Go(func() {
+			if err := svc.Record(ctx, admin, iam.AuditEntry{Procedure: "/t/Do", Summary: fmt.Sprint(i), Result: "ok"}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	got, err := svc.ListAudit(ctx, admin, iam.AuditFilter{})
+	seen := map[string]bool{}
+	for _, e := range got {
+		seen[e.Summary] = true
+	}
+	if err != nil || len(got) != 300 || len(seen) != 300 {
+		t.Fatalf("%d entries (%d distinct), %v; want 300", len(got), len(seen), err)
+	}
+	svc.Close()
+	if err := svc.Record(ctx, admin, iam.AuditEntry{Procedure: "/t/Late"}); !errdefs.IsUnavailable(err) {
+		t.Errorf("record after close: %v, want unavailable", err)
+	}
+}

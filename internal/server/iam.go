@@ -255,3 +255,7 @@ func (s *Server) serveTCP(ln net.Listener) error {
 	}
 	return s.http.Serve(ln)
 }
+
+// IAM is the server's IAM service: other front ends on the node (the E2B
+// API's X-API-KEY) authenticate through its Authenticate.
+func (s *Server) IAM() *iam.Service { return s.iam }

@@ -413,7 +413,8 @@ func TestRevokedAndExpiredTokensFailAtOnce(t *testing.T) {
 	if _, err := c.WhoAmI(ctx); !client.IsUnauthenticated(err) || !strings.Contains(err.Error(), tok.ID) {
 		t.Errorf("first call after revoke: %v, want unauthenticated naming %s", err, tok.ID)
 	}
-	tok, secret, err = srv.Client.CreateToken(ctx, client.TokenOptions{Project: "p", TTL: time.Second})
+	// Long enough for the first call to come before expiry on a loaded host.
+	tok, secret, err = srv.Client.CreateToken(ctx, client.TokenOptions{Project: "p", TTL: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -579,5 +580,46 @@ func TestTLSListener(t *testing.T) {
 		if resp.StatusCode == http.StatusOK {
 			t.Errorf("plain HTTP on the TLS listener answered: %d %q", resp.StatusCode, body)
 		}
+	}
+}
+
+// TestConcurrentCreatesNeverPassAQuota: creates racing for the last slots
+// of a quota (admitted under the node's lock, in-flight creates counted)
+// never end above it; a calls/s quota refuses a burst of fncall calls.
+func TestConcurrentCreatesNeverPassAQuota(t *testing.T) {
+	srv, addr := startTCP(t)
+	ctx := context.Background()
+	mustProject(t, srv.Client, "race", client.Quota{MaxSandboxes: 3, CallsPerSec: 1})
+	c := tokenClient(t, srv.Client, addr, "race", "member")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	made, refused := 0, 0
+	for range 8 {
+		wg.Go(func() {
+			sb, err := c.Create(ctx, client.CreateOptions{})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				made++
+				t.Cleanup(func() { _ = sb.Delete(context.Background()) })
+			case client.IsResourceExhausted(err) && strings.Contains(err.Error(), "project race: quota max_sandboxes: limit 3"):
+				refused++
+			default:
+				t.Errorf("create: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if made != 3 || refused != 5 {
+		t.Errorf("8 concurrent creates under a quota of 3: %d made, %d refused", made, refused)
+	}
+	// The bucket holds one second's worth: one call, never a batch of two.
+	if _, err := c.Call(ctx, client.CallOptions{Args: []string{"true"}}); err != nil {
+		t.Errorf("one call under 1 call/s: %v", err)
+	}
+	two := []client.CallOptions{{Args: []string{"true"}}, {Args: []string{"true"}}}
+	if _, err := c.CallBatch(ctx, two); !client.IsResourceExhausted(err) || !strings.Contains(err.Error(), "project race: quota calls_per_sec: limit 1/s") {
+		t.Errorf("a batch of two under 1 call/s: %v, want resource exhausted", err)
 	}
 }
