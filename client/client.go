@@ -30,6 +30,9 @@ type Client struct {
 	fn   corralv1connect.FnCallServiceClient
 	img  corralv1connect.ImageServiceClient
 	http *http.Client
+	// h2 carries bidirectional streams (exec with streamed stdin), which
+	// Connect runs over HTTP/2 only; everything else uses HTTP/1.1.
+	h2 corralv1connect.SandboxServiceClient
 }
 
 // Option configures a Client.
@@ -67,12 +70,17 @@ func New(addr string, opts ...Option) (*Client, error) {
 		}
 	}
 	hc := &http.Client{Transport: transport}
+	h2 := transport.Clone()
+	h2.Protocols = new(http.Protocols)
+	h2.Protocols.SetHTTP2(true)
+	h2.Protocols.SetUnencryptedHTTP2(true)
 	copts := []connect.ClientOption{connect.WithSendMaxBytes(64 << 20), connect.WithReadMaxBytes(128 << 20)}
 	return &Client{
 		svc:  corralv1connect.NewSandboxServiceClient(hc, baseURL, copts...),
 		fn:   corralv1connect.NewFnCallServiceClient(hc, baseURL, copts...),
 		img:  corralv1connect.NewImageServiceClient(hc, baseURL, copts...),
 		http: hc,
+		h2:   corralv1connect.NewSandboxServiceClient(&http.Client{Transport: h2}, baseURL, copts...),
 	}, nil
 }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/fncall"
 	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/importroot"
 	"github.com/corral-dev/corral/internal/layershare"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/node"
@@ -77,6 +78,9 @@ type Config struct {
 	// Blobs shares layers through a blob store (nil: every layer is local).
 	Blobs  *BlobsConfig
 	Logger *slog.Logger
+	// ImportRoot is the directory under which the node administrator may
+	// name node paths in layer create and image import ("": none).
+	ImportRoot string
 }
 
 // BlobsConfig configures the blob store layers are shared through.
@@ -208,7 +212,13 @@ func (s *Server) listen() error {
 		sandboxes.SetLazyReads(s.lazyReads)
 	}
 	mux.HandleFunc("GET /metrics", s.metrics)
-	path, h = corralv1connect.NewImageServiceHandler(control.NewImageService(sandboxes, s.images, s.share),
+	importRoot, err := importroot.New(s.cfg.ImportRoot)
+	if err != nil {
+		return err
+	}
+	imageSvc := control.NewImageService(sandboxes, s.images, s.share)
+	imageSvc.SetImportRoot(importRoot)
+	path, h = corralv1connect.NewImageServiceHandler(imageSvc,
 		connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, h)
 	// Calls are small and many: compressing a short reply costs more than
@@ -220,7 +230,7 @@ func (s *Server) listen() error {
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
-	s.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
+	s.http = &http.Server{Handler: nodeAdminOnSocket(mux), ConnContext: markConn, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
 
 	_ = os.Remove(s.cfg.Socket) // a stale socket from a crashed run
 	unixLn, err := net.Listen("unix", s.cfg.Socket)
