@@ -292,7 +292,7 @@ func (f *FS) Extract(ctx context.Context, dest string, r io.Reader, opts TarOpti
 	if err := f.mkdirAll(ctx, root, dest, defaultDirMode); err != nil {
 		return 0, 0, err
 	}
-	x := &extractor{root: root, dest: dest, opts: opts, buf: make([]byte, chunk)}
+	x := &extractor{f: f, root: root, dest: dest, opts: opts}
 	defer x.closeParent()
 	tr := tar.NewReader(r)
 	for {
@@ -328,10 +328,10 @@ func (f *FS) Extract(ctx context.Context, dest string, r io.Reader, opts TarOpti
 }
 
 type extractor struct {
+	f          *FS
 	root       *os.File
 	dest       string
 	opts       TarOptions
-	buf        []byte
 	bytes      int64
 	dirs       []dirTime
 	parent     *os.File // the last entry's parent, reused by its siblings
@@ -360,14 +360,20 @@ func (x *extractor) target(name string) (string, error) {
 }
 
 // parentOf opens the directory holding p inside the root (a data
-// directory, not a kernel filesystem's).
-func (x *extractor) parentOf(p string) (*os.File, error) {
+// directory, not a kernel filesystem's), making it when missing.
+func (x *extractor) parentOf(ctx context.Context, p string) (*os.File, error) {
 	dir := path.Dir(p)
 	if x.parent != nil && x.parentPath == dir {
 		return x.parent, nil
 	}
 	x.closeParent()
 	parent, err := at(x.root, dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err == unix.ENOENT {
+		if err := x.f.mkdirAll(ctx, x.root, dir, defaultDirMode); err != nil {
+			return nil, err
+		}
+		parent, err = at(x.root, dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	}
 	if err != nil {
 		return nil, pathErr(p, "open parent", err)
 	}
@@ -400,7 +406,7 @@ func (x *extractor) entry(ctx context.Context, hdr *tar.Header, body io.Reader) 
 		x.dirs = append(x.dirs, dirTime{p, hdr.ModTime})
 		return x.meta(dir, hdr, uid, gid, p)
 	}
-	parent, err := x.parentOf(p)
+	parent, err := x.parentOf(ctx, p)
 	if err != nil {
 		return err
 	}
@@ -467,6 +473,9 @@ func (x *extractor) entry(ctx context.Context, hdr *tar.Header, body io.Reader) 
 		}
 		// Flags 0: a symlink at old is linked itself, never followed.
 		if err := unix.Linkat(int(oldDir.Fd()), path.Base(old), pfd, name, 0); err != nil {
+			if err == unix.ENOENT {
+				return errdefs.NotFound("tar entry %q: hard link target %q is not in the sandbox", hdr.Name, old)
+			}
 			return pathErr(p, "link to "+old, err)
 		}
 		return nil
