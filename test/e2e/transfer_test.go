@@ -139,3 +139,30 @@ func TestStreamedStdinAndUpload(t *testing.T) {
 		t.Fatalf("uploaded file: %q", out)
 	}
 }
+
+// TestMicroVMTransfer: on a microVM, stdin and single files stream as on
+// a container; tree copies are not served yet and say so.
+func TestMicroVMTransfer(t *testing.T) {
+	srv := startMicroVMServer(t)
+	ctx := context.Background()
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: "microvm",
+		Resources: client.Resources{MemoryBytes: 256 << 20, CPUMillis: 1000}})
+	data := make([]byte, 24<<20)
+	if _, err := rand.Read(data); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	want := hex.EncodeToString(sum[:])
+	res, err := sb.Run(ctx, client.Command{Shell: "sha256sum | cut -d' ' -f1", StdinReader: bytes.NewReader(data)})
+	if err != nil || strings.TrimSpace(string(res.Stdout)) != want {
+		t.Fatalf("streamed stdin on a microVM: %+v, %v", res, err)
+	}
+	if _, err := sb.Files().WriteFrom(ctx, "/root/big", bytes.NewReader(data), 0); err != nil {
+		t.Fatal(err)
+	}
+	if out := testenv.Sh(t, sb, "sha256sum /root/big | cut -d' ' -f1"); out != want+"\n" {
+		t.Fatalf("uploaded file on a microVM: %q", out)
+	}
+	_, err = sb.Files().UploadDir(ctx, t.TempDir(), "/root/tree")
+	wantCode(t, err, client.CodeUnimplemented, "copying directory trees")
+}
