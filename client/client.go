@@ -33,6 +33,9 @@ type Client struct {
 	// h2 carries bidirectional streams (exec with streamed stdin), which
 	// Connect runs over HTTP/2 only; everything else uses HTTP/1.1.
 	h2 corralv1connect.SandboxServiceClient
+	// bulk reads file data without gzip, which costs far more CPU than a
+	// local or datacenter link saves (and random data does not shrink).
+	bulk corralv1connect.SandboxServiceClient
 }
 
 // Option configures a Client.
@@ -81,6 +84,8 @@ func New(addr string, opts ...Option) (*Client, error) {
 		img:  corralv1connect.NewImageServiceClient(hc, baseURL, copts...),
 		http: hc,
 		h2:   corralv1connect.NewSandboxServiceClient(&http.Client{Transport: h2}, baseURL, copts...),
+		bulk: corralv1connect.NewSandboxServiceClient(hc, baseURL,
+			append(copts, connect.WithAcceptCompression("gzip", nil, nil))...),
 	}, nil
 }
 

@@ -55,7 +55,7 @@ func (f *Files) Read(ctx context.Context, path string) ([]byte, error) {
 
 // ReadTo streams the file into w and returns the bytes copied.
 func (f *Files) ReadTo(ctx context.Context, path string, w io.Writer) (int64, error) {
-	stream, err := f.s.c.svc.ReadFile(ctx, connect.NewRequest(&corralv1.ReadFileRequest{SandboxId: f.s.id, Path: path}))
+	stream, err := f.s.c.bulk.ReadFile(ctx, connect.NewRequest(&corralv1.ReadFileRequest{SandboxId: f.s.id, Path: path}))
 	if err != nil {
 		return 0, wrapErr(err)
 	}

@@ -147,6 +147,34 @@ func extractTar(ctx context.Context, r io.Reader, dir string, strip int) error {
 	}
 	var dirs []dirTime
 	asRoot := os.Geteuid() == 0
+	// in is the os.Root of the last entry's parent directory, so that its
+	// siblings' calls resolve one name instead of the whole path.
+	in, inDir := root, "."
+	defer func() {
+		if in != root {
+			in.Close()
+		}
+	}()
+	parentOf := func(name string) (*os.Root, string, error) {
+		dir, base := path.Split(name)
+		if dir = path.Clean(dir); dir != inDir {
+			if in != root {
+				in.Close()
+			}
+			in, inDir = root, "."
+			if dir != "." {
+				sub, err := root.OpenRoot(dir)
+				if err != nil {
+					return nil, "", err
+				}
+				in, inDir = sub, dir
+			}
+		}
+		if base == "" {
+			base = "."
+		}
+		return in, base, nil
+	}
 	tr := tar.NewReader(r)
 	buf := make([]byte, 1<<20)
 	for {
@@ -164,18 +192,36 @@ func extractTar(ctx context.Context, r io.Reader, dir string, strip int) error {
 		if !ok {
 			continue
 		}
+		if hdr.Typeflag == tar.TypeLink {
+			old, ok := stripName(hdr.Linkname, strip)
+			if !ok {
+				return fmt.Errorf("tar entry %q: hard link to %q outside the copy", hdr.Name, hdr.Linkname)
+			}
+			_ = root.Remove(name)
+			if err := root.Link(old, name); err != nil {
+				return err
+			}
+			continue
+		}
+		if hdr.Typeflag == tar.TypeDir && name != "." {
+			if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+				return err
+			}
+		}
+		parent, base, err := parentOf(name)
+		if err != nil {
+			return err
+		}
 		mode := fs.FileMode(hdr.Mode & 0o777)
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if name != "." {
-				if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-					return err
-				}
-			}
 			dirs = append(dirs, dirTime{name, hdr.ModTime})
 		case tar.TypeReg:
-			_ = root.Remove(name)
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			f, err := parent.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if errors.Is(err, fs.ErrExist) {
+				_ = parent.Remove(base)
+				f, err = parent.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			}
 			if err != nil {
 				return err
 			}
@@ -190,31 +236,21 @@ func extractTar(ctx context.Context, r io.Reader, dir string, strip int) error {
 				return err
 			}
 		case tar.TypeSymlink:
-			_ = root.Remove(name)
-			if err := root.Symlink(hdr.Linkname, name); err != nil {
+			_ = parent.Remove(base)
+			if err := parent.Symlink(hdr.Linkname, base); err != nil {
 				return err
 			}
 			if asRoot {
-				if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+				if err := parent.Lchown(base, hdr.Uid, hdr.Gid); err != nil {
 					return err
 				}
 			}
 			continue // no chmod or chtimes: they would follow the link
-		case tar.TypeLink:
-			old, ok := stripName(hdr.Linkname, strip)
-			if !ok {
-				return fmt.Errorf("tar entry %q: hard link to %q outside the copy", hdr.Name, hdr.Linkname)
-			}
-			_ = root.Remove(name)
-			if err := root.Link(old, name); err != nil {
-				return err
-			}
-			continue
 		default:
 			continue
 		}
 		if asRoot {
-			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+			if err := parent.Lchown(base, hdr.Uid, hdr.Gid); err != nil {
 				return err
 			}
 		}
@@ -223,11 +259,11 @@ func extractTar(ctx context.Context, r io.Reader, dir string, strip int) error {
 				mode |= m
 			}
 		}
-		if err := root.Chmod(name, mode); err != nil {
+		if err := parent.Chmod(base, mode); err != nil {
 			return err
 		}
 		if hdr.Typeflag == tar.TypeReg {
-			if err := root.Chtimes(name, hdr.ModTime, hdr.ModTime); err != nil {
+			if err := parent.Chtimes(base, hdr.ModTime, hdr.ModTime); err != nil {
 				return err
 			}
 		}

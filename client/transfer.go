@@ -115,7 +115,7 @@ func (f *Files) UploadTar(ctx context.Context, dest string, r io.Reader) (CopySt
 // DownloadTar streams a tar of path in the sandbox to w: path's last
 // element first, then a directory's whole tree.
 func (f *Files) DownloadTar(ctx context.Context, path string, w io.Writer) error {
-	stream, err := f.s.c.svc.CopyOut(ctx, connect.NewRequest(&corralv1.CopyOutRequest{SandboxId: f.s.id, Path: path}))
+	stream, err := f.s.c.bulk.CopyOut(ctx, connect.NewRequest(&corralv1.CopyOutRequest{SandboxId: f.s.id, Path: path}))
 	if err != nil {
 		return wrapErr(err)
 	}
