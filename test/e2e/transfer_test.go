@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -165,4 +166,32 @@ func TestMicroVMTransfer(t *testing.T) {
 	}
 	_, err = sb.Files().UploadDir(ctx, t.TempDir(), "/root/tree")
 	wantCode(t, err, client.CodeUnimplemented, "copying directory trees")
+}
+
+// TestCLICopyTree: `corral cp` of a directory follows docker cp's naming
+// (into an existing directory under the source's name, else as the
+// destination) and round-trips the tree.
+func TestCLICopyTree(t *testing.T) {
+	srv := testenv.StartServer(t)
+	bin := filepath.Join(testenv.Binaries(t), "corral")
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Image: "busybox"})
+	tmp := t.TempDir()
+	src := filepath.Join(tmp, "repo")
+	if _, err := bench.MakeTree(src, 2<<20, 2); err != nil {
+		t.Fatal(err)
+	}
+	cp := func(from, to string) {
+		t.Helper()
+		if out, err := exec.Command(bin, "--addr", srv.Addr, "cp", from, to).CombinedOutput(); err != nil {
+			t.Fatalf("corral cp %s %s: %v\n%s", from, to, err, out)
+		}
+	}
+	testenv.Sh(t, sb, "mkdir /work")
+	cp(src, sb.ID()+":/work")  // /work exists: /work/repo
+	cp(src, sb.ID()+":/fresh") // /fresh does not: it is the copy
+	testenv.Sh(t, sb, "test -d /work/repo/big && test -d /fresh/big && ! test -e /fresh/repo")
+	cp(sb.ID()+":/work/repo", tmp+"/back") // ./back does not exist: it is the copy
+	if err := bench.CompareTrees(src, tmp+"/back"); err != nil {
+		t.Fatal(err)
+	}
 }
