@@ -34,6 +34,12 @@ type Client struct {
 	obs  corralv1connect.ObserveServiceClient
 	iam  corralv1connect.IAMServiceClient
 	http *http.Client
+	// h2 carries bidirectional streams (exec with streamed stdin), which
+	// Connect runs over HTTP/2 only; everything else uses HTTP/1.1.
+	h2 corralv1connect.SandboxServiceClient
+	// bulk reads file data without gzip, which costs far more CPU than a
+	// local or datacenter link saves (and random data does not shrink).
+	bulk corralv1connect.SandboxServiceClient
 }
 
 // Option configures a Client.
@@ -86,9 +92,14 @@ func New(addr string, opts ...Option) (*Client, error) {
 			return d.DialContext(ctx, "unix", socket)
 		}
 	}
-	var rt http.RoundTripper = transport
+	h2 := transport.Clone()
+	h2.Protocols = new(http.Protocols)
+	h2.Protocols.SetHTTP2(true)
+	h2.Protocols.SetUnencryptedHTTP2(true)
+	var rt, rt2 http.RoundTripper = transport, h2
 	if token != "" {
 		rt = bearer{token: "Bearer " + token, next: transport}
+		rt2 = bearer{token: "Bearer " + token, next: h2}
 	}
 	hc := &http.Client{Transport: rt}
 	copts := []connect.ClientOption{connect.WithSendMaxBytes(64 << 20), connect.WithReadMaxBytes(128 << 20)}
@@ -99,6 +110,9 @@ func New(addr string, opts ...Option) (*Client, error) {
 		obs:  corralv1connect.NewObserveServiceClient(hc, baseURL, copts...),
 		iam:  corralv1connect.NewIAMServiceClient(hc, baseURL, copts...),
 		http: hc,
+		h2:   corralv1connect.NewSandboxServiceClient(&http.Client{Transport: rt2}, baseURL, copts...),
+		bulk: corralv1connect.NewSandboxServiceClient(hc, baseURL,
+			append(copts, connect.WithAcceptCompression("gzip", nil, nil))...),
 	}, nil
 }
 

@@ -12,9 +12,6 @@ import (
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 )
 
-// writeChunk is the size of each WriteFile request when streaming a reader.
-const writeChunk = 4 << 20
-
 // Files are file operations inside one sandbox. Paths are absolute inside
 // the sandbox; nothing can resolve outside it.
 type Files struct{ s *Sandbox }
@@ -49,32 +46,6 @@ func (f *Files) Write(ctx context.Context, path string, data []byte) error {
 	return err
 }
 
-// WriteFrom streams r into path in chunks (mode 0 means 0644), creating
-// missing parent directories, and returns the bytes written.
-func (f *Files) WriteFrom(ctx context.Context, path string, r io.Reader, mode fs.FileMode) (int64, error) {
-	buf := make([]byte, writeChunk)
-	var total int64
-	for first := true; ; first = false {
-		n, rerr := io.ReadFull(r, buf)
-		if n > 0 || first {
-			_, err := f.s.c.svc.WriteFile(ctx, connect.NewRequest(&corralv1.WriteFileRequest{
-				SandboxId: f.s.id, Path: path, Content: buf[:n], Mode: uint32(mode.Perm()),
-				Append: !first, MakeParents: true,
-			}))
-			if err != nil {
-				return total, wrapErr(err)
-			}
-			total += int64(n)
-		}
-		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
-			return total, nil
-		}
-		if rerr != nil {
-			return total, rerr
-		}
-	}
-}
-
 // Read returns the whole file.
 func (f *Files) Read(ctx context.Context, path string) ([]byte, error) {
 	var buf bytes.Buffer
@@ -84,7 +55,7 @@ func (f *Files) Read(ctx context.Context, path string) ([]byte, error) {
 
 // ReadTo streams the file into w and returns the bytes copied.
 func (f *Files) ReadTo(ctx context.Context, path string, w io.Writer) (int64, error) {
-	stream, err := f.s.c.svc.ReadFile(ctx, connect.NewRequest(&corralv1.ReadFileRequest{SandboxId: f.s.id, Path: path}))
+	stream, err := f.s.c.bulk.ReadFile(ctx, connect.NewRequest(&corralv1.ReadFileRequest{SandboxId: f.s.id, Path: path}))
 	if err != nil {
 		return 0, wrapErr(err)
 	}

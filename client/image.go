@@ -77,6 +77,9 @@ type ImportOptions struct {
 	Insecure bool
 	// Progress, when set, receives progress as the import advances.
 	Progress func(ImportProgress)
+	// NodePath: an oci: or docker-archive: source is a path on the
+	// server's machine (node administrator only, under --import-root).
+	NodePath bool
 }
 
 // Imported is the result of an import.
@@ -123,9 +126,22 @@ func (c *Client) ListImages(ctx context.Context) (*Images, error) {
 	return out, nil
 }
 
-// CreateLayer builds the layer name (NAME@VERSION) from a directory or tar
-// file at path on the node.
+// CreateLayer builds the layer name (NAME@VERSION) from a directory or
+// tar file at path on this machine, streamed to the server (which reads
+// no path of its own: see CreateLayerFromNode).
 func (c *Client) CreateLayer(ctx context.Context, path, name string) (Layer, error) {
+	r, err := openLocal(ctx, path)
+	if err != nil {
+		return Layer{}, fmt.Errorf("layer %s: %w", name, err)
+	}
+	defer r.Close()
+	return c.CreateLayerFromTar(ctx, r, name)
+}
+
+// CreateLayerFromNode builds the layer name from a directory or tar file
+// at path on the server's machine: only the node administrator (root on
+// the unix socket) may, and only under the server's --import-root.
+func (c *Client) CreateLayerFromNode(ctx context.Context, path, name string) (Layer, error) {
 	resp, err := c.img.CreateLayer(ctx, connect.NewRequest(&corralv1.CreateLayerRequest{Path: path, Name: name}))
 	if err != nil {
 		return Layer{}, wrapErr(err)
@@ -144,9 +160,13 @@ func (c *Client) CreateComposition(ctx context.Context, comp Composition) (Compo
 }
 
 // ImportImage imports source (a registry reference, oci:DIR[:REF] or
-// docker-archive:FILE[:REPO:TAG], paths on the node) as the composition
-// name (NAME@VERSION).
+// docker-archive:FILE[:REPO:TAG]) as the composition name (NAME@VERSION).
+// The server pulls a registry image itself; a layout or archive is read
+// here and streamed (no progress is reported for it) unless o.NodePath.
 func (c *Client) ImportImage(ctx context.Context, source, name string, o ImportOptions) (*Imported, error) {
+	if up, ok := localArchive(source); ok && !o.NodePath {
+		return c.uploadImage(ctx, up, name)
+	}
 	stream, err := c.img.ImportImage(ctx, connect.NewRequest(&corralv1.ImportImageRequest{
 		Source: source, Name: name, Insecure: o.Insecure}))
 	if err != nil {

@@ -257,6 +257,10 @@ type Command struct {
 	// Stdout and Stderr receive output as it arrives (Exec only).
 	Stdout io.Writer
 	Stderr io.Writer
+	// StdinReader, when set instead of Stdin, is streamed to the command
+	// until EOF, with no size cap (over HTTP/2). Reading stops when the
+	// command ends.
+	StdinReader io.Reader
 }
 
 // Result is how a command ended.
@@ -298,6 +302,9 @@ func resultFromProto(p *corralv1.ExecResult) *Result {
 
 // Run runs a command and returns its whole output.
 func (s *Sandbox) Run(ctx context.Context, cmd Command) (*Result, error) {
+	if cmd.StdinReader != nil {
+		return s.execStream(ctx, cmd, true)
+	}
 	resp, err := s.c.svc.Run(ctx, connect.NewRequest(cmd.request(s.id)))
 	if err != nil {
 		return nil, wrapErr(err)
@@ -310,6 +317,9 @@ func (s *Sandbox) Run(ctx context.Context, cmd Command) (*Result, error) {
 // Exec runs a command, streaming its output to cmd.Stdout and cmd.Stderr
 // (either may be nil to discard). Cancelling ctx kills the command.
 func (s *Sandbox) Exec(ctx context.Context, cmd Command) (*Result, error) {
+	if cmd.StdinReader != nil {
+		return s.execStream(ctx, cmd, false)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := s.c.svc.Exec(ctx, connect.NewRequest(cmd.request(s.id)))

@@ -24,7 +24,7 @@ Benchmarks create sandboxes labelled corral-bench=<random> and delete them all
 at the end, also on error or Ctrl-C. The density and runc figures read this
 host (/proc/meminfo, runc), so run them on the server's machine.`,
 	}
-	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g), newBenchFnCallCmd(g), newBenchNetCmd(g), newBenchImageCmd(g), newBenchLazyCmd(g), newBenchMicroVMCmd(g))
+	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g), newBenchFnCallCmd(g), newBenchNetCmd(g), newBenchImageCmd(g), newBenchLazyCmd(g), newBenchMicroVMCmd(g), newBenchTransferCmd(g))
 	return cmd
 }
 
@@ -223,5 +223,35 @@ server's machine: the VMM processes are read from /proc.`,
 	fl.StringVar(&o.Image, "image", "busybox", "image to create sandboxes from")
 	fl.StringVar(&memory, "memory", "256Mi", "guest RAM of each microVM (and memory limit of each container)")
 	fl.DurationVar(&o.SnapshotMax, "snapshot-wait", 3*time.Minute, "longest wait for a paused VM's memory snapshot")
+	return cmd
+}
+
+func newBenchTransferCmd(g *globals) *cobra.Command {
+	var o bench.TransferOptions
+	var size string
+	cmd := &cobra.Command{
+		Use:   "transfer",
+		Short: "corral cp of a random tree into a sandbox and back (MB/s), beside the host's tar -c | tar -x of the same tree",
+		Long: `Writes a random tree (half in a few big files, half in small ones, with
+symlinks, hard links, modes, owners, mtimes and xattrs) on this machine, copies
+it into a sandbox and back out with the SDK's UploadDir/DownloadDir, checks the
+copy byte for byte and in metadata, and times the host's tar pipe of the same
+tree in the same run. Run it on the server's machine as root (owners).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.Bytes, err = parseBytes("size", size); err != nil {
+				return err
+			}
+			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
+				o.Log = os.Stderr
+				return bench.Transfer(ctx, c, o)
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&size, "size", "1Gi", "size of the tree")
+	fl.StringVar(&o.Dir, "dir", "", "where the trees are written (default the system temp dir)")
+	fl.StringVar(&o.Image, "image", "busybox", "image of the sandbox")
 	return cmd
 }

@@ -16,9 +16,15 @@ import (
 func newCpCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "cp SRC DST",
-		Short: "Copy a file into or out of a sandbox (SANDBOX:/path on one side, - for stdin/stdout)",
+		Short: "Copy a file or a directory tree into or out of a sandbox (SANDBOX:/path on one side, - for stdin/stdout)",
+		Long: `Copy a file or a directory tree into or out of a sandbox, like docker cp.
+A directory goes as a tar stream with modes, owners, symlinks, hard links,
+mtimes and user.* xattrs; when DST is an existing directory the copy lands
+inside it under SRC's name, otherwise DST becomes the copy.`,
 		Example: `  corral cp ./solution.py n1a2b3c-0123456789ab:/work/solution.py
-  corral cp n1a2b3c-0123456789ab:/work/out.txt ./out.txt`,
+  corral cp n1a2b3c-0123456789ab:/work/out.txt ./out.txt
+  corral cp ./repo n1a2b3c-0123456789ab:/work        # -> /work/repo
+  corral cp n1a2b3c-0123456789ab:/work/repo ./back   # ./back is the copy`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			srcID, srcPath, srcRemote := splitRemote(args[0])
@@ -62,7 +68,11 @@ func copyIn(cmd *cobra.Command, sb *client.Sandbox, local, remote string) error 
 			return err
 		}
 		if st.IsDir() {
-			return fmt.Errorf("%s is a directory: cp copies single files (use tar through exec -i for trees)", local)
+			if fi, err := sb.Files().Stat(cmd.Context(), remote); err == nil && fi.IsDir {
+				remote = path.Join(remote, filepath.Base(local))
+			}
+			_, err := sb.Files().UploadDir(cmd.Context(), local, remote)
+			return err
 		}
 		r, mode = f, st.Mode().Perm()
 	}
@@ -77,6 +87,9 @@ func copyOut(cmd *cobra.Command, sb *client.Sandbox, remote, local string) error
 	}
 	if st, err := os.Stat(local); err == nil && st.IsDir() {
 		local = filepath.Join(local, path.Base(remote))
+	}
+	if fi, err := sb.Files().Stat(cmd.Context(), remote); err == nil && fi.IsDir {
+		return sb.Files().DownloadDir(cmd.Context(), remote, local)
 	}
 	tmp, err := os.CreateTemp(dirOf(local), ".corral-cp-*")
 	if err != nil {

@@ -154,15 +154,17 @@ func shortDigest(d string) string {
 
 func newImageImportCmd(g *globals) *cobra.Command {
 	var name string
-	var insecure, quiet bool
+	var insecure, quiet, nodePath bool
 	cmd := &cobra.Command{
 		Use:   "import SOURCE --name NAME@VERSION",
 		Short: "Import an OCI image from a registry, an OCI layout dir or a docker save tarball",
 		Long: `Import an OCI image as the composition NAME@VERSION, one EROFS layer per image
 layer. SOURCE is a registry reference (host/repo:tag or host/repo@sha256:...),
 oci:DIR[:REF] (an OCI image layout) or docker-archive:FILE[:REPO:TAG] (a
-docker save tarball); paths are on the server's machine. Importing an image
-again (by manifest digest) converts and stores nothing.`,
+docker save tarball); a layout or tarball is read here and streamed to the
+server (with --node-path it is a path on the server's machine instead: for
+root on the unix socket only, under corral serve --import-root). Importing
+an image again (by manifest digest) converts and stores nothing.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
@@ -171,14 +173,14 @@ again (by manifest digest) converts and stores nothing.`,
 			}
 			src := args[0]
 			for _, prefix := range []string{image.SourceOCILayout, image.SourceDockerArchive} {
-				if rest, ok := strings.CutPrefix(src, prefix); ok && !strings.HasPrefix(rest, "/") {
+				if rest, ok := strings.CutPrefix(src, prefix); ok && !strings.HasPrefix(rest, "/") && !nodePath {
 					if abs, err := filepath.Abs(rest); err == nil {
 						src = prefix + abs
 					}
 				}
 			}
 			bar := newImportBar(quiet || g.json)
-			res, err := c.ImportImage(cmd.Context(), src, name, client.ImportOptions{Insecure: insecure, Progress: bar.update})
+			res, err := c.ImportImage(cmd.Context(), src, name, client.ImportOptions{Insecure: insecure, Progress: bar.update, NodePath: nodePath})
 			bar.finish()
 			if err != nil {
 				return err
@@ -196,6 +198,7 @@ again (by manifest digest) converts and stores nothing.`,
 	}
 	cmd.Flags().StringVar(&name, "name", "", "the composition's NAME@VERSION, e.g. python@3.11")
 	cmd.Flags().BoolVar(&insecure, "insecure", false, "allow a registry over plain HTTP")
+	cmd.Flags().BoolVar(&nodePath, "node-path", false, "the oci:/docker-archive: path is on the server's machine (node administrator only, under --import-root)")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
 	_ = cmd.MarkFlagRequired("name")
 	return cmd
@@ -319,20 +322,40 @@ func printRemoved(rm *client.Removed) {
 	fmt.Printf("deleted %d layer files, freed %s\n", len(rm.Deleted), formatBytes(rm.FreedBytes))
 }
 
+func printLayer(g *globals, l client.Layer) error {
+	if g.json {
+		return printJSON(l)
+	}
+	fmt.Println(l.Digest)
+	return nil
+}
+
 func newLayerCmd(g *globals) *cobra.Command {
 	var name string
+	var nodePath bool
 	cmd := &cobra.Command{
 		Use:   "layer",
 		Short: "Build read-only EROFS layers",
 	}
 	create := &cobra.Command{
 		Use:   "create PATH --name NAME@VERSION",
-		Short: "Build a layer from a directory or a tar file on the server's machine (owners, modes and xattrs kept; mtimes set to 0) and print its digest",
-		Args:  cobra.ExactArgs(1),
+		Short: "Build a layer from a directory or a tar file, streamed to the server (owners, modes and xattrs kept; mtimes set to 0) and print its digest",
+		Long: `Build a layer from a directory or a tar file read here and streamed to the
+server as a tar. With --node-path, PATH is on the server's machine instead:
+only root on the unix socket may name one, and only under the directory
+corral serve --import-root names (no ".." or symlink may lead out of it).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
+			}
+			if nodePath {
+				l, err := c.CreateLayerFromNode(cmd.Context(), args[0], name)
+				if err != nil {
+					return err
+				}
+				return printLayer(g, l)
 			}
 			path, err := filepath.Abs(args[0])
 			if err != nil {
@@ -342,14 +365,11 @@ func newLayerCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if g.json {
-				return printJSON(l)
-			}
-			fmt.Println(l.Digest)
-			return nil
+			return printLayer(g, l)
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "the layer's NAME@VERSION, e.g. workspace@3")
+	create.Flags().BoolVar(&nodePath, "node-path", false, "PATH is on the server's machine (node administrator only, under --import-root)")
 	_ = create.MarkFlagRequired("name")
 	cmd.AddCommand(create)
 	return cmd

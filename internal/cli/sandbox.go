@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -137,9 +136,7 @@ func (f *execFlags) command(args []string) (client.Command, error) {
 		return cmd, err
 	}
 	if f.stdin {
-		if cmd.Stdin, err = io.ReadAll(os.Stdin); err != nil {
-			return cmd, fmt.Errorf("read stdin: %w", err)
-		}
+		cmd.StdinReader = os.Stdin // streamed: no size cap
 	}
 	return cmd, nil
 }

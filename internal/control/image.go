@@ -9,6 +9,7 @@ import (
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/importroot"
 	"github.com/corral-dev/corral/internal/layershare"
 	"github.com/corral-dev/corral/internal/node"
 )
@@ -19,6 +20,8 @@ type ImageService struct {
 	sandboxes *Service
 	images    *image.Store
 	share     *layershare.Share // nil: no blob store
+	// importRoot is where node paths may lie (nil: nowhere).
+	importRoot *importroot.Root
 }
 
 var _ corralv1connect.ImageServiceHandler = (*ImageService)(nil)
@@ -93,7 +96,7 @@ func (s *ImageService) CreateLayer(ctx context.Context, req *connect.Request[cor
 	if req.Msg.Path == "" {
 		return nil, errdefs.InvalidArgument("path: required")
 	}
-	l, err := s.images.CreateLayer(ctx, req.Msg.Name, req.Msg.Path)
+	l, err := s.createLayerFromNode(ctx, req.Msg.Name, req.Msg.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -124,8 +127,11 @@ func (s *ImageService) ImportImage(ctx context.Context, req *connect.Request[cor
 		sendErr = stream.Send(&corralv1.ImportImageResponse{Event: &corralv1.ImportImageResponse_Progress{
 			Progress: &corralv1.ImportProgress{Layer: int32(p.Layer), Layers: int32(p.Layers), Bytes: p.Bytes, Cached: p.Cached}}})
 	}
-	res, err := s.images.Import(ctx, image.ImportOptions{Source: req.Msg.Source, Ref: req.Msg.Name,
-		Insecure: req.Msg.Insecure, Progress: progress})
+	opts := image.ImportOptions{Source: req.Msg.Source, Ref: req.Msg.Name, Insecure: req.Msg.Insecure, Progress: progress}
+	res, fromNode, err := s.importFromNode(ctx, opts)
+	if !fromNode {
+		res, err = s.images.Import(ctx, opts)
+	}
 	if err != nil {
 		return err
 	}

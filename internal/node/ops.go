@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"sort"
 	"strconv"
 	"strings"
@@ -173,12 +174,15 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 
 // ExecRequest is one command; zero fields take the sandbox's or node's defaults.
 type ExecRequest struct {
-	Argv        []string
-	Shell       bool
-	Env         []string
-	Cwd         string
-	User        string
-	Stdin       []byte
+	Argv  []string
+	Shell bool
+	Env   []string
+	Cwd   string
+	User  string
+	Stdin []byte
+	// StdinReader, when set instead of Stdin, streams stdin until EOF
+	// (no cap: the caller's stream bounds it).
+	StdinReader io.Reader
 	Timeout     time.Duration
 	OutputLimit int64
 }
@@ -254,6 +258,7 @@ func (n *Node) execSpec(rec *state.Record, req ExecRequest) (backend.ExecSpec, e
 		// file cannot break the node's next exec.
 		User:        or(req.User, or(rec.User, "0:0")),
 		Stdin:       req.Stdin,
+		StdinReader: req.StdinReader,
 		Timeout:     timeout,
 		OutputLimit: limit,
 	}, nil

@@ -142,7 +142,11 @@ func unixMode(m fs.FileMode) uint32 {
 
 // copyChunks copies r to file, checking ctx between chunks.
 func copyChunks(ctx context.Context, file *os.File, r io.Reader, p string) (int64, error) {
-	buf := make([]byte, chunk)
+	return copyBuf(ctx, file, r, p, make([]byte, chunk))
+}
+
+// copyBuf is copyChunks through buf.
+func copyBuf(ctx context.Context, file *os.File, r io.Reader, p string, buf []byte) (int64, error) {
 	var n int64
 	for {
 		if err := live(ctx); err != nil {

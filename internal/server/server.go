@@ -25,6 +25,7 @@ import (
 	"github.com/corral-dev/corral/internal/fncall"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/importroot"
 	"github.com/corral-dev/corral/internal/layershare"
 	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/netpolicy"
@@ -80,6 +81,9 @@ type Config struct {
 	// MetricsPerSandbox adds per-sandbox CPU, memory, disk and network
 	// gauges to /metrics (a series per sandbox: off by default).
 	MetricsPerSandbox bool
+	// ImportRoot is the directory under which the node administrator may
+	// name node paths in layer create and image import ("": none).
+	ImportRoot string
 }
 
 // BlobsConfig configures the blob store layers are shared through.
@@ -251,8 +255,13 @@ func (s *Server) listen() error {
 		sandboxes.SetLazyReads(s.lazyReads)
 	}
 	s.observeRoutes(mux, guard)
-	path, h = corralv1connect.NewImageServiceHandler(control.NewImageService(sandboxes, s.images, s.share),
-		guard)
+	importRoot, err := importroot.New(s.cfg.ImportRoot)
+	if err != nil {
+		return err
+	}
+	imageSvc := control.NewImageService(sandboxes, s.images, s.share)
+	imageSvc.SetImportRoot(importRoot)
+	path, h = corralv1connect.NewImageServiceHandler(imageSvc, guard)
 	mux.Handle(path, h)
 	// Calls are small and many: compressing a short reply costs more than
 	// sending it (a gzip writer's reset was ~5% of a call's server CPU).

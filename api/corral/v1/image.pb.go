@@ -21,6 +21,57 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ArchiveFormat int32
+
+const (
+	ArchiveFormat_ARCHIVE_FORMAT_UNSPECIFIED ArchiveFormat = 0
+	// A tar of an OCI image layout directory (oci-layout, index.json, blobs/).
+	ArchiveFormat_ARCHIVE_FORMAT_OCI_LAYOUT ArchiveFormat = 1
+	// A `docker save` tarball.
+	ArchiveFormat_ARCHIVE_FORMAT_DOCKER_ARCHIVE ArchiveFormat = 2
+)
+
+// Enum value maps for ArchiveFormat.
+var (
+	ArchiveFormat_name = map[int32]string{
+		0: "ARCHIVE_FORMAT_UNSPECIFIED",
+		1: "ARCHIVE_FORMAT_OCI_LAYOUT",
+		2: "ARCHIVE_FORMAT_DOCKER_ARCHIVE",
+	}
+	ArchiveFormat_value = map[string]int32{
+		"ARCHIVE_FORMAT_UNSPECIFIED":    0,
+		"ARCHIVE_FORMAT_OCI_LAYOUT":     1,
+		"ARCHIVE_FORMAT_DOCKER_ARCHIVE": 2,
+	}
+)
+
+func (x ArchiveFormat) Enum() *ArchiveFormat {
+	p := new(ArchiveFormat)
+	*p = x
+	return p
+}
+
+func (x ArchiveFormat) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ArchiveFormat) Descriptor() protoreflect.EnumDescriptor {
+	return file_corral_v1_image_proto_enumTypes[0].Descriptor()
+}
+
+func (ArchiveFormat) Type() protoreflect.EnumType {
+	return &file_corral_v1_image_proto_enumTypes[0]
+}
+
+func (x ArchiveFormat) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ArchiveFormat.Descriptor instead.
+func (ArchiveFormat) EnumDescriptor() ([]byte, []int) {
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{0}
+}
+
 type Layer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// NAME@VERSION.
@@ -1390,6 +1441,133 @@ func (x *PullLayerResponse) GetLayer() *Layer {
 	return nil
 }
 
+type UploadLayerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// NAME@VERSION; first message only.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The next bytes of the tar stream.
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadLayerRequest) Reset() {
+	*x = UploadLayerRequest{}
+	mi := &file_corral_v1_image_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadLayerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadLayerRequest) ProtoMessage() {}
+
+func (x *UploadLayerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_image_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadLayerRequest.ProtoReflect.Descriptor instead.
+func (*UploadLayerRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *UploadLayerRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UploadLayerRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type UploadImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// First message only: what the data is and where it goes.
+	Format ArchiveFormat `protobuf:"varint,1,opt,name=format,proto3,enum=corral.v1.ArchiveFormat" json:"format,omitempty"`
+	// Which image of the archive: the OCI layout's ref.name annotation, or
+	// the docker archive's REPO:TAG; empty takes the only one.
+	Image string `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
+	// The composition NAME@VERSION to record.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The next bytes of the archive.
+	Data          []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadImageRequest) Reset() {
+	*x = UploadImageRequest{}
+	mi := &file_corral_v1_image_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadImageRequest) ProtoMessage() {}
+
+func (x *UploadImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_image_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadImageRequest.ProtoReflect.Descriptor instead.
+func (*UploadImageRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *UploadImageRequest) GetFormat() ArchiveFormat {
+	if x != nil {
+		return x.Format
+	}
+	return ArchiveFormat_ARCHIVE_FORMAT_UNSPECIFIED
+}
+
+func (x *UploadImageRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *UploadImageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UploadImageRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 var File_corral_v1_image_proto protoreflect.FileDescriptor
 
 const file_corral_v1_image_proto_rawDesc = "" +
@@ -1483,7 +1661,19 @@ const file_corral_v1_image_proto_rawDesc = "" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\";\n" +
 	"\x11PullLayerResponse\x12&\n" +
-	"\x05layer\x18\x01 \x01(\v2\x10.corral.v1.LayerR\x05layer2\xfd\x04\n" +
+	"\x05layer\x18\x01 \x01(\v2\x10.corral.v1.LayerR\x05layer\"<\n" +
+	"\x12UploadLayerRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\x84\x01\n" +
+	"\x12UploadImageRequest\x120\n" +
+	"\x06format\x18\x01 \x01(\x0e2\x18.corral.v1.ArchiveFormatR\x06format\x12\x14\n" +
+	"\x05image\x18\x02 \x01(\tR\x05image\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data*q\n" +
+	"\rArchiveFormat\x12\x1e\n" +
+	"\x1aARCHIVE_FORMAT_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19ARCHIVE_FORMAT_OCI_LAYOUT\x10\x01\x12!\n" +
+	"\x1dARCHIVE_FORMAT_DOCKER_ARCHIVE\x10\x022\x96\x06\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.corral.v1.ListImagesRequest\x1a\x1d.corral.v1.ListImagesResponse\x12L\n" +
@@ -1493,7 +1683,9 @@ const file_corral_v1_image_proto_rawDesc = "" +
 	"\vRemoveImage\x12\x1d.corral.v1.RemoveImageRequest\x1a\x1e.corral.v1.RemoveImageResponse\x12U\n" +
 	"\x0eCollectGarbage\x12 .corral.v1.CollectGarbageRequest\x1a!.corral.v1.CollectGarbageResponse\x127\n" +
 	"\x04Pack\x12\x16.corral.v1.PackRequest\x1a\x17.corral.v1.PackResponse\x12F\n" +
-	"\tPullLayer\x12\x1b.corral.v1.PullLayerRequest\x1a\x1c.corral.v1.PullLayerResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"\tPullLayer\x12\x1b.corral.v1.PullLayerRequest\x1a\x1c.corral.v1.PullLayerResponse\x12N\n" +
+	"\vUploadLayer\x12\x1d.corral.v1.UploadLayerRequest\x1a\x1e.corral.v1.CreateLayerResponse(\x01\x12G\n" +
+	"\vUploadImage\x12\x1d.corral.v1.UploadImageRequest\x1a\x17.corral.v1.ImportResult(\x01B5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_image_proto_rawDescOnce sync.Once
@@ -1507,72 +1699,81 @@ func file_corral_v1_image_proto_rawDescGZIP() []byte {
 	return file_corral_v1_image_proto_rawDescData
 }
 
-var file_corral_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_corral_v1_image_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_corral_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_corral_v1_image_proto_goTypes = []any{
-	(*Layer)(nil),                     // 0: corral.v1.Layer
-	(*LazyBlobStats)(nil),             // 1: corral.v1.LazyBlobStats
-	(*Composition)(nil),               // 2: corral.v1.Composition
-	(*BuiltImage)(nil),                // 3: corral.v1.BuiltImage
-	(*ListImagesRequest)(nil),         // 4: corral.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),        // 5: corral.v1.ListImagesResponse
-	(*CreateLayerRequest)(nil),        // 6: corral.v1.CreateLayerRequest
-	(*CreateLayerResponse)(nil),       // 7: corral.v1.CreateLayerResponse
-	(*CreateCompositionRequest)(nil),  // 8: corral.v1.CreateCompositionRequest
-	(*CreateCompositionResponse)(nil), // 9: corral.v1.CreateCompositionResponse
-	(*ImportImageRequest)(nil),        // 10: corral.v1.ImportImageRequest
-	(*ImportProgress)(nil),            // 11: corral.v1.ImportProgress
-	(*ImportResult)(nil),              // 12: corral.v1.ImportResult
-	(*ImportImageResponse)(nil),       // 13: corral.v1.ImportImageResponse
-	(*RemoveImageRequest)(nil),        // 14: corral.v1.RemoveImageRequest
-	(*Removed)(nil),                   // 15: corral.v1.Removed
-	(*RemoveImageResponse)(nil),       // 16: corral.v1.RemoveImageResponse
-	(*CollectGarbageRequest)(nil),     // 17: corral.v1.CollectGarbageRequest
-	(*CollectGarbageResponse)(nil),    // 18: corral.v1.CollectGarbageResponse
-	(*PackRequest)(nil),               // 19: corral.v1.PackRequest
-	(*PackResponse)(nil),              // 20: corral.v1.PackResponse
-	(*PullLayerRequest)(nil),          // 21: corral.v1.PullLayerRequest
-	(*PullLayerResponse)(nil),         // 22: corral.v1.PullLayerResponse
+	(ArchiveFormat)(0),                // 0: corral.v1.ArchiveFormat
+	(*Layer)(nil),                     // 1: corral.v1.Layer
+	(*LazyBlobStats)(nil),             // 2: corral.v1.LazyBlobStats
+	(*Composition)(nil),               // 3: corral.v1.Composition
+	(*BuiltImage)(nil),                // 4: corral.v1.BuiltImage
+	(*ListImagesRequest)(nil),         // 5: corral.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),        // 6: corral.v1.ListImagesResponse
+	(*CreateLayerRequest)(nil),        // 7: corral.v1.CreateLayerRequest
+	(*CreateLayerResponse)(nil),       // 8: corral.v1.CreateLayerResponse
+	(*CreateCompositionRequest)(nil),  // 9: corral.v1.CreateCompositionRequest
+	(*CreateCompositionResponse)(nil), // 10: corral.v1.CreateCompositionResponse
+	(*ImportImageRequest)(nil),        // 11: corral.v1.ImportImageRequest
+	(*ImportProgress)(nil),            // 12: corral.v1.ImportProgress
+	(*ImportResult)(nil),              // 13: corral.v1.ImportResult
+	(*ImportImageResponse)(nil),       // 14: corral.v1.ImportImageResponse
+	(*RemoveImageRequest)(nil),        // 15: corral.v1.RemoveImageRequest
+	(*Removed)(nil),                   // 16: corral.v1.Removed
+	(*RemoveImageResponse)(nil),       // 17: corral.v1.RemoveImageResponse
+	(*CollectGarbageRequest)(nil),     // 18: corral.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil),    // 19: corral.v1.CollectGarbageResponse
+	(*PackRequest)(nil),               // 20: corral.v1.PackRequest
+	(*PackResponse)(nil),              // 21: corral.v1.PackResponse
+	(*PullLayerRequest)(nil),          // 22: corral.v1.PullLayerRequest
+	(*PullLayerResponse)(nil),         // 23: corral.v1.PullLayerResponse
+	(*UploadLayerRequest)(nil),        // 24: corral.v1.UploadLayerRequest
+	(*UploadImageRequest)(nil),        // 25: corral.v1.UploadImageRequest
 }
 var file_corral_v1_image_proto_depIdxs = []int32{
-	1,  // 0: corral.v1.Layer.lazy:type_name -> corral.v1.LazyBlobStats
-	0,  // 1: corral.v1.BuiltImage.layers:type_name -> corral.v1.Layer
-	3,  // 2: corral.v1.ListImagesResponse.images:type_name -> corral.v1.BuiltImage
-	2,  // 3: corral.v1.ListImagesResponse.compositions:type_name -> corral.v1.Composition
-	0,  // 4: corral.v1.ListImagesResponse.layers:type_name -> corral.v1.Layer
-	0,  // 5: corral.v1.CreateLayerResponse.layer:type_name -> corral.v1.Layer
-	2,  // 6: corral.v1.CreateCompositionRequest.composition:type_name -> corral.v1.Composition
-	2,  // 7: corral.v1.CreateCompositionResponse.composition:type_name -> corral.v1.Composition
-	2,  // 8: corral.v1.ImportResult.composition:type_name -> corral.v1.Composition
-	0,  // 9: corral.v1.ImportResult.layers:type_name -> corral.v1.Layer
-	11, // 10: corral.v1.ImportImageResponse.progress:type_name -> corral.v1.ImportProgress
-	12, // 11: corral.v1.ImportImageResponse.result:type_name -> corral.v1.ImportResult
-	0,  // 12: corral.v1.Removed.layers:type_name -> corral.v1.Layer
-	15, // 13: corral.v1.RemoveImageResponse.removed:type_name -> corral.v1.Removed
-	15, // 14: corral.v1.CollectGarbageResponse.removed:type_name -> corral.v1.Removed
-	0,  // 15: corral.v1.PackResponse.layer:type_name -> corral.v1.Layer
-	2,  // 16: corral.v1.PackResponse.composition:type_name -> corral.v1.Composition
-	0,  // 17: corral.v1.PullLayerResponse.layer:type_name -> corral.v1.Layer
-	4,  // 18: corral.v1.ImageService.ListImages:input_type -> corral.v1.ListImagesRequest
-	6,  // 19: corral.v1.ImageService.CreateLayer:input_type -> corral.v1.CreateLayerRequest
-	8,  // 20: corral.v1.ImageService.CreateComposition:input_type -> corral.v1.CreateCompositionRequest
-	10, // 21: corral.v1.ImageService.ImportImage:input_type -> corral.v1.ImportImageRequest
-	14, // 22: corral.v1.ImageService.RemoveImage:input_type -> corral.v1.RemoveImageRequest
-	17, // 23: corral.v1.ImageService.CollectGarbage:input_type -> corral.v1.CollectGarbageRequest
-	19, // 24: corral.v1.ImageService.Pack:input_type -> corral.v1.PackRequest
-	21, // 25: corral.v1.ImageService.PullLayer:input_type -> corral.v1.PullLayerRequest
-	5,  // 26: corral.v1.ImageService.ListImages:output_type -> corral.v1.ListImagesResponse
-	7,  // 27: corral.v1.ImageService.CreateLayer:output_type -> corral.v1.CreateLayerResponse
-	9,  // 28: corral.v1.ImageService.CreateComposition:output_type -> corral.v1.CreateCompositionResponse
-	13, // 29: corral.v1.ImageService.ImportImage:output_type -> corral.v1.ImportImageResponse
-	16, // 30: corral.v1.ImageService.RemoveImage:output_type -> corral.v1.RemoveImageResponse
-	18, // 31: corral.v1.ImageService.CollectGarbage:output_type -> corral.v1.CollectGarbageResponse
-	20, // 32: corral.v1.ImageService.Pack:output_type -> corral.v1.PackResponse
-	22, // 33: corral.v1.ImageService.PullLayer:output_type -> corral.v1.PullLayerResponse
-	26, // [26:34] is the sub-list for method output_type
-	18, // [18:26] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	2,  // 0: corral.v1.Layer.lazy:type_name -> corral.v1.LazyBlobStats
+	1,  // 1: corral.v1.BuiltImage.layers:type_name -> corral.v1.Layer
+	4,  // 2: corral.v1.ListImagesResponse.images:type_name -> corral.v1.BuiltImage
+	3,  // 3: corral.v1.ListImagesResponse.compositions:type_name -> corral.v1.Composition
+	1,  // 4: corral.v1.ListImagesResponse.layers:type_name -> corral.v1.Layer
+	1,  // 5: corral.v1.CreateLayerResponse.layer:type_name -> corral.v1.Layer
+	3,  // 6: corral.v1.CreateCompositionRequest.composition:type_name -> corral.v1.Composition
+	3,  // 7: corral.v1.CreateCompositionResponse.composition:type_name -> corral.v1.Composition
+	3,  // 8: corral.v1.ImportResult.composition:type_name -> corral.v1.Composition
+	1,  // 9: corral.v1.ImportResult.layers:type_name -> corral.v1.Layer
+	12, // 10: corral.v1.ImportImageResponse.progress:type_name -> corral.v1.ImportProgress
+	13, // 11: corral.v1.ImportImageResponse.result:type_name -> corral.v1.ImportResult
+	1,  // 12: corral.v1.Removed.layers:type_name -> corral.v1.Layer
+	16, // 13: corral.v1.RemoveImageResponse.removed:type_name -> corral.v1.Removed
+	16, // 14: corral.v1.CollectGarbageResponse.removed:type_name -> corral.v1.Removed
+	1,  // 15: corral.v1.PackResponse.layer:type_name -> corral.v1.Layer
+	3,  // 16: corral.v1.PackResponse.composition:type_name -> corral.v1.Composition
+	1,  // 17: corral.v1.PullLayerResponse.layer:type_name -> corral.v1.Layer
+	0,  // 18: corral.v1.UploadImageRequest.format:type_name -> corral.v1.ArchiveFormat
+	5,  // 19: corral.v1.ImageService.ListImages:input_type -> corral.v1.ListImagesRequest
+	7,  // 20: corral.v1.ImageService.CreateLayer:input_type -> corral.v1.CreateLayerRequest
+	9,  // 21: corral.v1.ImageService.CreateComposition:input_type -> corral.v1.CreateCompositionRequest
+	11, // 22: corral.v1.ImageService.ImportImage:input_type -> corral.v1.ImportImageRequest
+	15, // 23: corral.v1.ImageService.RemoveImage:input_type -> corral.v1.RemoveImageRequest
+	18, // 24: corral.v1.ImageService.CollectGarbage:input_type -> corral.v1.CollectGarbageRequest
+	20, // 25: corral.v1.ImageService.Pack:input_type -> corral.v1.PackRequest
+	22, // 26: corral.v1.ImageService.PullLayer:input_type -> corral.v1.PullLayerRequest
+	24, // 27: corral.v1.ImageService.UploadLayer:input_type -> corral.v1.UploadLayerRequest
+	25, // 28: corral.v1.ImageService.UploadImage:input_type -> corral.v1.UploadImageRequest
+	6,  // 29: corral.v1.ImageService.ListImages:output_type -> corral.v1.ListImagesResponse
+	8,  // 30: corral.v1.ImageService.CreateLayer:output_type -> corral.v1.CreateLayerResponse
+	10, // 31: corral.v1.ImageService.CreateComposition:output_type -> corral.v1.CreateCompositionResponse
+	14, // 32: corral.v1.ImageService.ImportImage:output_type -> corral.v1.ImportImageResponse
+	17, // 33: corral.v1.ImageService.RemoveImage:output_type -> corral.v1.RemoveImageResponse
+	19, // 34: corral.v1.ImageService.CollectGarbage:output_type -> corral.v1.CollectGarbageResponse
+	21, // 35: corral.v1.ImageService.Pack:output_type -> corral.v1.PackResponse
+	23, // 36: corral.v1.ImageService.PullLayer:output_type -> corral.v1.PullLayerResponse
+	8,  // 37: corral.v1.ImageService.UploadLayer:output_type -> corral.v1.CreateLayerResponse
+	13, // 38: corral.v1.ImageService.UploadImage:output_type -> corral.v1.ImportResult
+	29, // [29:39] is the sub-list for method output_type
+	19, // [19:29] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_image_proto_init() }
@@ -1589,13 +1790,14 @@ func file_corral_v1_image_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_image_proto_rawDesc), len(file_corral_v1_image_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   23,
+			NumEnums:      1,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_corral_v1_image_proto_goTypes,
 		DependencyIndexes: file_corral_v1_image_proto_depIdxs,
+		EnumInfos:         file_corral_v1_image_proto_enumTypes,
 		MessageInfos:      file_corral_v1_image_proto_msgTypes,
 	}.Build()
 	File_corral_v1_image_proto = out.File

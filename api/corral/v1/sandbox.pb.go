@@ -2594,6 +2594,273 @@ func (*ResumeResponse) Descriptor() ([]byte, []int) {
 	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
+type CopyInRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// First message only: the sandbox and the directory to extract into.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path      string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// The next bytes of the tar stream.
+	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyInRequest) Reset() {
+	*x = CopyInRequest{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyInRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyInRequest) ProtoMessage() {}
+
+func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyInRequest.ProtoReflect.Descriptor instead.
+func (*CopyInRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *CopyInRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CopyInRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *CopyInRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type CopyInResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Entries extracted and bytes of file content written.
+	Entries       int64 `protobuf:"varint,1,opt,name=entries,proto3" json:"entries,omitempty"`
+	Bytes         int64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyInResponse) Reset() {
+	*x = CopyInResponse{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyInResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyInResponse) ProtoMessage() {}
+
+func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyInResponse.ProtoReflect.Descriptor instead.
+func (*CopyInResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *CopyInResponse) GetEntries() int64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *CopyInResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+type CopyOutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyOutRequest) Reset() {
+	*x = CopyOutRequest{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyOutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyOutRequest) ProtoMessage() {}
+
+func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyOutRequest.ProtoReflect.Descriptor instead.
+func (*CopyOutRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *CopyOutRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CopyOutRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type CopyOutResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The next bytes of the tar stream; its entries are named relative to
+	// path's parent (path's last element first, as docker cp does).
+	Data          []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyOutResponse) Reset() {
+	*x = CopyOutResponse{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyOutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyOutResponse) ProtoMessage() {}
+
+func (x *CopyOutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyOutResponse.ProtoReflect.Descriptor instead.
+func (*CopyOutResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *CopyOutResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ExecStreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// First message only; its stdin field must be empty.
+	Exec *ExecRequest `protobuf:"bytes,1,opt,name=exec,proto3" json:"exec,omitempty"`
+	// The next bytes of stdin.
+	Stdin         []byte `protobuf:"bytes,2,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecStreamRequest) Reset() {
+	*x = ExecStreamRequest{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecStreamRequest) ProtoMessage() {}
+
+func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecStreamRequest.ProtoReflect.Descriptor instead.
+func (*ExecStreamRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ExecStreamRequest) GetExec() *ExecRequest {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
+func (x *ExecStreamRequest) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
 var File_corral_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_corral_v1_sandbox_proto_rawDesc = "" +
@@ -2792,7 +3059,24 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\rPauseResponse\"\x1f\n" +
 	"\rResumeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x10\n" +
-	"\x0eResumeResponse*u\n" +
+	"\x0eResumeResponse\"V\n" +
+	"\rCopyInRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"@\n" +
+	"\x0eCopyInResponse\x12\x18\n" +
+	"\aentries\x18\x01 \x01(\x03R\aentries\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"C\n" +
+	"\x0eCopyOutRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"%\n" +
+	"\x0fCopyOutResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"U\n" +
+	"\x11ExecStreamRequest\x12*\n" +
+	"\x04exec\x18\x01 \x01(\v2\x16.corral.v1.ExecRequestR\x04exec\x12\x14\n" +
+	"\x05stdin\x18\x02 \x01(\fR\x05stdin*u\n" +
 	"\vNetworkMode\x12\x1c\n" +
 	"\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NETWORK_MODE_NONE\x10\x01\x12\x1a\n" +
@@ -2802,7 +3086,8 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x02\x12\x19\n" +
-	"\x15SANDBOX_STATE_STOPPED\x10\x032\x9a\b\n" +
+	"\x15SANDBOX_STATE_STOPPED\x10\x032\xb3\n" +
+	"\n" +
 	"\x0eSandboxService\x12=\n" +
 	"\x06Create\x12\x18.corral.v1.CreateRequest\x1a\x19.corral.v1.CreateResponse\x124\n" +
 	"\x03Get\x12\x15.corral.v1.GetRequest\x1a\x16.corral.v1.GetResponse\x127\n" +
@@ -2819,7 +3104,13 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x05Pause\x12\x17.corral.v1.PauseRequest\x1a\x18.corral.v1.PauseResponse\x12=\n" +
 	"\x06Resume\x12\x18.corral.v1.ResumeRequest\x1a\x19.corral.v1.ResumeResponse\x12R\n" +
 	"\rUpdateNetwork\x12\x1f.corral.v1.UpdateNetworkRequest\x1a .corral.v1.UpdateNetworkResponse\x12O\n" +
-	"\fNetworkStats\x12\x1e.corral.v1.NetworkStatsRequest\x1a\x1f.corral.v1.NetworkStatsResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"\fNetworkStats\x12\x1e.corral.v1.NetworkStatsRequest\x1a\x1f.corral.v1.NetworkStatsResponse\x12I\n" +
+	"\n" +
+	"UploadFile\x12\x1b.corral.v1.WriteFileRequest\x1a\x1c.corral.v1.WriteFileResponse(\x01\x12?\n" +
+	"\x06CopyIn\x12\x18.corral.v1.CopyInRequest\x1a\x19.corral.v1.CopyInResponse(\x01\x12B\n" +
+	"\aCopyOut\x12\x19.corral.v1.CopyOutRequest\x1a\x1a.corral.v1.CopyOutResponse0\x01\x12G\n" +
+	"\n" +
+	"ExecStream\x12\x1c.corral.v1.ExecStreamRequest\x1a\x17.corral.v1.ExecResponse(\x010\x01B5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_sandbox_proto_rawDescOnce sync.Once
@@ -2834,7 +3125,7 @@ func file_corral_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_corral_v1_sandbox_proto_goTypes = []any{
 	(NetworkMode)(0),              // 0: corral.v1.NetworkMode
 	(SandboxState)(0),             // 1: corral.v1.SandboxState
@@ -2876,11 +3167,16 @@ var file_corral_v1_sandbox_proto_goTypes = []any{
 	(*PauseResponse)(nil),         // 37: corral.v1.PauseResponse
 	(*ResumeRequest)(nil),         // 38: corral.v1.ResumeRequest
 	(*ResumeResponse)(nil),        // 39: corral.v1.ResumeResponse
-	nil,                           // 40: corral.v1.CreateRequest.LabelsEntry
-	nil,                           // 41: corral.v1.Sandbox.LabelsEntry
-	nil,                           // 42: corral.v1.ListRequest.LabelsEntry
-	(*durationpb.Duration)(nil),   // 43: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
+	(*CopyInRequest)(nil),         // 40: corral.v1.CopyInRequest
+	(*CopyInResponse)(nil),        // 41: corral.v1.CopyInResponse
+	(*CopyOutRequest)(nil),        // 42: corral.v1.CopyOutRequest
+	(*CopyOutResponse)(nil),       // 43: corral.v1.CopyOutResponse
+	(*ExecStreamRequest)(nil),     // 44: corral.v1.ExecStreamRequest
+	nil,                           // 45: corral.v1.CreateRequest.LabelsEntry
+	nil,                           // 46: corral.v1.Sandbox.LabelsEntry
+	nil,                           // 47: corral.v1.ListRequest.LabelsEntry
+	(*durationpb.Duration)(nil),   // 48: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 49: google.protobuf.Timestamp
 }
 var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	0,  // 0: corral.v1.NetworkPolicy.mode:type_name -> corral.v1.NetworkMode
@@ -2888,68 +3184,77 @@ var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	2,  // 2: corral.v1.UpdateNetworkResponse.network:type_name -> corral.v1.NetworkPolicy
 	6,  // 3: corral.v1.NetworkStatsResponse.refusals:type_name -> corral.v1.NetworkRefusal
 	8,  // 4: corral.v1.CreateRequest.resources:type_name -> corral.v1.Resources
-	40, // 5: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
-	43, // 6: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
-	43, // 7: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
+	45, // 5: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
+	48, // 6: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
+	48, // 7: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
 	2,  // 8: corral.v1.CreateRequest.network:type_name -> corral.v1.NetworkPolicy
 	11, // 9: corral.v1.CreateResponse.sandbox:type_name -> corral.v1.Sandbox
 	1,  // 10: corral.v1.Sandbox.state:type_name -> corral.v1.SandboxState
 	8,  // 11: corral.v1.Sandbox.resources:type_name -> corral.v1.Resources
-	41, // 12: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
-	43, // 13: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	43, // 14: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	44, // 15: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	44, // 16: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
+	46, // 12: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
+	48, // 13: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	48, // 14: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	49, // 15: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	49, // 16: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
 	2,  // 17: corral.v1.Sandbox.network:type_name -> corral.v1.NetworkPolicy
 	12, // 18: corral.v1.Sandbox.lazy_reads:type_name -> corral.v1.LazyReadStats
 	11, // 19: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
-	42, // 20: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
+	47, // 20: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
 	1,  // 21: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
 	11, // 22: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
-	43, // 23: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	48, // 23: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
 	21, // 24: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
-	43, // 25: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	48, // 25: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	21, // 26: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
-	44, // 27: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	49, // 27: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
 	27, // 28: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
 	27, // 29: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
-	9,  // 30: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
-	13, // 31: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
-	15, // 32: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
-	17, // 33: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
-	19, // 34: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
-	19, // 35: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
-	23, // 36: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
-	25, // 37: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
-	28, // 38: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
-	30, // 39: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
-	32, // 40: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
-	34, // 41: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
-	36, // 42: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
-	38, // 43: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
-	3,  // 44: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
-	5,  // 45: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
-	10, // 46: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
-	14, // 47: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
-	16, // 48: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
-	18, // 49: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
-	20, // 50: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
-	22, // 51: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
-	24, // 52: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
-	26, // 53: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
-	29, // 54: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
-	31, // 55: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
-	33, // 56: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
-	35, // 57: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
-	37, // 58: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
-	39, // 59: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
-	4,  // 60: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
-	7,  // 61: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
-	46, // [46:62] is the sub-list for method output_type
-	30, // [30:46] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	19, // 30: corral.v1.ExecStreamRequest.exec:type_name -> corral.v1.ExecRequest
+	9,  // 31: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
+	13, // 32: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
+	15, // 33: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
+	17, // 34: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
+	19, // 35: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
+	19, // 36: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
+	23, // 37: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
+	25, // 38: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
+	28, // 39: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
+	30, // 40: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
+	32, // 41: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
+	34, // 42: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
+	36, // 43: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
+	38, // 44: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
+	3,  // 45: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
+	5,  // 46: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
+	23, // 47: corral.v1.SandboxService.UploadFile:input_type -> corral.v1.WriteFileRequest
+	40, // 48: corral.v1.SandboxService.CopyIn:input_type -> corral.v1.CopyInRequest
+	42, // 49: corral.v1.SandboxService.CopyOut:input_type -> corral.v1.CopyOutRequest
+	44, // 50: corral.v1.SandboxService.ExecStream:input_type -> corral.v1.ExecStreamRequest
+	10, // 51: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
+	14, // 52: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
+	16, // 53: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
+	18, // 54: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
+	20, // 55: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
+	22, // 56: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
+	24, // 57: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
+	26, // 58: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
+	29, // 59: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
+	31, // 60: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
+	33, // 61: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
+	35, // 62: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
+	37, // 63: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
+	39, // 64: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
+	4,  // 65: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
+	7,  // 66: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
+	24, // 67: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
+	41, // 68: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
+	43, // 69: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
+	20, // 70: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
+	51, // [51:71] is the sub-list for method output_type
+	31, // [31:51] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_sandbox_proto_init() }
@@ -2968,7 +3273,7 @@ func file_corral_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_sandbox_proto_rawDesc), len(file_corral_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   41,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,7 +1,9 @@
 """ConnectRPC's JSON protocol over the HTTP/1.1 pool in :mod:`corral._http`.
 
 Unary calls POST ``application/json`` and get one JSON message back, or a
-``{"code", "message"}`` error body with a non-200 status. Server-streaming
+``{"code", "message"}`` error body with a non-200 status. Client-streaming
+calls (uploads) send their envelopes as a chunked body and read the answer
+as a stream of one message and the end. Server-streaming
 calls POST one enveloped message as ``application/connect+json`` and read a
 sequence of envelopes (1 flag byte, 4-byte big-endian length, JSON); the
 last has flag 0x02 and holds ``{}`` or ``{"error": {...}}``.
@@ -18,7 +20,7 @@ import random
 import ssl as _ssl
 import struct
 import sys
-from typing import Any, Awaitable, Callable, Dict, List, Optional, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, TypeVar
 
 from ._http import Address, Connection, Pool, ProtocolError, Response
 from .errors import CorralError, DeadlineExceededError, InternalError, UnavailableError
@@ -193,6 +195,55 @@ class Transport:
                 stream.close()
 
         return await self.retrying(method, idempotent, self.budget(timeout), once)
+
+    async def client_stream(self, method: str, messages: AsyncIterator[Dict[str, Any]], *,
+                            timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Call a client-streaming method: send every message of messages
+        (a chunked HTTP/1.1 body of envelopes), then return the one answer.
+        Never retried: messages can be read only once."""
+        budget = self.budget(timeout)
+        deadline = asyncio.get_running_loop().time() + budget
+        return await _within(deadline, budget, method, self._client_stream_once(method, messages, deadline))
+
+    async def _client_stream_once(self, method: str, messages: AsyncIterator[Dict[str, Any]],
+                                  deadline: float) -> Dict[str, Any]:
+        async def envelopes() -> AsyncIterator[bytes]:
+            async for m in messages:
+                body = _dumps(m)
+                yield struct.pack(">BI", 0, len(body)) + body
+
+        conn = await self._acquire(method)
+        reuse = False
+        try:
+            resp = await conn.request_chunked(self.addr, _path(method),
+                                              self._headers("application/connect+json", deadline), envelopes())
+            if resp.status != 200:
+                raise _error_body(resp.status, await resp.read_all(limit=1 << 20))
+            out: Optional[Dict[str, Any]] = None
+            while True:
+                head = await resp.readexactly(5)
+                if len(head) < 5:
+                    raise ProtocolError("stream ended without an end-of-stream message")
+                flags, size = struct.unpack(">BI", head)
+                data = await resp.readexactly(size)
+                msg = json.loads(data) if data else {}
+                if not flags & _END_STREAM:
+                    out = msg
+                    continue
+                rest = await resp.read_all(limit=1 << 20)
+                reuse = resp.keep_alive and not rest
+                err = msg.get("error") if isinstance(msg, dict) else None
+                if err:
+                    raise error_from_code(str(err.get("code", "unknown")), str(err.get("message", "")))
+                if out is None:
+                    raise InternalError(f"{method}: the stream ended without an answer")
+                return out
+        except (OSError, ProtocolError) as e:
+            raise _transport_error(method, self.addr, e) from e
+        except ValueError as e:
+            raise InternalError(f"{method}: stream message is not JSON: {e}") from None
+        finally:
+            self.pool.release(conn, reuse)
 
     def close(self) -> None:
         """Close idle connections; calls in flight keep theirs until done."""

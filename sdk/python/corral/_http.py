@@ -16,7 +16,7 @@ import asyncio
 import os
 import ssl as _ssl
 from collections import deque
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import AsyncIterator, Deque, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 __all__ = ["Address", "Connection", "Pool", "ProtocolError", "Response"]
@@ -114,6 +114,29 @@ class Connection:
             if status >= 200:
                 return Response(self, status, resp_headers)
             # 1xx (e.g. 100 Continue): a final response follows.
+
+    async def request_chunked(self, addr: Address, path: str, headers: Dict[str, str],
+                              chunks: AsyncIterator[bytes]) -> "Response":
+        """Send one POST request with a chunked body of unknown length (a
+        client stream) and read the response's status and headers. A
+        server that answers before reading everything (an error) is heard:
+        sending stops at the first failed write."""
+        lines = [f"POST {path} HTTP/1.1", f"Host: {addr.host_header}", "Transfer-Encoding: chunked"]
+        lines.extend(f"{k}: {v}" for k, v in headers.items())
+        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        try:
+            async for piece in chunks:
+                if piece:
+                    self.writer.writelines((b"%x\r\n" % len(piece), piece, b"\r\n"))
+                    await self.writer.drain()
+            self.writer.write(b"0\r\n\r\n")
+            await self.writer.drain()
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # the server answered early; its answer says why
+        while True:
+            status, resp_headers = await self._read_head()
+            if status >= 200:
+                return Response(self, status, resp_headers)
 
     async def _read_head(self) -> Tuple[int, Dict[str, str]]:
         try:

@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Set, Union
 
 from ._connect import Transport
 from ._http import default_address
+from ._tar import file_messages, tar_tree
 from .errors import NotFoundError, UnimplementedError
 from .fncall import _BATCH, _CALL, CallResult, call_request
 from .iam import IAMMixin
@@ -163,9 +164,36 @@ class AsyncClient(IAMMixin):
 
     async def create_layer(self, path: str, name: str, *, request_timeout: Optional[float] = None) -> Layer:
         """Build the layer ``name`` (NAME@VERSION) from a directory or tar file
-        at ``path`` on the server's machine."""
+        at ``path`` on this machine, streamed to the server as a tar (the
+        server reads no path of its own: see :meth:`create_layer_from_node`)."""
+        f = await asyncio.get_running_loop().run_in_executor(None, tar_tree, path)
+        d = await self._t.client_stream(_SVC + "UploadLayer", file_messages(f, {"name": name}, "data"),
+                                        timeout=request_timeout)
+        return Layer._from_json(d.get("layer", {}))
+
+    async def create_layer_from_node(self, path: str, name: str, *,
+                                     request_timeout: Optional[float] = None) -> Layer:
+        """Build the layer ``name`` from a directory or tar file at ``path`` on
+        the server's machine: only for the node administrator (root on the
+        unix socket), and only under the server's ``--import-root``."""
         d = await self._t.unary(_SVC + "CreateLayer", {"path": path, "name": name}, timeout=request_timeout)
         return Layer._from_json(d.get("layer", {}))
+
+    async def upload_image(self, source: str, name: str, *,
+                           request_timeout: Optional[float] = None) -> Composition:
+        """Import ``oci:DIR[:REF]`` (an OCI layout directory) or
+        ``docker-archive:FILE[:REPO:TAG]`` (a ``docker save`` tarball) from
+        this machine, streamed to the server, as the composition ``name``."""
+        for prefix, fmt in (("oci:", "ARCHIVE_FORMAT_OCI_LAYOUT"), ("docker-archive:", "ARCHIVE_FORMAT_DOCKER_ARCHIVE")):
+            if source.startswith(prefix):
+                path, _, which = source[len(prefix):].partition(":")
+                break
+        else:
+            raise ValueError(f"source {source!r} is neither oci:DIR nor docker-archive:FILE")
+        f = await asyncio.get_running_loop().run_in_executor(None, tar_tree, path)
+        first = {"format": fmt, "image": which, "name": name}
+        d = await self._t.client_stream(_SVC + "UploadImage", file_messages(f, first, "data"), timeout=request_timeout)
+        return Composition._from_json(d.get("composition", {}))
 
     async def create_composition(self, ref: str, layers: List[str], *, env: Optional[Dict[str, str]] = None,
                                  request_timeout: Optional[float] = None) -> Composition:

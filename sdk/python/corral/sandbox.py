@@ -1,9 +1,12 @@
 """Handles on one sandbox: commands (:class:`AsyncSandbox`), files
 (:class:`AsyncFiles`) and streamed command output (:class:`ExecStream`)."""
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+import asyncio
+import tempfile
+from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from ._connect import ServerStream
+from ._tar import extract, file_messages, tar_tree
 from .errors import InternalError, NotFoundError
 from .images import _SVC as _IMAGE_SVC
 from .images import Packed, packed_from_json
@@ -240,6 +243,40 @@ class AsyncFiles:
             resp = await self._t.unary("WriteFile", req, timeout=request_timeout)
             written += int(resp.get("size", 0))
         return written
+
+    async def write_from(self, path: str, f: IO[bytes], *, mode: Optional[int] = None,
+                         make_parents: bool = True, request_timeout: Optional[float] = None) -> int:
+        """Stream the open binary file f into path in one call (no size cap
+        but the sandbox's disk quota); returns the bytes written."""
+        first: Dict[str, Any] = {"sandboxId": self._sb.id, "path": path, "makeParents": make_parents}
+        if mode is not None:
+            first["mode"] = int(mode)
+        resp = await self._t.client_stream("UploadFile", file_messages(f, first, "content"), timeout=request_timeout)
+        return int(resp.get("size", 0))
+
+    async def upload_dir(self, local: str, dest: str, *, request_timeout: Optional[float] = None) -> int:
+        """Copy the tree of the local directory ``local`` into the sandbox
+        directory ``dest`` (made when missing): files, directories, symlinks,
+        hard links, modes, owners, mtimes and user.* xattrs. Returns the
+        bytes of file content written."""
+        f = await asyncio.get_running_loop().run_in_executor(None, tar_tree, local)
+        first = {"sandboxId": self._sb.id, "path": dest}
+        resp = await self._t.client_stream("CopyIn", file_messages(f, first, "data"), timeout=request_timeout)
+        return int(resp.get("bytes", 0))
+
+    async def download_dir(self, path: str, local: str, *, request_timeout: Optional[float] = None) -> None:
+        """Make the local directory ``local`` (made when missing) a copy of
+        the sandbox directory ``path``; nothing is written outside it."""
+        loop = asyncio.get_running_loop()
+        with tempfile.TemporaryFile() as f:
+            stream = self._t.stream("CopyOut", {"sandboxId": self._sb.id, "path": path}, timeout=request_timeout)
+            try:
+                async for m in stream:
+                    await loop.run_in_executor(None, f.write, b64decode(m.get("data")))
+            finally:
+                stream.close()
+            f.seek(0)
+            await loop.run_in_executor(None, extract, f, local, 1)
 
     async def read(self, path: str, *, offset: int = 0, limit: int = 0,
                    request_timeout: Optional[float] = None) -> bytes:

@@ -146,8 +146,16 @@ class Client:
         return self._run(self._async.list_images(**kw))
 
     def create_layer(self, path: str, name: str, **kw: Any) -> Layer:
-        """Build a layer from a directory or tar file on the server's machine."""
+        """Build a layer from a directory or tar file on this machine, streamed."""
         return self._run(self._async.create_layer(path, name, **kw))
+
+    def create_layer_from_node(self, path: str, name: str, **kw: Any) -> Layer:
+        """Build a layer from a path on the server's machine (node administrator only)."""
+        return self._run(self._async.create_layer_from_node(path, name, **kw))
+
+    def upload_image(self, source: str, name: str, **kw: Any) -> Composition:
+        """Import an OCI layout or docker archive from this machine (see :meth:`AsyncClient.upload_image`)."""
+        return self._run(self._async.upload_image(source, name, **kw))
 
     def create_composition(self, ref: str, layers: List[str], **kw: Any) -> Composition:
         """Record a composition (see :meth:`AsyncClient.create_composition`)."""
@@ -305,6 +313,18 @@ class Files:
     def write(self, path: str, data: Any, **kw: Any) -> int:
         """Create, replace or append to a file; returns its size."""
         return self._c._run(self._a.write(path, data, **kw))
+
+    def write_from(self, path: str, f: Any, **kw: Any) -> int:
+        """Stream an open binary file into path (no size cap)."""
+        return self._c._run(self._a.write_from(path, f, **kw))
+
+    def upload_dir(self, local: str, dest: str, **kw: Any) -> int:
+        """Copy a local directory tree into the sandbox (see :meth:`AsyncFiles.upload_dir`)."""
+        return self._c._run(self._a.upload_dir(local, dest, **kw))
+
+    def download_dir(self, path: str, local: str, **kw: Any) -> None:
+        """Copy a sandbox directory tree to a local directory."""
+        self._c._run(self._a.download_dir(path, local, **kw))
 
     def read(self, path: str, **kw: Any) -> bytes:
         """The file's bytes (offset= and limit= select a range)."""

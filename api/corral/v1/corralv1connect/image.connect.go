@@ -54,6 +54,12 @@ const (
 	ImageServicePackProcedure = "/corral.v1.ImageService/Pack"
 	// ImageServicePullLayerProcedure is the fully-qualified name of the ImageService's PullLayer RPC.
 	ImageServicePullLayerProcedure = "/corral.v1.ImageService/PullLayer"
+	// ImageServiceUploadLayerProcedure is the fully-qualified name of the ImageService's UploadLayer
+	// RPC.
+	ImageServiceUploadLayerProcedure = "/corral.v1.ImageService/UploadLayer"
+	// ImageServiceUploadImageProcedure is the fully-qualified name of the ImageService's UploadImage
+	// RPC.
+	ImageServiceUploadImageProcedure = "/corral.v1.ImageService/UploadImage"
 )
 
 // ImageServiceClient is a client for the corral.v1.ImageService service.
@@ -77,6 +83,14 @@ type ImageServiceClient interface {
 	// store: only its metadata becomes local; file data is fetched on first
 	// read. FAILED_PRECONDITION when the node has no blob store.
 	PullLayer(context.Context, *connect.Request[v1.PullLayerRequest]) (*connect.Response[v1.PullLayerResponse], error)
+	// UploadLayer builds a layer from a tar stream sent by the client: the
+	// first message names the layer, every message may carry tar bytes.
+	// trusted.* xattrs in the stream are dropped (they would steer overlayfs).
+	UploadLayer(context.Context) *connect.ClientStreamForClient[v1.UploadLayerRequest, v1.CreateLayerResponse]
+	// UploadImage imports an image sent by the client: an OCI layout
+	// directory as a tar stream, or a `docker save` archive, in the data of
+	// the messages after the first (which says what it is).
+	UploadImage(context.Context) *connect.ClientStreamForClient[v1.UploadImageRequest, v1.ImportResult]
 }
 
 // NewImageServiceClient constructs a client for the corral.v1.ImageService service. By default, it
@@ -138,6 +152,18 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(imageServiceMethods.ByName("PullLayer")),
 			connect.WithClientOptions(opts...),
 		),
+		uploadLayer: connect.NewClient[v1.UploadLayerRequest, v1.CreateLayerResponse](
+			httpClient,
+			baseURL+ImageServiceUploadLayerProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("UploadLayer")),
+			connect.WithClientOptions(opts...),
+		),
+		uploadImage: connect.NewClient[v1.UploadImageRequest, v1.ImportResult](
+			httpClient,
+			baseURL+ImageServiceUploadImageProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("UploadImage")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -151,6 +177,8 @@ type imageServiceClient struct {
 	collectGarbage    *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
 	pack              *connect.Client[v1.PackRequest, v1.PackResponse]
 	pullLayer         *connect.Client[v1.PullLayerRequest, v1.PullLayerResponse]
+	uploadLayer       *connect.Client[v1.UploadLayerRequest, v1.CreateLayerResponse]
+	uploadImage       *connect.Client[v1.UploadImageRequest, v1.ImportResult]
 }
 
 // ListImages calls corral.v1.ImageService.ListImages.
@@ -193,6 +221,16 @@ func (c *imageServiceClient) PullLayer(ctx context.Context, req *connect.Request
 	return c.pullLayer.CallUnary(ctx, req)
 }
 
+// UploadLayer calls corral.v1.ImageService.UploadLayer.
+func (c *imageServiceClient) UploadLayer(ctx context.Context) *connect.ClientStreamForClient[v1.UploadLayerRequest, v1.CreateLayerResponse] {
+	return c.uploadLayer.CallClientStream(ctx)
+}
+
+// UploadImage calls corral.v1.ImageService.UploadImage.
+func (c *imageServiceClient) UploadImage(ctx context.Context) *connect.ClientStreamForClient[v1.UploadImageRequest, v1.ImportResult] {
+	return c.uploadImage.CallClientStream(ctx)
+}
+
 // ImageServiceHandler is an implementation of the corral.v1.ImageService service.
 type ImageServiceHandler interface {
 	// ListImages lists built images, compositions and layers.
@@ -214,6 +252,14 @@ type ImageServiceHandler interface {
 	// store: only its metadata becomes local; file data is fetched on first
 	// read. FAILED_PRECONDITION when the node has no blob store.
 	PullLayer(context.Context, *connect.Request[v1.PullLayerRequest]) (*connect.Response[v1.PullLayerResponse], error)
+	// UploadLayer builds a layer from a tar stream sent by the client: the
+	// first message names the layer, every message may carry tar bytes.
+	// trusted.* xattrs in the stream are dropped (they would steer overlayfs).
+	UploadLayer(context.Context, *connect.ClientStream[v1.UploadLayerRequest]) (*connect.Response[v1.CreateLayerResponse], error)
+	// UploadImage imports an image sent by the client: an OCI layout
+	// directory as a tar stream, or a `docker save` archive, in the data of
+	// the messages after the first (which says what it is).
+	UploadImage(context.Context, *connect.ClientStream[v1.UploadImageRequest]) (*connect.Response[v1.ImportResult], error)
 }
 
 // NewImageServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -271,6 +317,18 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(imageServiceMethods.ByName("PullLayer")),
 		connect.WithHandlerOptions(opts...),
 	)
+	imageServiceUploadLayerHandler := connect.NewClientStreamHandler(
+		ImageServiceUploadLayerProcedure,
+		svc.UploadLayer,
+		connect.WithSchema(imageServiceMethods.ByName("UploadLayer")),
+		connect.WithHandlerOptions(opts...),
+	)
+	imageServiceUploadImageHandler := connect.NewClientStreamHandler(
+		ImageServiceUploadImageProcedure,
+		svc.UploadImage,
+		connect.WithSchema(imageServiceMethods.ByName("UploadImage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/corral.v1.ImageService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ImageServiceListImagesProcedure:
@@ -289,6 +347,10 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 			imageServicePackHandler.ServeHTTP(w, r)
 		case ImageServicePullLayerProcedure:
 			imageServicePullLayerHandler.ServeHTTP(w, r)
+		case ImageServiceUploadLayerProcedure:
+			imageServiceUploadLayerHandler.ServeHTTP(w, r)
+		case ImageServiceUploadImageProcedure:
+			imageServiceUploadImageHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -328,4 +390,12 @@ func (UnimplementedImageServiceHandler) Pack(context.Context, *connect.Request[v
 
 func (UnimplementedImageServiceHandler) PullLayer(context.Context, *connect.Request[v1.PullLayerRequest]) (*connect.Response[v1.PullLayerResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.ImageService.PullLayer is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) UploadLayer(context.Context, *connect.ClientStream[v1.UploadLayerRequest]) (*connect.Response[v1.CreateLayerResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.ImageService.UploadLayer is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) UploadImage(context.Context, *connect.ClientStream[v1.UploadImageRequest]) (*connect.Response[v1.ImportResult], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.ImageService.UploadImage is not implemented"))
 }

@@ -70,6 +70,16 @@ const (
 	// SandboxServiceNetworkStatsProcedure is the fully-qualified name of the SandboxService's
 	// NetworkStats RPC.
 	SandboxServiceNetworkStatsProcedure = "/corral.v1.SandboxService/NetworkStats"
+	// SandboxServiceUploadFileProcedure is the fully-qualified name of the SandboxService's UploadFile
+	// RPC.
+	SandboxServiceUploadFileProcedure = "/corral.v1.SandboxService/UploadFile"
+	// SandboxServiceCopyInProcedure is the fully-qualified name of the SandboxService's CopyIn RPC.
+	SandboxServiceCopyInProcedure = "/corral.v1.SandboxService/CopyIn"
+	// SandboxServiceCopyOutProcedure is the fully-qualified name of the SandboxService's CopyOut RPC.
+	SandboxServiceCopyOutProcedure = "/corral.v1.SandboxService/CopyOut"
+	// SandboxServiceExecStreamProcedure is the fully-qualified name of the SandboxService's ExecStream
+	// RPC.
+	SandboxServiceExecStreamProcedure = "/corral.v1.SandboxService/ExecStream"
 )
 
 // SandboxServiceClient is a client for the corral.v1.SandboxService service.
@@ -100,6 +110,21 @@ type SandboxServiceClient interface {
 	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
 	// NetworkStats returns the sandbox's refused attempts, per destination.
 	NetworkStats(context.Context, *connect.Request[v1.NetworkStatsRequest]) (*connect.Response[v1.NetworkStatsResponse], error)
+	// UploadFile is WriteFile streamed: the first message carries the path
+	// and options, every message may carry content. No size cap but the
+	// sandbox's disk quota.
+	UploadFile(context.Context) *connect.ClientStreamForClient[v1.WriteFileRequest, v1.WriteFileResponse]
+	// CopyIn extracts a tar stream into a directory of the sandbox (made
+	// when missing): modes, owners (as the sandbox sees them), symlinks, hard
+	// links, mtimes and user.* xattrs. Nothing resolves outside the sandbox.
+	CopyIn(context.Context) *connect.ClientStreamForClient[v1.CopyInRequest, v1.CopyInResponse]
+	// CopyOut streams a tar of a path in the sandbox (a directory's whole
+	// tree, or one file), with the same metadata CopyIn restores.
+	CopyOut(context.Context, *connect.Request[v1.CopyOutRequest]) (*connect.ServerStreamForClient[v1.CopyOutResponse], error)
+	// ExecStream is Exec with stdin streamed: the first message carries the
+	// command, the following ones its stdin until the client closes its side
+	// (bidirectional: needs HTTP/2).
+	ExecStream(context.Context) *connect.BidiStreamForClient[v1.ExecStreamRequest, v1.ExecResponse]
 }
 
 // NewSandboxServiceClient constructs a client for the corral.v1.SandboxService service. By default,
@@ -209,6 +234,30 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("NetworkStats")),
 			connect.WithClientOptions(opts...),
 		),
+		uploadFile: connect.NewClient[v1.WriteFileRequest, v1.WriteFileResponse](
+			httpClient,
+			baseURL+SandboxServiceUploadFileProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("UploadFile")),
+			connect.WithClientOptions(opts...),
+		),
+		copyIn: connect.NewClient[v1.CopyInRequest, v1.CopyInResponse](
+			httpClient,
+			baseURL+SandboxServiceCopyInProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("CopyIn")),
+			connect.WithClientOptions(opts...),
+		),
+		copyOut: connect.NewClient[v1.CopyOutRequest, v1.CopyOutResponse](
+			httpClient,
+			baseURL+SandboxServiceCopyOutProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("CopyOut")),
+			connect.WithClientOptions(opts...),
+		),
+		execStream: connect.NewClient[v1.ExecStreamRequest, v1.ExecResponse](
+			httpClient,
+			baseURL+SandboxServiceExecStreamProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ExecStream")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -230,6 +279,10 @@ type sandboxServiceClient struct {
 	resume        *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
 	updateNetwork *connect.Client[v1.UpdateNetworkRequest, v1.UpdateNetworkResponse]
 	networkStats  *connect.Client[v1.NetworkStatsRequest, v1.NetworkStatsResponse]
+	uploadFile    *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	copyIn        *connect.Client[v1.CopyInRequest, v1.CopyInResponse]
+	copyOut       *connect.Client[v1.CopyOutRequest, v1.CopyOutResponse]
+	execStream    *connect.Client[v1.ExecStreamRequest, v1.ExecResponse]
 }
 
 // Create calls corral.v1.SandboxService.Create.
@@ -312,6 +365,26 @@ func (c *sandboxServiceClient) NetworkStats(ctx context.Context, req *connect.Re
 	return c.networkStats.CallUnary(ctx, req)
 }
 
+// UploadFile calls corral.v1.SandboxService.UploadFile.
+func (c *sandboxServiceClient) UploadFile(ctx context.Context) *connect.ClientStreamForClient[v1.WriteFileRequest, v1.WriteFileResponse] {
+	return c.uploadFile.CallClientStream(ctx)
+}
+
+// CopyIn calls corral.v1.SandboxService.CopyIn.
+func (c *sandboxServiceClient) CopyIn(ctx context.Context) *connect.ClientStreamForClient[v1.CopyInRequest, v1.CopyInResponse] {
+	return c.copyIn.CallClientStream(ctx)
+}
+
+// CopyOut calls corral.v1.SandboxService.CopyOut.
+func (c *sandboxServiceClient) CopyOut(ctx context.Context, req *connect.Request[v1.CopyOutRequest]) (*connect.ServerStreamForClient[v1.CopyOutResponse], error) {
+	return c.copyOut.CallServerStream(ctx, req)
+}
+
+// ExecStream calls corral.v1.SandboxService.ExecStream.
+func (c *sandboxServiceClient) ExecStream(ctx context.Context) *connect.BidiStreamForClient[v1.ExecStreamRequest, v1.ExecResponse] {
+	return c.execStream.CallBidiStream(ctx)
+}
+
 // SandboxServiceHandler is an implementation of the corral.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v1.CreateResponse], error)
@@ -340,6 +413,21 @@ type SandboxServiceHandler interface {
 	UpdateNetwork(context.Context, *connect.Request[v1.UpdateNetworkRequest]) (*connect.Response[v1.UpdateNetworkResponse], error)
 	// NetworkStats returns the sandbox's refused attempts, per destination.
 	NetworkStats(context.Context, *connect.Request[v1.NetworkStatsRequest]) (*connect.Response[v1.NetworkStatsResponse], error)
+	// UploadFile is WriteFile streamed: the first message carries the path
+	// and options, every message may carry content. No size cap but the
+	// sandbox's disk quota.
+	UploadFile(context.Context, *connect.ClientStream[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
+	// CopyIn extracts a tar stream into a directory of the sandbox (made
+	// when missing): modes, owners (as the sandbox sees them), symlinks, hard
+	// links, mtimes and user.* xattrs. Nothing resolves outside the sandbox.
+	CopyIn(context.Context, *connect.ClientStream[v1.CopyInRequest]) (*connect.Response[v1.CopyInResponse], error)
+	// CopyOut streams a tar of a path in the sandbox (a directory's whole
+	// tree, or one file), with the same metadata CopyIn restores.
+	CopyOut(context.Context, *connect.Request[v1.CopyOutRequest], *connect.ServerStream[v1.CopyOutResponse]) error
+	// ExecStream is Exec with stdin streamed: the first message carries the
+	// command, the following ones its stdin until the client closes its side
+	// (bidirectional: needs HTTP/2).
+	ExecStream(context.Context, *connect.BidiStream[v1.ExecStreamRequest, v1.ExecResponse]) error
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -445,6 +533,30 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("NetworkStats")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceUploadFileHandler := connect.NewClientStreamHandler(
+		SandboxServiceUploadFileProcedure,
+		svc.UploadFile,
+		connect.WithSchema(sandboxServiceMethods.ByName("UploadFile")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceCopyInHandler := connect.NewClientStreamHandler(
+		SandboxServiceCopyInProcedure,
+		svc.CopyIn,
+		connect.WithSchema(sandboxServiceMethods.ByName("CopyIn")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceCopyOutHandler := connect.NewServerStreamHandler(
+		SandboxServiceCopyOutProcedure,
+		svc.CopyOut,
+		connect.WithSchema(sandboxServiceMethods.ByName("CopyOut")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceExecStreamHandler := connect.NewBidiStreamHandler(
+		SandboxServiceExecStreamProcedure,
+		svc.ExecStream,
+		connect.WithSchema(sandboxServiceMethods.ByName("ExecStream")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/corral.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -479,6 +591,14 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceUpdateNetworkHandler.ServeHTTP(w, r)
 		case SandboxServiceNetworkStatsProcedure:
 			sandboxServiceNetworkStatsHandler.ServeHTTP(w, r)
+		case SandboxServiceUploadFileProcedure:
+			sandboxServiceUploadFileHandler.ServeHTTP(w, r)
+		case SandboxServiceCopyInProcedure:
+			sandboxServiceCopyInHandler.ServeHTTP(w, r)
+		case SandboxServiceCopyOutProcedure:
+			sandboxServiceCopyOutHandler.ServeHTTP(w, r)
+		case SandboxServiceExecStreamProcedure:
+			sandboxServiceExecStreamHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -550,4 +670,20 @@ func (UnimplementedSandboxServiceHandler) UpdateNetwork(context.Context, *connec
 
 func (UnimplementedSandboxServiceHandler) NetworkStats(context.Context, *connect.Request[v1.NetworkStatsRequest]) (*connect.Response[v1.NetworkStatsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.SandboxService.NetworkStats is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) UploadFile(context.Context, *connect.ClientStream[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.SandboxService.UploadFile is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) CopyIn(context.Context, *connect.ClientStream[v1.CopyInRequest]) (*connect.Response[v1.CopyInResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.SandboxService.CopyIn is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) CopyOut(context.Context, *connect.Request[v1.CopyOutRequest], *connect.ServerStream[v1.CopyOutResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.SandboxService.CopyOut is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ExecStream(context.Context, *connect.BidiStream[v1.ExecStreamRequest, v1.ExecResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.SandboxService.ExecStream is not implemented"))
 }
