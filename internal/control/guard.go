@@ -61,6 +61,12 @@ var rules = map[string]rule{
 	corralv1connect.SandboxServiceResumeProcedure:        {access: accessWrite, sandbox: "id", audit: true},
 	corralv1connect.SandboxServiceUpdateNetworkProcedure: {access: accessWrite, sandbox: "id", audit: true},
 	corralv1connect.SandboxServiceNetworkStatsProcedure:  {access: accessRead, sandbox: "id"},
+	// Streams: every message is checked as it arrives; the first names
+	// the sandbox (ExecStream's inside its exec, see checkMessage).
+	corralv1connect.SandboxServiceUploadFileProcedure: {access: accessWrite, sandbox: "sandbox_id"},
+	corralv1connect.SandboxServiceCopyInProcedure:     {access: accessWrite, sandbox: "sandbox_id"},
+	corralv1connect.SandboxServiceCopyOutProcedure:    {access: accessRead, sandbox: "sandbox_id"},
+	corralv1connect.SandboxServiceExecStreamProcedure: {access: accessWrite, audit: true},
 
 	corralv1connect.ImageServiceListImagesProcedure: {access: accessRead},
 	// CreateLayer reads a path on the node: the node administrator's alone.
@@ -71,6 +77,15 @@ var rules = map[string]rule{
 	corralv1connect.ImageServiceCollectGarbageProcedure:    {access: accessNode, audit: true},
 	corralv1connect.ImageServicePackProcedure:              {access: accessWrite, sandbox: "sandbox_id", audit: true},
 	corralv1connect.ImageServicePullLayerProcedure:         {access: accessWrite, audit: true},
+	// Uploads carry their content from the client: any member may.
+	corralv1connect.ImageServiceUploadLayerProcedure: {access: accessWrite, audit: true},
+	corralv1connect.ImageServiceUploadImageProcedure: {access: accessWrite, audit: true},
+
+	// Stats and events are filtered to the caller's projects by the
+	// handlers; Nodes reports node-wide totals only.
+	corralv1connect.ObserveServiceStatsProcedure:       {access: accessRead},
+	corralv1connect.ObserveServiceWatchEventsProcedure: {access: accessRead},
+	corralv1connect.ObserveServiceNodesProcedure:       {access: accessRead},
 
 	corralv1connect.FnCallServiceCallProcedure:      {access: accessWrite},
 	corralv1connect.FnCallServiceCallBatchProcedure: {access: accessWrite},
@@ -211,6 +226,30 @@ func (g *Guard) checkMessage(ctx context.Context, p iam.Principal, procedure str
 		return g.Images.Claim(ctx, p, msg.Name)
 	case *corralv1.PackRequest:
 		return g.Images.Claim(ctx, p, msg.Name)
+	case *corralv1.UploadLayerRequest:
+		if msg.Name == "" { // a data message after the first
+			return nil
+		}
+		return g.Images.Claim(ctx, p, msg.Name)
+	case *corralv1.UploadImageRequest:
+		if msg.Name == "" {
+			return nil
+		}
+		return g.Images.Claim(ctx, p, msg.Name)
+	case *corralv1.ExecStreamRequest:
+		if msg.Exec == nil { // stdin after the first message
+			return nil
+		}
+		if msg.Exec.SandboxId == "" {
+			return errdefs.InvalidArgument("exec.sandbox_id: required")
+		}
+		return g.checkSandbox(ctx, p, msg.Exec.SandboxId)
+	case *corralv1.StatsRequest:
+		for _, id := range msg.Ids {
+			if err := g.checkSandbox(ctx, p, id); err != nil {
+				return err
+			}
+		}
 	case *corralv1.PullLayerRequest:
 		return g.Images.Claim(ctx, p, msg.Name)
 	case *corralv1.RemoveImageRequest:
@@ -364,8 +403,8 @@ func CallerProject(ctx context.Context) string {
 	return p.Project
 }
 
-// visibleTo returns a filter keeping what the caller sees (nil: all).
-func visibleTo(ctx context.Context) func(project string) bool {
+// VisibleTo returns a filter keeping what the caller sees (nil: all).
+func VisibleTo(ctx context.Context) func(project string) bool {
 	p, ok := iam.FromContext(ctx)
 	if !ok || p.NodeAdmin {
 		return nil

@@ -100,7 +100,7 @@ func (s *Service) List(ctx context.Context, req *connect.Request[corralv1.ListRe
 	}
 	sbs, next, err := s.local.List(ctx, node.ListFilter{
 		Labels:    req.Msg.Labels,
-		Visible:   visibleTo(ctx),
+		Visible:   VisibleTo(ctx),
 		Phase:     phase,
 		PageSize:  int(req.Msg.PageSize),
 		PageToken: req.Msg.PageToken,

@@ -47,7 +47,11 @@ func (s *ObserveService) Stats(ctx context.Context, req *connect.Request[corralv
 		return nil, err
 	}
 	out := &corralv1.StatsResponse{}
+	visible := VisibleTo(ctx)
 	for _, st := range list {
+		if visible != nil && !visible(st.Project) {
+			continue
+		}
 		rec := st.Record
 		m := &corralv1.SandboxStats{
 			Id: rec.ID, Backend: rec.Backend, Project: st.Project, State: string(rec.Phase),
@@ -91,7 +95,11 @@ func (s *ObserveService) WatchEvents(ctx context.Context, req *connect.Request[c
 	if err := stream.Send(nil); err != nil {
 		return err
 	}
+	visible := VisibleTo(ctx)
 	for e := range s.events.Watch(ctx, req.Msg.SinceSeq, f) {
+		if visible != nil && !visible(e.Project) {
+			continue
+		}
 		if err := stream.Send(&corralv1.WatchEventsResponse{Event: EventToProto(e)}); err != nil {
 			return err
 		}

@@ -214,8 +214,9 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 	return ctx
 }
 
-// authHTTP guards plain HTTP endpoints (/metrics): the unix socket, or any
-// valid token on TCP. The figures name every sandbox of the node, so give
+// authHTTP guards plain HTTP endpoints (/metrics, the dashboard's event
+// stream): the unix socket, or any valid token on TCP, whose principal the
+// handler then finds in the request's context. The figures name every sandbox of the node, so give
 // scrape tokens to operators only.
 func (s *Server) authHTTP(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -225,10 +226,12 @@ func (s *Server) authHTTP(next http.HandlerFunc) http.HandlerFunc {
 				http.Error(w, "unauthenticated: send Authorization: Bearer <token>", http.StatusUnauthorized)
 				return
 			}
-			if _, err := s.iam.Authenticate(r.Context(), strings.TrimSpace(secret)); err != nil {
+			p, err := s.iam.Authenticate(r.Context(), strings.TrimSpace(secret))
+			if err != nil {
 				http.Error(w, err.Error(), http.StatusUnauthorized)
 				return
 			}
+			r = r.WithContext(iam.WithPrincipal(r.Context(), p))
 		}
 		next(w, r)
 	}

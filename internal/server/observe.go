@@ -119,7 +119,7 @@ func (s *Server) observeRoutes(mux *http.ServeMux, opts ...connect.HandlerOption
 	mux.HandleFunc("GET /metrics", s.authHTTP(s.metrics.Handler(extra...).ServeHTTP))
 	path, h := corralv1connect.NewObserveServiceHandler(control.NewObserveService(s.node, s.events), opts...)
 	mux.Handle(path, h)
-	ui.Register(mux, s.events)
+	ui.Register(mux, s.events, s.authHTTP)
 }
 
 // networkCounters reads every sandbox's refusal counters for a scrape.

@@ -2,8 +2,8 @@
 // (built from web/ by `make ui` with esbuild and committed in dist/, so the
 // binary needs no network and no CDN) and a server-sent event stream of
 // lifecycle events. The page reads everything else from the public API and
-// /metrics. It imports the event log and control (for the events' API
-// form); never the node or server packages.
+// /metrics. It imports the event log, iam (the caller) and control (for the
+// events' API form); never the node or server packages.
 package ui
 
 import (
@@ -17,17 +17,21 @@ import (
 
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/events"
+	"github.com/corral-dev/corral/internal/iam"
 )
 
 //go:embed dist
 var dist embed.FS
 
 // Register serves the dashboard on mux under /ui/, with events from log.
-func Register(mux *http.ServeMux, log *events.Log) {
+// The page itself is public (it holds no data); guard authenticates the
+// event stream, which then carries only the events of projects the
+// caller sees.
+func Register(mux *http.ServeMux, log *events.Log, guard func(http.HandlerFunc) http.HandlerFunc) {
 	static, _ := fs.Sub(dist, "dist")
 	mux.Handle("GET /ui/", http.StripPrefix("/ui/", http.FileServerFS(static)))
 	mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusFound))
-	mux.Handle("GET /ui/api/events", eventStream(log))
+	mux.HandleFunc("GET /ui/api/events", guard(eventStream(log)))
 }
 
 // maxRecent bounds ?recent=N.
@@ -63,7 +67,14 @@ func eventStream(log *events.Log) http.HandlerFunc {
 		w.Header().Set("Cache-Control", "no-store")
 		w.WriteHeader(http.StatusOK)
 		flusher.Flush()
+		visible := control.VisibleTo(r.Context())
+		if _, ok := iam.FromContext(r.Context()); !ok {
+			visible = func(string) bool { return false }
+		}
 		for e := range log.Watch(r.Context(), &since, events.Filter{}) {
+			if visible != nil && !visible(e.Project) {
+				continue
+			}
 			b, err := protojson.Marshal(control.EventToProto(e))
 			if err != nil {
 				continue
