@@ -99,14 +99,20 @@ func TestNoHostPathsOverTCP(t *testing.T) {
 		t.Fatal("stolen@1 exists")
 	}
 
-	// The same call, naming the node path, over TCP: refused although the
-	// path is under --import-root (a TCP caller is never the node admin).
-	tcp, err := client.New(hostPathPort)
+	// The same call, naming the node path, over TCP with a project admin's
+	// token: refused although the path is under --import-root (a TCP
+	// caller is never the node admin).
+	ctx := context.Background()
+	mustProject(t, srv.Client, "hostpath", client.Quota{})
+	_, secret, err := srv.Client.CreateToken(ctx, client.TokenOptions{Project: "hostpath", Role: "admin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcp, err := client.New(hostPathPort, client.WithToken(secret))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tcp.Close()
-	ctx := context.Background()
 	for _, p := range []string{"/etc", tree} {
 		_, err = tcp.CreateLayerFromNode(ctx, p, "stolen@1")
 		wantCode(t, err, client.CodePermissionDenied, "only the node administrator")
