@@ -199,8 +199,8 @@ func (s *Server) guard() *control.Guard {
 }
 
 // serveIAM mounts the IAM service on mux.
-func (s *Server) serveIAM(mux *http.ServeMux, opts ...connect.HandlerOption) {
-	path, h := corralv1connect.NewIAMServiceHandler(control.NewIAMService(s.iam), opts...)
+func (s *Server) serveIAM(mux *http.ServeMux, images *control.ImageOwners, opts ...connect.HandlerOption) {
+	path, h := corralv1connect.NewIAMServiceHandler(control.NewIAMService(s.iam, images), opts...)
 	mux.Handle(path, h)
 }
 

@@ -213,7 +213,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 func (s *Server) listen() error {
 	mux := http.NewServeMux()
-	guard := connect.WithInterceptors(control.ErrorInterceptor{}, s.guard())
+	g := s.guard()
+	guard := connect.WithInterceptors(control.ErrorInterceptor{}, g)
 	sandboxes := control.NewService(s.node)
 	path, h := corralv1connect.NewSandboxServiceHandler(sandboxes,
 		guard,
@@ -232,7 +233,7 @@ func (s *Server) listen() error {
 		guard,
 		connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
-	s.serveIAM(mux, guard)
+	s.serveIAM(mux, g.Images, guard)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
