@@ -234,18 +234,18 @@ func (s *Server) authHTTP(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// tlsFiles checks --tls-cert/--tls-key: both or neither, and loadable.
-func tlsFiles(cfg Config) (bool, error) {
+// checkTLS checks --tls-cert/--tls-key: both or neither, and loadable.
+func checkTLS(cfg Config) error {
 	if cfg.TLSCert == "" && cfg.TLSKey == "" {
-		return false, nil
+		return nil
 	}
 	if cfg.TLSCert == "" || cfg.TLSKey == "" {
-		return false, errdefs.InvalidArgument("tls: --tls-cert and --tls-key go together")
+		return errdefs.InvalidArgument("tls: --tls-cert and --tls-key go together")
 	}
 	if _, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey); err != nil {
-		return false, errdefs.InvalidArgument("tls: load %s / %s: %v", cfg.TLSCert, cfg.TLSKey, err)
+		return errdefs.InvalidArgument("tls: load %s / %s: %v", cfg.TLSCert, cfg.TLSKey, err)
 	}
-	return true, nil
+	return nil
 }
 
 // serveTCP serves the TCP listener, over TLS when configured.

@@ -129,7 +129,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	if _, err := tlsFiles(cfg); err != nil {
+	if err := checkTLS(cfg); err != nil {
 		return nil, err
 	}
 	iamSvc, err := openIAM(cfg)
