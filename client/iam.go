@@ -245,3 +245,16 @@ func auditFromProto(e *corralv1.AuditEntry) AuditEntry {
 	return AuditEntry{Key: e.Key, Time: tsTime(e.Time), NodeAdmin: e.NodeAdmin, TokenID: e.TokenId, Project: e.Project,
 		Procedure: e.Procedure, Summary: e.Summary, Result: e.Result}
 }
+
+// ShareImage lets project (and its subprojects) use the image name of
+// ref (every version); the caller must be an admin of the name's project.
+func (c *Client) ShareImage(ctx context.Context, ref, project string) error {
+	_, err := c.iam.ShareImage(ctx, connect.NewRequest(&corralv1.ShareImageRequest{Name: ref, Project: project}))
+	return wrapErr(err)
+}
+
+// UnshareImage takes back a ShareImage.
+func (c *Client) UnshareImage(ctx context.Context, ref, project string) error {
+	_, err := c.iam.ShareImage(ctx, connect.NewRequest(&corralv1.ShareImageRequest{Name: ref, Project: project, Unshare: true}))
+	return wrapErr(err)
+}

@@ -228,7 +228,24 @@ func newProjectCmd(g *globals) *cobra.Command {
 		},
 	}
 	sq.register(quota)
-	cmd.AddCommand(create, ls, rm, quota)
+	var unshare bool
+	share := &cobra.Command{
+		Use:   "share PATH IMAGE",
+		Short: "Let project PATH (and its subprojects) use an image name of yours, every version",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if unshare {
+				return c.UnshareImage(cmd.Context(), args[1], args[0])
+			}
+			return c.ShareImage(cmd.Context(), args[1], args[0])
+		},
+	}
+	share.Flags().BoolVar(&unshare, "unshare", false, "take a share back")
+	cmd.AddCommand(create, ls, rm, quota, share)
 	return cmd
 }
 

@@ -99,6 +99,7 @@ var rules = map[string]rule{
 	corralv1connect.IAMServiceGetProjectProcedure:    {access: accessIAM},
 	corralv1connect.IAMServiceSetQuotaProcedure:      {access: accessIAM, audit: true},
 	corralv1connect.IAMServiceDeleteProjectProcedure: {access: accessIAM, audit: true},
+	corralv1connect.IAMServiceShareImageProcedure:    {access: accessIAM, audit: true},
 	corralv1connect.IAMServiceListAuditProcedure:     {access: accessIAM},
 	corralv1connect.IAMServiceStreamAuditProcedure:   {access: accessIAM},
 }

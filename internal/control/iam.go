@@ -16,13 +16,27 @@ import (
 // IAMService implements corral.v1.IAMService over iam.Service; the Guard
 // in front of it has put the caller's principal in every context.
 type IAMService struct {
-	iam *iam.Service
+	iam    *iam.Service
+	images *ImageOwners
 }
 
 var _ corralv1connect.IAMServiceHandler = (*IAMService)(nil)
 
-// NewIAMService serves svc.
-func NewIAMService(svc *iam.Service) *IAMService { return &IAMService{iam: svc} }
+// NewIAMService serves svc; images keeps image names' owners and shares.
+func NewIAMService(svc *iam.Service, images *ImageOwners) *IAMService {
+	return &IAMService{iam: svc, images: images}
+}
+
+func (s *IAMService) ShareImage(ctx context.Context, req *connect.Request[corralv1.ShareImageRequest]) (*connect.Response[corralv1.ShareImageResponse], error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.images.Share(ctx, p, req.Msg.Name, req.Msg.Project, req.Msg.Unshare); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.ShareImageResponse{}), nil
+}
 
 func principal(ctx context.Context) (iam.Principal, error) {
 	p, ok := iam.FromContext(ctx)

@@ -51,6 +51,54 @@ func (o *ImageOwners) owner(ctx context.Context, name string) (project string, r
 	return string(v), rev, nil
 }
 
+func shareKey(name, project string) string { return "imageshares/" + name + "/" + project }
+
+// sharedWith reports whether name is shared with project or an ancestor.
+func (o *ImageOwners) sharedWith(ctx context.Context, name, project string) (bool, error) {
+	for _, anc := range iam.Ancestors(project) {
+		_, _, err := o.Store.Get(ctx, shareKey(name, anc))
+		if err == nil {
+			return true, nil
+		}
+		if !errdefs.IsNotFound(err) {
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// Share lets project (and its subprojects) use ref's name, or stops that
+// with unshare; p must be an admin of the name's owner.
+func (o *ImageOwners) Share(ctx context.Context, p iam.Principal, ref, project string, unshare bool) error {
+	name := imageName(ref)
+	if name == "" {
+		return errdefs.InvalidArgument("name: required")
+	}
+	if err := iam.ValidateProject(project); err != nil {
+		return err
+	}
+	owner, _, err := o.owner(ctx, name)
+	if err != nil {
+		return err
+	}
+	switch {
+	case owner == "" && (p.NodeAdmin || !imported(name)):
+		if ok, err := o.Exists(ctx, name); err == nil && ok {
+			return errdefs.InvalidArgument("image %s: belongs to the node administrator, so every project may use it already", name)
+		}
+		return errdefs.NotFound("image %s: not found", name)
+	case owner == "" || !p.Sees(owner) && !p.NodeAdmin:
+		return errdefs.NotFound("image %s: not found", name)
+	case !p.Administers(owner):
+		return errdefs.PermissionDenied("image %s: %s may not share it (needs the admin role in %s)", name, p, owner)
+	}
+	w := iam.Write{Key: shareKey(name, project), Value: []byte(p.String())}
+	if unshare {
+		w = iam.Write{Key: shareKey(name, project), Delete: true}
+	}
+	return o.Store.Txn(ctx, nil, []iam.Write{w})
+}
+
 // usable says whether p may use what owner owns.
 func usable(p iam.Principal, owner string) bool {
 	return p.NodeAdmin || owner == "" || p.Sees(owner) || iam.Within(p.Project, owner)
@@ -70,7 +118,9 @@ func (o *ImageOwners) CheckUse(ctx context.Context, p iam.Principal, ref string)
 		return err
 	}
 	if !usable(p, owner) {
-		return errdefs.NotFound("image %s: not found", ref)
+		if shared, err := o.sharedWith(ctx, imageName(ref), p.Project); err != nil || !shared {
+			return errdefs.NotFound("image %s: not found", ref)
+		}
 	}
 	return nil
 }
@@ -148,9 +198,17 @@ func (o *ImageOwners) Owned(ctx context.Context, project string) ([]string, erro
 	return names, nil
 }
 
-// Forget drops the owner record of name.
+// Forget drops the owner record and the shares of name.
 func (o *ImageOwners) Forget(ctx context.Context, name string) error {
-	return o.Store.Txn(ctx, nil, []iam.Write{{Key: ownerKey(name), Delete: true}})
+	shares, err := o.Store.List(ctx, "imageshares/"+name+"/")
+	if err != nil {
+		return err
+	}
+	writes := []iam.Write{{Key: ownerKey(name), Delete: true}}
+	for _, e := range shares {
+		writes = append(writes, iam.Write{Key: e.Key, Delete: true})
+	}
+	return o.Store.Txn(ctx, nil, writes)
 }
 
 // Filter keeps in r what p may use.
@@ -166,7 +224,19 @@ func (o *ImageOwners) Filter(ctx context.Context, p iam.Principal, r *corralv1.L
 		r.Images, r.Compositions, r.Layers = nil, nil, nil
 		return
 	}
-	keep := func(ref string) bool { return !imported(imageName(ref)) && usable(p, owners[imageName(ref)]) }
+	shared := map[string]bool{} // names shared with p's project or an ancestor
+	if entries, err := o.Store.List(ctx, "imageshares/"); err == nil {
+		for _, e := range entries {
+			name, project, _ := strings.Cut(strings.TrimPrefix(e.Key, "imageshares/"), "/")
+			if iam.Within(p.Project, project) {
+				shared[name] = true
+			}
+		}
+	}
+	keep := func(ref string) bool {
+		name := imageName(ref)
+		return !imported(name) && (usable(p, owners[name]) || shared[name])
+	}
 	var imgs []*corralv1.BuiltImage
 	for _, i := range r.Images {
 		if keep(i.Name) {

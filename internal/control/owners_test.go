@@ -56,6 +56,29 @@ func TestImageOwners(t *testing.T) {
 	if err := o.CheckOwn(ctx, b, "busybox@1"); !errdefs.IsPermissionDenied(err) {
 		t.Errorf("b removes the node's image: %v, want permission denied", err)
 	}
+	aAdmin := iam.Principal{Project: "a", Role: iam.RoleAdmin, TokenID: "000000000004"}
+	if err := o.Share(ctx, a, "env", "b", false); !errdefs.IsPermissionDenied(err) {
+		t.Errorf("a member shares: %v, want permission denied", err)
+	}
+	if err := o.Share(ctx, b, "env", "b", false); !errdefs.IsNotFound(err) {
+		t.Errorf("b shares a's name: %v, want not found", err)
+	}
+	if err := o.Share(ctx, aAdmin, "env@1", "b", false); err != nil {
+		t.Fatal(err)
+	}
+	bsub := iam.Principal{Project: "b/sub", Role: iam.RoleMember, TokenID: "000000000005"}
+	if err := o.CheckUse(ctx, bsub, "env@2"); err != nil {
+		t.Errorf("b's subproject uses a shared name: %v", err)
+	}
+	if err := o.CheckOwn(ctx, b, "env@1"); !errdefs.IsNotFound(err) {
+		t.Errorf("b removes a shared image: %v, want not found", err)
+	}
+	if err := o.Share(ctx, aAdmin, "env", "b", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.CheckUse(ctx, b, "env@1"); !errdefs.IsNotFound(err) {
+		t.Errorf("b uses an unshared name: %v, want not found", err)
+	}
 	resp := &corralv1.ListImagesResponse{
 		Images:       []*corralv1.BuiltImage{{Name: "busybox"}},
 		Compositions: []*corralv1.Composition{{Ref: "env@1"}, {Ref: "imported@1"}},

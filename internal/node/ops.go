@@ -38,12 +38,13 @@ func (n *Node) Get(_ context.Context, id string) (*Sandbox, error) {
 
 // ListFilter selects sandboxes for List.
 type ListFilter struct {
-	Labels map[string]string
-	// Visible, when set, keeps only sandboxes of projects it accepts.
-	Visible   func(project string) bool
+	Labels    map[string]string
 	Phase     state.Phase // empty: any
 	PageSize  int
 	PageToken string
+
+	// Visible, when set, keeps only sandboxes of projects it accepts.
+	Visible func(project string) bool
 }
 
 const (

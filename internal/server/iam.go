@@ -199,8 +199,8 @@ func (s *Server) guard() *control.Guard {
 }
 
 // serveIAM mounts the IAM service on mux.
-func (s *Server) serveIAM(mux *http.ServeMux, opts ...connect.HandlerOption) {
-	path, h := corralv1connect.NewIAMServiceHandler(control.NewIAMService(s.iam), opts...)
+func (s *Server) serveIAM(mux *http.ServeMux, images *control.ImageOwners, opts ...connect.HandlerOption) {
+	path, h := corralv1connect.NewIAMServiceHandler(control.NewIAMService(s.iam, images), opts...)
 	mux.Handle(path, h)
 }
 
@@ -237,18 +237,18 @@ func (s *Server) authHTTP(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// tlsFiles checks --tls-cert/--tls-key: both or neither, and loadable.
-func tlsFiles(cfg Config) (bool, error) {
+// checkTLS checks --tls-cert/--tls-key: both or neither, and loadable.
+func checkTLS(cfg Config) error {
 	if cfg.TLSCert == "" && cfg.TLSKey == "" {
-		return false, nil
+		return nil
 	}
 	if cfg.TLSCert == "" || cfg.TLSKey == "" {
-		return false, errdefs.InvalidArgument("tls: --tls-cert and --tls-key go together")
+		return errdefs.InvalidArgument("tls: --tls-cert and --tls-key go together")
 	}
 	if _, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey); err != nil {
-		return false, errdefs.InvalidArgument("tls: load %s / %s: %v", cfg.TLSCert, cfg.TLSKey, err)
+		return errdefs.InvalidArgument("tls: load %s / %s: %v", cfg.TLSCert, cfg.TLSKey, err)
 	}
-	return true, nil
+	return nil
 }
 
 // serveTCP serves the TCP listener, over TLS when configured.

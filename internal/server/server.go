@@ -146,7 +146,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			_ = claims.release()
 		}
 	}()
-	if _, err := tlsFiles(cfg); err != nil {
+	if err := checkTLS(cfg); err != nil {
 		return nil, err
 	}
 	iamSvc, err := openIAM(cfg)
@@ -244,9 +244,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 func (s *Server) listen() error {
 	mux := http.NewServeMux()
+	g := s.guard()
 	sandboxes := control.NewService(s.node)
 	// counted outermost: it records the code the client sees.
-	guard := connect.WithInterceptors(control.MetricsInterceptor{M: s.metrics}, control.ErrorInterceptor{}, s.guard())
+	guard := connect.WithInterceptors(control.MetricsInterceptor{M: s.metrics}, control.ErrorInterceptor{}, g)
 	path, h := corralv1connect.NewSandboxServiceHandler(sandboxes,
 		guard,
 		connect.WithReadMaxBytes(80<<20))
@@ -269,7 +270,7 @@ func (s *Server) listen() error {
 		guard,
 		connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
-	s.serveIAM(mux, guard)
+	s.serveIAM(mux, g.Images, guard)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)

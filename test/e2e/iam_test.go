@@ -349,6 +349,24 @@ func TestProjectsCannotReachEachOther(t *testing.T) {
 	if _, err := cb.RemoveImage(ctx, "a-env@1"); !client.IsNotFound(err) {
 		t.Errorf("b removes a's composition: %v, want not found", err)
 	}
+	// Shared explicitly, b may use it (not change it); unshared, it is gone again.
+	if err := ca.ShareImage(ctx, "a-env", "b"); !client.IsPermissionDenied(err) {
+		t.Errorf("a member shares: %v, want permission denied", err)
+	}
+	caAdmin := tokenClient(t, srv.Client, addr, "a", "admin")
+	if err := caAdmin.ShareImage(ctx, "a-env", "b"); err != nil {
+		t.Fatalf("share: %v", err)
+	}
+	testenv.NewSandbox(t, cb, client.CreateOptions{Image: "a-env@1"})
+	if _, err := cb.CreateComposition(ctx, client.Composition{Ref: "a-env@2", Layers: []string{"busybox@1"}}); client.CodeOf(err) != client.CodeAlreadyExists {
+		t.Errorf("b makes a version of a's shared name: %v, want already exists", err)
+	}
+	if err := caAdmin.UnshareImage(ctx, "a-env", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cb.Create(ctx, client.CreateOptions{Image: "a-env@1"}); !client.IsNotFound(err) {
+		t.Errorf("b creates from an unshared composition: %v, want not found", err)
+	}
 	testenv.NewSandbox(t, ca, client.CreateOptions{Image: "a-env@1"})
 }
 

@@ -1417,6 +1417,104 @@ func (x *ListAuditResponse) GetEntries() []*AuditEntry {
 	return nil
 }
 
+type ShareImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The image name (NAME or NAME@VERSION: the share covers every version).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The project that may use it.
+	Project       string `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
+	Unshare       bool   `protobuf:"varint,3,opt,name=unshare,proto3" json:"unshare,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareImageRequest) Reset() {
+	*x = ShareImageRequest{}
+	mi := &file_corral_v1_iam_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareImageRequest) ProtoMessage() {}
+
+func (x *ShareImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_iam_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareImageRequest.ProtoReflect.Descriptor instead.
+func (*ShareImageRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_iam_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ShareImageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ShareImageRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+func (x *ShareImageRequest) GetUnshare() bool {
+	if x != nil {
+		return x.Unshare
+	}
+	return false
+}
+
+type ShareImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareImageResponse) Reset() {
+	*x = ShareImageResponse{}
+	mi := &file_corral_v1_iam_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareImageResponse) ProtoMessage() {}
+
+func (x *ShareImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_iam_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareImageResponse.ProtoReflect.Descriptor instead.
+func (*ShareImageResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_iam_proto_rawDescGZIP(), []int{26}
+}
+
 var File_corral_v1_iam_proto protoreflect.FileDescriptor
 
 const file_corral_v1_iam_proto_rawDesc = "" +
@@ -1519,7 +1617,12 @@ const file_corral_v1_iam_proto_rawDesc = "" +
 	"\x05after\x18\x02 \x01(\tR\x05after\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\x05R\x05limit\"D\n" +
 	"\x11ListAuditResponse\x12/\n" +
-	"\aentries\x18\x01 \x03(\v2\x15.corral.v1.AuditEntryR\aentries2\xc8\x06\n" +
+	"\aentries\x18\x01 \x03(\v2\x15.corral.v1.AuditEntryR\aentries\"[\n" +
+	"\x11ShareImageRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aproject\x18\x02 \x01(\tR\aproject\x12\x18\n" +
+	"\aunshare\x18\x03 \x01(\bR\aunshare\"\x14\n" +
+	"\x12ShareImageResponse2\x93\a\n" +
 	"\n" +
 	"IAMService\x12=\n" +
 	"\x06WhoAmI\x12\x18.corral.v1.WhoAmIRequest\x1a\x19.corral.v1.WhoAmIResponse\x12L\n" +
@@ -1532,7 +1635,9 @@ const file_corral_v1_iam_proto_rawDesc = "" +
 	"\n" +
 	"GetProject\x12\x1c.corral.v1.GetProjectRequest\x1a\x1d.corral.v1.GetProjectResponse\x12C\n" +
 	"\bSetQuota\x12\x1a.corral.v1.SetQuotaRequest\x1a\x1b.corral.v1.SetQuotaResponse\x12R\n" +
-	"\rDeleteProject\x12\x1f.corral.v1.DeleteProjectRequest\x1a .corral.v1.DeleteProjectResponse\x12F\n" +
+	"\rDeleteProject\x12\x1f.corral.v1.DeleteProjectRequest\x1a .corral.v1.DeleteProjectResponse\x12I\n" +
+	"\n" +
+	"ShareImage\x12\x1c.corral.v1.ShareImageRequest\x1a\x1d.corral.v1.ShareImageResponse\x12F\n" +
 	"\tListAudit\x12\x1b.corral.v1.ListAuditRequest\x1a\x1c.corral.v1.ListAuditResponse\x12C\n" +
 	"\vStreamAudit\x12\x1b.corral.v1.ListAuditRequest\x1a\x15.corral.v1.AuditEntry0\x01B5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
@@ -1548,7 +1653,7 @@ func file_corral_v1_iam_proto_rawDescGZIP() []byte {
 	return file_corral_v1_iam_proto_rawDescData
 }
 
-var file_corral_v1_iam_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_corral_v1_iam_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_corral_v1_iam_proto_goTypes = []any{
 	(*Quota)(nil),                 // 0: corral.v1.Quota
 	(*Usage)(nil),                 // 1: corral.v1.Usage
@@ -1575,15 +1680,17 @@ var file_corral_v1_iam_proto_goTypes = []any{
 	(*AuditEntry)(nil),            // 22: corral.v1.AuditEntry
 	(*ListAuditRequest)(nil),      // 23: corral.v1.ListAuditRequest
 	(*ListAuditResponse)(nil),     // 24: corral.v1.ListAuditResponse
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*ShareImageRequest)(nil),     // 25: corral.v1.ShareImageRequest
+	(*ShareImageResponse)(nil),    // 26: corral.v1.ShareImageResponse
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
 }
 var file_corral_v1_iam_proto_depIdxs = []int32{
 	0,  // 0: corral.v1.Project.quota:type_name -> corral.v1.Quota
 	0,  // 1: corral.v1.Project.delegated:type_name -> corral.v1.Quota
 	1,  // 2: corral.v1.Project.usage:type_name -> corral.v1.Usage
-	25, // 3: corral.v1.Project.created_at:type_name -> google.protobuf.Timestamp
-	25, // 4: corral.v1.Token.created_at:type_name -> google.protobuf.Timestamp
-	25, // 5: corral.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
+	27, // 3: corral.v1.Project.created_at:type_name -> google.protobuf.Timestamp
+	27, // 4: corral.v1.Token.created_at:type_name -> google.protobuf.Timestamp
+	27, // 5: corral.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
 	3,  // 6: corral.v1.WhoAmIResponse.token:type_name -> corral.v1.Token
 	3,  // 7: corral.v1.CreateTokenResponse.token:type_name -> corral.v1.Token
 	3,  // 8: corral.v1.ListTokensResponse.tokens:type_name -> corral.v1.Token
@@ -1594,7 +1701,7 @@ var file_corral_v1_iam_proto_depIdxs = []int32{
 	2,  // 13: corral.v1.GetProjectResponse.project:type_name -> corral.v1.Project
 	0,  // 14: corral.v1.SetQuotaRequest.quota:type_name -> corral.v1.Quota
 	2,  // 15: corral.v1.SetQuotaResponse.project:type_name -> corral.v1.Project
-	25, // 16: corral.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	27, // 16: corral.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
 	22, // 17: corral.v1.ListAuditResponse.entries:type_name -> corral.v1.AuditEntry
 	4,  // 18: corral.v1.IAMService.WhoAmI:input_type -> corral.v1.WhoAmIRequest
 	6,  // 19: corral.v1.IAMService.CreateToken:input_type -> corral.v1.CreateTokenRequest
@@ -1605,21 +1712,23 @@ var file_corral_v1_iam_proto_depIdxs = []int32{
 	16, // 24: corral.v1.IAMService.GetProject:input_type -> corral.v1.GetProjectRequest
 	18, // 25: corral.v1.IAMService.SetQuota:input_type -> corral.v1.SetQuotaRequest
 	20, // 26: corral.v1.IAMService.DeleteProject:input_type -> corral.v1.DeleteProjectRequest
-	23, // 27: corral.v1.IAMService.ListAudit:input_type -> corral.v1.ListAuditRequest
-	23, // 28: corral.v1.IAMService.StreamAudit:input_type -> corral.v1.ListAuditRequest
-	5,  // 29: corral.v1.IAMService.WhoAmI:output_type -> corral.v1.WhoAmIResponse
-	7,  // 30: corral.v1.IAMService.CreateToken:output_type -> corral.v1.CreateTokenResponse
-	9,  // 31: corral.v1.IAMService.ListTokens:output_type -> corral.v1.ListTokensResponse
-	11, // 32: corral.v1.IAMService.RevokeToken:output_type -> corral.v1.RevokeTokenResponse
-	13, // 33: corral.v1.IAMService.CreateProject:output_type -> corral.v1.CreateProjectResponse
-	15, // 34: corral.v1.IAMService.ListProjects:output_type -> corral.v1.ListProjectsResponse
-	17, // 35: corral.v1.IAMService.GetProject:output_type -> corral.v1.GetProjectResponse
-	19, // 36: corral.v1.IAMService.SetQuota:output_type -> corral.v1.SetQuotaResponse
-	21, // 37: corral.v1.IAMService.DeleteProject:output_type -> corral.v1.DeleteProjectResponse
-	24, // 38: corral.v1.IAMService.ListAudit:output_type -> corral.v1.ListAuditResponse
-	22, // 39: corral.v1.IAMService.StreamAudit:output_type -> corral.v1.AuditEntry
-	29, // [29:40] is the sub-list for method output_type
-	18, // [18:29] is the sub-list for method input_type
+	25, // 27: corral.v1.IAMService.ShareImage:input_type -> corral.v1.ShareImageRequest
+	23, // 28: corral.v1.IAMService.ListAudit:input_type -> corral.v1.ListAuditRequest
+	23, // 29: corral.v1.IAMService.StreamAudit:input_type -> corral.v1.ListAuditRequest
+	5,  // 30: corral.v1.IAMService.WhoAmI:output_type -> corral.v1.WhoAmIResponse
+	7,  // 31: corral.v1.IAMService.CreateToken:output_type -> corral.v1.CreateTokenResponse
+	9,  // 32: corral.v1.IAMService.ListTokens:output_type -> corral.v1.ListTokensResponse
+	11, // 33: corral.v1.IAMService.RevokeToken:output_type -> corral.v1.RevokeTokenResponse
+	13, // 34: corral.v1.IAMService.CreateProject:output_type -> corral.v1.CreateProjectResponse
+	15, // 35: corral.v1.IAMService.ListProjects:output_type -> corral.v1.ListProjectsResponse
+	17, // 36: corral.v1.IAMService.GetProject:output_type -> corral.v1.GetProjectResponse
+	19, // 37: corral.v1.IAMService.SetQuota:output_type -> corral.v1.SetQuotaResponse
+	21, // 38: corral.v1.IAMService.DeleteProject:output_type -> corral.v1.DeleteProjectResponse
+	26, // 39: corral.v1.IAMService.ShareImage:output_type -> corral.v1.ShareImageResponse
+	24, // 40: corral.v1.IAMService.ListAudit:output_type -> corral.v1.ListAuditResponse
+	22, // 41: corral.v1.IAMService.StreamAudit:output_type -> corral.v1.AuditEntry
+	30, // [30:42] is the sub-list for method output_type
+	18, // [18:30] is the sub-list for method input_type
 	18, // [18:18] is the sub-list for extension type_name
 	18, // [18:18] is the sub-list for extension extendee
 	0,  // [0:18] is the sub-list for field type_name
@@ -1636,7 +1745,7 @@ func file_corral_v1_iam_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_iam_proto_rawDesc), len(file_corral_v1_iam_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

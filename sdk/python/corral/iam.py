@@ -182,6 +182,13 @@ class IAMMixin:
         with keep, refuse (FailedPreconditionError) if it holds anything."""
         await self._t.unary(_IAM + "DeleteProject", {"path": path, "keep": keep}, timeout=request_timeout)
 
+    async def share_image(self, name: str, project: str, *, unshare: bool = False,
+                          request_timeout: Optional[float] = None) -> None:
+        """Let project (and its subprojects) use an image name of the
+        caller's project, every version; unshare takes it back."""
+        msg = {"name": name, "project": project, "unshare": bool(unshare)}
+        await self._t.unary(_IAM + "ShareImage", msg, timeout=request_timeout)
+
     async def audit(self, project: str = "", *, after: str = "", limit: int = 0,
                     request_timeout: Optional[float] = None) -> List[AuditEntry]:
         """Audit entries the caller may read, oldest first."""

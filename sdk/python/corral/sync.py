@@ -205,6 +205,10 @@ class Client:
         """Delete a project and what it holds (see :meth:`AsyncClient.delete_project`)."""
         return self._run(self._async.delete_project(path, **kw))
 
+    def share_image(self, name: str, project: str, **kw: Any) -> None:
+        """Share an image name with a project (see :meth:`AsyncClient.share_image`)."""
+        return self._run(self._async.share_image(name, project, **kw))
+
     def audit(self, project: str = "", **kw: Any) -> List[AuditEntry]:
         """Audit entries, oldest first (see :meth:`AsyncClient.audit`)."""
         return self._run(self._async.audit(project, **kw))

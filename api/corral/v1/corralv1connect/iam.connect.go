@@ -53,6 +53,8 @@ const (
 	// IAMServiceDeleteProjectProcedure is the fully-qualified name of the IAMService's DeleteProject
 	// RPC.
 	IAMServiceDeleteProjectProcedure = "/corral.v1.IAMService/DeleteProject"
+	// IAMServiceShareImageProcedure is the fully-qualified name of the IAMService's ShareImage RPC.
+	IAMServiceShareImageProcedure = "/corral.v1.IAMService/ShareImage"
 	// IAMServiceListAuditProcedure is the fully-qualified name of the IAMService's ListAudit RPC.
 	IAMServiceListAuditProcedure = "/corral.v1.IAMService/ListAudit"
 	// IAMServiceStreamAuditProcedure is the fully-qualified name of the IAMService's StreamAudit RPC.
@@ -77,6 +79,9 @@ type IAMServiceClient interface {
 	// DeleteProject deletes a project, its subprojects, their tokens and
 	// everything they hold; with keep it refuses a project holding anything.
 	DeleteProject(context.Context, *connect.Request[v1.DeleteProjectRequest]) (*connect.Response[v1.DeleteProjectResponse], error)
+	// ShareImage lets another project (and its subprojects) use an image
+	// name of the caller's project, every version; unshare takes it back.
+	ShareImage(context.Context, *connect.Request[v1.ShareImageRequest]) (*connect.Response[v1.ShareImageResponse], error)
 	ListAudit(context.Context, *connect.Request[v1.ListAuditRequest]) (*connect.Response[v1.ListAuditResponse], error)
 	// StreamAudit sends the entries ListAudit would, then new ones as they
 	// are recorded.
@@ -148,6 +153,12 @@ func NewIAMServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...
 			connect.WithSchema(iAMServiceMethods.ByName("DeleteProject")),
 			connect.WithClientOptions(opts...),
 		),
+		shareImage: connect.NewClient[v1.ShareImageRequest, v1.ShareImageResponse](
+			httpClient,
+			baseURL+IAMServiceShareImageProcedure,
+			connect.WithSchema(iAMServiceMethods.ByName("ShareImage")),
+			connect.WithClientOptions(opts...),
+		),
 		listAudit: connect.NewClient[v1.ListAuditRequest, v1.ListAuditResponse](
 			httpClient,
 			baseURL+IAMServiceListAuditProcedure,
@@ -174,6 +185,7 @@ type iAMServiceClient struct {
 	getProject    *connect.Client[v1.GetProjectRequest, v1.GetProjectResponse]
 	setQuota      *connect.Client[v1.SetQuotaRequest, v1.SetQuotaResponse]
 	deleteProject *connect.Client[v1.DeleteProjectRequest, v1.DeleteProjectResponse]
+	shareImage    *connect.Client[v1.ShareImageRequest, v1.ShareImageResponse]
 	listAudit     *connect.Client[v1.ListAuditRequest, v1.ListAuditResponse]
 	streamAudit   *connect.Client[v1.ListAuditRequest, v1.AuditEntry]
 }
@@ -223,6 +235,11 @@ func (c *iAMServiceClient) DeleteProject(ctx context.Context, req *connect.Reque
 	return c.deleteProject.CallUnary(ctx, req)
 }
 
+// ShareImage calls corral.v1.IAMService.ShareImage.
+func (c *iAMServiceClient) ShareImage(ctx context.Context, req *connect.Request[v1.ShareImageRequest]) (*connect.Response[v1.ShareImageResponse], error) {
+	return c.shareImage.CallUnary(ctx, req)
+}
+
 // ListAudit calls corral.v1.IAMService.ListAudit.
 func (c *iAMServiceClient) ListAudit(ctx context.Context, req *connect.Request[v1.ListAuditRequest]) (*connect.Response[v1.ListAuditResponse], error) {
 	return c.listAudit.CallUnary(ctx, req)
@@ -251,6 +268,9 @@ type IAMServiceHandler interface {
 	// DeleteProject deletes a project, its subprojects, their tokens and
 	// everything they hold; with keep it refuses a project holding anything.
 	DeleteProject(context.Context, *connect.Request[v1.DeleteProjectRequest]) (*connect.Response[v1.DeleteProjectResponse], error)
+	// ShareImage lets another project (and its subprojects) use an image
+	// name of the caller's project, every version; unshare takes it back.
+	ShareImage(context.Context, *connect.Request[v1.ShareImageRequest]) (*connect.Response[v1.ShareImageResponse], error)
 	ListAudit(context.Context, *connect.Request[v1.ListAuditRequest]) (*connect.Response[v1.ListAuditResponse], error)
 	// StreamAudit sends the entries ListAudit would, then new ones as they
 	// are recorded.
@@ -318,6 +338,12 @@ func NewIAMServiceHandler(svc IAMServiceHandler, opts ...connect.HandlerOption) 
 		connect.WithSchema(iAMServiceMethods.ByName("DeleteProject")),
 		connect.WithHandlerOptions(opts...),
 	)
+	iAMServiceShareImageHandler := connect.NewUnaryHandler(
+		IAMServiceShareImageProcedure,
+		svc.ShareImage,
+		connect.WithSchema(iAMServiceMethods.ByName("ShareImage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	iAMServiceListAuditHandler := connect.NewUnaryHandler(
 		IAMServiceListAuditProcedure,
 		svc.ListAudit,
@@ -350,6 +376,8 @@ func NewIAMServiceHandler(svc IAMServiceHandler, opts ...connect.HandlerOption) 
 			iAMServiceSetQuotaHandler.ServeHTTP(w, r)
 		case IAMServiceDeleteProjectProcedure:
 			iAMServiceDeleteProjectHandler.ServeHTTP(w, r)
+		case IAMServiceShareImageProcedure:
+			iAMServiceShareImageHandler.ServeHTTP(w, r)
 		case IAMServiceListAuditProcedure:
 			iAMServiceListAuditHandler.ServeHTTP(w, r)
 		case IAMServiceStreamAuditProcedure:
@@ -397,6 +425,10 @@ func (UnimplementedIAMServiceHandler) SetQuota(context.Context, *connect.Request
 
 func (UnimplementedIAMServiceHandler) DeleteProject(context.Context, *connect.Request[v1.DeleteProjectRequest]) (*connect.Response[v1.DeleteProjectResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.IAMService.DeleteProject is not implemented"))
+}
+
+func (UnimplementedIAMServiceHandler) ShareImage(context.Context, *connect.Request[v1.ShareImageRequest]) (*connect.Response[v1.ShareImageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.IAMService.ShareImage is not implemented"))
 }
 
 func (UnimplementedIAMServiceHandler) ListAudit(context.Context, *connect.Request[v1.ListAuditRequest]) (*connect.Response[v1.ListAuditResponse], error) {
