@@ -212,7 +212,6 @@ func extractTar(ctx context.Context, r io.Reader, dir string, strip int) error {
 		if err != nil {
 			return err
 		}
-		mode := fs.FileMode(hdr.Mode & 0o777)
 		switch hdr.Typeflag {
 		case tar.TypeDir:
 			dirs = append(dirs, dirTime{name, hdr.ModTime})
@@ -227,7 +226,7 @@ func extractTar(ctx context.Context, r io.Reader, dir string, strip int) error {
 			}
 			_, err = io.CopyBuffer(f, tr, buf)
 			if err == nil {
-				setXattrs(f, hdr)
+				err = fileMeta(f, hdr, asRoot)
 			}
 			if cerr := f.Close(); err == nil {
 				err = cerr
@@ -235,6 +234,7 @@ func extractTar(ctx context.Context, r io.Reader, dir string, strip int) error {
 			if err != nil {
 				return err
 			}
+			continue
 		case tar.TypeSymlink:
 			_ = parent.Remove(base)
 			if err := parent.Symlink(hdr.Linkname, base); err != nil {
@@ -254,18 +254,8 @@ func extractTar(ctx context.Context, r io.Reader, dir string, strip int) error {
 				return err
 			}
 		}
-		for bit, m := range map[int64]fs.FileMode{0o4000: fs.ModeSetuid, 0o2000: fs.ModeSetgid, 0o1000: fs.ModeSticky} {
-			if hdr.Mode&bit != 0 {
-				mode |= m
-			}
-		}
-		if err := parent.Chmod(base, mode); err != nil {
+		if err := parent.Chmod(base, tarMode(hdr)); err != nil {
 			return err
-		}
-		if hdr.Typeflag == tar.TypeReg {
-			if err := parent.Chtimes(base, hdr.ModTime, hdr.ModTime); err != nil {
-				return err
-			}
 		}
 	}
 	for i := len(dirs) - 1; i >= 0; i-- {
@@ -294,6 +284,33 @@ func stripName(name string, strip int) (string, bool) {
 		return ".", true
 	}
 	return clean, true
+}
+
+// tarMode is hdr's permission, set-id and sticky bits as an fs.FileMode.
+func tarMode(hdr *tar.Header) fs.FileMode {
+	mode := fs.FileMode(hdr.Mode & 0o777)
+	for bit, m := range map[int64]fs.FileMode{0o4000: fs.ModeSetuid, 0o2000: fs.ModeSetgid, 0o1000: fs.ModeSticky} {
+		if hdr.Mode&bit != 0 {
+			mode |= m
+		}
+	}
+	return mode
+}
+
+// fileMeta gives an extracted file its owner (as root), mode, xattrs and
+// mtime through its fd (no path lookups).
+func fileMeta(f *os.File, hdr *tar.Header, asRoot bool) error {
+	if asRoot {
+		if err := f.Chown(hdr.Uid, hdr.Gid); err != nil {
+			return err
+		}
+	}
+	if err := f.Chmod(tarMode(hdr)); err != nil {
+		return err
+	}
+	setXattrs(f, hdr)
+	ts := unix.NsecToTimespec(hdr.ModTime.UnixNano())
+	return unix.UtimesNanoAt(int(f.Fd()), "", []unix.Timespec{ts, ts}, unix.AT_EMPTY_PATH)
 }
 
 func setXattrs(f *os.File, hdr *tar.Header) {

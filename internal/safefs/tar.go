@@ -10,6 +10,8 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +30,9 @@ type TarOptions struct {
 	// user.* only (trusted.* would steer overlayfs, security.* grants
 	// file capabilities or labels).
 	Xattr func(name string) bool
+	// Run runs each of Extract's file writers (for the credentials the
+	// calling thread has, e.g. userns.AsRoot); nil runs them as they are.
+	Run func(fn func() error) error
 }
 
 func (o TarOptions) owner(uid, gid int) (int, int, error) {
@@ -315,23 +320,30 @@ func (f *FS) Extract(ctx context.Context, dest string, r io.Reader, opts TarOpti
 		return 0, 0, err
 	}
 	x := &extractor{f: f, root: root, dest: dest, opts: opts, buf: make([]byte, chunk)}
-	defer x.closeParent()
+	x.startWriters()
+	stop := func() error {
+		x.closeParent()
+		return x.stopWriters()
+	}
 	tr := tar.NewReader(r)
 	for {
 		if err := live(ctx); err != nil {
-			return entries, x.bytes, err
+			return entries, x.bytes, errors.Join(err, stop())
 		}
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return entries, x.bytes, errdefs.InvalidArgument("tar stream: %v", err)
+			return entries, x.bytes, errors.Join(errdefs.InvalidArgument("tar stream: %v", err), stop())
 		}
 		if err := x.entry(ctx, hdr, tr); err != nil {
-			return entries, x.bytes, err
+			return entries, x.bytes, errors.Join(err, stop())
 		}
 		entries++
+	}
+	if err := stop(); err != nil {
+		return entries, x.bytes, err
 	}
 	// Directory mtimes last (making their entries changed them), deepest first.
 	for i := len(x.dirs) - 1; i >= 0; i-- {
@@ -357,8 +369,134 @@ type extractor struct {
 	buf        []byte
 	bytes      int64
 	dirs       []dirTime
-	parent     *os.File // the last entry's parent, reused by its siblings
+	parent     *sharedFile // the last entry's parent, reused by its siblings
 	parentPath string
+
+	// Small files are written by writers, in parallel: file creation is
+	// syscall-bound, and a tree is mostly small files.
+	jobs    chan fileJob
+	pending sync.WaitGroup  // jobs not yet written
+	queued  map[string]bool // paths handed to writers since the last drain
+	writers sync.WaitGroup
+	errMu   sync.Mutex
+	err     error // the first writer error
+}
+
+// Writers and the size up to which a file goes to them (read whole into
+// memory first; at most writerQueue of them wait).
+const (
+	writerCount = 4
+	writerQueue = 64
+	smallFile   = 256 << 10
+)
+
+// sharedFile is a directory fd used by the extractor and its writers;
+// the last release closes it.
+type sharedFile struct {
+	*os.File
+	refs atomic.Int32
+}
+
+func (f *sharedFile) release() {
+	if f.refs.Add(-1) == 0 {
+		f.Close()
+	}
+}
+
+type fileJob struct {
+	parent   *sharedFile
+	name, p  string
+	hdr      *tar.Header
+	uid, gid int
+	data     []byte
+}
+
+// drain waits for every queued file (before an entry that depends on one:
+// a hard link to it, or a later entry of the same name, which must win).
+func (x *extractor) drain() error {
+	x.pending.Wait()
+	clear(x.queued)
+	return x.failed()
+}
+
+func (x *extractor) startWriters() {
+	x.jobs = make(chan fileJob, writerQueue)
+	x.queued = map[string]bool{}
+	run := x.opts.Run
+	if run == nil {
+		run = func(fn func() error) error { return fn() }
+	}
+	for range writerCount {
+		x.writers.Add(1)
+		go func() {
+			defer x.writers.Done()
+			err := run(func() error {
+				for j := range x.jobs {
+					x.fail(x.writeSmall(j))
+					j.parent.release()
+					x.pending.Done()
+				}
+				return nil
+			})
+			x.fail(err)
+			for j := range x.jobs { // run failed: drain, so nothing blocks
+				j.parent.release()
+				x.pending.Done()
+			}
+		}()
+	}
+}
+
+// stopWriters waits for every queued file and returns the first error.
+func (x *extractor) stopWriters() error {
+	close(x.jobs)
+	x.writers.Wait()
+	return x.failed()
+}
+
+func (x *extractor) fail(err error) {
+	if err == nil {
+		return
+	}
+	x.errMu.Lock()
+	if x.err == nil {
+		x.err = err
+	}
+	x.errMu.Unlock()
+}
+
+func (x *extractor) failed() error {
+	x.errMu.Lock()
+	defer x.errMu.Unlock()
+	return x.err
+}
+
+// createFile makes name in parent anew, replacing a file or symlink there.
+func createFile(parent *os.File, name, p string) (*os.File, error) {
+	const create = unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL
+	file, err := openName(parent, name, create, 0o600)
+	if err == unix.EEXIST {
+		if err := unlinkNonDir(int(parent.Fd()), name, p); err != nil {
+			return nil, err
+		}
+		file, err = openName(parent, name, create, 0o600)
+	}
+	if err != nil {
+		return nil, pathErr(p, "create", err)
+	}
+	return file, nil
+}
+
+func (x *extractor) writeSmall(j fileJob) error {
+	file, err := createFile(j.parent.File, j.name, j.p)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	if _, err := file.Write(j.data); err != nil {
+		return pathErr(j.p, "write", err)
+	}
+	return x.meta(file, j.hdr, j.uid, j.gid, j.p)
 }
 
 type dirTime struct {
@@ -368,7 +506,7 @@ type dirTime struct {
 
 func (x *extractor) closeParent() {
 	if x.parent != nil {
-		x.parent.Close()
+		x.parent.release()
 		x.parent = nil
 	}
 }
@@ -384,7 +522,7 @@ func (x *extractor) target(name string) (string, error) {
 
 // parentOf opens the directory holding p inside the root (a data
 // directory, not a kernel filesystem's), making it when missing.
-func (x *extractor) parentOf(ctx context.Context, p string) (*os.File, error) {
+func (x *extractor) parentOf(ctx context.Context, p string) (*sharedFile, error) {
 	dir := path.Dir(p)
 	if x.parent != nil && x.parentPath == dir {
 		return x.parent, nil
@@ -404,8 +542,9 @@ func (x *extractor) parentOf(ctx context.Context, p string) (*os.File, error) {
 		parent.Close()
 		return nil, err
 	}
-	x.parent, x.parentPath = parent, dir
-	return parent, nil
+	x.parent, x.parentPath = &sharedFile{File: parent}, dir
+	x.parent.refs.Store(1)
+	return x.parent, nil
 }
 
 func (x *extractor) entry(ctx context.Context, hdr *tar.Header, body io.Reader) error {
@@ -416,6 +555,11 @@ func (x *extractor) entry(ctx context.Context, hdr *tar.Header, body io.Reader) 
 	uid, gid, err := x.opts.owner(hdr.Uid, hdr.Gid)
 	if err != nil {
 		return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+	}
+	if x.queued[p] {
+		if err := x.drain(); err != nil {
+			return err
+		}
 	}
 	if p == "/" || p == x.dest {
 		if hdr.Typeflag != tar.TypeDir {
@@ -429,10 +573,11 @@ func (x *extractor) entry(ctx context.Context, hdr *tar.Header, body io.Reader) 
 		x.dirs = append(x.dirs, dirTime{p, hdr.ModTime})
 		return x.meta(dir, hdr, uid, gid, p)
 	}
-	parent, err := x.parentOf(ctx, p)
+	shared, err := x.parentOf(ctx, p)
 	if err != nil {
 		return err
 	}
+	parent := shared.File
 	name := path.Base(p)
 	pfd := int(parent.Fd())
 	switch hdr.Typeflag {
@@ -448,16 +593,21 @@ func (x *extractor) entry(ctx context.Context, hdr *tar.Header, body io.Reader) 
 		x.dirs = append(x.dirs, dirTime{p, hdr.ModTime})
 		return x.meta(dir, hdr, uid, gid, p)
 	case tar.TypeReg:
-		const create = unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL
-		file, err := openName(parent, name, create, 0o600)
-		if err == unix.EEXIST {
-			if err := unlinkNonDir(pfd, name, p); err != nil {
-				return err
+		if hdr.Size <= smallFile {
+			data := make([]byte, hdr.Size)
+			if _, err := io.ReadFull(body, data); err != nil {
+				return errdefs.InvalidArgument("tar entry %q: %v", hdr.Name, err)
 			}
-			file, err = openName(parent, name, create, 0o600)
+			shared.refs.Add(1)
+			x.pending.Add(1)
+			x.queued[p] = true
+			x.jobs <- fileJob{parent: shared, name: name, p: p, hdr: hdr, uid: uid, gid: gid, data: data}
+			x.bytes += hdr.Size
+			return x.failed()
 		}
+		file, err := createFile(parent, name, p)
 		if err != nil {
-			return pathErr(p, "create", err)
+			return err
 		}
 		defer file.Close()
 		n, err := copyBuf(ctx, file, body, p, x.buf)
@@ -485,6 +635,9 @@ func (x *extractor) entry(ctx context.Context, hdr *tar.Header, body io.Reader) 
 		}
 		return nil
 	case tar.TypeLink:
+		if err := x.drain(); err != nil { // its target may still be queued
+			return err
+		}
 		old, err := x.target(hdr.Linkname)
 		if err != nil {
 			return err

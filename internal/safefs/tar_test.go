@@ -81,3 +81,30 @@ func TestArchiveRecordsLinks(t *testing.T) {
 		t.Fatalf("entries: %v", seen)
 	}
 }
+
+// TestExtractLastEntryWins: of two entries of one name the later one
+// stays, also when the first went to a parallel writer.
+func TestExtractLastEntryWins(t *testing.T) {
+	s := newSandbox(t)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for i, body := range []string{"first", "second", "third"} {
+		h := tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body))}
+		if i == 2 {
+			h = tar.Header{Name: "l", Typeflag: tar.TypeLink, Linkname: "f"}
+			body = ""
+		}
+		must(t, tw.WriteHeader(&h))
+		_, err := io.WriteString(tw, body)
+		must(t, err)
+	}
+	must(t, tw.Close())
+	if _, _, err := s.fs.Extract(context.Background(), "/x", &buf, TarOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"f", "l"} {
+		if b, err := os.ReadFile(s.root + "/x/" + n); err != nil || string(b) != "second" {
+			t.Fatalf("%s: %q %v", n, b, err)
+		}
+	}
+}

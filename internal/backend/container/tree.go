@@ -22,7 +22,7 @@ func (s *sandbox) CopyIn(ctx context.Context, dir string, r io.Reader) (entries,
 			}
 		}
 		return int(s.ids.Host) + uid, int(s.ids.Host) + gid, nil
-	}}
+	}, Run: func(fn func() error) error { return userns.AsRoot(s.ids, fn) }}
 	err = userns.AsRoot(s.ids, func() (err error) {
 		entries, bytes, err = s.FS.Extract(ctx, dir, r, opts)
 		return err
