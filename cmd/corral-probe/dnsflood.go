@@ -23,7 +23,9 @@ import (
 type FloodInput struct {
 	// Kind: "tcp" holds Conns TCP connections to Resolver, a query on
 	// each every two seconds; "udp" sends queries for distinct names
-	// under Suffix as fast as it can from one socket; "ports" sends one
+	// under Suffix as fast as it can from one socket; "udp-wait" does so
+	// from Conns sockets, each waiting (up to a second) for the answer
+	// before its next query, as resolver libraries do; "ports" sends one
 	// UDP datagram to Target from each of Conns fresh source ports.
 	Kind     string  `json:"kind"`
 	Resolver string  `json:"resolver"`
@@ -61,6 +63,8 @@ func dnsFlood() {
 		f.tcp()
 	case "udp":
 		f.udp()
+	case "udp-wait":
+		f.udpWait()
 	case "ports":
 		f.ports()
 	default:
@@ -167,6 +171,35 @@ func (f *flood) udp() {
 		}
 		f.sent.Add(1)
 	}
+}
+
+func (f *flood) udpWait() {
+	var wg sync.WaitGroup
+	for w := range max(f.in.Conns, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("udp", f.in.Resolver)
+			if err != nil {
+				f.fail(err)
+				return
+			}
+			defer c.Close()
+			buf := make([]byte, 1500)
+			for n := 0; time.Now().Before(f.deadline); n++ {
+				if _, err := c.Write(query(uint16(n), fmt.Sprintf("w%d-%d.%s", w, n, f.in.Suffix))); err != nil {
+					f.fail(err)
+					continue
+				}
+				f.sent.Add(1)
+				_ = c.SetReadDeadline(time.Now().Add(time.Second))
+				if _, err := c.Read(buf); err == nil {
+					f.answered.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func (f *flood) ports() {

@@ -118,6 +118,8 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&presetsFile, "net-presets-file", "", "JSON file {\"name\": [\"rule\", ...]} of network presets, merged over the defaults (pypi, npm, github, goproxy)")
 	fl.StringVar(&cfg.Network.NodeNetns, "net-node-netns", "", "network namespace path for the node's side (bridge, NAT, DNS proxy); default the daemon's own")
 	fl.IntVar(&cfg.Network.PoolSize, "net-pool", 4, "network namespaces kept ready for networked sandboxes")
+	fl.IntVar(&cfg.Network.ConntrackPerSandbox, "net-conntrack-per-sandbox", 4096, "host conntrack entries one networked sandbox may hold; new flows beyond are dropped and counted")
+	fl.Float64Var(&cfg.Network.DNS.Rate, "net-dns-rate", 100, "DNS queries per second one sandbox may make (burst twice that); the node's kernel drops beyond twice the rate")
 	fl.StringVar(&bf.store, "blob-store", "none", "blob store shared with other nodes: none, s3://BUCKET[/PREFIX]?endpoint=HOST:PORT[&secure=true][&region=R] (credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; none: anonymous) http://PEER:PORT (another node's --blob-listen) or dir:/PATH (a directory, e.g. on a shared filesystem); layers this node lacks are then read lazily, layers it makes are published")
 	fl.StringVar(&bf.chunk, "blob-chunk-size", "512Ki", "fetch chunk size of the blobs this node publishes (64Ki..2Mi, a power of two)")
 	fl.StringVar(&bf.cache, "blob-cache-size", "0", "most bytes of lazily fetched chunks kept on disk, evicting the least recently used (0: no limit)")

@@ -40,15 +40,6 @@ const (
 	capDNSRate   = "dns" // packets to the DNS proxy
 )
 
-// The proxy's kernel-side rate, per sandbox address: twice the proxy's own
-// default bucket, so that a sandbox within its rate never meets it, and a
-// flood beyond it is dropped by the kernel, on the sender's CPU, before
-// the daemon reads a byte of it.
-const (
-	dnsKernelRate  = 200
-	dnsKernelBurst = 400
-)
-
 // addSourceCaps adds to table t (in c's batch) the per-sandbox caps:
 //   - conntrack: in the input hook (flows to the node: the DNS proxy) and
 //     in chain fwd (flows through it), a new flow from the bridge whose
@@ -56,8 +47,11 @@ const (
 //     counted and dropped; one set serves both hooks, so the cap is per
 //     address over both;
 //   - DNS rate: UDP datagrams and new TCP connections to port 53 of the
-//     node beyond dnsKernelRate per second per address are dropped.
-func addSourceCaps(c *nftables.Conn, t *nftables.Table, fwd *nftables.Chain, bridge []byte, limit int) error {
+//     node beyond twice the proxy's own bucket (DNSLimits) per address are
+//     dropped: a sandbox within its rate never meets it, and a flood
+//     beyond it is dropped by the kernel, on the sender's CPU, before the
+//     daemon reads a byte of it.
+func addSourceCaps(c *nftables.Conn, t *nftables.Table, fwd *nftables.Chain, bridge []byte, limit int, dns DNSLimits) error {
 	accept := nftables.ChainPolicyAccept
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
@@ -77,7 +71,7 @@ func addSourceCaps(c *nftables.Conn, t *nftables.Table, fwd *nftables.Chain, bri
 	// "over" for both: the inverted connlimit / limit matches only past
 	// the cap.
 	connlimit := &expr.Connlimit{Count: uint32(limit), Flags: 1 /* NFT_CONNLIMIT_F_INV */}
-	rate := &expr.Limit{Type: expr.LimitTypePkts, Rate: dnsKernelRate, Unit: expr.LimitTimeSecond, Burst: dnsKernelBurst, Over: true}
+	rate := &expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(2 * dns.Rate), Unit: expr.LimitTimeSecond, Burst: uint32(2 * dns.Burst), Over: true}
 	for _, f := range ctFamilies {
 		sets := map[string]*nftables.Set{}
 		for _, name := range []string{capConntrack, capDNSRate} {

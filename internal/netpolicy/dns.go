@@ -8,10 +8,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"time"
 
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
 )
 
 // minLearnedTTL keeps an answer's addresses allowed at least this long, so
@@ -34,6 +36,7 @@ type dnsProxy struct {
 	ns        *os.File
 	upstreams []string
 	servers   []*dns.Server
+	dials     chan dialReq // to the dialer thread in ns (nil: dial here)
 	lim       *limiter
 	log       *slog.Logger
 }
@@ -41,6 +44,9 @@ type dnsProxy struct {
 // start listens on UDP and TCP port 53 of each gateway address, inside the
 // node namespace.
 func (p *dnsProxy) start(addrs []netip.Addr) error {
+	if err := p.startDialer(); err != nil {
+		return err
+	}
 	for _, a := range addrs {
 		hostport := netip.AddrPortFrom(a, 53).String()
 		var pc net.PacketConn
@@ -79,6 +85,67 @@ func (p *dnsProxy) stop() {
 		_ = s.Shutdown()
 	}
 	p.servers = nil
+	if p.dials != nil {
+		close(p.dials)
+		p.dials = nil
+	}
+}
+
+type dialReq struct {
+	ctx           context.Context
+	network, addr string
+	reply         chan<- dialRes
+}
+
+type dialRes struct {
+	conn net.Conn
+	err  error
+}
+
+// startDialer keeps one thread in the node namespace for the upstream UDP
+// sockets: InNetns would make, and throw away, an OS thread per query.
+func (p *dnsProxy) startDialer() error {
+	if p.ns == nil {
+		return nil
+	}
+	reqs := make(chan dialReq)
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread ends with the goroutine.
+		runtime.LockOSThread()
+		if err := unix.Setns(int(p.ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("dns proxy: enter node netns: %w", err)
+			return
+		}
+		errc <- nil
+		for r := range reqs {
+			// A UDP dial only makes and connects a socket: it never waits.
+			c, err := (&net.Dialer{}).DialContext(r.ctx, r.network, r.addr)
+			r.reply <- dialRes{c, err}
+		}
+	}()
+	if err := <-errc; err != nil {
+		return err
+	}
+	p.dials = reqs
+	return nil
+}
+
+// dial opens a socket to an upstream from the node namespace.
+func (p *dnsProxy) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if p.dials == nil || network != "udp" {
+		var conn net.Conn
+		err := InNetns(p.ns, func() error {
+			var err error
+			conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+			return err
+		})
+		return conn, err
+	}
+	reply := make(chan dialRes, 1)
+	p.dials <- dialReq{ctx, network, addr, reply}
+	r := <-reply
+	return r.conn, r.err
 }
 
 // ServeDNS answers one query of a sandbox, identified by its source
@@ -147,12 +214,7 @@ func (p *dnsProxy) exchange(ctx context.Context, sb *Sandbox, r *dns.Msg) (*dns.
 				sb.limits.refuse(limitFDs)
 				return nil, errors.Join(append(errs, errors.New("dns proxy: fd budget spent"))...)
 			}
-			var conn net.Conn
-			err := InNetns(p.ns, func() error {
-				var err error
-				conn, err = (&net.Dialer{}).DialContext(ctx, network, up)
-				return err
-			})
+			conn, err := p.dial(ctx, network, up)
 			if err != nil {
 				p.lim.putFD()
 				errs = append(errs, err)

@@ -177,7 +177,7 @@ func (m *Manager) openNode() error {
 		return fmt.Errorf("network: netlink: %w", err)
 	}
 	gw4, gw6 := m.gateways()
-	m.node = &nodeSide{ns: m.ns, nl: nl, bridge: m.cfg.Bridge, gw4: gw4, gw6: gw6, ctLimit: m.cfg.ConntrackPerSandbox}
+	m.node = &nodeSide{ns: m.ns, nl: nl, bridge: m.cfg.Bridge, gw4: gw4, gw6: gw6, ctLimit: m.cfg.ConntrackPerSandbox, dns: m.cfg.DNS.withDefaults()}
 	return nil
 }
 

@@ -85,7 +85,8 @@ type nodeSide struct {
 	gw4     netip.Prefix
 	gw6     netip.Prefix
 	brIndex int
-	ctLimit int // conntrack entries per sandbox address
+	ctLimit int       // conntrack entries per sandbox address
+	dns     DNSLimits // the proxy's, for the kernel-side rate
 }
 
 // setUp creates (or adopts) the bridge, turns on forwarding in the node
@@ -184,7 +185,7 @@ func (n *nodeSide) setNAT() error {
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: nativeU32(0)},
 		&expr.Verdict{Kind: expr.VerdictDrop},
 	}})
-	if err := addSourceCaps(c, t, fwd, br, n.ctLimit); err != nil {
+	if err := addSourceCaps(c, t, fwd, br, n.ctLimit, n.dns); err != nil {
 		return err
 	}
 	if err := c.Flush(); err != nil {

@@ -115,12 +115,18 @@ func TestDaemonCrashKeepsOrCleansEverySandbox(t *testing.T) {
 
 	d.stop(syscall.SIGKILL)
 	// While the daemon is down, the victim's processes die, and a stray
-	// cgroup appears that no record describes.
+	// cgroup appears that no record describes, with the run dir a crash
+	// between create steps leaves (made before the cgroup): the daemon's
+	// own, so swept.
 	for _, pid := range cgroupPids(d.parent, victim.ID()) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	stray := "/sys/fs/cgroup/pids/" + d.parent + "/" + strings.Split(survivor.ID(), "-")[0] + "-0123456789ab"
+	strayID := strings.Split(survivor.ID(), "-")[0] + "-0123456789ab"
+	stray := "/sys/fs/cgroup/pids/" + d.parent + "/" + strayID
 	if err := os.Mkdir(stray, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(d.dataDir, "run", strayID), 0o700); err != nil {
 		t.Fatal(err)
 	}
 
