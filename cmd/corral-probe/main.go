@@ -30,7 +30,8 @@
 // "detach N SECS WAIT" burn CPU in detached processes (kres.go); "mq",
 // "pid" and "forkn" are steps of attacks across fncalls (calls.go);
 // "flood PATH SECS" and "syncwrites PATH N" are the disk I/O row's
-// attacker and victim (kres.go). Run under any other
+// attacker and victim (kres.go); "pagecache" probes a shared layer file's
+// page-cache state (neighbours.go). Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
 
@@ -201,6 +202,10 @@ func main() {
 		if len(os.Args) == 4 {
 			secs, _ := strconv.ParseFloat(os.Args[3], 64)
 			flood(os.Args[2], secs)
+		}
+	case "pagecache":
+		for _, r := range pageCacheProbes() {
+			emit(r)
 		}
 	case "kres":
 		for _, r := range kres() {
