@@ -31,7 +31,8 @@
 // take and test per-user kernel counts, "spin SECS" and "detach N SECS WAIT"
 // burn CPU in detached processes (kres.go); "mq", "pid" and "forkn" are
 // steps of attacks across fncalls (calls.go); "flood PATH SECS" and
-// "syncwrites PATH N" are the disk I/O row's attacker and victim (kres.go).
+// "syncwrites PATH N" are the disk I/O row's attacker and victim (kres.go);
+// "pagecache" probes a shared layer file's page-cache state (neighbours.go).
 // Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
@@ -207,6 +208,10 @@ func main() {
 		if len(os.Args) == 4 {
 			secs, _ := strconv.ParseFloat(os.Args[3], 64)
 			diskFlood(os.Args[2], secs)
+		}
+	case "pagecache":
+		for _, r := range pageCacheProbes() {
+			emit(r)
 		}
 	case "kres":
 		for _, r := range kres() {

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,4 +40,43 @@ func neighbourAttempts() {
 		}
 		return one(fromErr("neighbour/uevent-socket", err, "socket(AF_NETLINK, SOCK_DGRAM, NETLINK_KOBJECT_UEVENT) + bind group 1"))
 	})
+}
+
+// pageCacheProbes ask whether a file of a shared layer (/bin/sh) is in the
+// page cache, the way a sandbox would learn that a neighbour read it
+// (mode "pagecache"): mincore on a mapping of it, cachestat, and a
+// preadv2 with RWF_NOWAIT (EAGAIN when not cached: an answer too).
+func pageCacheProbes() []Result {
+	f, err := os.Open("/bin/sh")
+	if err != nil {
+		return one(Result{Name: "pagecache/mincore", Outcome: blocked, Errno: errnoName(err)})
+	}
+	defer f.Close()
+	var out []Result
+	m, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ, unix.MAP_SHARED)
+	if err == nil {
+		vec := make([]byte, 1)
+		_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0])))
+		err = errOrNil(e)
+		_ = unix.Munmap(m)
+	}
+	out = append(out, fromErr("pagecache/mincore", err, "mincore on a mapping of /bin/sh"))
+	var cstat [4]uint64 // struct cachestat: nr_cache, nr_dirty, nr_writeback, nr_evicted (+ more)
+	var rng [2]uint64   // struct cachestat_range: off, len (0: to the end)
+	_, _, e := unix.Syscall6(unix.SYS_CACHESTAT, f.Fd(), uintptr(unsafe.Pointer(&rng)), uintptr(unsafe.Pointer(&cstat)), 0, 0, 0)
+	out = append(out, fromErr("pagecache/cachestat", errOrNil(e), "cachestat /bin/sh"))
+	buf := make([]byte, 4096)
+	_, err = unix.Preadv2(int(f.Fd()), [][]byte{buf}, 0, unix.RWF_NOWAIT)
+	if err == unix.EAGAIN {
+		err = nil // "not cached" is the answer the probe wanted
+	}
+	out = append(out, fromErr("pagecache/rwf-nowait", err, "preadv2(RWF_NOWAIT) of /bin/sh"))
+	return out
+}
+
+func errOrNil(e unix.Errno) error {
+	if e == 0 {
+		return nil
+	}
+	return e
 }

@@ -92,6 +92,8 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&cfg.CgroupParent, "cgroup-parent", "corral", "cgroup under which sandboxes are created")
 	fl.BoolVar(&cfg.KeepCgroupMountOptions, "keep-cgroup-mount-options", false,
 		"do not turn on the host's cgroup2 favordynmods option (which makes sandbox creation ~10 ms faster on cgroup v1 hosts)")
+	fl.BoolVar(&cfg.RefusePageCacheProbes, "refuse-page-cache-probes", false,
+		"refuse mincore, cachestat and RWF_NOWAIT reads in sandboxes, which show whether a neighbour read a shared layer file (see docs/THREATS.md)")
 	fl.StringVar(&cfg.InitBinary, "init-binary", "", "path of corral-init (default: beside this binary)")
 	fl.StringVar(&cfg.AgentBinary, "agent-binary", "", "path of the static corral-agent, init of microVM guests (default: beside this binary)")
 	fl.DurationVar(&cfg.MicroVMSnapshotAfter, "microvm-snapshot-after", time.Minute,

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/server"
 	"github.com/corral-dev/corral/internal/testenv"
 	"golang.org/x/sys/unix"
 )
@@ -257,4 +258,42 @@ func TestPackSparse(t *testing.T) {
 			client.IsResourceExhausted(err) && after == "alive\n" && delErr == nil,
 			"pack: %v (after %v); exec afterwards %q; delete: %v", err, took.Round(time.Millisecond), after, delErr)})
 	})
+}
+
+// TestPageCacheProbes (issue 21, finding 10): a sandbox asks whether a
+// shared layer file is in the page cache (mincore, cachestat, preadv2
+// with RWF_NOWAIT), which tells whether a neighbour read it. By default
+// this is a documented residual (the rows expect success); with the node's
+// stronger setting (--refuse-page-cache-probes) every probe is refused.
+func TestPageCacheProbes(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, refuse := range []bool{false, true} {
+		srv := testenv.StartServer(t, withAgent(t), func(cfg *server.Config) { cfg.RefusePageCacheProbes = refuse })
+		sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
+		installProbe(t, sb)
+		res := runProbe(t, sb, nil, "pagecache")
+		bin, err := os.ReadFile(probeBin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fr, err := srv.Client.Call(context.Background(), client.CallOptions{
+			Args:  []string{"/bin/sh", "-c", "chmod 755 /tmp/corral-probe && exec /tmp/corral-probe pagecache"},
+			Files: map[string][]byte{"/tmp/corral-probe": bin}, WallTimeout: time.Minute})
+		if err != nil {
+			t.Fatalf("fncall: %v", err)
+		}
+		fres := parseProbeOutput(t, fr.Stdout)
+		if !refuse {
+			judge(t, "container", res)
+			judge(t, "fncall", fres)
+			continue
+		}
+		for backend, rs := range map[string][]Result{"container": res, "fncall": fres} {
+			all := len(rs) == 3
+			for _, r := range rs {
+				all = all && r.Outcome == "blocked" && (r.Errno == "EPERM" || r.Errno == "ENOSYS")
+			}
+			judge(t, backend, []Result{check("pagecache/refused-with-option", all, "with --refuse-page-cache-probes: %+v", rs)})
+		}
+	}
 }

@@ -50,6 +50,9 @@ type Config struct {
 	// KeepCgroupMountOptions leaves the host's cgroup2 mount as it is;
 	// by default the node turns on favordynmods (see cgroup.FavorDynMods).
 	KeepCgroupMountOptions bool
+	// RefusePageCacheProbes refuses, in container and fncall sandboxes,
+	// the calls that tell whether a shared layer file is cached.
+	RefusePageCacheProbes bool
 	// InitBinary is the corral-init path (default: beside this executable).
 	InitBinary string
 	// AgentBinary is the static corral-agent, the microVM guest's init

@@ -70,6 +70,8 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 		Network:      network,
 		Logger:       cfg.Logger,
 		IDRanges:     userns.NewAllocator(db),
+
+		RefusePageCacheProbes: cfg.RefusePageCacheProbes,
 	})
 	if err != nil {
 		if pool != nil {

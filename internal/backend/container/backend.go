@@ -62,6 +62,9 @@ type Config struct {
 	// IO limits each sandbox's I/O on its writable layer's device;
 	// zero: DefaultIO.
 	IO cgroup.IOLimits
+	// RefusePageCacheProbes refuses mincore, cachestat and RWF_NOWAIT in
+	// sandboxes (seccomp.Profile.WithoutPageCacheProbes).
+	RefusePageCacheProbes bool
 }
 
 // Backend implements backend.Backend.
@@ -112,7 +115,11 @@ func New(cfg Config) (*Backend, error) {
 	}
 	var filter, poolFilter []byte
 	if !cfg.NoSeccomp {
-		if filter, err = compile(seccomp.DefaultProfile()); err != nil {
+		prof := seccomp.DefaultProfile()
+		if cfg.RefusePageCacheProbes {
+			prof = prof.WithoutPageCacheProbes()
+		}
+		if filter, err = compile(prof); err != nil {
 			return nil, err
 		}
 		if poolFilter, err = compile(seccomp.PoolInitProfile()); err != nil {

@@ -1,6 +1,7 @@
 package initproc
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -43,7 +44,11 @@ func mountMqueue(root string) error {
 	if err := os.Mkdir(root+poolMqueue, 0o700); err != nil {
 		return fmt.Errorf("pool root: %w", err)
 	}
-	if err := unix.Mount("mqueue", root+poolMqueue, "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+	err := unix.Mount("mqueue", root+poolMqueue, "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	if errors.Is(err, unix.ENODEV) {
+		return nil // a kernel without POSIX message queues: nothing to remove
+	}
+	if err != nil {
 		return fmt.Errorf("pool root: mount mqueue: %w", err)
 	}
 	return nil
@@ -63,9 +68,15 @@ func removeMqueues() error {
 	return nil
 }
 
-// rewindPids sets the PID namespace's cursor back to 1 (see above).
+// rewindPids sets the PID namespace's cursor back to 1 (see above). A
+// kernel without checkpoint/restore support has no ns_last_pid, and so
+// no way to rewind: the counter then carries over.
 func rewindPids() error {
-	if err := os.WriteFile(poolProc+"/sys/kernel/ns_last_pid", []byte("1"), 0); err != nil {
+	err := os.WriteFile(poolProc+"/sys/kernel/ns_last_pid", []byte("1"), 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("reset: rewind pids: %w", err)
 	}
 	return nil
