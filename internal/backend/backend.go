@@ -167,6 +167,73 @@ type ExecSpec struct {
 	// CPULimit, when positive, is the command's CPU time limit (RLIMIT_CPU,
 	// rounded up to whole seconds).
 	CPULimit time.Duration
+	// PTY, when set, runs the command as a session leader on a new
+	// terminal of that size: its stdin, stdout and stderr are the
+	// terminal, output arrives as Stdout, and StdinReader feeds the
+	// terminal's input. Only sandboxes implementing Interactive honour it.
+	PTY *TermSize
+	// Started, when set, is called once the command runs, before any of
+	// its output, with a handle valid until Exec returns. Only sandboxes
+	// implementing Interactive call it.
+	Started func(Process)
+}
+
+// TermSize is a terminal's size in characters.
+type TermSize struct {
+	Cols, Rows uint16
+}
+
+// Process is a running command of Exec (see ExecSpec.Started).
+type Process interface {
+	// Pid is the command's pid as the sandbox sees it; it is also its
+	// process group.
+	Pid() int
+	// Signal signals the command's process group.
+	Signal(sig int) error
+	// Resize changes the size of the command's terminal (PTY commands).
+	Resize(size TermSize) error
+}
+
+// Interactive is implemented by sandboxes whose Exec honours
+// ExecSpec.PTY and ExecSpec.Started: the node's long-running processes
+// (listed, signalled, fed stdin while they run) need it.
+type Interactive interface {
+	Interactive()
+}
+
+// Renamer is implemented by sandboxes that can rename files.
+type Renamer interface {
+	// Rename moves from to to inside the sandbox's root, replacing a file
+	// at to; both paths follow the rules of Files.
+	Rename(ctx context.Context, from, to string) error
+}
+
+// WatchOp is the kind of a change WatchDir reports.
+type WatchOp int
+
+const (
+	WatchCreate WatchOp = iota + 1
+	WatchWrite
+	WatchRemove
+	WatchRename // moved away; the arrival is a WatchCreate
+	WatchChmod
+)
+
+// WatchEvent is one change in a watched directory.
+type WatchEvent struct {
+	// Name is the path of the changed entry relative to the watched
+	// directory.
+	Name string
+	Op   WatchOp
+}
+
+// Watcher is implemented by sandboxes that can watch directories.
+type Watcher interface {
+	// WatchDir calls fn for every change in directory path (and its
+	// subdirectories when recursive) until ctx ends, then returns nil.
+	// It returns an error before watching when path is not a directory.
+	// ready, when set, is called once the watch is in place.
+	WatchDir(ctx context.Context, path string, recursive bool, ready func(), fn func(WatchEvent)) error
 }
 
 // ExecResult is how a command ended.

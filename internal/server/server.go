@@ -75,7 +75,9 @@ type Config struct {
 	// network mode other than none.
 	Network netpolicy.Config
 	// Blobs shares layers through a blob store (nil: every layer is local).
-	Blobs  *BlobsConfig
+	Blobs *BlobsConfig
+	// E2B serves E2B's API (nil: not served).
+	E2B    *E2BConfig
 	Logger *slog.Logger
 }
 
@@ -110,6 +112,8 @@ type Server struct {
 	// stopMonitor ends the lazy fault monitor (nil without a share).
 	stopMonitor func()
 	http        *http.Server
+	e2bHTTP     *http.Server // nil unless E2B.Listen
+	e2bAddr     string
 	listeners   []net.Listener
 	served      chan error
 }
@@ -178,7 +182,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		closeImages()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, share: share, served: make(chan error, 3)}
+	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, share: share, served: make(chan error, 4)}
 	if share != nil {
 		mctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -241,6 +245,9 @@ func (s *Server) listen() error {
 	}
 	for _, ln := range s.listeners {
 		go func() { s.served <- s.http.Serve(ln) }()
+	}
+	if err := s.listenE2B(sandboxes); err != nil {
+		return err
 	}
 	return s.listenBlobs()
 }
@@ -426,6 +433,7 @@ func (s *Server) Stop(ctx context.Context) error {
 		errs = append(errs, s.http.Shutdown(shutCtx))
 		cancel()
 	}
+	errs = append(errs, s.stopE2B(ctx))
 	// Pooled sandboxes never outlive the server: they hold no state.
 	errs = append(errs, s.fncall.Close(ctx))
 	if s.cfg.CleanupOnExit {

@@ -1,0 +1,97 @@
+package container
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/runtime/launch"
+	"github.com/corral-dev/corral/internal/runtime/userns"
+	"golang.org/x/sys/unix"
+)
+
+// Interactive implements backend.Interactive: Exec honours PTY and Started.
+func (s *sandbox) Interactive() {}
+
+// newPTYStdio opens a terminal on the node's devpts: the master stays with
+// the node (output, input, resizes), the peer is the command's stdin,
+// stdout and stderr. The peer comes from TIOCGPTPEER on the master, not from
+// a /dev/pts path, so no path lookup can be raced.
+func newPTYStdio(size backend.TermSize) (*stdio, error) {
+	mfd, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open /dev/ptmx: %w", err)
+	}
+	if err := unix.IoctlSetPointerInt(mfd, unix.TIOCSPTLCK, 0); err != nil {
+		unix.Close(mfd)
+		return nil, fmt.Errorf("unlock pty: %w", err)
+	}
+	if err := setSize(mfd, size); err != nil {
+		unix.Close(mfd)
+		return nil, err
+	}
+	sfd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(mfd), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+	if errno != 0 {
+		unix.Close(mfd)
+		return nil, fmt.Errorf("open pty peer: %w", errno)
+	}
+	ptm := os.NewFile(uintptr(mfd), "ptmx")
+	pts := os.NewFile(sfd, "pts")
+	return &stdio{ptm: ptm, outR: ptm, inW: ptm, outW: pts, errW: pts, inR: pts}, nil
+}
+
+func setSize(fd int, size backend.TermSize) error {
+	if size.Cols == 0 || size.Rows == 0 {
+		return fmt.Errorf("pty size %dx%d: columns and rows must be positive", size.Cols, size.Rows)
+	}
+	if err := unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, &unix.Winsize{Col: size.Cols, Row: size.Rows}); err != nil {
+		return fmt.Errorf("set pty size: %w", err)
+	}
+	return nil
+}
+
+// process implements backend.Process for a running exec.
+type process struct {
+	exec *launch.Exec
+	pty  *os.File // nil unless a PTY exec
+}
+
+func (p *process) Pid() int { return p.exec.Pid }
+
+func (p *process) Signal(sig int) error { return p.exec.Signal(sig) }
+
+func (p *process) Resize(size backend.TermSize) error {
+	if p.pty == nil {
+		return fmt.Errorf("resize: the command has no terminal")
+	}
+	rc, err := p.pty.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = setSize(int(fd), size) }); err != nil {
+		return err
+	}
+	return serr
+}
+
+// Rename implements backend.Renamer as the sandbox's root (see WriteFile).
+func (s *sandbox) Rename(ctx context.Context, from, to string) error {
+	return userns.AsRoot(s.ids, func() error { return s.FS.Rename(ctx, from, to) })
+}
+
+// WatchDir implements backend.Watcher; the watch also ends when the
+// sandbox does.
+func (s *sandbox) WatchDir(ctx context.Context, p string, recursive bool, ready func(), fn func(backend.WatchEvent)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.proc.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return s.FS.WatchDir(ctx, p, recursive, ready, fn)
+}

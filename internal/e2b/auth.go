@@ -1,0 +1,39 @@
+package e2b
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/corral-dev/corral/internal/iam"
+)
+
+// Authenticator maps an X-API-KEY value to the caller, or fails.
+type Authenticator func(ctx context.Context, key string) (iam.Principal, error)
+
+// ErrBadKey is returned for a missing or unknown API key.
+var ErrBadKey = errors.New("invalid API key")
+
+// keyPattern is the e2b_<hex> form the Python SDK validates keys against.
+var keyPattern = regexp.MustCompile(`^e2b_[0-9a-f]{16,128}$`)
+
+// CheckKeyFormat validates a key handed to `--e2b-api-key`.
+func CheckKeyFormat(key string) error {
+	if !keyPattern.MatchString(key) {
+		return fmt.Errorf("e2b api key: must be e2b_ followed by 16 to 128 lowercase hex digits (the form the e2b SDKs accept)")
+	}
+	return nil
+}
+
+// KeyAuth accepts exactly one key, as a member of project; it stands in
+// until keys are corral tokens.
+func KeyAuth(key, project string) Authenticator {
+	return func(_ context.Context, got string) (iam.Principal, error) {
+		if got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(key)) != 1 {
+			return iam.Principal{}, ErrBadKey
+		}
+		return iam.Principal{Project: project, Role: iam.RoleMember, TokenID: "e2b-api-key"}, nil
+	}
+}

@@ -1,0 +1,573 @@
+package e2b
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+)
+
+const (
+	// defaultTimeout is E2B's sandbox lifetime when a create names none.
+	defaultTimeout = 15 * time.Second
+	// maxListLimit is the largest page GET /v2/sandboxes serves.
+	maxListLimit = 100
+	// maxBody bounds control API request bodies.
+	maxBody = 1 << 20
+)
+
+func (s *Server) controlMux() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /sandboxes", s.create)
+	mux.HandleFunc("POST /v2/sandboxes", s.create)
+	mux.HandleFunc("GET /sandboxes", s.listV1)
+	mux.HandleFunc("GET /v2/sandboxes", s.listV2)
+	mux.HandleFunc("GET /sandboxes/{id}", s.get)
+	mux.HandleFunc("DELETE /sandboxes/{id}", s.kill)
+	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout)
+	mux.HandleFunc("POST /sandboxes/{id}/pause", s.pause)
+	mux.HandleFunc("POST /sandboxes/{id}/resume", s.resume)
+	mux.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
+	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.connect)
+	mux.HandleFunc("GET /sandboxes/{id}/metrics", s.metrics)
+	mux.HandleFunc("PUT /sandboxes/{id}/network", s.network)
+	mux.HandleFunc("GET /templates", s.templates)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	return s.authenticated(mux)
+}
+
+// authenticated puts the X-API-KEY's principal into the request context.
+func (s *Server) authenticated(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		p, err := s.cfg.Authenticate(r.Context(), r.Header.Get("X-API-KEY"))
+		if err != nil {
+			writeError(w, http.StatusUnauthorized, "invalid API key: "+err.Error())
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(iam.WithPrincipal(r.Context(), p)))
+	})
+}
+
+// newSandbox is the body of POST /sandboxes and /v2/sandboxes.
+type newSandbox struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	AutoPause           *bool             `json:"autoPause"`
+	Secure              *bool             `json:"secure"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *networkConfig    `json:"network"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	VolumeMounts        []json.RawMessage `json:"volumeMounts"`
+}
+
+type networkConfig struct {
+	AllowOut []string `json:"allowOut,omitempty"`
+	DenyOut  []string `json:"denyOut,omitempty"`
+}
+
+// sandboxJSON carries the fields of E2B's Sandbox, SandboxDetail and
+// ListedSandbox bodies.
+type sandboxJSON struct {
+	TemplateID      string            `json:"templateID"`
+	Alias           string            `json:"alias,omitempty"`
+	SandboxID       string            `json:"sandboxID"`
+	ClientID        string            `json:"clientID"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	Domain          string            `json:"domain,omitempty"`
+	StartedAt       *time.Time        `json:"startedAt,omitempty"`
+	EndAt           *time.Time        `json:"endAt,omitempty"`
+	CPUCount        *int64            `json:"cpuCount,omitempty"`
+	MemoryMB        *int64            `json:"memoryMB,omitempty"`
+	DiskSizeMB      *int64            `json:"diskSizeMB,omitempty"`
+	Metadata        map[string]string `json:"metadata,omitempty"`
+	State           string            `json:"state,omitempty"`
+	Network         *networkConfig    `json:"network,omitempty"`
+}
+
+func (s *Server) describe(sb *corralv1.Sandbox, detail, token bool) sandboxJSON {
+	out := sandboxJSON{
+		TemplateID:  sb.Image,
+		Alias:       sb.Image,
+		SandboxID:   sb.Id,
+		ClientID:    sb.NodeId,
+		EnvdVersion: EnvdVersion,
+		Domain:      s.cfg.Domain,
+	}
+	if token {
+		out.EnvdAccessToken = s.accessToken(sb.Id)
+	}
+	if !detail {
+		return out
+	}
+	started := sb.CreatedAt.AsTime()
+	end := started.Add(sb.MaxLifetime.AsDuration())
+	r := sb.GetResources()
+	cpus := max(1, (r.GetCpuMillis()+999)/1000)
+	mem, disk := r.GetMemoryBytes()>>20, r.GetDiskBytes()>>20
+	out.StartedAt, out.EndAt = &started, &end
+	out.CPUCount, out.MemoryMB, out.DiskSizeMB = &cpus, &mem, &disk
+	out.Metadata = sb.Labels
+	if out.Metadata == nil {
+		out.Metadata = map[string]string{}
+	}
+	out.State = "running"
+	if sb.State == corralv1.SandboxState_SANDBOX_STATE_PAUSED {
+		out.State = "paused"
+	}
+	if n := sb.GetNetwork(); n.GetMode() == corralv1.NetworkMode_NETWORK_MODE_ALLOWLIST {
+		out.Network = &networkConfig{AllowOut: n.Allow, DenyOut: []string{"0.0.0.0/0"}}
+	}
+	return out
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	if r.ContentLength == 0 {
+		return true
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	if err := dec.Decode(v); err != nil && err.Error() != "EOF" {
+		writeError(w, http.StatusBadRequest, "request body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var body newSandbox
+	if !decode(w, r, &body) {
+		return
+	}
+	req, err := createRequest(body)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	resp, err := s.cfg.Control.Create(r.Context(), connect.NewRequest(req))
+	if err != nil {
+		writeErr(w, fmt.Errorf("create sandbox from template %q: %w", body.TemplateID, err))
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.describe(resp.Msg.Sandbox, false, true))
+}
+
+// createRequest maps an E2B create body onto a corral create.
+func createRequest(body newSandbox) (*corralv1.CreateRequest, error) {
+	timeout := defaultTimeout
+	if body.Timeout != nil {
+		if *body.Timeout < 0 {
+			return nil, errdefs.InvalidArgument("timeout: %d seconds must not be negative", *body.Timeout)
+		}
+		timeout = time.Duration(*body.Timeout) * time.Second
+	}
+	if body.AutoPause != nil && *body.AutoPause {
+		return nil, errdefs.NotSupported("not supported: autoPause (onTimeout 'pause'): a corral sandbox stops when its timeout passes")
+	}
+	if len(body.VolumeMounts) > 0 {
+		return nil, errdefs.NotSupported("not supported: volumeMounts")
+	}
+	image := body.TemplateID
+	if image == "base" {
+		image = "" // the SDKs' default template: the node's default image
+	}
+	net, err := networkPolicy(body.AllowInternetAccess, body.Network)
+	if err != nil {
+		return nil, err
+	}
+	env := make([]string, 0, len(body.EnvVars))
+	for k, v := range body.EnvVars {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	return &corralv1.CreateRequest{
+		Image:       image,
+		Env:         env,
+		Labels:      body.Metadata,
+		IdleTimeout: durationpb.New(0),
+		MaxLifetime: durationpb.New(timeout),
+		Network:     net,
+	}, nil
+}
+
+// networkPolicy maps E2B's egress settings onto a corral policy: allowOut
+// makes an allowlist (everything else denied, as E2B's denyOut 0.0.0.0/0);
+// allow_internet_access true is open; anything else is no network.
+func networkPolicy(internet *bool, n *networkConfig) (*corralv1.NetworkPolicy, error) {
+	var allow, deny []string
+	if n != nil {
+		allow, deny = n.AllowOut, n.DenyOut
+	}
+	denyAll := false
+	for i, d := range deny {
+		if d != "0.0.0.0/0" && d != "::/0" {
+			return nil, errdefs.InvalidArgument("network.denyOut[%d]: %q: only 0.0.0.0/0 is supported (corral egress rules are allowlists)", i, d)
+		}
+		denyAll = true
+	}
+	switch {
+	case len(allow) > 0:
+		return &corralv1.NetworkPolicy{Mode: corralv1.NetworkMode_NETWORK_MODE_ALLOWLIST, Allow: allow}, nil
+	case internet != nil && *internet && !denyAll:
+		return &corralv1.NetworkPolicy{Mode: corralv1.NetworkMode_NETWORK_MODE_OPEN}, nil
+	}
+	return &corralv1.NetworkPolicy{Mode: corralv1.NetworkMode_NETWORK_MODE_NONE}, nil
+}
+
+// lookup returns a sandbox as E2B sees it: a stopped one no longer exists.
+func (s *Server) lookup(ctx context.Context, id string) (*corralv1.Sandbox, error) {
+	resp, err := s.cfg.Control.Get(ctx, connect.NewRequest(&corralv1.GetRequest{Id: id}))
+	if errdefs.IsInvalidArgument(err) {
+		return nil, errdefs.NotFound("sandbox %q not found", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if resp.Msg.Sandbox.State == corralv1.SandboxState_SANDBOX_STATE_STOPPED {
+		return nil, errdefs.NotFound("sandbox %s not found (stopped: %s)", id, resp.Msg.Sandbox.StopReason)
+	}
+	return resp.Msg.Sandbox, nil
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.lookup(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.describe(sb, true, true))
+}
+
+// listFilter is a parsed list query.
+type listFilter struct {
+	labels map[string]string
+	phase  corralv1.SandboxState // UNSPECIFIED: running and paused
+	limit  int
+	token  string
+}
+
+func parseList(q url.Values, paged bool) (listFilter, error) {
+	f := listFilter{limit: maxListLimit}
+	if m := q.Get("metadata"); m != "" {
+		// The SDKs send key=value pairs, form-encoded, as one value.
+		pairs, err := url.ParseQuery(m)
+		if err != nil {
+			return f, errdefs.InvalidArgument("metadata: %q is not a query of key=value pairs: %v", m, err)
+		}
+		f.labels = map[string]string{}
+		for k, v := range pairs {
+			f.labels[k] = v[len(v)-1]
+		}
+	}
+	if !paged {
+		f.phase = corralv1.SandboxState_SANDBOX_STATE_RUNNING
+		return f, nil
+	}
+	if st := q.Get("state"); st != "" {
+		var running, paused bool
+		for _, one := range strings.Split(st, ",") {
+			switch one {
+			case "running":
+				running = true
+			case "paused":
+				paused = true
+			default:
+				return f, errdefs.InvalidArgument("state: %q is not running or paused", one)
+			}
+		}
+		switch {
+		case running && !paused:
+			f.phase = corralv1.SandboxState_SANDBOX_STATE_RUNNING
+		case paused && !running:
+			f.phase = corralv1.SandboxState_SANDBOX_STATE_PAUSED
+		}
+	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > maxListLimit {
+			return f, errdefs.InvalidArgument("limit: %q must be a number from 1 to %d", l, maxListLimit)
+		}
+		f.limit = n
+	}
+	f.token = q.Get("nextToken")
+	return f, nil
+}
+
+func (s *Server) list(ctx context.Context, f listFilter, all bool) ([]sandboxJSON, string, error) {
+	out := []sandboxJSON{}
+	token := f.token
+	for {
+		resp, err := s.cfg.Control.List(ctx, connect.NewRequest(&corralv1.ListRequest{
+			Labels: f.labels, State: f.phase, PageSize: int32(f.limit), PageToken: token,
+		}))
+		if err != nil {
+			return nil, "", err
+		}
+		for _, sb := range resp.Msg.Sandboxes {
+			if sb.State != corralv1.SandboxState_SANDBOX_STATE_STOPPED {
+				out = append(out, s.describe(sb, true, false))
+			}
+		}
+		token = resp.Msg.NextPageToken
+		if !all || token == "" {
+			return out, token, nil
+		}
+	}
+}
+
+func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
+	f, err := parseList(r.URL.Query(), false)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	out, _, err := s.list(r.Context(), f, true)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
+	f, err := parseList(r.URL.Query(), true)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	out, next, err := s.list(r.Context(), f, false)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if _, err := s.lookup(r.Context(), id); err != nil {
+		writeErr(w, err)
+		return
+	}
+	resp, err := s.cfg.Control.Delete(r.Context(), connect.NewRequest(&corralv1.DeleteRequest{Id: id}))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if !resp.Msg.Existed {
+		writeError(w, http.StatusNotFound, "sandbox "+id+" not found")
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type timeoutBody struct {
+	Timeout *int64 `json:"timeout"`
+}
+
+// extend moves the sandbox's end to timeout seconds from now; with
+// onlyLater it never shortens the sandbox's life.
+func (s *Server) extend(ctx context.Context, sb *corralv1.Sandbox, seconds int64, onlyLater bool) error {
+	if seconds < 0 {
+		return errdefs.InvalidArgument("timeout: %d seconds must not be negative", seconds)
+	}
+	end := time.Now().Add(time.Duration(seconds) * time.Second)
+	cur := sb.CreatedAt.AsTime().Add(sb.MaxLifetime.AsDuration())
+	if onlyLater && !end.After(cur) {
+		return nil
+	}
+	return s.cfg.Node.SetEndAt(ctx, sb.Id, end)
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var body timeoutBody
+	if !decode(w, r, &body) {
+		return
+	}
+	if body.Timeout == nil {
+		writeError(w, http.StatusBadRequest, "timeout: required (seconds)")
+		return
+	}
+	sb, err := s.lookup(r.Context(), r.PathValue("id"))
+	if err == nil {
+		err = s.extend(r.Context(), sb, *body.Timeout, false)
+	}
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.lookup(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if sb.State == corralv1.SandboxState_SANDBOX_STATE_PAUSED {
+		writeError(w, http.StatusConflict, "sandbox "+sb.Id+" is already paused")
+		return
+	}
+	if _, err := s.cfg.Control.Pause(r.Context(), connect.NewRequest(&corralv1.PauseRequest{Id: sb.Id})); err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// resumeOrConnect resumes a paused sandbox (created: true) and applies the
+// body's timeout.
+func (s *Server) resumeOrConnect(r *http.Request, onlyLater bool) (*corralv1.Sandbox, bool, error) {
+	var body timeoutBody
+	if r.ContentLength != 0 {
+		if err := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody)).Decode(&body); err != nil {
+			return nil, false, errdefs.InvalidArgument("request body: %v", err)
+		}
+	}
+	sb, err := s.lookup(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return nil, false, err
+	}
+	resumed := sb.State == corralv1.SandboxState_SANDBOX_STATE_PAUSED
+	if resumed {
+		if _, err := s.cfg.Control.Resume(r.Context(), connect.NewRequest(&corralv1.ResumeRequest{Id: sb.Id})); err != nil {
+			return nil, false, err
+		}
+	}
+	if body.Timeout != nil {
+		if err := s.extend(r.Context(), sb, *body.Timeout, onlyLater); err != nil {
+			return nil, false, err
+		}
+	}
+	sb, err = s.lookup(r.Context(), sb.Id)
+	return sb, resumed, err
+}
+
+func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
+	sb, resumed, err := s.resumeOrConnect(r, true)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	status := http.StatusOK
+	if resumed {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, s.describe(sb, false, true))
+}
+
+// resume is the older call: it refuses a running sandbox.
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.lookup(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if sb.State != corralv1.SandboxState_SANDBOX_STATE_PAUSED {
+		writeError(w, http.StatusConflict, "sandbox "+sb.Id+" is already running")
+		return
+	}
+	sb, _, err = s.resumeOrConnect(r, false)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.describe(sb, false, true))
+}
+
+type networkUpdate struct {
+	AllowOut            []string `json:"allowOut"`
+	DenyOut             []string `json:"denyOut"`
+	AllowInternetAccess *bool    `json:"allowInternetAccess"`
+}
+
+// network replaces a running sandbox's egress policy.
+func (s *Server) network(w http.ResponseWriter, r *http.Request) {
+	var body networkUpdate
+	if !decode(w, r, &body) {
+		return
+	}
+	sb, err := s.lookup(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	pol, err := networkPolicy(body.AllowInternetAccess, &networkConfig{AllowOut: body.AllowOut, DenyOut: body.DenyOut})
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	_, err = s.cfg.Control.UpdateNetwork(r.Context(), connect.NewRequest(&corralv1.UpdateNetworkRequest{
+		Id: sb.Id, Mode: pol.Mode, Allow: pol.Allow, Replace: true,
+	}))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type templateJSON struct {
+	TemplateID    string    `json:"templateID"`
+	BuildID       string    `json:"buildID"`
+	CPUCount      int64     `json:"cpuCount"`
+	MemoryMB      int64     `json:"memoryMB"`
+	DiskSizeMB    int64     `json:"diskSizeMB"`
+	Public        bool      `json:"public"`
+	Aliases       []string  `json:"aliases"`
+	CreatedAt     time.Time `json:"createdAt"`
+	UpdatedAt     time.Time `json:"updatedAt"`
+	SpawnCount    int64     `json:"spawnCount"`
+	BuildCount    int64     `json:"buildCount"`
+	EnvdVersion   string    `json:"envdVersion"`
+	BuildStatus   string    `json:"buildStatus"`
+	LastSpawnedAt *string   `json:"lastSpawnedAt"`
+}
+
+func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
+	out := []templateJSON{}
+	if s.cfg.Templates != nil {
+		list, err := s.cfg.Templates(r.Context())
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		for _, t := range list {
+			out = append(out, templateJSON{
+				TemplateID: t.Name, BuildID: t.Name, CPUCount: 1, DiskSizeMB: t.SizeBytes >> 20,
+				Aliases: []string{t.Name}, EnvdVersion: EnvdVersion, BuildStatus: "ready",
+			})
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// metrics is not served: the node does not yet expose a running
+// sandbox's CPU, memory and disk use.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	if _, err := s.lookup(r.Context(), r.PathValue("id")); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeErr(w, errdefs.NotSupported("not supported: sandbox metrics (the node does not report per-sandbox CPU, memory and disk use yet)"))
+}

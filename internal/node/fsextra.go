@@ -1,0 +1,65 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/state"
+)
+
+// Rename moves a file or directory inside the sandbox.
+func (n *Node) Rename(ctx context.Context, id, from, to string) error {
+	_, err := withSandbox(ctx, n, id, func(sb backend.Sandbox) (struct{}, error) {
+		r, ok := sb.(backend.Renamer)
+		if !ok {
+			return struct{}{}, errdefs.NotSupported("not supported: rename on sandbox %s's backend", id)
+		}
+		return struct{}{}, r.Rename(ctx, from, to)
+	})
+	return err
+}
+
+// WatchDir reports changes in a directory of the sandbox until ctx ends
+// (see backend.Watcher). The sandbox counts as busy while it is watched.
+func (n *Node) WatchDir(ctx context.Context, id, path string, recursive bool, ready func(), fn func(backend.WatchEvent)) error {
+	_, err := withSandbox(ctx, n, id, func(sb backend.Sandbox) (struct{}, error) {
+		w, ok := sb.(backend.Watcher)
+		if !ok {
+			return struct{}{}, errdefs.NotSupported("not supported: watching directories on sandbox %s's backend", id)
+		}
+		return struct{}{}, w.WatchDir(ctx, path, recursive, ready, fn)
+	})
+	return err
+}
+
+// SetEndAt makes a running or paused sandbox stop at t, by setting its
+// max_lifetime to t minus its creation time (within the node's limit).
+func (n *Node) SetEndAt(_ context.Context, id string, t time.Time) error {
+	e, err := n.lookup(id)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.deleting {
+		return errdefs.NotFound("sandbox %s is being deleted", id)
+	}
+	if e.rec.Phase == state.PhaseStopped {
+		return errdefs.FailedPrecondition("sandbox %s is stopped (%s)", id, e.rec.StopReason)
+	}
+	life := t.Sub(e.rec.CreatedAt)
+	if max := n.cfg.Limits.MaxLifetime; life > max {
+		return errdefs.InvalidArgument("timeout: the sandbox would live %s, over the limit of %s", life.Round(time.Second), max)
+	}
+	if life < 0 {
+		life = 0
+	}
+	e.rec.MaxLifetime = life
+	e.touch()
+	n.putLocked(e)
+	n.log.Debug("sandbox end moved", "sandbox", id, "end_at", t.Format(time.RFC3339), "max_lifetime", fmt.Sprint(life))
+	return nil
+}
