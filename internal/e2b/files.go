@@ -160,7 +160,10 @@ func (s *Server) writeParts(ctx context.Context, id, target string, mr *multipar
 		}
 		p := target
 		if p == "" {
-			p = part.FileName()
+			// The SDKs put the whole path in the part's file name, which
+			// FileName() would cut to its base.
+			_, params, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+			p = params["filename"]
 		}
 		wi, err := s.writeOne(ctx, id, p, part)
 		part.Close()

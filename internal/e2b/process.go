@@ -54,8 +54,9 @@ func userOf(h http.Header) (string, error) {
 }
 
 // command maps a process config onto an exec. E2B's SDKs send
-// `/bin/bash -l -c CMD`; an image without bash gets the script run by the
-// node's own shell instead.
+// `/bin/bash -l -c CMD` (and `/bin/bash -i -l` for a PTY); in an image
+// without bash the script runs under the node's own shell, and other bash
+// invocations under the image's /bin/sh.
 func (p *processService) command(ctx context.Context, id string, cfg *processpb.ProcessConfig) (node.ExecRequest, error) {
 	if cfg == nil || cfg.Cmd == "" {
 		return node.ExecRequest{}, errdefs.InvalidArgument("process.cmd: required")
@@ -64,10 +65,16 @@ func (p *processService) command(ctx context.Context, id string, cfg *processpb.
 	for _, k := range sortedKeys(cfg.Envs) {
 		req.Env = append(req.Env, k+"="+cfg.Envs[k])
 	}
-	if cfg.Cmd == "/bin/bash" && len(cfg.Args) == 3 && cfg.Args[0] == "-l" && cfg.Args[1] == "-c" {
-		if _, err := p.s.cfg.Node.Stat(ctx, id, "/bin/bash"); errdefs.IsNotFound(err) {
-			req.Argv, req.Shell = []string{cfg.Args[2]}, true
-		}
+	if cfg.Cmd != "/bin/bash" {
+		return req, nil
+	}
+	if _, err := p.s.cfg.Node.Stat(ctx, id, "/bin/bash"); !errdefs.IsNotFound(err) {
+		return req, nil
+	}
+	if len(cfg.Args) == 3 && cfg.Args[0] == "-l" && cfg.Args[1] == "-c" {
+		req.Argv, req.Shell = []string{cfg.Args[2]}, true
+	} else {
+		req.Argv[0] = "/bin/sh" // e.g. a PTY's `bash -i -l`
 	}
 	return req, nil
 }
@@ -158,7 +165,7 @@ func follow(ctx context.Context, h http.Header, proc *node.Process, sub *node.Su
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
-			if errors.Is(err, context.DeadlineExceeded) {
+			if deadlinePassed(ctx, err) {
 				_ = proc.Signal(int(unix.SIGKILL))
 			}
 			return err
@@ -168,6 +175,17 @@ func follow(ctx context.Context, h http.Header, proc *node.Process, sub *node.Su
 			}
 		}
 	}
+}
+
+// deadlinePassed tells a stream that hit its deadline from one the client
+// left: the SDKs abort their side at the same moment, so the server may see
+// the cancellation first.
+func deadlinePassed(ctx context.Context, err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && time.Until(d) < 250*time.Millisecond
 }
 
 func toEvent(ev node.ProcessEvent, pty bool) *processpb.ProcessEvent {

@@ -32,6 +32,7 @@ import (
 	"github.com/corral-dev/corral/internal/e2b/envdpb/process/processpbconnect"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/node"
+	"github.com/corral-dev/corral/internal/state"
 )
 
 // EnvdVersion is the envd version reported for every sandbox: the newest
@@ -107,6 +108,15 @@ type sandboxKey struct{}
 // everything else to the control API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, port := s.sandboxOf(r)
+	if id == "" && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" && r.Header.Get("X-Access-Token") == "" {
+		// A signed URL built on a shared sandbox URL names no sandbox:
+		// the signature, made with one sandbox's token, picks it.
+		id, port = s.signedBy(r), EnvdPort
+		if id == "" {
+			writeError(w, http.StatusUnauthorized, "the signature matches no sandbox")
+			return
+		}
+	}
 	if id == "" {
 		s.api.ServeHTTP(w, r)
 		return
@@ -117,6 +127,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !s.envdAuthorized(r, id) {
 		writeError(w, http.StatusUnauthorized, "invalid or missing X-Access-Token for sandbox "+id)
+		return
+	}
+	// As E2B's proxy: a sandbox that is not running answers 502 (the SDKs'
+	// isRunning and their "sandbox is not running" errors key on it).
+	if sb, err := s.cfg.Node.Get(r.Context(), id); err != nil || sb.Phase == state.PhaseStopped {
+		writeError(w, http.StatusBadGateway, "sandbox "+id+" is not running")
 		return
 	}
 	s.envd.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, id)))
@@ -172,6 +188,29 @@ func (s *Server) envdAuthorized(r *http.Request, id string) bool {
 		return hmac.Equal([]byte(tok), []byte(s.accessToken(id)))
 	}
 	return r.URL.Path == "/files" && r.URL.Query().Get("signature") != ""
+}
+
+// signedBy returns the sandbox whose token signed a /files URL, or "".
+func (s *Server) signedBy(r *http.Request) string {
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	token := ""
+	for {
+		page, next, err := s.cfg.Node.List(r.Context(), node.ListFilter{PageSize: 1000, PageToken: token})
+		if err != nil {
+			return ""
+		}
+		for _, sb := range page {
+			if s.checkSignature(r, sb.ID, op) == nil {
+				return sb.ID
+			}
+		}
+		if token = next; token == "" {
+			return ""
+		}
+	}
 }
 
 func sandboxFrom(ctx context.Context) string {

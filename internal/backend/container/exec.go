@@ -34,7 +34,7 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	var pipes *stdio
 	var err error
 	if spec.PTY != nil {
-		pipes, err = newPTYStdio(*spec.PTY)
+		pipes, err = s.newPTYStdio(*spec.PTY)
 	} else {
 		pipes, err = newStdio(len(spec.Stdin) > 0 || spec.StdinReader != nil)
 	}

@@ -14,14 +14,14 @@ import (
 // Interactive implements backend.Interactive: Exec honours PTY and Started.
 func (s *sandbox) Interactive() {}
 
-// newPTYStdio opens a terminal on the node's devpts: the master stays with
-// the node (output, input, resizes), the peer is the command's stdin,
-// stdout and stderr. The peer comes from TIOCGPTPEER on the master, not from
-// a /dev/pts path, so no path lookup can be raced.
-func newPTYStdio(size backend.TermSize) (*stdio, error) {
-	mfd, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+// newPTYStdio opens a terminal on the sandbox's own devpts instance (so
+// that tty(1) and ttyname work inside): the master stays with the node
+// (output, input, resizes), the peer is the command's stdin, stdout and
+// stderr. The peer comes from TIOCGPTPEER on the master, not from a path.
+func (s *sandbox) newPTYStdio(size backend.TermSize) (*stdio, error) {
+	mfd, err := s.openPTMX()
 	if err != nil {
-		return nil, fmt.Errorf("open /dev/ptmx: %w", err)
+		return nil, err
 	}
 	if err := unix.IoctlSetPointerInt(mfd, unix.TIOCSPTLCK, 0); err != nil {
 		unix.Close(mfd)
@@ -39,6 +39,33 @@ func newPTYStdio(size backend.TermSize) (*stdio, error) {
 	ptm := os.NewFile(uintptr(mfd), "ptmx")
 	pts := os.NewFile(sfd, "pts")
 	return &stdio{ptm: ptm, outR: ptm, inW: ptm, outW: pts, errW: pts, inR: pts}, nil
+}
+
+// openPTMX opens /dev/pts/ptmx inside the sandbox's root (never through a
+// symlink) and checks that it is a devpts multiplexer (char 5:2 on a
+// devpts filesystem) before the node uses it.
+func (s *sandbox) openPTMX() (int, error) {
+	root, err := s.openRoot()
+	if err != nil {
+		return -1, fmt.Errorf("open sandbox root: %w", err)
+	}
+	defer root.Close()
+	how := unix.OpenHow{
+		Flags:   unix.O_RDWR | unix.O_NOCTTY | unix.O_CLOEXEC | unix.O_NONBLOCK,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_SYMLINKS,
+	}
+	fd, err := unix.Openat2(int(root.Fd()), "dev/pts/ptmx", &how)
+	if err != nil {
+		return -1, fmt.Errorf("open the sandbox's /dev/pts/ptmx: %w", err)
+	}
+	var fs unix.Statfs_t
+	var st unix.Stat_t
+	if unix.Fstatfs(fd, &fs) != nil || fs.Type != unix.DEVPTS_SUPER_MAGIC ||
+		unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(st.Rdev) != 5 || unix.Minor(st.Rdev) != 2 {
+		unix.Close(fd)
+		return -1, fmt.Errorf("the sandbox's /dev/pts/ptmx is not a devpts multiplexer")
+	}
+	return fd, nil
 }
 
 func setSize(fd int, size backend.TermSize) error {
