@@ -309,3 +309,17 @@ type ExitReasoner interface {
 	// ExitReason is empty while the sandbox runs.
 	ExitReason() string
 }
+
+// Usage is a sandbox's resource use at one moment.
+type Usage struct {
+	CPU            time.Duration // CPU time used so far
+	MemoryBytes    int64         // memory charged now, page cache included
+	CacheBytes     int64         // of which page cache
+	DiskUsedBytes  int64         // writable layer
+	DiskTotalBytes int64
+}
+
+// Usager is implemented by sandboxes that report their resource use.
+type Usager interface {
+	Usage(ctx context.Context) (Usage, error)
+}

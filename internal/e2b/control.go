@@ -498,7 +498,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 type networkUpdate struct {
 	AllowOut            []string `json:"allowOut"`
 	DenyOut             []string `json:"denyOut"`
-	AllowInternetAccess *bool    `json:"allowInternetAccess"`
+	AllowInternetAccess *bool    `json:"allow_internet_access"`
 }
 
 // network replaces a running sandbox's egress policy.
@@ -562,12 +562,57 @@ func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// metrics is not served: the node does not yet expose a running
-// sandbox's CPU, memory and disk use.
+// metricSample is E2B's SandboxMetric.
+type metricSample struct {
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      int64     `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       int64     `json:"memUsed"`
+	MemTotal      int64     `json:"memTotal"`
+	MemCache      int64     `json:"memCache"`
+	DiskUsed      int64     `json:"diskUsed"`
+	DiskTotal     int64     `json:"diskTotal"`
+}
+
+// metricWindow is how long CPU use is measured over for one sample.
+const metricWindow = 200 * time.Millisecond
+
+// metrics answers one sample taken now (E2B keeps a history; corral does
+// not, so start and end are not used).
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
-	if _, err := s.lookup(r.Context(), r.PathValue("id")); err != nil {
+	sb, err := s.lookup(r.Context(), r.PathValue("id"))
+	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	writeErr(w, errdefs.NotSupported("not supported: sandbox metrics (the node does not report per-sandbox CPU, memory and disk use yet)"))
+	before, err := s.cfg.Node.Usage(r.Context(), sb.Id)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	t0 := time.Now()
+	select {
+	case <-r.Context().Done():
+		return
+	case <-time.After(metricWindow):
+	}
+	after, err := s.cfg.Node.Usage(r.Context(), sb.Id)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	res := sb.GetResources()
+	cpus := max(1, (res.GetCpuMillis()+999)/1000)
+	now := time.Now()
+	limit := float64(res.GetCpuMillis()) / 1000
+	if limit <= 0 {
+		limit = float64(cpus)
+	}
+	pct := 100 * float64(after.CPU-before.CPU) / float64(now.Sub(t0)) / limit
+	writeJSON(w, http.StatusOK, []metricSample{{
+		Timestamp: now, TimestampUnix: now.Unix(), CPUCount: cpus, CPUUsedPct: max(0, pct),
+		MemUsed: after.MemoryBytes, MemTotal: res.GetMemoryBytes(), MemCache: after.CacheBytes,
+		DiskUsed: after.DiskUsedBytes, DiskTotal: after.DiskTotalBytes,
+	}})
 }

@@ -63,3 +63,21 @@ func (n *Node) SetEndAt(_ context.Context, id string, t time.Time) error {
 	n.log.Debug("sandbox end moved", "sandbox", id, "end_at", t.Format(time.RFC3339), "max_lifetime", fmt.Sprint(life))
 	return nil
 }
+
+// Usage reports a sandbox's resource use. It does not count as activity
+// and does not resume a paused sandbox.
+func (n *Node) Usage(ctx context.Context, id string) (backend.Usage, error) {
+	e, err := n.lookup(id)
+	if err != nil {
+		return backend.Usage{}, err
+	}
+	sb := e.live()
+	if sb == nil {
+		return backend.Usage{}, errdefs.FailedPrecondition("sandbox %s is stopped", id)
+	}
+	u, ok := sb.(backend.Usager)
+	if !ok {
+		return backend.Usage{}, errdefs.NotSupported("not supported: resource use of sandbox %s's backend", id)
+	}
+	return u.Usage(ctx)
+}

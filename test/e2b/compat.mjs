@@ -213,6 +213,18 @@ const cases = {
     assert(info.endAt > info.startedAt, 'endAt after startedAt')
   },
 
+  async metrics() {
+    const h = await sb.commands.run('while :; do :; done', { background: true, timeoutMs: 0 })
+    try {
+      const [m] = await sb.getMetrics()
+      assert(m && m.memUsed > 0 && m.memTotal >= m.memUsed, 'memory: ' + JSON.stringify(m))
+      assert(m.diskTotal > 0 && m.diskUsed >= 0 && m.cpuCount >= 1, 'disk and cpus: ' + JSON.stringify(m))
+      assert(m.cpuUsedPct > 10, 'a busy loop shows as CPU use: ' + JSON.stringify(m))
+    } finally {
+      await sb.commands.kill(h.pid)
+    }
+  },
+
   async list_filter_pages() {
     const extra = await Promise.all([1, 2].map(() => Sandbox.create(template, { metadata: { suite: runId, role: 'extra' }, timeoutMs: 120_000 })))
     try {

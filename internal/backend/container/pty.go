@@ -122,3 +122,26 @@ func (s *sandbox) WatchDir(ctx context.Context, p string, recursive bool, ready 
 	}()
 	return s.FS.WatchDir(ctx, p, recursive, ready, fn)
 }
+
+// Usage implements backend.Usager: CPU and memory from the sandbox's
+// cgroup, disk from the filesystem under its root (overlayfs reports its
+// writable layer's).
+func (s *sandbox) Usage(context.Context) (backend.Usage, error) {
+	cg, err := s.group.Usage()
+	if err != nil {
+		return backend.Usage{}, err
+	}
+	u := backend.Usage{CPU: cg.CPU, MemoryBytes: cg.MemoryBytes, CacheBytes: cg.CacheBytes}
+	root, err := s.openRoot()
+	if err != nil {
+		return backend.Usage{}, fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	defer root.Close()
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(root.Fd()), &st); err != nil {
+		return backend.Usage{}, fmt.Errorf("sandbox %s: statfs: %w", s.id, err)
+	}
+	u.DiskTotalBytes = int64(st.Blocks) * st.Bsize
+	u.DiskUsedBytes = int64(st.Blocks-st.Bfree) * st.Bsize
+	return u, nil
+}
