@@ -45,6 +45,9 @@ func (s *Server) controlMux() http.Handler {
 	mux.HandleFunc("PUT /sandboxes/{id}/network", s.network)
 	mux.HandleFunc("GET /templates", s.templates)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeErr(w, errdefs.NotSupported("not supported: %s %s (snapshots, forks, template builds, volumes and secrets are not part of corral's E2B API)", r.Method, r.URL.Path))
+	})
 	return s.authenticated(mux)
 }
 
