@@ -314,7 +314,6 @@ type pollWatcher struct {
 
 	mu     sync.Mutex
 	events []*filesystempb.FilesystemEvent
-	err    error
 	lost   int
 }
 
@@ -324,17 +323,6 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	if err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
-	n := 0
-	for _, w := range f.watchers {
-		if w.sandbox == id {
-			n++
-		}
-	}
-	f.mu.Unlock()
-	if n >= maxWatchers {
-		return nil, errdefs.ResourceExhausted("sandbox %s: %d watchers is the limit; remove one", id, maxWatchers)
-	}
 	raw := make([]byte, 12)
 	_, _ = rand.Read(raw)
 	wid := hex.EncodeToString(raw)
@@ -342,6 +330,20 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	// sandbox.
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	w := &pollWatcher{sandbox: id, cancel: cancel}
+	f.mu.Lock()
+	n := 0
+	for _, w := range f.watchers {
+		if w.sandbox == id {
+			n++
+		}
+	}
+	if n >= maxWatchers {
+		f.mu.Unlock()
+		cancel()
+		return nil, errdefs.ResourceExhausted("sandbox %s: %d watchers is the limit; remove one", id, maxWatchers)
+	}
+	f.watchers[wid] = w
+	f.mu.Unlock()
 	ready := make(chan struct{})
 	errc := make(chan error, 1)
 	go func() {
@@ -355,10 +357,12 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 			}
 			w.mu.Unlock()
 		})
-		w.mu.Lock()
-		w.err = err
-		w.mu.Unlock()
 		errc <- err
+		// The watch ended on its own (the sandbox stopped, the directory
+		// went away) or was removed: forget it.
+		f.mu.Lock()
+		delete(f.watchers, wid)
+		f.mu.Unlock()
 	}()
 	select {
 	case <-ready:
@@ -366,9 +370,6 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 		cancel()
 		return nil, err
 	}
-	f.mu.Lock()
-	f.watchers[wid] = w
-	f.mu.Unlock()
 	return connect.NewResponse(&filesystempb.CreateWatcherResponse{WatcherId: wid}), nil
 }
 
@@ -388,14 +389,11 @@ func (f *filesystemService) GetWatcherEvents(ctx context.Context, req *connect.R
 		return nil, err
 	}
 	w.mu.Lock()
-	events, werr, lost := w.events, w.err, w.lost
+	events, lost := w.events, w.lost
 	w.events, w.lost = nil, 0
 	w.mu.Unlock()
 	if lost > 0 {
 		return nil, errdefs.ResourceExhausted("watcher %s: %d events dropped (more than %d between polls)", req.Msg.WatcherId, lost, maxWatcherEvents)
-	}
-	if werr != nil && len(events) == 0 {
-		return nil, werr
 	}
 	return connect.NewResponse(&filesystempb.GetWatcherEventsResponse{Events: events}), nil
 }
