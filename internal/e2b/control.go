@@ -168,7 +168,17 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("create sandbox from template %q: %w", body.TemplateID, err))
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.describe(resp.Msg.Sandbox, false, true))
+	sb := resp.Msg.Sandbox
+	if body.AutoPause != nil && *body.AutoPause {
+		// Paused, not stopped, when the timeout passes.
+		end := sb.CreatedAt.AsTime().Add(sb.MaxLifetime.AsDuration())
+		if err := s.cfg.Node.SetEndAt(r.Context(), sb.Id, end, body.AutoPause); err != nil {
+			_, _ = s.cfg.Control.Delete(context.WithoutCancel(r.Context()), connect.NewRequest(&corralv1.DeleteRequest{Id: sb.Id}))
+			writeErr(w, fmt.Errorf("create sandbox: autoPause: %w", err))
+			return
+		}
+	}
+	writeJSON(w, http.StatusCreated, s.describe(sb, false, true))
 }
 
 // createRequest maps an E2B create body onto a corral create.
@@ -179,9 +189,6 @@ func createRequest(body newSandbox) (*corralv1.CreateRequest, error) {
 			return nil, errdefs.InvalidArgument("timeout: %d seconds must not be negative", *body.Timeout)
 		}
 		timeout = time.Duration(*body.Timeout) * time.Second
-	}
-	if body.AutoPause != nil && *body.AutoPause {
-		return nil, errdefs.NotSupported("not supported: autoPause (onTimeout 'pause'): a corral sandbox stops when its timeout passes")
 	}
 	if len(body.VolumeMounts) > 0 {
 		return nil, errdefs.NotSupported("not supported: volumeMounts")
@@ -398,7 +405,7 @@ func (s *Server) extend(ctx context.Context, sb *corralv1.Sandbox, seconds int64
 	if onlyLater && !end.After(cur) {
 		return nil
 	}
-	return s.cfg.Node.SetEndAt(ctx, sb.Id, end)
+	return s.cfg.Node.SetEndAt(ctx, sb.Id, end, nil)
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
@@ -452,13 +459,22 @@ func (s *Server) resumeOrConnect(r *http.Request, onlyLater bool) (*corralv1.San
 		return nil, false, err
 	}
 	resumed := sb.State == corralv1.SandboxState_SANDBOX_STATE_PAUSED
-	if resumed {
-		if _, err := s.cfg.Control.Resume(r.Context(), connect.NewRequest(&corralv1.ResumeRequest{Id: sb.Id})); err != nil {
+	seconds := body.Timeout
+	if seconds == nil && resumed && time.Now().After(sb.CreatedAt.AsTime().Add(sb.MaxLifetime.AsDuration())) {
+		// Paused at its end (autoPause) and resumed without a timeout:
+		// E2B's default lifetime from now, or it would pause again at once.
+		d := int64(defaultTimeout / time.Second)
+		seconds = &d
+	}
+	// The end moves before the resume, so that the reaper does not pause
+	// an autoPause sandbox again in between.
+	if seconds != nil {
+		if err := s.extend(r.Context(), sb, *seconds, onlyLater); err != nil {
 			return nil, false, err
 		}
 	}
-	if body.Timeout != nil {
-		if err := s.extend(r.Context(), sb, *body.Timeout, onlyLater); err != nil {
+	if resumed {
+		if _, err := s.cfg.Control.Resume(r.Context(), connect.NewRequest(&corralv1.ResumeRequest{Id: sb.Id})); err != nil {
 			return nil, false, err
 		}
 	}

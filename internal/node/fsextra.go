@@ -35,9 +35,10 @@ func (n *Node) WatchDir(ctx context.Context, id, path string, recursive bool, re
 	return err
 }
 
-// SetEndAt makes a running or paused sandbox stop at t, by setting its
+// SetEndAt makes a running or paused sandbox stop at t (or, with
+// pauseAtEnd true, be paused then; nil keeps the choice), by setting its
 // max_lifetime to t minus its creation time (within the node's limit).
-func (n *Node) SetEndAt(_ context.Context, id string, t time.Time) error {
+func (n *Node) SetEndAt(_ context.Context, id string, t time.Time, pauseAtEnd *bool) error {
 	e, err := n.lookup(id)
 	if err != nil {
 		return err
@@ -58,6 +59,9 @@ func (n *Node) SetEndAt(_ context.Context, id string, t time.Time) error {
 		life = 0
 	}
 	e.rec.MaxLifetime = life
+	if pauseAtEnd != nil {
+		e.rec.PauseAtEnd = *pauseAtEnd
+	}
 	e.touch()
 	n.putLocked(e)
 	n.log.Debug("sandbox end moved", "sandbox", id, "end_at", t.Format(time.RFC3339), "max_lifetime", fmt.Sprint(life))

@@ -268,6 +268,18 @@ const cases = {
     eq(await Sandbox.kill(s2.sandboxId), false, 'kill of a killed sandbox')
   },
 
+  async auto_pause() {
+    const s2 = await Sandbox.create(template, { timeoutMs: 2_000, lifecycle: { onTimeout: 'pause' } })
+    await s2.files.write('/tmp/kept.txt', 'kept')
+    await until('the sandbox to pause at its timeout', async () => (await s2.getInfo()).state === 'paused', 15_000)
+    const s3 = await Sandbox.connect(s2.sandboxId, { timeoutMs: 60_000 })
+    eq((await s3.getInfo()).state, 'running', 'state after connect')
+    eq(await s3.files.read('/tmp/kept.txt'), 'kept', 'file kept')
+    await sleep(1500)
+    eq((await s3.getInfo()).state, 'running', 'connect moved the end')
+    await s3.kill()
+  },
+
   async concurrent_50() {
     const n = Number(process.env.E2B_CONCURRENT || 50)
     const sbs = await Promise.all(Array.from({ length: n }, () => Sandbox.create(template, { timeoutMs: 300_000, metadata: { suite: runId, role: 'burst' } })))
