@@ -3,7 +3,9 @@ package e2b
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"sort"
@@ -146,7 +148,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		return true
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	if err := dec.Decode(v); err != nil && err.Error() != "EOF" {
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
 		writeError(w, http.StatusBadRequest, "request body: "+err.Error())
 		return false
 	}
@@ -447,10 +449,10 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 
 // resumeOrConnect resumes a paused sandbox (created: true) and applies the
 // body's timeout.
-func (s *Server) resumeOrConnect(r *http.Request, onlyLater bool) (*corralv1.Sandbox, bool, error) {
+func (s *Server) resumeOrConnect(w http.ResponseWriter, r *http.Request, onlyLater bool) (*corralv1.Sandbox, bool, error) {
 	var body timeoutBody
 	if r.ContentLength != 0 {
-		if err := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody)).Decode(&body); err != nil {
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(&body); err != nil && !errors.Is(err, io.EOF) {
 			return nil, false, errdefs.InvalidArgument("request body: %v", err)
 		}
 	}
@@ -483,7 +485,7 @@ func (s *Server) resumeOrConnect(r *http.Request, onlyLater bool) (*corralv1.San
 }
 
 func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
-	sb, resumed, err := s.resumeOrConnect(r, true)
+	sb, resumed, err := s.resumeOrConnect(w, r, true)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -506,7 +508,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "sandbox "+sb.Id+" is already running")
 		return
 	}
-	sb, _, err = s.resumeOrConnect(r, false)
+	sb, _, err = s.resumeOrConnect(w, r, false)
 	if err != nil {
 		writeErr(w, err)
 		return

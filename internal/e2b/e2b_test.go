@@ -33,6 +33,12 @@ func installSDK(t *testing.T) string {
 			t.Skipf("skip: %s is not installed (the test drives corral with the e2b npm package under node)", tool)
 		}
 	}
+	if v, err := exec.Command("node", "-p", "JSON.stringify(process.versions.node.split('.').map(Number))").Output(); err == nil {
+		var ver []int
+		if json.Unmarshal(bytes.ReplaceAll(v, []byte("\n"), nil), &ver) == nil && len(ver) == 3 && (ver[0] < 20 || ver[0] == 20 && ver[1] < 18) {
+			t.Skipf("skip: node %d.%d is older than the 20.18 the e2b SDK needs", ver[0], ver[1])
+		}
+	}
 	dir := sdkDir(t)
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); err == nil {
 		return dir
