@@ -39,6 +39,7 @@ func (s *Server) controlMux() http.Handler {
 	mux.HandleFunc("GET /sandboxes/{id}", s.get)
 	mux.HandleFunc("DELETE /sandboxes/{id}", s.kill)
 	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout)
+	mux.HandleFunc("POST /sandboxes/{id}/refreshes", s.refresh)
 	mux.HandleFunc("POST /sandboxes/{id}/pause", s.pause)
 	mux.HandleFunc("POST /sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
@@ -422,6 +423,30 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.lookup(r.Context(), r.PathValue("id"))
 	if err == nil {
 		err = s.extend(r.Context(), sb, *body.Timeout, false)
+	}
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// refresh is older SDKs' keep-alive: the end moves to duration seconds
+// from now, never earlier.
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Duration *int64 `json:"duration"`
+	}
+	if !decode(w, r, &body) {
+		return
+	}
+	seconds := int64(defaultTimeout / time.Second)
+	if body.Duration != nil {
+		seconds = *body.Duration
+	}
+	sb, err := s.lookup(r.Context(), r.PathValue("id"))
+	if err == nil {
+		err = s.extend(r.Context(), sb, seconds, true)
 	}
 	if err != nil {
 		writeErr(w, err)
