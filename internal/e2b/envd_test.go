@@ -74,6 +74,27 @@ func TestEnvdCallsTheJSSDKDoesNotMake(t *testing.T) {
 	if body["envdVersion"] != "0.5.7" || token == "" {
 		t.Fatalf("create response: %v", body)
 	}
+	if resp, body = post("/sandboxes/"+id+"/resume", key, nil); resp.StatusCode != http.StatusConflict {
+		t.Fatalf("resume of a running sandbox: %d %v, want 409", resp.StatusCode, body)
+	}
+	if resp, body = post("/sandboxes/"+id+"/refreshes", key, map[string]any{"duration": 3600}); resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("refresh: %d %v", resp.StatusCode, body)
+	}
+	if resp, body = post("/sandboxes/"+id+"/snapshots", key, nil); resp.StatusCode != http.StatusNotImplemented || body["code"] != float64(501) {
+		t.Fatalf("snapshots: %d %v, want 501", resp.StatusCode, body)
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/sandboxes/"+id, nil)
+	req.Header.Set("X-API-KEY", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct{ StartedAt, EndAt time.Time }
+	_ = json.NewDecoder(resp.Body).Decode(&info)
+	resp.Body.Close()
+	if life := info.EndAt.Sub(info.StartedAt); life < 3500*time.Second {
+		t.Fatalf("lifetime after a refresh of 3600 s: %s", life)
+	}
 	hc := &http.Client{Transport: sandboxHeaders{id, token}}
 	fs := filesystempbconnect.NewFilesystemClient(hc, url, connect.WithProtoJSON())
 	proc := processpbconnect.NewProcessClient(hc, url, connect.WithProtoJSON())
