@@ -272,6 +272,8 @@ type FileInfo struct {
 	ModTime time.Time
 	UID     uint32
 	GID     uint32
+	// LinkTarget is a symlink's target as stored (not resolved).
+	LinkTarget string
 }
 
 // WriteOptions control WriteFile.

@@ -114,6 +114,7 @@ func (o owners) entry(fi backend.FileInfo) *filesystempb.EntryInfo {
 	switch {
 	case fi.Mode&fs.ModeSymlink != 0:
 		e.Type = filesystempb.FileType_FILE_TYPE_SYMLINK
+		e.SymlinkTarget = &fi.LinkTarget
 	case fi.Mode.IsDir():
 		e.Type = filesystempb.FileType_FILE_TYPE_DIRECTORY
 	}

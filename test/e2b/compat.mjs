@@ -163,6 +163,9 @@ const cases = {
     const moved = await sb.files.rename('/tmp/d/e/f.txt', '/tmp/d/g.txt')
     eq(moved.path, '/tmp/d/g.txt', 'rename result')
     eq([await sb.files.exists('/tmp/d/e/f.txt'), await sb.files.exists('/tmp/d/g.txt')], [false, true], 'after rename')
+    await sb.commands.run('ln -s /tmp/d/g.txt /tmp/d/ln')
+    const link = await sb.files.getInfo('/tmp/d/ln')
+    eq([link.type, link.symlinkTarget], ['symlink', '/tmp/d/g.txt'], 'symlink info')
     await sb.files.remove('/tmp/d')
     eq(await sb.files.exists('/tmp/d'), false, 'removed recursively')
   },
