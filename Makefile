@@ -14,6 +14,7 @@ build:
 # Regenerate protobuf/ConnectRPC code (committed); needs protoc.
 generate:
 	./scripts/generate.sh
+	./scripts/generate-e2b.sh
 
 test:
 	./scripts/test.sh
