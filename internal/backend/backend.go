@@ -208,6 +208,13 @@ type Renamer interface {
 	Rename(ctx context.Context, from, to string) error
 }
 
+// Chowner is implemented by sandboxes that can change a file's owner.
+type Chowner interface {
+	// Chown gives path (a symlink itself) to uid:gid as the sandbox sees
+	// ids.
+	Chown(ctx context.Context, path string, uid, gid uint32) error
+}
+
 // WatchOp is the kind of a change WatchDir reports.
 type WatchOp int
 

@@ -81,7 +81,7 @@ func TestE2BSDK(t *testing.T) {
 		t.Fatalf("node compat.mjs: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
 	}
 	want := []string{"create", "run_output", "run_nonzero_exit", "run_env_cwd", "run_streams", "run_timeout",
-		"background_list_kill", "background_connect", "stdin", "pty", "files_text_bytes", "files_20mib",
+		"background_list_kill", "background_connect", "stdin", "pty", "files_text_bytes", "user", "files_20mib",
 		"files_ops", "watch_dir", "signed_url", "host_routing", "get_info", "metrics", "list_filter_pages", "set_timeout",
 		"pause_connect", "auto_pause", "concurrent_50", "wrong_api_key", "unknown_sandbox", "kill"}
 	got := map[string]bool{}

@@ -112,7 +112,8 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if _, err := fileUser(r); err != nil {
+	user, err := fileUser(r)
+	if err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -128,12 +129,11 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var out []writeInfo
-	var err error
 	if mt == "multipart/form-data" {
-		out, err = s.writeParts(ctx, id, r.URL.Query().Get("path"), multipart.NewReader(body, params["boundary"]))
+		out, err = s.writeParts(ctx, id, r.URL.Query().Get("path"), user, multipart.NewReader(body, params["boundary"]))
 	} else {
 		var wi writeInfo
-		wi, err = s.writeOne(ctx, id, r.URL.Query().Get("path"), body)
+		wi, err = s.writeOne(ctx, id, r.URL.Query().Get("path"), user, body)
 		out = []writeInfo{wi}
 	}
 	if err != nil {
@@ -145,7 +145,7 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 
 // writeParts writes every file part of a multipart upload: to the path
 // query when given (one file), else to the part's file name.
-func (s *Server) writeParts(ctx context.Context, id, target string, mr *multipart.Reader) ([]writeInfo, error) {
+func (s *Server) writeParts(ctx context.Context, id, target, user string, mr *multipart.Reader) ([]writeInfo, error) {
 	var out []writeInfo
 	for {
 		part, err := mr.NextPart()
@@ -165,7 +165,7 @@ func (s *Server) writeParts(ctx context.Context, id, target string, mr *multipar
 			_, params, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
 			p = params["filename"]
 		}
-		wi, err := s.writeOne(ctx, id, p, part)
+		wi, err := s.writeOne(ctx, id, p, user, part)
 		part.Close()
 		if err != nil {
 			return nil, err
@@ -174,13 +174,67 @@ func (s *Server) writeParts(ctx context.Context, id, target string, mr *multipar
 	}
 }
 
-func (s *Server) writeOne(ctx context.Context, id, p string, r io.Reader) (writeInfo, error) {
+func (s *Server) writeOne(ctx context.Context, id, p, user string, r io.Reader) (writeInfo, error) {
 	p, err := s.resolve(ctx, id, p)
+	if err != nil {
+		return writeInfo{}, err
+	}
+	owner, err := s.owner(ctx, id, user)
 	if err != nil {
 		return writeInfo{}, err
 	}
 	if _, err := s.cfg.Node.WriteFile(ctx, id, p, r, backend.WriteOptions{MakeParents: true}); err != nil {
 		return writeInfo{}, fmt.Errorf("write %s: %w", p, err)
 	}
+	if owner != nil {
+		if err := s.cfg.Node.Chown(ctx, id, p, owner[0], owner[1]); err != nil {
+			return writeInfo{}, fmt.Errorf("write %s: %w", p, err)
+		}
+	}
 	return writeInfo{Name: path.Base(p), Type: "file", Path: p}, nil
+}
+
+// owner returns the uid and gid files made for user get (the sandbox's
+// default user when empty), or nil for root: the node writes as root.
+func (s *Server) owner(ctx context.Context, id, user string) (*[2]uint32, error) {
+	if user == "" {
+		sb, err := s.lookup(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		user = sb.User
+	}
+	switch user {
+	case "", "root", "0", "0:0":
+		return nil, nil
+	}
+	name, group, hasGroup := strings.Cut(user, ":")
+	ids := [2]uint32{}
+	uid, err := strconv.ParseUint(name, 10, 32)
+	if err == nil {
+		ids[0], ids[1] = uint32(uid), uint32(uid)
+	} else {
+		found := false
+		s.passwd(ctx, id, func(f []string) bool {
+			if f[0] != name || len(f) < 4 {
+				return false
+			}
+			u, uerr := strconv.ParseUint(f[2], 10, 32)
+			g, gerr := strconv.ParseUint(f[3], 10, 32)
+			found = uerr == nil && gerr == nil
+			ids[0], ids[1] = uint32(u), uint32(g)
+			return true
+		})
+		if !found {
+			return nil, errdefs.NotFound("user %q: not in the sandbox's /etc/passwd", name)
+		}
+	}
+	if hasGroup {
+		g, err := strconv.ParseUint(group, 10, 32)
+		if err != nil {
+			return nil, errdefs.InvalidArgument("user %q: the group must be a number", user)
+		}
+		ids[1] = uint32(g)
+	}
+	return &ids, nil
 }

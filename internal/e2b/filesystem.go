@@ -72,24 +72,37 @@ func (s *Server) owners(ctx context.Context, id string) owners {
 
 func (s *Server) idNames(ctx context.Context, id, file string) map[uint32]string {
 	names := map[uint32]string{}
-	rc, err := s.cfg.Node.ReadFile(ctx, id, file, 0, 1<<20)
-	if err != nil {
-		return names
-	}
-	defer rc.Close()
-	sc := bufio.NewScanner(rc)
-	for sc.Scan() {
-		f := strings.Split(sc.Text(), ":")
-		if len(f) < 3 {
-			continue
-		}
+	s.scanColon(ctx, id, file, func(f []string) bool {
 		if n, err := strconv.ParseUint(f[2], 10, 32); err == nil {
 			if _, dup := names[uint32(n)]; !dup {
 				names[uint32(n)] = f[0]
 			}
 		}
-	}
+		return false
+	})
 	return names
+}
+
+// passwd calls fn for each entry of the sandbox's /etc/passwd until it
+// returns true.
+func (s *Server) passwd(ctx context.Context, id string, fn func(fields []string) bool) {
+	s.scanColon(ctx, id, "/etc/passwd", fn)
+}
+
+// scanColon reads a colon-separated file of the sandbox (at most 1 MiB;
+// lines of fewer than 3 fields are skipped).
+func (s *Server) scanColon(ctx context.Context, id, file string, fn func(fields []string) bool) {
+	rc, err := s.cfg.Node.ReadFile(ctx, id, file, 0, 1<<20)
+	if err != nil {
+		return
+	}
+	defer rc.Close()
+	sc := bufio.NewScanner(rc)
+	for sc.Scan() {
+		if f := strings.Split(sc.Text(), ":"); len(f) >= 3 && fn(f) {
+			return
+		}
+	}
 }
 
 func (o owners) name(m map[uint32]string, id uint32) string {
@@ -151,8 +164,21 @@ func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fi
 	if _, err := f.s.cfg.Node.Stat(ctx, id, p); err == nil {
 		return nil, errdefs.AlreadyExists("path %q: already exists", p)
 	}
+	user, err := userOf(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	owner, err := f.s.owner(ctx, id, user)
+	if err != nil {
+		return nil, err
+	}
 	if err := f.s.cfg.Node.MakeDir(ctx, id, p, 0o755, true); err != nil {
 		return nil, err
+	}
+	if owner != nil {
+		if err := f.s.cfg.Node.Chown(ctx, id, p, owner[0], owner[1]); err != nil {
+			return nil, err
+		}
 	}
 	e, err := f.stat(ctx, id, p)
 	if err != nil {

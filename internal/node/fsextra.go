@@ -85,3 +85,15 @@ func (n *Node) Usage(ctx context.Context, id string) (backend.Usage, error) {
 	}
 	return u.Usage(ctx)
 }
+
+// Chown changes a file's owner inside the sandbox (ids as it sees them).
+func (n *Node) Chown(ctx context.Context, id, path string, uid, gid uint32) error {
+	_, err := withSandbox(ctx, n, id, func(sb backend.Sandbox) (struct{}, error) {
+		c, ok := sb.(backend.Chowner)
+		if !ok {
+			return struct{}{}, errdefs.NotSupported("not supported: changing owners on sandbox %s's backend", id)
+		}
+		return struct{}{}, c.Chown(ctx, path, uid, gid)
+	})
+	return err
+}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -109,4 +111,26 @@ func TestWatchDir(t *testing.T) {
 		t.Fatalf("watch through an escaping symlink: %v, want not found", err)
 	}
 	wantErr(t, s.fs.WatchDir(context.Background(), "/etc/passwd", false, nil, nil), errdefs.ErrInvalidArgument, "not a directory")
+}
+
+func TestChown(t *testing.T) {
+	s := newSandbox(t)
+	s.escapeLinks(t)
+	ctx := context.Background()
+	must(t, write(s.fs, "/f", "f", backend.WriteOptions{}))
+	must(t, s.fs.Chown(ctx, "/f", 1234, 4321))
+	if fi, err := s.fs.Stat(ctx, "/f"); err != nil || fi.UID != 1234 || fi.GID != 4321 {
+		t.Fatalf("after chown: %+v %v", fi, err)
+	}
+	// Through links that would leave the root: the host canary keeps its owner.
+	var before, after unix.Stat_t
+	must(t, unix.Stat(s.outside+"/canary.txt", &before))
+	for _, p := range []string{"/hostabs/canary.txt", "/up/outside/canary.txt", "/canary-link"} {
+		_ = s.fs.Chown(ctx, p, 999, 999)
+	}
+	must(t, unix.Stat(s.outside+"/canary.txt", &after))
+	if after.Uid != before.Uid || after.Gid != before.Gid {
+		t.Fatalf("the host canary's owner changed: %d:%d -> %d:%d", before.Uid, before.Gid, after.Uid, after.Gid)
+	}
+	wantErr(t, s.fs.Chown(ctx, "/", 1, 1), errdefs.ErrInvalidArgument, "the root's owner cannot be changed")
 }

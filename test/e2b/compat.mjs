@@ -140,6 +140,19 @@ const cases = {
     await rejects(sb.files.read('/tmp/no-such-file'), FileNotFoundError, 'missing file')
   },
 
+  async user() {
+    const r = await sb.commands.run('id -u; id -g', { user: 'nobody' })
+    eq(r.stdout, '65534\n65534\n', 'command as nobody')
+    eq((await sb.commands.run('id -u', { user: 'root' })).stdout, '0\n', 'command as root')
+    await sb.files.write('/tmp/own.txt', 'mine', { user: 'nobody' })
+    const info = await sb.files.getInfo('/tmp/own.txt')
+    eq([info.owner, info.group], ['nobody', 'nogroup'], 'file written as nobody')
+    eq(await sb.files.makeDir('/tmp/owndir', { user: 'nobody' }), true, 'makeDir as nobody')
+    eq((await sb.files.getInfo('/tmp/owndir')).owner, 'nobody', 'dir made as nobody')
+    eq((await sb.commands.run('echo more >> /tmp/own.txt && cat /tmp/own.txt', { user: 'nobody' })).stdout, 'minemore\n', 'nobody can append to its file')
+    await rejects(sb.files.write('/tmp/x.txt', 'x', { user: 'no-such-user' }), NotFoundError, 'unknown user')
+  },
+
   async files_20mib() {
     const data = crypto.randomBytes(20 << 20)
     await sb.files.write('/tmp/big.bin', data)

@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 	"github.com/corral-dev/corral/internal/runtime/userns"
 	"golang.org/x/sys/unix"
@@ -144,4 +145,13 @@ func (s *sandbox) Usage(context.Context) (backend.Usage, error) {
 	u.DiskTotalBytes = int64(st.Blocks) * st.Bsize
 	u.DiskUsedBytes = int64(st.Blocks-st.Bfree) * st.Bsize
 	return u, nil
+}
+
+// Chown implements backend.Chowner: ids inside the sandbox are its host
+// range's.
+func (s *sandbox) Chown(ctx context.Context, p string, uid, gid uint32) error {
+	if uid >= s.ids.Size || gid >= s.ids.Size {
+		return errdefs.InvalidArgument("owner %d:%d: outside the sandbox's ids (0 to %d)", uid, gid, s.ids.Size-1)
+	}
+	return s.FS.Chown(ctx, p, s.ids.Host+uid, s.ids.Host+gid)
 }
