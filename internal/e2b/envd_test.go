@@ -95,6 +95,19 @@ func TestEnvdCallsTheJSSDKDoesNotMake(t *testing.T) {
 	if life := info.EndAt.Sub(info.StartedAt); life < 3500*time.Second {
 		t.Fatalf("lifetime after a refresh of 3600 s: %s", life)
 	}
+	req, _ = http.NewRequestWithContext(ctx, http.MethodGet, url+"/templates", nil)
+	req.Header.Set("X-API-KEY", key)
+	if resp, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	var templates []struct {
+		TemplateID string `json:"templateID"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&templates)
+	resp.Body.Close()
+	if len(templates) == 0 || templates[0].TemplateID != "busybox" {
+		t.Fatalf("templates: %+v", templates)
+	}
 	hc := &http.Client{Transport: sandboxHeaders{id, token}}
 	fs := filesystempbconnect.NewFilesystemClient(hc, url, connect.WithProtoJSON())
 	proc := processpbconnect.NewProcessClient(hc, url, connect.WithProtoJSON())
