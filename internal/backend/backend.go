@@ -9,6 +9,7 @@ import (
 	"context"
 	"io"
 	"io/fs"
+	"net"
 	"time"
 )
 
@@ -206,6 +207,14 @@ type Renamer interface {
 	// Rename moves from to to inside the sandbox's root, replacing a file
 	// at to; both paths follow the rules of Files.
 	Rename(ctx context.Context, from, to string) error
+}
+
+// PortDialer is implemented by sandboxes whose TCP ports the node can
+// reach from outside (as clients of servers running inside).
+type PortDialer interface {
+	// DialPort connects to 127.0.0.1:port inside the sandbox's network
+	// namespace.
+	DialPort(ctx context.Context, port int) (net.Conn, error)
 }
 
 // Chowner is implemented by sandboxes that can change a file's owner.

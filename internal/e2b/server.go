@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"strconv"
 	"strings"
 
@@ -122,7 +123,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if port != EnvdPort {
-		writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s: port %d: not supported (corral forwards only envd's port %d)", id, port, EnvdPort))
+		s.proxyPort(w, r, id, port)
 		return
 	}
 	if !s.envdAuthorized(r, id) {
@@ -136,6 +137,35 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.envd.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, id)))
+}
+
+// proxyPort forwards a request to a server listening on port on the
+// sandbox's loopback. As on E2B (public traffic, the default), it needs
+// no token: knowing the sandbox id is enough.
+func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, id string, port int) {
+	if sb, err := s.cfg.Node.Get(r.Context(), id); err != nil || sb.Phase == state.PhaseStopped {
+		writeError(w, http.StatusBadGateway, "sandbox "+id+" is not running")
+		return
+	}
+	p := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			pr.Out.Host = r.Host
+			pr.Out.Header.Del("E2b-Sandbox-Id")
+			pr.Out.Header.Del("E2b-Sandbox-Port")
+			pr.Out.Header.Del("X-Access-Token")
+		},
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return s.cfg.Node.DialPort(ctx, id, port)
+			},
+			DisableKeepAlives: true,
+		},
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s: port %d: %v", id, port, err))
+		},
+	}
+	p.ServeHTTP(w, r)
 }
 
 // sandboxOf returns the sandbox and port an envd request is for: from the

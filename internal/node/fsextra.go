@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
@@ -96,4 +97,16 @@ func (n *Node) Chown(ctx context.Context, id, path string, uid, gid uint32) erro
 		return struct{}{}, c.Chown(ctx, path, uid, gid)
 	})
 	return err
+}
+
+// DialPort connects to a TCP port on the sandbox's loopback (a paused
+// sandbox is resumed first).
+func (n *Node) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
+	return withSandbox(ctx, n, id, func(sb backend.Sandbox) (net.Conn, error) {
+		d, ok := sb.(backend.PortDialer)
+		if !ok {
+			return nil, errdefs.NotSupported("not supported: reaching ports of sandbox %s's backend", id)
+		}
+		return d.DialPort(ctx, port)
+	})
 }

@@ -220,6 +220,26 @@ const cases = {
       http.get({ host: api.hostname, port: api.port, path: '/health', headers }, (res) => { res.resume(); resolve(res.statusCode) }).on('error', reject)
     })
     eq(status, 204, 'envd /health by Host')
+    // A server inside the sandbox, reached through getHost(port).
+    await sb.files.write('/tmp/www/index.html', 'served from inside')
+    const srv = await sb.commands.run('httpd -f -p 127.0.0.1:8080 -h /tmp/www', { background: true, timeoutMs: 0 })
+    try {
+      let body = ''
+      await until('the sandbox web server to answer', async () => {
+        const res = await new Promise((resolve) => {
+          http.get({ host: api.hostname, port: api.port, path: '/index.html', headers: { Host: sb.getHost(8080) } }, (res) => {
+            let b = ''
+            res.on('data', (d) => { b += d })
+            res.on('end', () => resolve({ status: res.statusCode, body: b }))
+          }).on('error', () => resolve({ status: 0 }))
+        })
+        body = res.body
+        return res.status === 200
+      })
+      eq(body, 'served from inside', 'body through getHost(8080)')
+    } finally {
+      await sb.commands.kill(srv.pid)
+    }
   },
 
   async get_info() {

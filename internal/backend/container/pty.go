@@ -3,10 +3,13 @@ package container
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 	"github.com/corral-dev/corral/internal/runtime/userns"
 	"golang.org/x/sys/unix"
@@ -154,4 +157,31 @@ func (s *sandbox) Chown(ctx context.Context, p string, uid, gid uint32) error {
 		return errdefs.InvalidArgument("owner %d:%d: outside the sandbox's ids (0 to %d)", uid, gid, s.ids.Size-1)
 	}
 	return s.FS.Chown(ctx, p, s.ids.Host+uid, s.ids.Host+gid)
+}
+
+// DialPort implements backend.PortDialer: the socket is made on a thread
+// inside the sandbox's network namespace, then used from anywhere.
+func (s *sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
+	if port <= 0 || port > 65535 {
+		return nil, errdefs.InvalidArgument("port: %d is not a TCP port", port)
+	}
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", s.proc.Pid))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: network namespace: %w", s.id, err)
+	}
+	defer ns.Close()
+	if !s.proc.Alive() {
+		return nil, errdefs.FailedPrecondition("sandbox %s is not running", s.id)
+	}
+	var conn net.Conn
+	err = netpolicy.InNetns(ns, func() error {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		conn = c
+		return err
+	})
+	if err != nil {
+		return nil, errdefs.Unavailable("sandbox %s: port %d: %v", s.id, port, err)
+	}
+	return conn, nil
 }
