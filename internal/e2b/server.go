@@ -3,8 +3,10 @@
 // connect, listing) and envd, the in-sandbox agent protocol of every
 // sandbox (Connect services process.Process and filesystem.Filesystem, HTTP
 // /files and /health). envd calls are routed by their E2b-Sandbox-Id header
-// or by a Host of the form <port>-<sandbox id>.<domain>; nothing runs
-// inside the sandbox to serve them: the node does the work from outside.
+// or by a Host of the form <port>-<sandbox id>.<domain> (other ports of
+// such hosts are proxied to servers on the sandbox's loopback); nothing
+// runs inside the sandbox to serve them: the node does the work from
+// outside.
 //
 // Control calls go through internal/control (so its checks apply); envd
 // calls use internal/node directly once the sandbox's access token checks

@@ -75,10 +75,10 @@ type Config struct {
 	// network mode other than none.
 	Network netpolicy.Config
 	// Blobs shares layers through a blob store (nil: every layer is local).
-	Blobs *BlobsConfig
-	// E2B serves E2B's API (nil: not served).
-	E2B    *E2BConfig
+	Blobs  *BlobsConfig
 	Logger *slog.Logger
+	// E2B serves E2B's API (nil: not served).
+	E2B *E2BConfig
 }
 
 // BlobsConfig configures the blob store layers are shared through.
