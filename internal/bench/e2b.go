@@ -79,8 +79,9 @@ type E2BResult struct {
 
 // E2B measures create -> run `true` -> delete through the unchanged e2b
 // SDK (node, on the server's E2B API) and, in the same run, through
-// corral's Go SDK, sequentially (latency) and with Concurrency in flight
-// (cycles/s). Both run `true` through a shell, as commands.run does.
+// corral's Go SDK: sequentially (latency, in alternating halves) and with
+// Concurrency in flight (cycles/s). Both run `true` through a shell, as
+// commands.run does.
 func E2B(ctx context.Context, c *client.Client, o E2BOptions) (res *E2BResult, err error) {
 	o.defaults()
 	if o.URL == "" || o.APIKey == "" {
@@ -95,12 +96,50 @@ func E2B(ctx context.Context, c *client.Client, o E2BOptions) (res *E2BResult, e
 	defer func() { err = t.finish(ctx, &res.Load, &res.Leaked, err) }()
 	res.Load.Start, res.Load.CPUs = loadAvg(), runtime.NumCPU()
 
-	fmt.Fprintf(o.Log, "e2b sdk: %d cycles, then %d in flight for %s\n", o.N, o.Concurrency, o.Duration)
-	if res.E2B, err = e2bSide(ctx, o, dir, t.label); err != nil {
+	// Latency in alternating halves (e2b, Go, Go, e2b), so that a load
+	// that drifts during the run weighs on both alike; then each rate.
+	half := o
+	half.N, half.Duration = (o.N+1)/2, 0
+	var e2bLat, goLat []time.Duration
+	var e2bErrs, goErrs Errors
+	for round := range 2 {
+		for _, side := range [][2]string{{"e2b", "go"}, {"go", "e2b"}}[round] {
+			fmt.Fprintf(o.Log, "%s sdk: %d sequential cycles\n", side, half.N)
+			if side == "go" {
+				goLatency(ctx, t, half, &goLat, &goErrs)
+				continue
+			}
+			r, err := e2bSide(ctx, half, dir, t.label)
+			if err != nil {
+				return res, err
+			}
+			e2bLat = append(e2bLat, r.latencies...)
+			e2bErrs.Count += r.Errors
+			if e2bErrs.First == "" {
+				e2bErrs.First = r.FirstErr
+			}
+		}
+	}
+	fmt.Fprintf(o.Log, "e2b sdk: %d in flight for %s\n", o.Concurrency, o.Duration)
+	rate := o
+	rate.N = 0
+	r, err := e2bSide(ctx, rate, dir, t.label)
+	if err != nil {
 		return res, err
 	}
-	fmt.Fprintf(o.Log, "go sdk: %d cycles, then %d in flight for %s\n", o.N, o.Concurrency, o.Duration)
-	res.Go = goSide(ctx, t, o)
+	res.E2B = r.E2BSide
+	res.E2B.Errors += e2bErrs.Count
+	if res.E2B.FirstErr == "" {
+		res.E2B.FirstErr = e2bErrs.First
+	}
+	fillLatency(&res.E2B, e2bLat)
+	fmt.Fprintf(o.Log, "go sdk: %d in flight for %s\n", o.Concurrency, o.Duration)
+	res.Go = goRate(ctx, t, o)
+	res.Go.Errors += goErrs.Count
+	if res.Go.FirstErr == "" {
+		res.Go.FirstErr = goErrs.First
+	}
+	fillLatency(&res.Go, goLat)
 	res.P50Ratio = ratio(res.E2B.P50Ms, res.Go.P50Ms)
 	res.RateRatio = ratio(res.Go.CyclesPS, res.E2B.CyclesPS)
 	res.Targets = []Target{atMost("p50_ratio", res.P50Ratio, 1.5)}
@@ -120,32 +159,37 @@ func goCycle(ctx context.Context, t *tracker, image string) error {
 	return err
 }
 
-func goSide(ctx context.Context, t *tracker, o E2BOptions) E2BSide {
-	var side E2BSide
-	var errs Errors
-	_ = goCycle(ctx, t, o.Image) // warm-up, as the e2b side does
-	var lat []time.Duration
+func fillLatency(side *E2BSide, lat []time.Duration) {
+	p := Summarise(lat)
+	side.P50Ms, side.P99Ms, side.Samples = p.P50, p.P99, len(lat)
+}
+
+// goLatency appends the times of o.N sequential Go SDK cycles (after one
+// untimed warm-up, as the e2b side does).
+func goLatency(ctx context.Context, t *tracker, o E2BOptions, lat *[]time.Duration, errs *Errors) {
+	_ = goCycle(ctx, t, o.Image)
 	for i := 0; i < o.N && ctx.Err() == nil; i++ {
 		t0 := time.Now()
 		if err := goCycle(ctx, t, o.Image); err != nil {
 			errs.add(err)
 			continue
 		}
-		lat = append(lat, time.Since(t0))
+		*lat = append(*lat, time.Since(t0))
 	}
-	p := Summarise(lat)
-	side.P50Ms, side.P99Ms, side.Samples = p.P50, p.P99, len(lat)
-	r := sustain(ctx, o.Concurrency, o.Duration, func(ctx context.Context, _, _ int) error { return goCycle(ctx, t, o.Image) })
-	side.CyclesPS, side.Cycles, side.RateSecs, side.RateConcN = r.PerS, r.Cycles, r.Seconds, o.Concurrency
-	side.Errors = errs.Count + r.Errors
-	side.FirstErr = errs.First
-	if side.FirstErr == "" {
-		side.FirstErr = r.FirstErr
-	}
-	return side
 }
 
-func e2bSide(ctx context.Context, o E2BOptions, dir, label string) (E2BSide, error) {
+func goRate(ctx context.Context, t *tracker, o E2BOptions) E2BSide {
+	r := sustain(ctx, o.Concurrency, o.Duration, func(ctx context.Context, _, _ int) error { return goCycle(ctx, t, o.Image) })
+	return E2BSide{CyclesPS: r.PerS, Cycles: r.Cycles, RateSecs: r.Seconds, RateConcN: o.Concurrency, Errors: r.Errors, FirstErr: r.FirstErr}
+}
+
+// e2bRun is one run of bench.mjs.
+type e2bRun struct {
+	E2BSide
+	latencies []time.Duration
+}
+
+func e2bSide(ctx context.Context, o E2BOptions, dir, label string) (e2bRun, error) {
 	cmd := exec.CommandContext(ctx, "node", "bench.mjs")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
@@ -156,7 +200,7 @@ func e2bSide(ctx context.Context, o E2BOptions, dir, label string) (E2BSide, err
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return E2BSide{}, fmt.Errorf("node bench.mjs: %w: %s", err, stderr.String())
+		return e2bRun{}, fmt.Errorf("node bench.mjs: %w: %s", err, stderr.String())
 	}
 	var r struct {
 		Latencies []float64 `json:"latencies_ms"`
@@ -166,18 +210,18 @@ func e2bSide(ctx context.Context, o E2BOptions, dir, label string) (E2BSide, err
 		FirstErr  string    `json:"first_error"`
 	}
 	if err := json.Unmarshal(out, &r); err != nil {
-		return E2BSide{}, fmt.Errorf("node bench.mjs output %q: %w", out, err)
+		return e2bRun{}, fmt.Errorf("node bench.mjs output %q: %w", out, err)
 	}
-	lat := make([]time.Duration, len(r.Latencies))
-	for i, ms := range r.Latencies {
-		lat[i] = time.Duration(ms * float64(time.Millisecond))
+	run := e2bRun{E2BSide: E2BSide{
+		Cycles: r.Cycles, RateSecs: round(r.Seconds), Errors: r.Errors, FirstErr: r.FirstErr, RateConcN: o.Concurrency,
+	}}
+	if r.Seconds > 0 {
+		run.CyclesPS = round(float64(r.Cycles) / r.Seconds)
 	}
-	p := Summarise(lat)
-	return E2BSide{
-		P50Ms: p.P50, P99Ms: p.P99, Samples: len(lat), Cycles: r.Cycles, RateSecs: round(r.Seconds),
-		CyclesPS: round(float64(r.Cycles) / max(r.Seconds, 1e-9)), Errors: r.Errors, FirstErr: r.FirstErr,
-		RateConcN: o.Concurrency,
-	}, nil
+	for _, ms := range r.Latencies {
+		run.latencies = append(run.latencies, time.Duration(ms*float64(time.Millisecond)))
+	}
+	return run, nil
 }
 
 // findE2BSDK finds the directory with bench.mjs and the installed e2b

@@ -1,6 +1,6 @@
 // The e2b SDK side of `corral bench e2b`: create -> commands.run('true') ->
 // kill, N times in a row (latency), then CONCURRENCY loops for DURATION_MS
-// (cycles/s). Prints one JSON object. Sandboxes carry the run's
+// (cycles/s; 0 skips them). Prints one JSON object. Sandboxes carry the run's
 // corral-bench label (LABEL) so the benchmark's sweep finds leftovers.
 import { Sandbox } from 'e2b'
 
@@ -35,6 +35,10 @@ for (let i = 0; i < n; i++) {
   }
 }
 let cycles = 0
+if (durationMs <= 0) {
+  console.log(JSON.stringify({ latencies_ms: latencies, cycles, seconds: 0, errors, first_error: firstError }))
+  process.exit(0)
+}
 const start = performance.now()
 const deadline = start + durationMs
 await Promise.all(Array.from({ length: conc }, async () => {
