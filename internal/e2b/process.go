@@ -61,7 +61,14 @@ func (p *processService) command(ctx context.Context, id string, cfg *processpb.
 	if cfg == nil || cfg.Cmd == "" {
 		return node.ExecRequest{}, errdefs.InvalidArgument("process.cmd: required")
 	}
-	req := node.ExecRequest{Argv: append([]string{cfg.Cmd}, cfg.Args...), Cwd: cfg.GetCwd()}
+	req := node.ExecRequest{Argv: append([]string{cfg.Cmd}, cfg.Args...)}
+	if cwd := cfg.GetCwd(); cwd != "" {
+		// Relative, as for files: from the sandbox's working directory.
+		var err error
+		if req.Cwd, err = p.s.resolve(ctx, id, cwd); err != nil {
+			return node.ExecRequest{}, err
+		}
+	}
 	for _, k := range sortedKeys(cfg.Envs) {
 		req.Env = append(req.Env, k+"="+cfg.Envs[k])
 	}

@@ -63,6 +63,7 @@ const cases = {
   async run_env_cwd() {
     const r = await sb.commands.run('echo $FOO $SANDBOX_VAR; pwd', { envs: { FOO: 'bar' }, cwd: '/tmp' })
     eq(r.stdout, 'bar from-create\n/tmp\n', 'stdout')
+    eq((await sb.commands.run('pwd', { cwd: 'tmp' })).stdout, '/tmp\n', 'relative cwd')
   },
 
   async run_streams() {
