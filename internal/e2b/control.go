@@ -292,7 +292,8 @@ func parseList(q url.Values, paged bool) (listFilter, error) {
 		f.phase = corralv1.SandboxState_SANDBOX_STATE_RUNNING
 		return f, nil
 	}
-	if st := q.Get("state"); st != "" {
+	// One comma-separated value (the JS SDK) or the parameter repeated.
+	if st := strings.Join(q["state"], ","); st != "" {
 		var running, paused bool
 		for _, one := range strings.Split(st, ",") {
 			switch one {

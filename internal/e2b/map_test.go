@@ -73,8 +73,10 @@ func TestParseList(t *testing.T) {
 	if err != nil || f.labels["suite"] != "a b" || f.labels["role"] != "main" || f.phase != corralv1.SandboxState_SANDBOX_STATE_PAUSED || f.limit != 5 || f.token != "tok" {
 		t.Fatalf("parsed %+v %v", f, err)
 	}
-	if f, _ := parseList(url.Values{"state": {"running,paused"}}, true); f.phase != corralv1.SandboxState_SANDBOX_STATE_UNSPECIFIED {
-		t.Fatalf("both states: %v", f.phase)
+	for _, both := range []url.Values{{"state": {"running,paused"}}, {"state": {"running", "paused"}}} {
+		if f, err := parseList(both, true); err != nil || f.phase != corralv1.SandboxState_SANDBOX_STATE_UNSPECIFIED {
+			t.Fatalf("%v: %v %v", both, f.phase, err)
+		}
 	}
 	for _, bad := range []url.Values{{"limit": {"0"}}, {"limit": {"101"}}, {"state": {"stopped"}}} {
 		if _, err := parseList(bad, true); err == nil {
