@@ -82,7 +82,7 @@ func TestE2BSDK(t *testing.T) {
 	}
 	want := []string{"create", "run_output", "run_nonzero_exit", "run_env_cwd", "run_streams", "run_timeout",
 		"background_list_kill", "background_connect", "stdin", "pty", "files_text_bytes", "user", "files_20mib",
-		"files_ops", "watch_dir", "signed_url", "host_routing", "get_info", "metrics", "list_filter_pages", "set_timeout",
+		"files_ops", "watch_dir", "signed_url", "host_routing", "api_unreachable_inside", "get_info", "metrics", "list_filter_pages", "set_timeout",
 		"pause_connect", "auto_pause", "concurrent_50", "wrong_api_key", "unknown_sandbox", "kill"}
 	got := map[string]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(out))

@@ -243,6 +243,14 @@ const cases = {
     }
   },
 
+  async api_unreachable_inside() {
+    // The sandbox has its own network namespace: the node's E2B listener
+    // (on the host's loopback) is not there.
+    const api = new URL(process.env.E2B_API_URL)
+    const r = await sb.commands.run(`wget -q -T 2 -O- http://127.0.0.1:${api.port}/health; echo rc=$?`)
+    assert(!r.stdout.includes('rc=0'), 'the E2B API answered from inside the sandbox: ' + r.stdout)
+  },
+
   async get_info() {
     const info = await sb.getInfo()
     eq([info.sandboxId, info.templateId, info.state, info.metadata.suite], [sb.sandboxId, template, 'running', runId], 'info')
