@@ -14,6 +14,7 @@ build:
 # Regenerate protobuf/ConnectRPC code (committed); needs protoc.
 generate:
 	./scripts/generate.sh
+	./scripts/generate-e2b.sh
 
 # Rebuild the dashboard bundle (committed in internal/ui/dist, embedded in
 # the binary) from internal/ui/web with esbuild; needs npm.

@@ -9,6 +9,7 @@ import (
 	"context"
 	"io"
 	"io/fs"
+	"net"
 	"time"
 )
 
@@ -173,6 +174,88 @@ type ExecSpec struct {
 	// CPULimit, when positive, is the command's CPU time limit (RLIMIT_CPU,
 	// rounded up to whole seconds).
 	CPULimit time.Duration
+	// PTY, when set, runs the command as a session leader on a new
+	// terminal of that size: its stdin, stdout and stderr are the
+	// terminal, output arrives as Stdout, and StdinReader feeds the
+	// terminal's input. Only sandboxes implementing Interactive honour it.
+	PTY *TermSize
+	// Started, when set, is called once the command runs, before any of
+	// its output, with a handle valid until Exec returns. Only sandboxes
+	// implementing Interactive call it.
+	Started func(Process)
+}
+
+// TermSize is a terminal's size in characters.
+type TermSize struct {
+	Cols, Rows uint16
+}
+
+// Process is a running command of Exec (see ExecSpec.Started).
+type Process interface {
+	// Pid is the command's pid as the sandbox sees it; it is also its
+	// process group.
+	Pid() int
+	// Signal signals the command's process group.
+	Signal(sig int) error
+	// Resize changes the size of the command's terminal (PTY commands).
+	Resize(size TermSize) error
+}
+
+// Interactive is implemented by sandboxes whose Exec honours
+// ExecSpec.PTY and ExecSpec.Started: the node's long-running processes
+// (listed, signalled, fed stdin while they run) need it.
+type Interactive interface {
+	Interactive()
+}
+
+// Renamer is implemented by sandboxes that can rename files.
+type Renamer interface {
+	// Rename moves from to to inside the sandbox's root, replacing a file
+	// at to; both paths follow the rules of Files.
+	Rename(ctx context.Context, from, to string) error
+}
+
+// PortDialer is implemented by sandboxes whose TCP ports the node can
+// reach from outside (as clients of servers running inside).
+type PortDialer interface {
+	// DialPort connects to 127.0.0.1:port inside the sandbox's network
+	// namespace.
+	DialPort(ctx context.Context, port int) (net.Conn, error)
+}
+
+// Chowner is implemented by sandboxes that can change a file's owner.
+type Chowner interface {
+	// Chown gives path (a symlink itself) to uid:gid as the sandbox sees
+	// ids.
+	Chown(ctx context.Context, path string, uid, gid uint32) error
+}
+
+// WatchOp is the kind of a change WatchDir reports.
+type WatchOp int
+
+const (
+	WatchCreate WatchOp = iota + 1
+	WatchWrite
+	WatchRemove
+	WatchRename // moved away; the arrival is a WatchCreate
+	WatchChmod
+)
+
+// WatchEvent is one change in a watched directory.
+type WatchEvent struct {
+	// Name is the path of the changed entry relative to the watched
+	// directory.
+	Name string
+	Op   WatchOp
+}
+
+// Watcher is implemented by sandboxes that can watch directories.
+type Watcher interface {
+	// WatchDir calls fn for every change in directory path (and its
+	// subdirectories when recursive) until ctx ends, then returns nil.
+	// It returns an error before watching when path is not a directory.
+	// ready, when set, is called once the watch is in place.
+	WatchDir(ctx context.Context, path string, recursive bool, ready func(), fn func(WatchEvent)) error
 }
 
 // ExecResult is how a command ended.
@@ -211,6 +294,8 @@ type FileInfo struct {
 	ModTime time.Time
 	UID     uint32
 	GID     uint32
+	// LinkTarget is a symlink's target as stored (not resolved).
+	LinkTarget string
 }
 
 // WriteOptions control WriteFile.
@@ -247,4 +332,18 @@ type LayerDisk struct {
 type ExitReasoner interface {
 	// ExitReason is empty while the sandbox runs.
 	ExitReason() string
+}
+
+// Usage is a sandbox's resource use at one moment.
+type Usage struct {
+	CPU            time.Duration // CPU time used so far
+	MemoryBytes    int64         // memory charged now, page cache included
+	CacheBytes     int64         // of which page cache
+	DiskUsedBytes  int64         // writable layer
+	DiskTotalBytes int64
+}
+
+// Usager is implemented by sandboxes that report their resource use.
+type Usager interface {
+	Usage(ctx context.Context) (Usage, error)
 }

@@ -24,7 +24,7 @@ Benchmarks create sandboxes labelled corral-bench=<random> and delete them all
 at the end, also on error or Ctrl-C. The density and runc figures read this
 host (/proc/meminfo, runc), so run them on the server's machine.`,
 	}
-	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g), newBenchFnCallCmd(g), newBenchNetCmd(g), newBenchImageCmd(g), newBenchLazyCmd(g), newBenchMicroVMCmd(g), newBenchTransferCmd(g))
+	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g), newBenchFnCallCmd(g), newBenchNetCmd(g), newBenchImageCmd(g), newBenchLazyCmd(g), newBenchMicroVMCmd(g), newBenchTransferCmd(g), newBenchE2BCmd(g))
 	return cmd
 }
 
@@ -96,6 +96,30 @@ func newBenchSDKCmd(g *globals) *cobra.Command {
 	fl.StringVar(&o.Image, "image", "busybox", "image to create sandboxes from")
 	fl.StringVar(&o.Python, "python", "python3", "interpreter for the Python SDK peer; empty skips it")
 	fl.StringVar(&o.PythonPath, "python-path", "", "directory holding the corral package (default sdk/python here or beside bin/)")
+	return cmd
+}
+
+func newBenchE2BCmd(g *globals) *cobra.Command {
+	var o bench.E2BOptions
+	cmd := &cobra.Command{
+		Use:   "e2b",
+		Short: "create → commands.run('true') → kill through the unchanged e2b SDK (node), beside the same loop through the Go SDK",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
+				o.Log = os.Stderr
+				return bench.E2B(ctx, c, o)
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.URL, "e2b-url", "", "the server's E2B API as http://HOST:PORT (its --e2b-listen)")
+	fl.StringVar(&o.APIKey, "e2b-api-key", "", "the server's --e2b-api-key")
+	fl.StringVar(&o.SDKDir, "sdk-dir", "", "directory with bench.mjs and the e2b npm package (default test/e2b)")
+	fl.IntVar(&o.N, "n", 30, "sequential cycles per SDK for the latency")
+	fl.IntVar(&o.Concurrency, "concurrency", 4, "cycles in flight for the rate (both SDKs alike)")
+	fl.DurationVar(&o.Duration, "duration", 10*time.Second, "length of each rate phase")
+	fl.StringVar(&o.Image, "image", "busybox", "image (E2B template) to create sandboxes from")
 	return cmd
 }
 

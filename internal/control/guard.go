@@ -178,6 +178,17 @@ func (g *Guard) authorize(ctx context.Context, p iam.Principal, procedure string
 	return g.checkMessage(ctx, p, procedure, m)
 }
 
+// Authorize applies procedure's rule to msg for the principal in ctx, as
+// the interceptor does, for callers that reach the handlers directly (the
+// E2B API). A context without a principal is refused.
+func (g *Guard) Authorize(ctx context.Context, procedure string, msg any) error {
+	p, ok := iam.FromContext(ctx)
+	if !ok {
+		return errdefs.Unauthenticated("%s: no authenticated caller", procedure)
+	}
+	return g.authorize(ctx, p, procedure, msg)
+}
+
 // checkSandbox hides sandboxes of projects p does not see: missing and
 // foreign both get the same NotFound.
 func (g *Guard) checkSandbox(ctx context.Context, p iam.Principal, id string) error {

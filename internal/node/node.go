@@ -88,6 +88,8 @@ type Node struct {
 	faultMu     sync.Mutex
 	layerFaults map[string]string // layer digest -> why its data cannot be read
 
+	procs processTable // long-running processes (StartProcess)
+
 	stopReaper context.CancelFunc
 	reaperDone chan struct{}
 

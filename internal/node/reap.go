@@ -43,6 +43,12 @@ func (n *Node) reapOnce(ctx context.Context, now time.Time) {
 					n.log.Error("delete expired stopped sandbox", "sandbox", rec.ID, "err", err)
 				}
 			}
+		case now.Sub(rec.CreatedAt) > rec.MaxLifetime && rec.PauseAtEnd:
+			if rec.Phase == state.PhaseRunning {
+				if err := n.Pause(ctx, rec.ID); err != nil {
+					n.log.Error("pause sandbox at the end of its lifetime", "sandbox", rec.ID, "err", err)
+				}
+			}
 		case now.Sub(rec.CreatedAt) > rec.MaxLifetime:
 			n.stop(ctx, e, e.live(), events.LifetimeReached, fmt.Sprintf("max_lifetime %s reached", rec.MaxLifetime))
 		case rec.IdleTimeout > 0 && e.inflight.Load() == 0 && e.idleFor(now) > rec.IdleTimeout:

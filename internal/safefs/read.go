@@ -125,7 +125,19 @@ func (f *FS) Stat(ctx context.Context, p string) (backend.FileInfo, error) {
 	if err := unix.Fstatat(int(parent.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return backend.FileInfo{}, pathErr(p, "lstat", err)
 	}
-	return fileInfo(p, &st), nil
+	return withLink(fileInfo(p, &st), parent, name), nil
+}
+
+// withLink fills in a symlink's target, read (never followed) from dir.
+func withLink(fi backend.FileInfo, dir *os.File, name string) backend.FileInfo {
+	if fi.Mode&fs.ModeSymlink == 0 {
+		return fi
+	}
+	buf := make([]byte, maxPath)
+	if n, err := unix.Readlinkat(int(dir.Fd()), name, buf); err == nil {
+		fi.LinkTarget = string(buf[:n])
+	}
+	return fi
 }
 
 // ListDir lists the directory at path (a symlink to a directory is followed
@@ -160,7 +172,7 @@ func (f *FS) ListDir(ctx context.Context, p string) ([]backend.FileInfo, error) 
 		if err != nil {
 			return nil, pathErr(child, "lstat", err)
 		}
-		out = append(out, fileInfo(child, &st))
+		out = append(out, withLink(fileInfo(child, &st), dir, name))
 	}
 	return out, nil
 }

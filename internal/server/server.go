@@ -87,6 +87,8 @@ type Config struct {
 	// ImportRoot is the directory under which the node administrator may
 	// name node paths in layer create and image import ("": none).
 	ImportRoot string
+	// E2B serves E2B's API (nil: not served).
+	E2B *E2BConfig
 }
 
 // BlobsConfig configures the blob store layers are shared through.
@@ -123,6 +125,8 @@ type Server struct {
 	events      *events.Log
 	metrics     *metrics.Metrics
 	http        *http.Server
+	e2bHTTP     *http.Server // nil unless E2B.Listen
+	e2bAddr     string
 	listeners   []net.Listener
 	served      chan error
 	claims      cgroupClaims // the cgroup parents, held until Stop ends
@@ -223,7 +227,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		closeImages()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, iam: iamSvc, share: share, served: make(chan error, 3), claims: claims,
+	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, iam: iamSvc, share: share, served: make(chan error, 4), claims: claims,
 		events: evlog, metrics: reg}
 	s.registerCollectors(reg)
 	if share != nil {
@@ -302,6 +306,9 @@ func (s *Server) listen() error {
 	go func() { s.served <- s.http.Serve(unixLn) }()
 	if len(s.listeners) > 1 {
 		go func() { s.served <- s.serveTCP(s.listeners[1]) }()
+	}
+	if err := s.listenE2B(sandboxes, g); err != nil {
+		return err
 	}
 	return s.listenBlobs()
 }
@@ -450,6 +457,7 @@ func (s *Server) Stop(ctx context.Context) error {
 		errs = append(errs, s.http.Shutdown(shutCtx))
 		cancel()
 	}
+	errs = append(errs, s.stopE2B(ctx))
 	// Pooled sandboxes never outlive the server: they hold no state.
 	errs = append(errs, s.fncall.Close(ctx))
 	if s.cfg.CleanupOnExit {

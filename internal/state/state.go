@@ -72,6 +72,9 @@ type Record struct {
 	NetworkAllow []string `json:"network_allow,omitempty"`
 	// BackendRecord is the backend's own opaque record (backend.Sandbox.Record).
 	BackendRecord []byte `json:"backend_record,omitempty"`
+	// PauseAtEnd: when max_lifetime passes, the sandbox is paused (and
+	// kept) instead of stopped.
+	PauseAtEnd bool `json:"pause_at_end,omitempty"`
 }
 
 // Layer is one read-only layer of a sandbox's image.

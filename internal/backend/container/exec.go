@@ -31,7 +31,13 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	}
 	oomBefore, oomErr := s.oomBefore()
 	start := time.Now()
-	pipes, err := newStdio(len(spec.Stdin) > 0 || spec.StdinReader != nil)
+	var pipes *stdio
+	var err error
+	if spec.PTY != nil {
+		pipes, err = s.newPTYStdio(*spec.PTY)
+	} else {
+		pipes, err = newStdio(len(spec.Stdin) > 0 || spec.StdinReader != nil)
+	}
 	if err != nil {
 		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec: %w", s.id, err)
 	}
@@ -42,7 +48,7 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 		// does not hijack the harness's next shell command.
 		argv = append([]string{initproto.ShellPath}, argv[1:]...)
 	}
-	req := initproto.ExecRequest{Argv: argv, Env: spec.Env, Cwd: spec.Cwd, User: spec.User}
+	req := initproto.ExecRequest{Argv: argv, Env: spec.Env, Cwd: spec.Cwd, User: spec.User, Tty: spec.PTY != nil}
 	if spec.CPULimit > 0 {
 		req.CPUSeconds = int64((spec.CPULimit + time.Second - 1) / time.Second)
 	}
@@ -52,6 +58,9 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: %w", s.id, spec.Argv[0], err)
 	}
 	defer e.Close()
+	if spec.Started != nil {
+		spec.Started(&process{exec: e, pty: pipes.ptm})
+	}
 	go pipes.feedStdin(spec.Stdin, spec.StdinReader)
 
 	limit := spec.OutputLimit
@@ -61,7 +70,9 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	lim := backend.NewOutputLimiter(limit, out)
 	rd := &readers{lim: lim, outErr: make(chan error, 2)}
 	rd.start(pipes.outR, backend.Stdout)
-	rd.start(pipes.errR, backend.Stderr)
+	if pipes.errR != nil {
+		rd.start(pipes.errR, backend.Stderr)
+	}
 
 	res, waitErr := s.wait(ctx, e, spec.Timeout, rd)
 	res.Duration = time.Since(start)
@@ -131,6 +142,9 @@ func exitResult(x launch.ExitResult) (backend.ExecResult, error) {
 // stdio are the node's pipes of one exec.
 type stdio struct {
 	outR, outW, errR, errW, inR, inW *os.File
+	// ptm is the terminal's master side of a PTY exec (then outR and inW
+	// are it too, and errR is nil).
+	ptm *os.File
 }
 
 func newStdio(stdin bool) (*stdio, error) {
@@ -165,6 +179,16 @@ func (p *stdio) feedStdin(data []byte, r io.Reader) {
 	if p.inW == nil {
 		return
 	}
+	if p.ptm != nil {
+		// The terminal stays open after its input ends: closing the
+		// master would hang up the command.
+		if r != nil {
+			_, _ = io.Copy(p.ptm, r)
+		} else {
+			_, _ = p.ptm.Write(data)
+		}
+		return
+	}
 	// EPIPE when the command does not read.
 	if r != nil {
 		_, _ = io.Copy(p.inW, r)
@@ -176,6 +200,10 @@ func (p *stdio) feedStdin(data []byte, r io.Reader) {
 
 func (p *stdio) close() {
 	p.closeChildEnds()
+	if p.ptm != nil {
+		p.ptm.Close()
+		return
+	}
 	for _, f := range []*os.File{p.outR, p.errR, p.inW} {
 		if f != nil {
 			f.Close()

@@ -11,13 +11,15 @@ import (
 
 // Usage is what a group's processes use now.
 type Usage struct {
-	CPU         time.Duration // cumulative CPU time
+	CPU         time.Duration // cumulative CPU time since the group was made
 	MemoryBytes int64         // charged memory, page cache included (what the limit applies to)
+	CacheBytes  int64         // of which page cache
 	Pids        int64
 }
 
-// Usage reads the group's counters: cpuacct.usage, memory.usage_in_bytes
-// and pids.current on v1; cpu.stat, memory.current and pids.current on v2.
+// Usage reads the group's counters: cpuacct.usage, memory.usage_in_bytes,
+// memory.stat and pids.current on v1; cpu.stat, memory.current,
+// memory.stat and pids.current on v2.
 func (g *Group) Usage() (Usage, error) {
 	var u Usage
 	if g.unified {
@@ -29,6 +31,11 @@ func (g *Group) Usage() (Usage, error) {
 		if u.MemoryBytes, err = readInt(filepath.Join(g.v2, "memory.current")); err != nil {
 			return u, fmt.Errorf("cgroup %s: memory: %w", g.id, err)
 		}
+		cache, err := readKey(filepath.Join(g.v2, "memory.stat"), "file")
+		if err != nil {
+			return u, fmt.Errorf("cgroup %s: memory.stat: %w", g.id, err)
+		}
+		u.CacheBytes = int64(cache)
 		if u.Pids, err = readInt(filepath.Join(g.v2, "pids.current")); err != nil {
 			return u, fmt.Errorf("cgroup %s: pids: %w", g.id, err)
 		}
@@ -42,6 +49,11 @@ func (g *Group) Usage() (Usage, error) {
 	if u.MemoryBytes, err = readInt(filepath.Join(g.v1["memory"], "memory.usage_in_bytes")); err != nil {
 		return u, fmt.Errorf("cgroup %s: memory: %w", g.id, err)
 	}
+	cache, err := readKey(filepath.Join(g.v1["memory"], "memory.stat"), "total_cache")
+	if err != nil {
+		return u, fmt.Errorf("cgroup %s: memory.stat: %w", g.id, err)
+	}
+	u.CacheBytes = int64(cache)
 	if g.v1["pids"] != "" {
 		if u.Pids, err = readInt(filepath.Join(g.v1["pids"], "pids.current")); err != nil {
 			return u, fmt.Errorf("cgroup %s: pids: %w", g.id, err)

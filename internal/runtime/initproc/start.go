@@ -67,6 +67,10 @@ func (s *server) start(req *initproto.ExecRequest, stdio [3]int) (int, chan exit
 		Files: []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])},
 		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: cred},
 	}
+	if req.Tty {
+		// A new session is also a new process group of the same id.
+		attr.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: cred}
+	}
 	done := make(chan exitStatus, 1)
 	s.mu.Lock()
 	pid, err := syscall.ForkExec(path, req.Argv, attr)

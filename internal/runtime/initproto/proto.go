@@ -32,6 +32,9 @@
 //	  Config.ResolvConf is a bool: the node's resolv.conf comes as the
 //	  mount after the root (init could not walk the node's run dir);
 //	  Config.Sysfs: a networked sandbox's /sys comes from the node too.
+//	9 (2026-12-01): ExecRequest.Tty: the command starts as a session
+//	  leader with its stdin (a terminal the node made) as controlling
+//	  terminal.
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
@@ -40,7 +43,7 @@ package initproto
 const ShellPath = "/.corral/sh"
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 8
+const Version = 9
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -142,6 +145,9 @@ type ExecRequest struct {
 	// CPUSeconds, when positive, is the command's RLIMIT_CPU (soft; the
 	// hard limit is one second more), set right after it starts.
 	CPUSeconds int64 `json:"cpu_s,omitempty"`
+	// Tty: stdin is a terminal; the command gets its own session (its pid
+	// is still its process group) with stdin as controlling terminal.
+	Tty bool `json:"tty,omitempty"`
 }
 
 // Reply is an init -> node message.

@@ -1,0 +1,56 @@
+// The e2b SDK side of `corral bench e2b`: create -> commands.run('true') ->
+// kill, N times in a row (latency), then CONCURRENCY loops for DURATION_MS
+// (cycles/s; 0 skips them). Prints one JSON object. Sandboxes carry the run's
+// corral-bench label (LABEL) so the benchmark's sweep finds leftovers.
+import { Sandbox } from 'e2b'
+
+const n = Number(process.env.N || 30)
+const conc = Number(process.env.CONCURRENCY || 4)
+const durationMs = Number(process.env.DURATION_MS || 10000)
+const template = process.env.E2B_TEMPLATE || 'busybox'
+const metadata = { 'corral-bench': process.env.LABEL || 'e2b' }
+
+async function cycle() {
+  const sb = await Sandbox.create(template, { metadata, timeoutMs: 600_000 })
+  try {
+    const r = await sb.commands.run('true')
+    if (r.exitCode !== 0) throw new Error('true exited ' + r.exitCode)
+  } finally {
+    await sb.kill()
+  }
+}
+
+await cycle() // warm-up: connections, module load
+const latencies = []
+let errors = 0
+let firstError
+for (let i = 0; i < n; i++) {
+  const t0 = performance.now()
+  try {
+    await cycle()
+    latencies.push(performance.now() - t0)
+  } catch (e) {
+    errors++
+    firstError ??= String(e)
+  }
+}
+let cycles = 0
+if (durationMs <= 0) {
+  console.log(JSON.stringify({ latencies_ms: latencies, cycles, seconds: 0, errors, first_error: firstError }))
+  process.exit(0)
+}
+const start = performance.now()
+const deadline = start + durationMs
+await Promise.all(Array.from({ length: conc }, async () => {
+  while (performance.now() < deadline) {
+    try {
+      await cycle()
+      cycles++
+    } catch (e) {
+      errors++
+      firstError ??= String(e)
+    }
+  }
+}))
+const seconds = (performance.now() - start) / 1000
+console.log(JSON.stringify({ latencies_ms: latencies, cycles, seconds, errors, first_error: firstError }))
