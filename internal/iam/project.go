@@ -348,12 +348,22 @@ func (s *Service) DeleteProject(ctx context.Context, p Principal, path string, k
 		}
 		err = s.store.Txn(ctx, conds, writes)
 		if err == nil {
-			return nil
+			break
 		}
 		if !errdefs.IsFailedPrecondition(err) || attempt > 20 {
 			return fmt.Errorf("delete project %s: %w", path, err)
 		}
 	}
+	// A create admitted before the records went may have finished since
+	// the first sweep; none is admitted now that the project is gone.
+	if s.contents != nil {
+		for i := len(paths) - 1; i >= 0; i-- {
+			if err := s.contents.DeleteAll(ctx, paths[i]); err != nil {
+				return fmt.Errorf("delete project %s: second sweep: %w", paths[i], err)
+			}
+		}
+	}
+	return nil
 }
 
 func or(s, fallback string) string {

@@ -3,9 +3,16 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -597,15 +604,41 @@ func TestAuditSurvivesKill9(t *testing.T) {
 	testenv.RemoveCgroupParent(d.parent)
 }
 
+// selfSigned writes a certificate for 127.0.0.1 and its key as PEM files.
+func selfSigned(t *testing.T) (certFile, keyFile string) {
+	t.Helper()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
+
 // TestTLSListener: with --tls-cert/--tls-key the TCP API speaks TLS only.
 func TestTLSListener(t *testing.T) {
-	dir := t.TempDir()
-	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	out, err := exec.Command("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-		"-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1").CombinedOutput()
-	if err != nil {
-		t.Skipf("needs openssl to make a test certificate: %v %s", err, out)
-	}
+	cert, key := selfSigned(t)
 	addr := tcpAddr(t)
 	srv := testenv.StartServer(t, func(c *server.Config) { c.Listen, c.TLSCert, c.TLSKey = addr, cert, key })
 	mustProject(t, srv.Client, "tls", client.Quota{})

@@ -42,6 +42,9 @@ class IAMTest(LiveTest):
         entries = await self.c.audit(limit=100)
         self.assertTrue(any(e.procedure.endswith("/CreateToken") and tok.id in e.summary and e.result == "ok"
                             for e in entries), entries[-5:])
+        async for e in self.c.follow_audit(limit=1, request_timeout=30):
+            self.assertTrue(e.key and e.procedure)  # the latest entry comes first
+            break
         if not me.node_admin:
             async with corral.AsyncClient(ADDR, token=secret) as agent:
                 who = await agent.whoami()
