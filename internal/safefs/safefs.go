@@ -28,6 +28,10 @@
 // the calling process (host root for the node), so sandbox permissions do
 // not limit it; see WithOwner for the owner of what it creates.
 //
+// Archive and Extract move whole trees as tar streams under the same rules
+// (archive.go, extract.go): each entry is reached or made by one name in
+// its parent's fd, never through a symlink.
+//
 // The package imports only internal/errdefs and internal/backend types.
 package safefs
 
