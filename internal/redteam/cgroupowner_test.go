@@ -3,6 +3,7 @@ package redteam
 import (
 	"context"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 
@@ -31,6 +32,7 @@ func TestNodeCgroupParentOwned(t *testing.T) {
 	if err == nil {
 		// Before the fix: B started, and its sweep took A's sandbox.
 		_ = b.Stop()
+		os.RemoveAll(b.Config.DataDir)
 	}
 	res, runErr := sb.Run(context.Background(), client.Command{Shell: "echo alive"})
 	alive := runErr == nil && strings.TrimSpace(string(res.Stdout)) == "alive"
