@@ -29,7 +29,9 @@ type Client struct {
 	svc  corralv1connect.SandboxServiceClient
 	fn   corralv1connect.FnCallServiceClient
 	img  corralv1connect.ImageServiceClient
-	http *http.Client
+	// cluster is served by a cluster's control instances only.
+	cluster corralv1connect.ClusterServiceClient
+	http    *http.Client
 }
 
 // Option configures a Client.
@@ -73,6 +75,8 @@ func New(addr string, opts ...Option) (*Client, error) {
 		fn:   corralv1connect.NewFnCallServiceClient(hc, baseURL, copts...),
 		img:  corralv1connect.NewImageServiceClient(hc, baseURL, copts...),
 		http: hc,
+
+		cluster: corralv1connect.NewClusterServiceClient(hc, baseURL, copts...),
 	}, nil
 }
 

@@ -59,6 +59,7 @@ Start a server with 'corral serve', then create sandboxes and run commands:
 		newCallCmd(g),
 		newBenchCmd(g),
 		newLazyblobServeCmd(),
+		newEtcdCmd(), newNodesCmd(g), newNodeCmd(g),
 	)
 	return root
 }

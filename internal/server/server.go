@@ -111,6 +111,9 @@ type Server struct {
 	stopMonitor func()
 	http        *http.Server
 	listeners   []net.Listener
+	// sandboxes is the node's SandboxService, also served to control
+	// instances in a cluster (cluster.go).
+	sandboxes *control.Service
 	served      chan error
 }
 
@@ -200,6 +203,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 func (s *Server) listen() error {
 	mux := http.NewServeMux()
 	sandboxes := control.NewService(s.node)
+	s.sandboxes = sandboxes
 	path, h := corralv1connect.NewSandboxServiceHandler(sandboxes,
 		connect.WithInterceptors(control.ErrorInterceptor{}),
 		connect.WithReadMaxBytes(80<<20))
