@@ -29,9 +29,10 @@ type Client struct {
 	svc  corralv1connect.SandboxServiceClient
 	fn   corralv1connect.FnCallServiceClient
 	img  corralv1connect.ImageServiceClient
+	http *http.Client
+
 	// cluster is served by a cluster's control instances only.
 	cluster corralv1connect.ClusterServiceClient
-	http    *http.Client
 }
 
 // Option configures a Client.

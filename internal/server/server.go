@@ -111,10 +111,11 @@ type Server struct {
 	stopMonitor func()
 	http        *http.Server
 	listeners   []net.Listener
+	served      chan error
+
 	// sandboxes is the node's SandboxService, also served to control
 	// instances in a cluster (cluster.go).
 	sandboxes *control.Service
-	served      chan error
 }
 
 // Start builds the node and starts serving. Stop ends it.

@@ -280,4 +280,3 @@ func matches(sb *corralv1.Sandbox, labels map[string]string) bool {
 
 // NodeID makes the id of simulated node i.
 func NodeID(i int) string { return fmt.Sprintf("sim%03d", i) }
-
