@@ -28,7 +28,10 @@ type ProxyConfig struct {
 	Secret  Secret
 	// MaxAttempts bounds the nodes one create is offered to (default 3).
 	MaxAttempts int
-	Logger      *slog.Logger
+	// OnPlace, when set, is told how long each placement decision took
+	// (benchmarks).
+	OnPlace func(time.Duration)
+	Logger  *slog.Logger
 }
 
 // Proxy is the SandboxService of a control instance: Create places the
@@ -157,7 +160,11 @@ func (p *Proxy) Create(ctx context.Context, req *connect.Request[corralv1.Create
 	}
 	refused := map[string]string{}
 	for range p.cfg.MaxAttempts {
+		start := time.Now()
 		pl, err := p.cfg.Placer.Place(want, refused)
+		if p.cfg.OnPlace != nil {
+			p.cfg.OnPlace(time.Since(start))
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 )
 
 // Config describes one member.
@@ -44,7 +45,9 @@ func Start(ctx context.Context, c Config) (*Member, error) {
 	cfg := embed.NewConfig()
 	cfg.Name = c.Name
 	cfg.Dir = c.DataDir
-	cfg.LogLevel = "error"
+	// etcd logs through zap; corral's logs say what matters (it also
+	// logs errors when closed, which are noise here).
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cfg.UnsafeNoFsync = c.NoFsync
 	cu, err := url.Parse(c.ClientURL)
 	if err != nil {

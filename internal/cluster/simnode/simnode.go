@@ -85,7 +85,7 @@ func Start(ctx context.Context, listen string, endpoints []string, secret cluste
 		}
 		n := &Node{Spec: s, agent: agent, table: t}
 		prefix := "/" + s.ID
-		_, h := agent.Handler(secret, connect.WithInterceptors(errorCodes{}))
+		_, h := agent.Handler(secret, connect.WithInterceptors(errorCodes{}), connect.WithCompressMinBytes(64<<10))
 		mux.Handle(prefix+"/", http.StripPrefix(prefix, h))
 		f.nodes = append(f.nodes, n)
 	}
