@@ -25,7 +25,10 @@ type AgentConfig struct {
 	// DefaultCPUMillis and DefaultMemoryBytes are the node's defaults for
 	// a create that names none.
 	DefaultCPUMillis, DefaultMemoryBytes int64
-	Logger                               *slog.Logger
+	// Prepare, when set, runs before an admitted create (the node fetches
+	// an image another node made).
+	Prepare func(ctx context.Context, req *corralv1.CreateRequest) error
+	Logger  *slog.Logger
 }
 
 // NodeAgent is the node's edge towards control instances: it has the final
@@ -190,7 +193,13 @@ func (a *NodeAgent) Create(ctx context.Context, req *connect.Request[corralv1.Cr
 
 	// The create finishes even if the control instance that sent it goes
 	// away: a retry then finds its sandbox instead of making another.
-	p.resp, p.err = a.SandboxServiceHandler.Create(context.WithoutCancel(ctx), req)
+	cctx := context.WithoutCancel(ctx)
+	if a.cfg.Prepare != nil {
+		p.err = a.cfg.Prepare(cctx, req.Msg)
+	}
+	if p.err == nil {
+		p.resp, p.err = a.SandboxServiceHandler.Create(cctx, req)
+	}
 	a.mu.Lock()
 	a.inflight.add(cost, -1)
 	if p.err == nil {

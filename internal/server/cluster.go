@@ -48,6 +48,9 @@ type ClusterNode struct {
 	registrar *cluster.Registrar
 	http      *http.Server
 	addr      string
+	// stopImages ends the sharing of image records (nil without a blob
+	// store).
+	stopImages func()
 }
 
 // Version is this build's version, as nodes report it.
@@ -94,10 +97,25 @@ func StartClusterNode(ctx context.Context, cfg Config, cc ClusterNodeConfig) (*C
 func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	log := cn.cfg.Logger
 	defaults := cn.node.Defaults()
-	agent, err := cluster.NewNodeAgent(ctx, cluster.AgentConfig{
+	var err error
+	cn.etcd, err = clientv3.New(clientv3.Config{Endpoints: cc.Etcd, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return fmt.Errorf("etcd %s: %w", strings.Join(cc.Etcd, ","), err)
+	}
+	acfg := cluster.AgentConfig{
 		Sandboxes: cn.sandboxes, Capacity: cc.Capacity,
 		DefaultCPUMillis: defaults.CPUMillis, DefaultMemoryBytes: defaults.MemoryBytes, Logger: log,
-	})
+	}
+	if cn.share != nil {
+		// With a shared blob store, images travel between nodes.
+		ci := &clusterImages{etcd: cn.etcd, images: cn.images, share: cn.share, node: cn.node.ID(), log: log}
+		acfg.Prepare = ci.prepare
+		ictx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() { defer close(done); ci.run(ictx, 2*time.Second) }()
+		cn.stopImages = func() { cancel(); <-done }
+	}
+	agent, err := cluster.NewNodeAgent(ctx, acfg)
 	if err != nil {
 		return err
 	}
@@ -118,10 +136,6 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	cn.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
 	go func() { cn.served <- cn.http.Serve(ln) }()
 
-	cn.etcd, err = clientv3.New(clientv3.Config{Endpoints: cc.Etcd, DialTimeout: 5 * time.Second, Logger: nil})
-	if err != nil {
-		return fmt.Errorf("etcd %s: %w", strings.Join(cc.Etcd, ","), err)
-	}
 	var backends []string
 	for _, b := range cn.stack.backends {
 		backends = append(backends, b.Name())
@@ -158,6 +172,9 @@ func (cn *ClusterNode) Stop(ctx context.Context) error {
 	}
 	if cn.http != nil {
 		errs = append(errs, cn.http.Close())
+	}
+	if cn.stopImages != nil {
+		cn.stopImages()
 	}
 	if cn.etcd != nil {
 		errs = append(errs, cn.etcd.Close())
@@ -239,6 +256,8 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 		connect.WithInterceptors(control.ErrorInterceptor{}), connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
 	path, h = corralv1connect.NewClusterServiceHandler(cluster.Service{W: c.watcher}, connect.WithInterceptors(control.ErrorInterceptor{}))
+	mux.Handle(path, h)
+	path, h = corralv1connect.NewImageServiceHandler(ClusterImageService{etcd: cli}, connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, h)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)

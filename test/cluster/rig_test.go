@@ -112,7 +112,7 @@ func (r *rig) endpoints() string {
 
 // startRig starts 3 etcd members, nControl control instances and nNode
 // nodes, and waits until the first control instance sees every node.
-func startRig(t *testing.T, nControl, nNode int) *rig {
+func startRig(t *testing.T, nControl, nNode int, nodeArgs ...string) *rig {
 	testenv.RequireRoot(t)
 	r := &rig{t: t, bin: filepath.Join(testenv.Binaries(t), "corral"), dir: t.TempDir(), secret: "cluster-test-secret-" + testenv.UniqueName("s")}
 	sf := filepath.Join(r.dir, "secret")
@@ -146,6 +146,7 @@ func startRig(t *testing.T, nControl, nNode int) *rig {
 			"--cgroup-parent", cg, "--net-bridge", fmt.Sprintf("crc14n%d", i), "--lease-ttl", "3s",
 			"--report-interval", "500ms", "--cleanup-on-exit", "--log-level", "warn",
 			"--node-label", fmt.Sprintf("rack=r%d", i)}}
+		p.args = append(p.args, nodeArgs...)
 		r.start(p)
 		r.nodes = append(r.nodes, p)
 	}
