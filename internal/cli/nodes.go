@@ -8,6 +8,9 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/corral-dev/corral/client"
 )
 
 func newNodesCmd(g *globals) *cobra.Command {
@@ -76,4 +79,30 @@ func newNodeCmd(g *globals) *cobra.Command {
 	drain.Flags().BoolVar(&undrain, "undo", false, "resume placements on the node")
 	cmd.AddCommand(drain)
 	return cmd
+}
+
+// placementFlags are create's cluster placement flags.
+type placementFlags struct {
+	nodeLabels []string
+	burstOK    bool
+	requestID  string
+	retry      bool
+}
+
+func (f *placementFlags) register(fl *pflag.FlagSet) {
+	fl.StringArrayVar(&f.nodeLabels, "node-label", nil, "cluster: only a node with label KEY=VALUE (repeatable)")
+	fl.BoolVar(&f.burstOK, "burst-ok", false, "cluster: may go to the burst pool (pool=burst nodes) while the primary pool is busy")
+	fl.StringVar(&f.requestID, "request-id", "", "cluster: the create's id; with --retry a repeat returns the sandbox an earlier attempt made")
+	fl.BoolVar(&f.retry, "retry", false, "cluster: this is a retry of --request-id")
+}
+
+func (f *placementFlags) options() (client.Placement, error) {
+	labels, err := parseKV("node-label", f.nodeLabels)
+	if err != nil {
+		return client.Placement{}, err
+	}
+	if f.retry && f.requestID == "" {
+		return client.Placement{}, fmt.Errorf("--retry: needs --request-id")
+	}
+	return client.Placement{NodeLabels: labels, BurstOK: f.burstOK, RequestID: f.requestID, Retry: f.retry}, nil
 }
