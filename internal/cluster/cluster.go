@@ -16,6 +16,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // Key layout in etcd (all under clusterPrefix, which the watcher watches).
@@ -104,3 +107,13 @@ func marshal(v any) string {
 }
 
 func idFromKey(prefix, key string) string { return strings.TrimPrefix(key, prefix) }
+
+// Dial connects to etcd. The client's own zap logging is off: its retries
+// are routine here, and failures reach the caller as errors.
+func Dial(endpoints []string) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, fmt.Errorf("etcd %s: %w", strings.Join(endpoints, ","), err)
+	}
+	return cli, nil
+}

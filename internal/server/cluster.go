@@ -98,9 +98,8 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	log := cn.cfg.Logger
 	defaults := cn.node.Defaults()
 	var err error
-	cn.etcd, err = clientv3.New(clientv3.Config{Endpoints: cc.Etcd, DialTimeout: 5 * time.Second})
-	if err != nil {
-		return fmt.Errorf("etcd %s: %w", strings.Join(cc.Etcd, ","), err)
+	if cn.etcd, err = cluster.Dial(cc.Etcd); err != nil {
+		return err
 	}
 	acfg := cluster.AgentConfig{
 		Sandboxes: cn.sandboxes, Capacity: cc.Capacity,
@@ -240,9 +239,9 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 	if len(cc.Etcd) == 0 {
 		return nil, fmt.Errorf("--etcd: required with --role control")
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cc.Etcd, DialTimeout: 5 * time.Second})
+	cli, err := cluster.Dial(cc.Etcd)
 	if err != nil {
-		return nil, fmt.Errorf("etcd %s: %w", strings.Join(cc.Etcd, ","), err)
+		return nil, err
 	}
 	c := &Control{etcd: cli, served: make(chan error, 2)}
 	if c.watcher, err = cluster.StartWatcher(ctx, cli, cc.Logger); err != nil {

@@ -68,7 +68,7 @@ func Start(ctx context.Context, listen string, endpoints []string, secret cluste
 	if err != nil {
 		return nil, fmt.Errorf("simulated nodes: listen %s: %w", listen, err)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
+	cli, err := cluster.Dial(endpoints)
 	if err != nil {
 		ln.Close()
 		return nil, err

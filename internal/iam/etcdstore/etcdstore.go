@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
@@ -41,7 +42,7 @@ func New(cli *clientv3.Client, prefix string) *Store {
 
 // Open connects to the etcd endpoints; Close closes the connection.
 func Open(ctx context.Context, endpoints []string, prefix string) (*Store, error) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, Context: ctx})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, Context: ctx, Logger: zap.NewNop()})
 	if err != nil {
 		return nil, errdefs.Unavailable("iam store: etcd %s: %v", strings.Join(endpoints, ","), err)
 	}
