@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -173,12 +174,15 @@ func (p *Proxy) Create(ctx context.Context, req *connect.Request[corralv1.Create
 		if err == nil {
 			return connect.NewResponse(resp.Msg), nil
 		}
-		switch connect.CodeOf(err) {
-		case connect.CodeResourceExhausted, connect.CodeUnavailable:
+		// Elsewhere only when this node surely made nothing: it refused,
+		// or it could not be reached at all. A call that broke half way
+		// may have made the sandbox: the client retries with its request
+		// id instead.
+		if connect.CodeOf(err) == connect.CodeResourceExhausted || errors.Is(err, syscall.ECONNREFUSED) {
 			refused[pl.Node.ID] = connectMessage(err)
 			continue
 		}
-		return nil, err
+		return nil, unreachable(pl.Node, err)
 	}
 	return nil, noNode(refused)
 }
