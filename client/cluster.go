@@ -16,6 +16,9 @@ type Placement struct {
 	// BurstOK lets the sandbox go to the burst pool (pool=burst nodes)
 	// while the primary pool is busier than the control plane's threshold.
 	BurstOK bool
+	// SpreadByLabel (a key of the sandbox's Labels) puts the sandbox on
+	// the node with the fewest sandboxes of the same value (anti-affinity).
+	SpreadByLabel string
 	// RequestID identifies the create: a retry with the same id and Retry
 	// set returns the sandbox an earlier attempt made instead of a second.
 	RequestID string
@@ -23,10 +26,11 @@ type Placement struct {
 }
 
 func (p Placement) toProto() *corralv1.Placement {
-	if p.NodeLabels == nil && !p.BurstOK && p.RequestID == "" && !p.Retry {
+	if p.NodeLabels == nil && !p.BurstOK && p.RequestID == "" && !p.Retry && p.SpreadByLabel == "" {
 		return nil
 	}
-	return &corralv1.Placement{NodeLabels: p.NodeLabels, BurstOk: p.BurstOK, RequestId: p.RequestID, Retry: p.Retry}
+	return &corralv1.Placement{NodeLabels: p.NodeLabels, BurstOk: p.BurstOK, RequestId: p.RequestID, Retry: p.Retry,
+		SpreadByLabel: p.SpreadByLabel}
 }
 
 // Node is one node of a cluster, as a control instance sees it.

@@ -87,6 +87,7 @@ type placementFlags struct {
 	burstOK    bool
 	requestID  string
 	retry      bool
+	spread     string
 }
 
 func (f *placementFlags) register(fl *pflag.FlagSet) {
@@ -94,6 +95,7 @@ func (f *placementFlags) register(fl *pflag.FlagSet) {
 	fl.BoolVar(&f.burstOK, "burst-ok", false, "cluster: may go to the burst pool (pool=burst nodes) while the primary pool is busy")
 	fl.StringVar(&f.requestID, "request-id", "", "cluster: the create's id; with --retry a repeat returns the sandbox an earlier attempt made")
 	fl.BoolVar(&f.retry, "retry", false, "cluster: this is a retry of --request-id")
+	fl.StringVar(&f.spread, "spread-by", "", "cluster: a label KEY of this sandbox: prefer the node with the fewest sandboxes of the same KEY=VALUE")
 }
 
 func (f *placementFlags) options() (client.Placement, error) {
@@ -104,5 +106,5 @@ func (f *placementFlags) options() (client.Placement, error) {
 	if f.retry && f.requestID == "" {
 		return client.Placement{}, fmt.Errorf("--retry: needs --request-id")
 	}
-	return client.Placement{NodeLabels: labels, BurstOK: f.burstOK, RequestID: f.requestID, Retry: f.retry}, nil
+	return client.Placement{NodeLabels: labels, BurstOK: f.burstOK, RequestID: f.requestID, Retry: f.retry, SpreadByLabel: f.spread}, nil
 }

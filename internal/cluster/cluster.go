@@ -57,10 +57,16 @@ type Load struct {
 	CPUMillis   int64            `json:"cpu_millis"`
 	MemoryBytes int64            `json:"memory_bytes"`
 	Backends    map[string]int64 `json:"backends,omitempty"`
+	// Labels counts live sandboxes per "key=value" label (the most
+	// common maxLabelCounts), for anti-affinity.
+	Labels map[string]int64 `json:"labels,omitempty"`
 	// MemoryUsed and LoadAverage are the host's, as measured.
 	MemoryUsed  int64   `json:"memory_used,omitempty"`
 	LoadAverage float64 `json:"load_average,omitempty"`
 }
+
+// maxLabelCounts bounds Load.Labels, which lives in the node's record.
+const maxLabelCounts = 512
 
 // Utilisation is the largest committed fraction of c.
 func (l Load) Utilisation(c Capacity) float64 {

@@ -312,3 +312,34 @@ func TestRetriedCreateIsNotDuplicated(t *testing.T) {
 		t.Fatalf("%d sandboxes made for one request id", total)
 	}
 }
+
+// TestSpreadByLabel: creates spread by a job label land evenly on the
+// nodes after other load, and a create naming a label it
+// does not carry is refused by name.
+func TestSpreadByLabel(t *testing.T) {
+	r := startRig(t, specs(3, 1000), 1, cluster.PlacerConfig{K: 2})
+	ctx := context.Background()
+	for range 5 { // some load of another job first
+		if _, err := r.cli[0].Create(ctx, client.CreateOptions{Labels: map[string]string{"job": "other"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, job := range []string{"a", "b"} {
+		for range 9 {
+			_, err := r.cli[0].Create(ctx, client.CreateOptions{Labels: map[string]string{"job": job},
+				Placement: client.Placement{SpreadByLabel: "job"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, n := range r.fleet.Nodes() {
+			if got := n.LiveWith("job", job); got != 3 {
+				t.Fatalf("job %s: node %s has %d of 9, want 3 on each", job, n.ID, got)
+			}
+		}
+	}
+	_, err := r.cli[0].Create(ctx, client.CreateOptions{Placement: client.Placement{SpreadByLabel: "job"}})
+	if !client.IsInvalidArgument(err) || !strings.Contains(err.Error(), "spread_by_label") {
+		t.Fatalf("spread by a missing label: %v", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sort"
 	"sync"
 	"time"
 
@@ -84,6 +85,7 @@ func (a *NodeAgent) Handler(secret Secret, opts ...connect.HandlerOption) (strin
 func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
 	start := time.Now()
 	l := Load{Backends: map[string]int64{}}
+	labels := map[string]int64{}
 	ids := map[string]made{}
 	tok := ""
 	for {
@@ -102,11 +104,17 @@ func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
 			l.CPUMillis += sb.GetResources().GetCpuMillis()
 			l.MemoryBytes += sb.GetResources().GetMemoryBytes()
 			l.Backends[sb.Backend]++
+			for k, v := range sb.Labels {
+				if k != RequestIDLabel {
+					labels[k+"="+v]++
+				}
+			}
 		}
 		if tok = resp.Msg.NextPageToken; tok == "" {
 			break
 		}
 	}
+	l.Labels = topCounts(labels, maxLabelCounts)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	// Sandboxes made while listing may be missing from the list: keep them.
@@ -257,4 +265,21 @@ func (a *NodeAgent) Delete(ctx context.Context, req *connect.Request[corralv1.De
 		a.mu.Unlock()
 	}
 	return resp, err
+}
+
+// topCounts keeps the n largest counts of m.
+func topCounts(m map[string]int64, n int) map[string]int64 {
+	if len(m) <= n {
+		return m
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
+	out := make(map[string]int64, n)
+	for _, k := range keys[:n] {
+		out[k] = m[k]
+	}
+	return out
 }

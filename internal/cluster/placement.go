@@ -18,6 +18,9 @@ type Want struct {
 	MemoryBytes int64
 	NodeLabels  map[string]string
 	BurstOK     bool
+	// Spread is a "key=value" label: the candidate with the fewest
+	// sandboxes carrying it wins (anti-affinity), every candidate compared.
+	Spread string
 }
 
 // PlacerConfig configures placement.
@@ -47,12 +50,15 @@ type Placer struct {
 
 type overlay struct {
 	inflight Load
-	recent   []placed
+	// inflightSpread counts in-flight placements per spread label.
+	inflightSpread map[string]int64
+	recent         []placed
 }
 
 type placed struct {
-	at  time.Time
-	res Load
+	at     time.Time
+	res    Load
+	spread string
 }
 
 // NewPlacer places on the nodes of snapshot().
@@ -107,9 +113,10 @@ func (p *Placer) estimateLocked(v *NodeView) Load {
 
 // Placement is one chosen node; Done must be called with the node's answer.
 type Placement struct {
-	Node *NodeView
-	p    *Placer
-	cost Load
+	Node   *NodeView
+	p      *Placer
+	cost   Load
+	spread string
 }
 
 // Done records the outcome: an admitted create stays in the overlay until
@@ -120,8 +127,11 @@ func (pl *Placement) Done(admitted bool) {
 	defer p.mu.Unlock()
 	o := p.overlay[pl.Node.ID]
 	o.inflight.add(pl.cost, -1)
+	if pl.spread != "" {
+		o.inflightSpread[pl.spread]--
+	}
 	if admitted {
-		o.recent = append(o.recent, placed{at: time.Now(), res: pl.cost})
+		o.recent = append(o.recent, placed{at: time.Now(), res: pl.cost, spread: pl.spread})
 	}
 }
 
@@ -165,7 +175,12 @@ func (p *Placer) Place(w Want, exclude map[string]string) (*Placement, error) {
 			cands = append(cands[:len(cands):len(cands)], burst...)
 		}
 	}
-	best := p.chooseLocked(cands, cost)
+	var best *NodeView
+	if w.Spread != "" {
+		best = p.spreadLocked(cands, cost, w.Spread)
+	} else {
+		best = p.chooseLocked(cands, cost)
+	}
 	if best == nil {
 		for _, v := range cands {
 			why[v.ID] = fmt.Sprintf("full: utilisation %.0f%%", 100*p.estimateLocked(v).Utilisation(v.Capacity))
@@ -178,7 +193,42 @@ func (p *Placer) Place(w Want, exclude map[string]string) (*Placement, error) {
 		p.overlay[best.ID] = o
 	}
 	o.inflight.add(cost, 1)
-	return &Placement{Node: best, p: p, cost: cost}, nil
+	if w.Spread != "" {
+		if o.inflightSpread == nil {
+			o.inflightSpread = map[string]int64{}
+		}
+		o.inflightSpread[w.Spread]++
+	}
+	return &Placement{Node: best, p: p, cost: cost, spread: w.Spread}, nil
+}
+
+// spreadLocked compares every candidate that can take the create: the
+// fewest sandboxes with label pair first, then the lowest utilisation.
+func (p *Placer) spreadLocked(cands []*NodeView, cost Load, pair string) *NodeView {
+	var best *NodeView
+	var bestN int64
+	bestU := 0.0
+	for _, v := range cands {
+		l := p.estimateLocked(v)
+		l.add(cost, 1)
+		u := l.Utilisation(v.Capacity)
+		if u > 1 {
+			continue
+		}
+		n := v.Load.Labels[pair]
+		if o := p.overlay[v.ID]; o != nil {
+			n += o.inflightSpread[pair]
+			for _, r := range o.recent { // trimmed to those after AsOf above
+				if r.spread == pair {
+					n++
+				}
+			}
+		}
+		if best == nil || n < bestN || n == bestN && u < bestU {
+			best, bestN, bestU = v, n, u
+		}
+	}
+	return best
 }
 
 // chooseLocked samples K candidates (all with K <= 0) and returns the one

@@ -159,6 +159,13 @@ func (p *Proxy) Create(ctx context.Context, req *connect.Request[corralv1.Create
 		NodeLabels:  m.Placement.NodeLabels,
 		BurstOK:     m.Placement.BurstOk,
 	}
+	if k := m.Placement.SpreadByLabel; k != "" {
+		v, ok := m.Labels[k]
+		if !ok {
+			return nil, errdefs.InvalidArgument("placement.spread_by_label: %q is not one of the sandbox's labels", k)
+		}
+		want.Spread = k + "=" + v
+	}
 	refused := map[string]string{}
 	for range p.cfg.MaxAttempts {
 		start := time.Now()

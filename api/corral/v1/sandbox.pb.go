@@ -733,6 +733,10 @@ type Placement struct {
 	// The sandbox may go to the burst pool (nodes labelled pool=burst) while
 	// the primary pool is busier than the control plane's threshold.
 	BurstOk bool `protobuf:"varint,2,opt,name=burst_ok,json=burstOk,proto3" json:"burst_ok,omitempty"`
+	// Anti-affinity: the node with the fewest sandboxes carrying this label
+	// with this create's value (from labels) wins, all candidates compared
+	// (spreads a job's sandboxes over nodes).
+	SpreadByLabel string `protobuf:"bytes,3,opt,name=spread_by_label,json=spreadByLabel,proto3" json:"spread_by_label,omitempty"`
 	// The client's id of this create: a retry with the same id (after a
 	// timeout or a control instance's crash) returns the sandbox the first
 	// attempt made instead of making a second one.
@@ -788,6 +792,13 @@ func (x *Placement) GetBurstOk() bool {
 		return x.BurstOk
 	}
 	return false
+}
+
+func (x *Placement) GetSpreadByLabel() string {
+	if x != nil {
+		return x.SpreadByLabel
+	}
+	return ""
 }
 
 func (x *Placement) GetRequestId() string {
@@ -2738,11 +2749,12 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\tplacement\x18\v \x01(\v2\x14.corral.v1.PlacementR\tplacement\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe1\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x89\x02\n" +
 	"\tPlacement\x12E\n" +
 	"\vnode_labels\x18\x01 \x03(\v2$.corral.v1.Placement.NodeLabelsEntryR\n" +
 	"nodeLabels\x12\x19\n" +
-	"\bburst_ok\x18\x02 \x01(\bR\aburstOk\x12\x1d\n" +
+	"\bburst_ok\x18\x02 \x01(\bR\aburstOk\x12&\n" +
+	"\x0fspread_by_label\x18\x03 \x01(\tR\rspreadByLabel\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x04 \x01(\tR\trequestId\x12\x14\n" +
 	"\x05retry\x18\x05 \x01(\bR\x05retry\x1a=\n" +

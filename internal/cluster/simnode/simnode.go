@@ -115,6 +115,19 @@ func (f *Fleet) Nodes() []*Node { return f.nodes }
 // Live is the number of sandboxes on the node.
 func (n *Node) Live() int { return n.table.count() }
 
+// LiveWith is the number of sandboxes on the node with label k=v.
+func (n *Node) LiveWith(k, v string) int {
+	n.table.mu.Lock()
+	defer n.table.mu.Unlock()
+	c := 0
+	for _, sb := range n.table.sandboxes {
+		if sb.Labels[k] == v {
+			c++
+		}
+	}
+	return c
+}
+
 // Created is how many creates the node admitted in all.
 func (n *Node) Created() int {
 	n.table.mu.Lock()
