@@ -57,7 +57,7 @@ func run(t *testing.T, c *client.Client, id, word string) {
 }
 
 func TestCluster(t *testing.T) {
-	r := startRig(t, 2, 3)
+	r := startRig(t, true, 2, 3)
 	ctx := context.Background()
 	nodes := r.waitNodes(3, "ready")
 	nodeIDs := []string{nodes[0].ID, nodes[1].ID, nodes[2].ID}
@@ -99,6 +99,33 @@ func TestCluster(t *testing.T) {
 
 	t.Run("control killed mid-burst", func(t *testing.T) { controlCrash(t, r) })
 	t.Run("node killed", func(t *testing.T) { nodeCrash(t, r, ids) })
+	t.Run("control restarted", func(t *testing.T) { controlRestart(t, r, ids) })
+}
+
+// controlRestart: a new control instance on the killed one's address
+// rebuilds its view of the nodes (state and load) from etcd alone and
+// routes to every sandbox.
+func controlRestart(t *testing.T, r *rig, ids []string) {
+	r.start(r.control[0])
+	addr := fmt.Sprintf("127.0.0.1:%d", controlBase)
+	waitPort(t, addr, r.control[0])
+	c, err := client.New(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	nodes, err := c.Nodes(context.Background())
+	if err != nil || len(nodes) != 3 {
+		t.Fatalf("restarted control: nodes %+v, %v", nodes, err)
+	}
+	for _, n := range nodes {
+		if n.State != "ready" || n.Sandboxes == 0 {
+			t.Fatalf("restarted control sees node %s %s with %d sandboxes", n.ID, n.State, n.Sandboxes)
+		}
+	}
+	for _, id := range ids[:30] {
+		run(t, c, id, "again")
+	}
 }
 
 // controlCrash: control 0 is killed with SIGKILL during a burst of creates;
@@ -175,7 +202,7 @@ func nodeCrash(t *testing.T, r *rig, ids []string) {
 	nodes, _ := c.Nodes(ctx)
 	var victimID string
 	for _, n := range nodes {
-		if n.Address == fmt.Sprintf("127.0.0.1:%d", nodeBase+2) {
+		if n.Address == r.nodeAddr(2) {
 			victimID = n.ID
 		}
 	}

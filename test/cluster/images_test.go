@@ -3,7 +3,6 @@ package cluster_test
 import (
 	"context"
 	"crypto/rand"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -29,7 +28,8 @@ func TestLayerTravels(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s3.Stop() })
-	r := startRig(t, 1, 3, "--blob-store", "s3://corral-cluster?endpoint="+s3.Endpoint, "--blob-fetch-timeout", "10s")
+	// Not in network namespaces: the test's SeaweedFS listens on loopback.
+	r := startRig(t, false, 1, 3, "--blob-store", "s3://corral-cluster?endpoint="+s3.Endpoint, "--blob-fetch-timeout", "10s")
 
 	src := t.TempDir()
 	data := make([]byte, 3<<20)
@@ -104,7 +104,7 @@ func nodeID(t *testing.T, r *rig, i int) string {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		if n.Address == fmt.Sprintf("127.0.0.1:%d", nodeBase+i) {
+		if n.Address == r.nodeAddr(i) {
 			return n.ID
 		}
 	}

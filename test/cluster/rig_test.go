@@ -1,8 +1,9 @@
 // Package cluster_test runs a real cluster on one machine: a 3-member etcd
 // (corral etcd processes), control instances and nodes as `corral serve
 // --role control|node` processes with their own data dirs and cgroup
-// parents, real container sandboxes. Ports 17510-17539 of this engineer's
-// range.
+// parents (each node in a network namespace of its own where the test
+// asks), real container sandboxes. Ports 17510-17539; namespaces cl14-t*,
+// bridge crc14t, subnet 10.214.1.0/24.
 package cluster_test
 
 import (
@@ -29,13 +30,19 @@ const (
 
 type proc struct {
 	name string
+	exe  string // default the corral binary
 	args []string
 	cmd  *exec.Cmd
 	log  string
 }
 
 type rig struct {
-	t       *testing.T
+	t *testing.T
+	// netns is set when every node runs in a network namespace of its own
+	// (cl14-t<i>), joined to the host by the bridge crc14t.
+	netns   bool
+	host    string // address of etcd, as nodes reach it
+	nodeIPs []string
 	bin     string
 	dir     string
 	secret  string
@@ -53,7 +60,11 @@ func (r *rig) start(p *proc) {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	p.cmd = exec.Command(r.bin, p.args...)
+	exe := r.bin
+	if p.exe != "" {
+		exe = p.exe
+	}
+	p.cmd = exec.Command(exe, p.args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
@@ -105,16 +116,71 @@ func waitPort(t *testing.T, addr string, p *proc) {
 func (r *rig) endpoints() string {
 	var eps []string
 	for i := range 3 {
-		eps = append(eps, fmt.Sprintf("http://127.0.0.1:%d", etcdBase+2*i))
+		eps = append(eps, fmt.Sprintf("http://%s:%d", r.host, etcdBase+2*i))
 	}
 	return strings.Join(eps, ",")
 }
 
+const (
+	bridge = "crc14t"
+	subnet = "10.214.1"
+)
+
+func sh(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, out)
+	}
+}
+
+// nodeNetwork gives each of n nodes a network namespace with eth0 on a
+// bridge of the host's; the host side (etcd) is subnet.1.
+func (r *rig) nodeNetwork(n int) {
+	t := r.t
+	r.unnet(n) // leftovers of a killed run
+	t.Cleanup(func() { r.unnet(n) })
+	sh(t, "ip", "link", "add", bridge, "type", "bridge")
+	sh(t, "ip", "addr", "add", subnet+".1/24", "dev", bridge)
+	sh(t, "ip", "link", "set", bridge, "up")
+	for i := range n {
+		ns := fmt.Sprintf("cl14-t%d", i)
+		sh(t, "ip", "netns", "add", ns)
+		sh(t, "ip", "link", "add", fmt.Sprintf("cl14t%d", i), "type", "veth", "peer", "name", "eth0", "netns", ns)
+		sh(t, "ip", "link", "set", fmt.Sprintf("cl14t%d", i), "master", bridge, "up")
+		ip := fmt.Sprintf("%s.%d", subnet, 10+i)
+		sh(t, "ip", "-n", ns, "addr", "add", ip+"/24", "dev", "eth0")
+		sh(t, "ip", "-n", ns, "link", "set", "lo", "up")
+		sh(t, "ip", "-n", ns, "link", "set", "eth0", "up")
+		r.nodeIPs = append(r.nodeIPs, ip)
+	}
+	r.host = subnet + ".1"
+}
+
+func (r *rig) unnet(n int) {
+	for i := range n {
+		_ = exec.Command("ip", "netns", "del", fmt.Sprintf("cl14-t%d", i)).Run()
+		_ = exec.Command("ip", "link", "del", fmt.Sprintf("cl14t%d", i)).Run()
+	}
+	_ = exec.Command("ip", "link", "del", bridge).Run()
+}
+
+// nodeAddr is node i's cluster address.
+func (r *rig) nodeAddr(i int) string {
+	return fmt.Sprintf("%s:%d", r.nodeIPs[i], nodeBase+i)
+}
+
 // startRig starts 3 etcd members, nControl control instances and nNode
 // nodes, and waits until the first control instance sees every node.
-func startRig(t *testing.T, nControl, nNode int, nodeArgs ...string) *rig {
+func startRig(t *testing.T, netns bool, nControl, nNode int, nodeArgs ...string) *rig {
 	testenv.RequireRoot(t)
-	r := &rig{t: t, bin: filepath.Join(testenv.Binaries(t), "corral"), dir: t.TempDir(), secret: "cluster-test-secret-" + testenv.UniqueName("s")}
+	r := &rig{t: t, netns: netns, host: "127.0.0.1", bin: filepath.Join(testenv.Binaries(t), "corral"), dir: t.TempDir(), secret: "cluster-test-secret-" + testenv.UniqueName("s")}
+	if netns {
+		r.nodeNetwork(nNode)
+	} else {
+		for range nNode {
+			r.nodeIPs = append(r.nodeIPs, "127.0.0.1")
+		}
+	}
 	sf := filepath.Join(r.dir, "secret")
 	if err := os.WriteFile(sf, []byte(r.secret), 0o600); err != nil {
 		t.Fatal(err)
@@ -122,19 +188,19 @@ func startRig(t *testing.T, nControl, nNode int, nodeArgs ...string) *rig {
 	t.Cleanup(r.cleanup)
 	var initial []string
 	for i := range 3 {
-		initial = append(initial, fmt.Sprintf("m%d=http://127.0.0.1:%d", i, etcdBase+2*i+1))
+		initial = append(initial, fmt.Sprintf("m%d=http://%s:%d", i, r.host, etcdBase+2*i+1))
 	}
 	for i := range 3 {
 		p := &proc{name: fmt.Sprintf("etcd m%d", i), log: filepath.Join(r.dir, fmt.Sprintf("etcd%d.log", i)), args: []string{"etcd",
 			"--name", fmt.Sprintf("m%d", i), "--data-dir", filepath.Join(r.dir, fmt.Sprintf("etcd%d", i)),
-			"--client-url", fmt.Sprintf("http://127.0.0.1:%d", etcdBase+2*i),
-			"--peer-url", fmt.Sprintf("http://127.0.0.1:%d", etcdBase+2*i+1),
+			"--client-url", fmt.Sprintf("http://%s:%d", r.host, etcdBase+2*i),
+			"--peer-url", fmt.Sprintf("http://%s:%d", r.host, etcdBase+2*i+1),
 			"--initial-cluster", strings.Join(initial, ","), "--no-fsync"}}
 		r.start(p)
 		r.etcd = append(r.etcd, p)
 	}
 	for i, p := range r.etcd {
-		waitPort(t, fmt.Sprintf("127.0.0.1:%d", etcdBase+2*i), p)
+		waitPort(t, fmt.Sprintf("%s:%d", r.host, etcdBase+2*i), p)
 	}
 	for i := range nNode {
 		dir := filepath.Join(r.dir, fmt.Sprintf("node%d", i))
@@ -142,11 +208,18 @@ func startRig(t *testing.T, nControl, nNode int, nodeArgs ...string) *rig {
 		r.nodeDir, r.cgroups = append(r.nodeDir, dir), append(r.cgroups, cg)
 		p := &proc{name: fmt.Sprintf("node %d", i), log: filepath.Join(r.dir, fmt.Sprintf("node%d.log", i)), args: []string{"serve",
 			"--role", "node", "--etcd", r.endpoints(), "--cluster-secret-file", sf,
-			"--advertise", fmt.Sprintf("127.0.0.1:%d", nodeBase+i), "--data-dir", dir, "--listen", "",
+			"--advertise", r.nodeAddr(i), "--data-dir", dir, "--listen", "",
 			"--cgroup-parent", cg, "--net-bridge", fmt.Sprintf("crc14n%d", i), "--lease-ttl", "3s",
 			"--report-interval", "500ms", "--cleanup-on-exit", "--log-level", "warn",
 			"--node-label", fmt.Sprintf("rack=r%d", i)}}
 		p.args = append(p.args, nodeArgs...)
+		if netns {
+			// nsenter, not `ip netns exec`, which remounts /sys and so
+			// hides the cgroup hierarchies; it execs corral in place, so
+			// a SIGKILL reaches the node itself.
+			p.args = append([]string{"--net=/run/netns/" + fmt.Sprintf("cl14-t%d", i), r.bin}, p.args...)
+			p.exe = "nsenter"
+		}
 		r.start(p)
 		r.nodes = append(r.nodes, p)
 	}
@@ -164,7 +237,7 @@ func startRig(t *testing.T, nControl, nNode int, nodeArgs ...string) *rig {
 		r.cli = append(r.cli, c)
 	}
 	for i, p := range r.nodes {
-		waitPort(t, fmt.Sprintf("127.0.0.1:%d", nodeBase+i), p)
+		waitPort(t, r.nodeAddr(i), p)
 	}
 	r.waitNodes(nNode, "ready")
 	return r
