@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
@@ -341,5 +342,56 @@ func TestSpreadByLabel(t *testing.T) {
 	_, err := r.cli[0].Create(ctx, client.CreateOptions{Placement: client.Placement{SpreadByLabel: "job"}})
 	if !client.IsInvalidArgument(err) || !strings.Contains(err.Error(), "spread_by_label") {
 		t.Fatalf("spread by a missing label: %v", err)
+	}
+}
+
+// TestLeaseLossReRegisters: a node whose lease is gone (revoked here, as
+// an expiry while etcd was unreachable would) keeps its sandboxes and
+// registers again under a new lease.
+func TestLeaseLossReRegisters(t *testing.T) {
+	r := startRig(t, specs(2, 1000), 1, cluster.PlacerConfig{K: 2})
+	ctx := context.Background()
+	var ids []string
+	for range 6 {
+		sb, err := r.cli[0].Create(ctx, client.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID())
+	}
+	cli, err := cluster.Dial(r.etcd.Endpoints())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	resp, err := cli.Get(ctx, "/corral/cluster/nodes/sim000")
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+		t.Fatalf("sim000's record: %v, %v", resp, err)
+	}
+	old := resp.Kvs[0].Lease
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(old)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := cli.Get(ctx, "/corral/cluster/nodes/sim000")
+		if err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != old {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sim000 never registered again under a new lease")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := r.ctl[0].Watcher().WaitFor(wctx, func(s *cluster.Snapshot) bool { return s.Node("sim000").State == cluster.NodeReady }); err != nil {
+		t.Fatal("control never saw sim000 ready again")
+	}
+	for _, id := range ids {
+		in, err := r.cli[0].Get(ctx, id)
+		if err != nil || in.State != client.StateRunning {
+			t.Fatalf("sandbox %s after re-registration: %+v, %v", id, in, err)
+		}
 	}
 }
