@@ -124,6 +124,9 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	path, h := agent.Handler(cc.Secret, connect.WithInterceptors(control.ErrorInterceptor{}),
 		connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
+	path, h = corralv1connect.NewFnCallServiceHandler(control.NewFnCallService(cn.fncall),
+		connect.WithInterceptors(control.ErrorInterceptor{}), connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
+	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
@@ -257,6 +260,9 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 	path, h = corralv1connect.NewClusterServiceHandler(cluster.Service{W: c.watcher}, connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, h)
 	path, h = corralv1connect.NewImageServiceHandler(ClusterImageService{etcd: cli}, connect.WithInterceptors(control.ErrorInterceptor{}))
+	mux.Handle(path, h)
+	path, h = corralv1connect.NewFnCallServiceHandler(cluster.FnCalls{P: c.proxy},
+		connect.WithInterceptors(control.ErrorInterceptor{}), connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)

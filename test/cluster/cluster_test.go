@@ -97,6 +97,14 @@ func TestCluster(t *testing.T) {
 		run(t, r.cli[1], id, "etcd-down")
 	}
 
+	// Function calls go to a node too.
+	for i := range 4 {
+		res, err := r.cli[i%2].Call(ctx, client.CallOptions{Language: "sh", Source: "echo called", WallTimeout: 30 * time.Second})
+		if err != nil || res.Verdict != client.VerdictOK || strings.TrimSpace(string(res.Stdout)) != "called" {
+			t.Fatalf("fncall through the control plane: %+v, %v", res, err)
+		}
+	}
+
 	t.Run("control killed mid-burst", func(t *testing.T) { controlCrash(t, r) })
 	t.Run("node killed", func(t *testing.T) { nodeCrash(t, r, ids) })
 	t.Run("control restarted", func(t *testing.T) { controlRestart(t, r, ids) })
