@@ -444,3 +444,14 @@ func (p *Proxy) UpdateNetwork(ctx context.Context, req *connect.Request[corralv1
 func (p *Proxy) NetworkStats(ctx context.Context, req *connect.Request[corralv1.NetworkStatsRequest]) (*connect.Response[corralv1.NetworkStatsResponse], error) {
 	return unary(p, ctx, req.Msg.Id, req, corralv1connect.SandboxServiceClient.NetworkStats)
 }
+
+// ImagesFor is an ImageService client of the node owning sandbox id (Pack
+// runs where the sandbox's writable layer is).
+func (p *Proxy) ImagesFor(id string) (corralv1connect.ImageServiceClient, error) {
+	v, _, err := p.nodeFor(id)
+	if err != nil {
+		return nil, err
+	}
+	return corralv1connect.NewImageServiceClient(p.http, "http://"+v.Address,
+		connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret})), nil
+}

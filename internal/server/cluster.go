@@ -105,9 +105,10 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 		Sandboxes: cn.sandboxes, Capacity: cc.Capacity,
 		DefaultCPUMillis: defaults.CPUMillis, DefaultMemoryBytes: defaults.MemoryBytes, Logger: log,
 	}
+	var ci *clusterImages
 	if cn.share != nil {
 		// With a shared blob store, images travel between nodes.
-		ci := &clusterImages{etcd: cn.etcd, images: cn.images, share: cn.share, node: cn.node.ID(), log: log}
+		ci = &clusterImages{etcd: cn.etcd, images: cn.images, share: cn.share, node: cn.node.ID(), log: log}
 		acfg.Prepare = ci.prepare
 		ictx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan struct{})
@@ -126,6 +127,9 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	mux.Handle(path, h)
 	path, h = corralv1connect.NewFnCallServiceHandler(control.NewFnCallService(cn.fncall),
 		connect.WithInterceptors(control.ErrorInterceptor{}), connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
+	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
+	path, h = corralv1connect.NewImageServiceHandler(nodePack{inner: control.NewImageService(cn.sandboxes, cn.images, cn.share), ci: ci},
+		connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
@@ -259,7 +263,7 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 	mux.Handle(path, h)
 	path, h = corralv1connect.NewClusterServiceHandler(cluster.Service{W: c.watcher}, connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, h)
-	path, h = corralv1connect.NewImageServiceHandler(ClusterImageService{etcd: cli}, connect.WithInterceptors(control.ErrorInterceptor{}))
+	path, h = corralv1connect.NewImageServiceHandler(ClusterImageService{etcd: cli, proxy: c.proxy}, connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, h)
 	path, h = corralv1connect.NewFnCallServiceHandler(cluster.FnCalls{P: c.proxy},
 		connect.WithInterceptors(control.ErrorInterceptor{}), connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))

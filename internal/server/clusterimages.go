@@ -13,6 +13,8 @@ import (
 
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
+	"github.com/corral-dev/corral/internal/cluster"
+	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/layershare"
@@ -171,11 +173,41 @@ func (ci *clusterImages) prepare(ctx context.Context, req *corralv1.CreateReques
 }
 
 // ClusterImageService is a control instance's ImageService: the cluster's
-// layers and compositions from etcd. Making images is a node's call (its
-// data lives on a node): the other methods answer Unimplemented.
+// layers and compositions from etcd, and Pack, sent to the sandbox's node.
+// The methods that read node paths or change one node's store answer
+// Unimplemented: run them on a node.
 type ClusterImageService struct {
 	corralv1connect.UnimplementedImageServiceHandler
-	etcd *clientv3.Client
+	etcd  *clientv3.Client
+	proxy *cluster.Proxy
+}
+
+func (s ClusterImageService) Pack(ctx context.Context, req *connect.Request[corralv1.PackRequest]) (*connect.Response[corralv1.PackResponse], error) {
+	c, err := s.proxy.ImagesFor(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	return c.Pack(ctx, connect.NewRequest(req.Msg))
+}
+
+// nodePack is the ImageService a node serves control instances: Pack only
+// (the other methods read node paths or manage the node's own store, which
+// only its administrator does, on its socket). The packed layer and
+// composition are recorded for the cluster at once.
+type nodePack struct {
+	corralv1connect.UnimplementedImageServiceHandler
+	inner *control.ImageService
+	ci    *clusterImages // nil without a blob store
+}
+
+func (n nodePack) Pack(ctx context.Context, req *connect.Request[corralv1.PackRequest]) (*connect.Response[corralv1.PackResponse], error) {
+	resp, err := n.inner.Pack(ctx, req)
+	if err == nil && n.ci != nil {
+		if serr := n.ci.sync(ctx); serr != nil {
+			n.ci.log.Warn("record the packed layer for the cluster (retried)", "err", serr)
+		}
+	}
+	return resp, err
 }
 
 func (s ClusterImageService) ListImages(ctx context.Context, _ *connect.Request[corralv1.ListImagesRequest]) (*connect.Response[corralv1.ListImagesResponse], error) {

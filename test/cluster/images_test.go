@@ -88,6 +88,28 @@ func TestLayerTravels(t *testing.T) {
 	if lazy == nil || lazy.BytesFetched == 0 {
 		t.Fatalf("node 2 does not read travel@1 lazily from the store: %+v", lazy)
 	}
+
+	// Pack through the control plane (it runs on node 2, where the
+	// sandbox's writes are); the result starts on node 1.
+	if err := sb.Files().Write(ctx, "/note", []byte("written on node 2")); err != nil {
+		t.Fatal(err)
+	}
+	packed, err := sb.Pack(ctx, "travel-packed@1", client.PackOptions{})
+	if err != nil {
+		t.Fatalf("pack through the control plane: %v", err)
+	}
+	sb1, err := r.cli[0].Create(ctx, client.CreateOptions{Image: packed.Composition.Ref, Resources: small,
+		Placement: client.Placement{NodeLabels: map[string]string{"rack": "r1"}}})
+	if err != nil {
+		t.Fatalf("create from the packed image on node 1: %v", err)
+	}
+	note, err := sb1.Files().Read(ctx, "/note")
+	if err != nil || string(note) != "written on node 2" {
+		t.Fatalf("packed file on node 1: %q, %v", note, err)
+	}
+	if got, err := sb1.Files().Read(ctx, "/payload"); err != nil || string(got) != string(data) {
+		t.Fatalf("base layer's file on node 1: %d bytes, %v", len(got), err)
+	}
 }
 
 func imgsLayers(imgs *client.Images, err error) []client.Layer {
