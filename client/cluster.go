@@ -84,3 +84,48 @@ func (c *Client) DrainNode(ctx context.Context, id string, undrain bool) (Node, 
 	}
 	return nodeFromProto(resp.Msg.Node), nil
 }
+
+// ClusterList is List's answer with what a cluster could not list.
+type ClusterList struct {
+	Sandboxes []*Info
+	// UnavailableNodes says, per node, why its sandboxes are missing (a
+	// lost or unreachable node); empty on a single node.
+	UnavailableNodes []string
+}
+
+// ListCluster is List that also reports the nodes whose sandboxes could
+// not be listed.
+func (c *Client) ListCluster(ctx context.Context, o ListOptions) (*ClusterList, error) {
+	var state corralv1.SandboxState
+	for k, v := range stateFromProto {
+		if v == o.State {
+			state = k
+		}
+	}
+	if o.State != "" && state == corralv1.SandboxState_SANDBOX_STATE_UNSPECIFIED {
+		return nil, &Error{Code: CodeInvalidArgument, Message: "state: unknown state " + string(o.State)}
+	}
+	out := &ClusterList{}
+	seen := map[string]bool{}
+	token := ""
+	for {
+		resp, err := c.svc.List(ctx, connect.NewRequest(&corralv1.ListRequest{
+			Labels: o.Labels, State: state, PageSize: int32(o.PageSize), PageToken: token,
+		}))
+		if err != nil {
+			return nil, wrapErr(err)
+		}
+		for _, p := range resp.Msg.Sandboxes {
+			out.Sandboxes = append(out.Sandboxes, infoFromProto(p))
+		}
+		for _, u := range resp.Msg.UnavailableNodes {
+			if !seen[u] {
+				seen[u] = true
+				out.UnavailableNodes = append(out.UnavailableNodes, u)
+			}
+		}
+		if token = resp.Msg.NextPageToken; token == "" {
+			return out, nil
+		}
+	}
+}

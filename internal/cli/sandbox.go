@@ -260,10 +260,14 @@ func newLsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			infos, err := c.List(cmd.Context(), client.ListOptions{Labels: lbl, State: client.State(state)})
+			list, err := c.ListCluster(cmd.Context(), client.ListOptions{Labels: lbl, State: client.State(state)})
 			if err != nil {
 				return err
 			}
+			for _, u := range list.UnavailableNodes {
+				fmt.Fprintln(os.Stderr, "corral: not listed:", u)
+			}
+			infos := list.Sandboxes
 			if g.json {
 				return printJSON(infos)
 			}
@@ -277,7 +281,7 @@ func newLsCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with label KEY=VALUE (repeatable)")
-	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: running, paused, stopped")
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: running, paused, stopped (lost: list a cluster's lost nodes)")
 	return cmd
 }
 

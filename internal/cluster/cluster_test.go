@@ -257,6 +257,15 @@ func TestDrainLostAndPagination(t *testing.T) {
 			t.Fatal("placed on a lost node")
 		}
 	}
+	list, err := r.cli[1].ListCluster(ctx, client.ListOptions{})
+	if err != nil || len(list.UnavailableNodes) != 1 || !strings.Contains(list.UnavailableNodes[0], "sim002") {
+		t.Fatalf("List with a lost node: %+v, %v; want sim002 named unavailable", list, err)
+	}
+	for _, in := range list.Sandboxes {
+		if nodeOf(in.ID) == "sim002" {
+			t.Fatalf("List shows %s of the lost node", in.ID)
+		}
+	}
 	nodes, err := r.cli[0].Nodes(ctx)
 	if err != nil {
 		t.Fatal(err)
