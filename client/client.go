@@ -40,6 +40,9 @@ type Client struct {
 	// bulk reads file data without gzip, which costs far more CPU than a
 	// local or datacenter link saves (and random data does not shrink).
 	bulk corralv1connect.SandboxServiceClient
+
+	// cluster is served by a cluster's control instances only.
+	cluster corralv1connect.ClusterServiceClient
 }
 
 // Option configures a Client.
@@ -113,6 +116,8 @@ func New(addr string, opts ...Option) (*Client, error) {
 		h2:   corralv1connect.NewSandboxServiceClient(&http.Client{Transport: rt2}, baseURL, copts...),
 		bulk: corralv1connect.NewSandboxServiceClient(hc, baseURL,
 			append(copts, connect.WithAcceptCompression("gzip", nil, nil))...),
+
+		cluster: corralv1connect.NewClusterServiceClient(hc, baseURL, copts...),
 	}, nil
 }
 

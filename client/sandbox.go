@@ -18,12 +18,16 @@ const (
 	StateRunning State = "running"
 	StatePaused  State = "paused"
 	StateStopped State = "stopped"
+	// StateLost: the sandbox's cluster node stopped renewing its lease
+	// (Info.StopReason says which and when).
+	StateLost State = "lost"
 )
 
 var stateFromProto = map[corralv1.SandboxState]State{
 	corralv1.SandboxState_SANDBOX_STATE_RUNNING: StateRunning,
 	corralv1.SandboxState_SANDBOX_STATE_PAUSED:  StatePaused,
 	corralv1.SandboxState_SANDBOX_STATE_STOPPED: StateStopped,
+	corralv1.SandboxState_SANDBOX_STATE_LOST:    StateLost,
 }
 
 // Resources are a sandbox's limits; zero fields take the server's defaults.
@@ -55,6 +59,8 @@ type CreateOptions struct {
 	// Network is the sandbox's network policy; the zero value is
 	// NetworkNone (loopback only).
 	Network Network
+	// Placement constrains the node in a cluster (ignored by one node).
+	Placement Placement
 }
 
 // Info describes a sandbox.
@@ -153,6 +159,7 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) 
 		IdleTimeout: optionalDuration(o.IdleTimeout),
 		MaxLifetime: optionalDuration(o.MaxLifetime),
 		Network:     o.Network.toProto(),
+		Placement:   o.Placement.toProto(),
 	}))
 	if err != nil {
 		return nil, wrapErr(err)

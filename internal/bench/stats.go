@@ -4,7 +4,9 @@
 // MemAvailable for density. It drives the server only through the Go SDK
 // (package client) and must not import the server's internal packages —
 // except Lazy, which measures the node's lazy image path (image, blob,
-// lazyblob, seaweed) directly on this host until sandboxes use it.
+// lazyblob, seaweed) directly on this host until sandboxes use it, and
+// Cluster, which runs its own etcd, simulated nodes and control plane
+// (etcdembed, cluster, server) in this process.
 package bench
 
 import (

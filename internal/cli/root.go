@@ -61,6 +61,7 @@ Start a server with 'corral serve', then create sandboxes and run commands:
 		newLazyblobServeCmd(),
 		newStatsCmd(g), newEventsCmd(g),
 		newTokenCmd(g), newProjectCmd(g), newWhoAmICmd(g), newAuditCmd(g),
+		newEtcdCmd(), newNodesCmd(g), newNodeCmd(g),
 	)
 	return root
 }

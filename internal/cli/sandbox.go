@@ -19,6 +19,7 @@ type createFlags struct {
 	env, labels, allow                               []string
 	net                                              string
 	idleTimeout, maxLifetime                         time.Duration
+	placement                                        placementFlags
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -37,6 +38,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.maxLifetime, "max-lifetime", 0, "stop this long after creation (default: server's)")
 	fl.StringVar(&f.net, "net", "", "network mode: none (loopback only, the default), allowlist (only --allow), open (all but the node, private and metadata ranges)")
 	fl.StringArrayVar(&f.allow, "allow", nil, "allow a destination (repeatable; implies --net allowlist): a preset (pypi, npm, github, goproxy), a name (example.org:443, *.example.org), an address or prefix (203.0.113.0/24:80,443, [2001:db8::1]:53/udp)")
+	f.placement.register(fl)
 }
 
 func (f *createFlags) options() (client.CreateOptions, error) {
@@ -53,6 +55,9 @@ func (f *createFlags) options() (client.CreateOptions, error) {
 	}
 	o.Resources.Pids = f.pids
 	o.Network = client.Network{Mode: client.NetworkMode(f.net), Allow: f.allow}
+	if o.Placement, err = f.placement.options(); err != nil {
+		return o, err
+	}
 	if o.Env, err = parseKV("env", f.env); err != nil {
 		return o, err
 	}
@@ -252,10 +257,14 @@ func newLsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			infos, err := c.List(cmd.Context(), client.ListOptions{Labels: lbl, State: client.State(state)})
+			list, err := c.ListCluster(cmd.Context(), client.ListOptions{Labels: lbl, State: client.State(state)})
 			if err != nil {
 				return err
 			}
+			for _, u := range list.UnavailableNodes {
+				fmt.Fprintln(os.Stderr, "corral: not listed:", u)
+			}
+			infos := list.Sandboxes
 			if g.json {
 				return printJSON(infos)
 			}
@@ -269,7 +278,7 @@ func newLsCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with label KEY=VALUE (repeatable)")
-	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: running, paused, stopped")
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: running, paused, stopped (lost: list a cluster's lost nodes)")
 	return cmd
 }
 

@@ -31,6 +31,7 @@ func newServeCmd() *cobra.Command {
 	var d node.Defaults
 	var bf blobFlags
 	var e2bCfg server.E2BConfig
+	var cf clusterFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the corral daemon (API + node) in this process",
@@ -51,6 +52,9 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 				cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			default:
 				return fmt.Errorf("--log-format: %q must be text or json", logFormat)
+			}
+			if cf.role == "control" {
+				return cf.runControl(cmd.Context(), cfg.Listen, cfg.Socket, cfg.Logger)
 			}
 			var err error
 			if cfg.DiskPoolBytes, err = parseBytes("disk-pool", diskPool); err != nil {
@@ -77,7 +81,7 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			srv, err := server.Start(ctx, cfg)
+			srv, err := cf.start(ctx, cfg)
 			if err != nil {
 				return err
 			}
@@ -88,6 +92,7 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 		},
 	}
 	fl := cmd.Flags()
+	cf.add(fl)
 	fl.StringVar(&cfg.DataDir, "data-dir", "/var/lib/corral", "state, images, writable layers and run files")
 	fl.StringVar(&cfg.Socket, "socket", "", "unix socket for the API (default <data-dir>/corral.sock)")
 	fl.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "TCP address for the API (every call needs a token); empty disables it")

@@ -130,6 +130,10 @@ type Server struct {
 	listeners   []net.Listener
 	served      chan error
 	claims      cgroupClaims // the cgroup parents, held until Stop ends
+
+	// sandboxes is the node's SandboxService, also served to control
+	// instances in a cluster (cluster.go).
+	sandboxes *control.Service
 }
 
 // Start builds the node and starts serving. Stop ends it.
@@ -255,6 +259,7 @@ func (s *Server) listen() error {
 	sandboxes := control.NewService(s.node)
 	// counted outermost: it records the code the client sees.
 	guard := connect.WithInterceptors(control.MetricsInterceptor{M: s.metrics}, control.ErrorInterceptor{}, g)
+	s.sandboxes = sandboxes
 	path, h := corralv1connect.NewSandboxServiceHandler(sandboxes,
 		guard,
 		connect.WithReadMaxBytes(80<<20))

@@ -93,6 +93,9 @@ const (
 	// STOPPED: processes are gone (idle timeout, max lifetime, init died);
 	// the record stays until Delete or the node's retention period ends.
 	SandboxState_SANDBOX_STATE_STOPPED SandboxState = 3
+	// LOST: the sandbox's node stopped renewing its cluster lease; calls to
+	// the sandbox fail UNAVAILABLE until the node is back (stop_reason says why).
+	SandboxState_SANDBOX_STATE_LOST SandboxState = 4
 )
 
 // Enum value maps for SandboxState.
@@ -102,12 +105,14 @@ var (
 		1: "SANDBOX_STATE_RUNNING",
 		2: "SANDBOX_STATE_PAUSED",
 		3: "SANDBOX_STATE_STOPPED",
+		4: "SANDBOX_STATE_LOST",
 	}
 	SandboxState_value = map[string]int32{
 		"SANDBOX_STATE_UNSPECIFIED": 0,
 		"SANDBOX_STATE_RUNNING":     1,
 		"SANDBOX_STATE_PAUSED":      2,
 		"SANDBOX_STATE_STOPPED":     3,
+		"SANDBOX_STATE_LOST":        4,
 	}
 )
 
@@ -606,7 +611,9 @@ type CreateRequest struct {
 	// Stop the sandbox this long after creation. Unset: node default.
 	MaxLifetime *durationpb.Duration `protobuf:"bytes,9,opt,name=max_lifetime,json=maxLifetime,proto3" json:"max_lifetime,omitempty"`
 	// Network policy; unset: mode NONE (loopback only).
-	Network       *NetworkPolicy `protobuf:"bytes,10,opt,name=network,proto3" json:"network,omitempty"`
+	Network *NetworkPolicy `protobuf:"bytes,10,opt,name=network,proto3" json:"network,omitempty"`
+	// Where the sandbox may run in a cluster; ignored by a single node.
+	Placement     *Placement `protobuf:"bytes,11,opt,name=placement,proto3" json:"placement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -711,6 +718,103 @@ func (x *CreateRequest) GetNetwork() *NetworkPolicy {
 	return nil
 }
 
+func (x *CreateRequest) GetPlacement() *Placement {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
+// Placement constrains the node a cluster's control plane picks.
+type Placement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node must carry every one of these labels (e.g. "gpu": "true").
+	NodeLabels map[string]string `protobuf:"bytes,1,rep,name=node_labels,json=nodeLabels,proto3" json:"node_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The sandbox may go to the burst pool (nodes labelled pool=burst) while
+	// the primary pool is busier than the control plane's threshold.
+	BurstOk bool `protobuf:"varint,2,opt,name=burst_ok,json=burstOk,proto3" json:"burst_ok,omitempty"`
+	// Anti-affinity: the node with the fewest sandboxes carrying this label
+	// with this create's value (from labels) wins, all candidates compared
+	// (spreads a job's sandboxes over nodes).
+	SpreadByLabel string `protobuf:"bytes,3,opt,name=spread_by_label,json=spreadByLabel,proto3" json:"spread_by_label,omitempty"`
+	// The client's id of this create: a retry with the same id (after a
+	// timeout or a control instance's crash) returns the sandbox the first
+	// attempt made instead of making a second one.
+	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Set on a retry of request_id (after a timeout or a lost connection):
+	// the control plane first asks every node for the sandbox an earlier
+	// attempt made. Fails UNAVAILABLE while a node that might hold it cannot
+	// answer, rather than risk a second sandbox.
+	Retry         bool `protobuf:"varint,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Placement) Reset() {
+	*x = Placement{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Placement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Placement) ProtoMessage() {}
+
+func (x *Placement) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Placement.ProtoReflect.Descriptor instead.
+func (*Placement) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Placement) GetNodeLabels() map[string]string {
+	if x != nil {
+		return x.NodeLabels
+	}
+	return nil
+}
+
+func (x *Placement) GetBurstOk() bool {
+	if x != nil {
+		return x.BurstOk
+	}
+	return false
+}
+
+func (x *Placement) GetSpreadByLabel() string {
+	if x != nil {
+		return x.SpreadByLabel
+	}
+	return ""
+}
+
+func (x *Placement) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *Placement) GetRetry() bool {
+	if x != nil {
+		return x.Retry
+	}
+	return false
+}
+
 type CreateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -720,7 +824,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[8]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -732,7 +836,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[8]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -745,7 +849,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -789,7 +893,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[9]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +905,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[9]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +918,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Sandbox) GetId() string {
@@ -965,7 +1069,7 @@ type LazyReadStats struct {
 
 func (x *LazyReadStats) Reset() {
 	*x = LazyReadStats{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1081,7 @@ func (x *LazyReadStats) String() string {
 func (*LazyReadStats) ProtoMessage() {}
 
 func (x *LazyReadStats) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1094,7 @@ func (x *LazyReadStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LazyReadStats.ProtoReflect.Descriptor instead.
 func (*LazyReadStats) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LazyReadStats) GetBytesRead() int64 {
@@ -1037,7 +1141,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1049,7 +1153,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1062,7 +1166,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetRequest) GetId() string {
@@ -1081,7 +1185,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1197,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1210,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -1132,7 +1236,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1144,7 +1248,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1157,7 +1261,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -1193,13 +1297,15 @@ type ListResponse struct {
 	Sandboxes []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
 	// Empty on the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// In a cluster: nodes whose sandboxes could not be listed, with why.
+	UnavailableNodes []string `protobuf:"bytes,3,rep,name=unavailable_nodes,json=unavailableNodes,proto3" json:"unavailable_nodes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1317,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1330,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1241,6 +1347,13 @@ func (x *ListResponse) GetNextPageToken() string {
 	return ""
 }
 
+func (x *ListResponse) GetUnavailableNodes() []string {
+	if x != nil {
+		return x.UnavailableNodes
+	}
+	return nil
+}
+
 type DeleteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1250,7 +1363,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1262,7 +1375,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1275,7 +1388,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -1295,7 +1408,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +1420,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +1433,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeleteResponse) GetExisted() bool {
@@ -1354,7 +1467,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1479,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1492,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1459,7 +1572,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1584,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1597,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -1560,7 +1673,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1572,7 +1685,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1585,7 +1698,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -1641,7 +1754,7 @@ type RunResponse struct {
 
 func (x *RunResponse) Reset() {
 	*x = RunResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1766,7 @@ func (x *RunResponse) String() string {
 func (*RunResponse) ProtoMessage() {}
 
 func (x *RunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1779,7 @@ func (x *RunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResponse.ProtoReflect.Descriptor instead.
 func (*RunResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RunResponse) GetStdout() []byte {
@@ -1707,7 +1820,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +1832,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +1845,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -1786,7 +1899,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1798,7 +1911,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1811,7 +1924,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -1834,7 +1947,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1846,7 +1959,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1859,7 +1972,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -1899,7 +2012,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1911,7 +2024,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1924,7 +2037,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -1951,7 +2064,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1963,7 +2076,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1976,7 +2089,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2052,7 +2165,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2064,7 +2177,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2077,7 +2190,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -2103,7 +2216,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2115,7 +2228,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2128,7 +2241,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -2148,7 +2261,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2160,7 +2273,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2173,7 +2286,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -2199,7 +2312,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2211,7 +2324,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2224,7 +2337,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -2245,7 +2358,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2257,7 +2370,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2270,7 +2383,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -2302,7 +2415,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2427,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2440,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 type MakeDirRequest struct {
@@ -2342,7 +2455,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2354,7 +2467,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2367,7 +2480,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -2406,7 +2519,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2418,7 +2531,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2431,7 +2544,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 type PauseRequest struct {
@@ -2443,7 +2556,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2455,7 +2568,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2468,7 +2581,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -2486,7 +2599,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +2611,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +2624,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 type ResumeRequest struct {
@@ -2523,7 +2636,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2535,7 +2648,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2548,7 +2661,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -2566,7 +2679,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2578,7 +2691,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2591,7 +2704,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 type CopyInRequest struct {
@@ -2607,7 +2720,7 @@ type CopyInRequest struct {
 
 func (x *CopyInRequest) Reset() {
 	*x = CopyInRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2619,7 +2732,7 @@ func (x *CopyInRequest) String() string {
 func (*CopyInRequest) ProtoMessage() {}
 
 func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2632,7 +2745,7 @@ func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInRequest.ProtoReflect.Descriptor instead.
 func (*CopyInRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CopyInRequest) GetSandboxId() string {
@@ -2667,7 +2780,7 @@ type CopyInResponse struct {
 
 func (x *CopyInResponse) Reset() {
 	*x = CopyInResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2679,7 +2792,7 @@ func (x *CopyInResponse) String() string {
 func (*CopyInResponse) ProtoMessage() {}
 
 func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2692,7 +2805,7 @@ func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInResponse.ProtoReflect.Descriptor instead.
 func (*CopyInResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CopyInResponse) GetEntries() int64 {
@@ -2719,7 +2832,7 @@ type CopyOutRequest struct {
 
 func (x *CopyOutRequest) Reset() {
 	*x = CopyOutRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2731,7 +2844,7 @@ func (x *CopyOutRequest) String() string {
 func (*CopyOutRequest) ProtoMessage() {}
 
 func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2744,7 +2857,7 @@ func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutRequest.ProtoReflect.Descriptor instead.
 func (*CopyOutRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CopyOutRequest) GetSandboxId() string {
@@ -2772,7 +2885,7 @@ type CopyOutResponse struct {
 
 func (x *CopyOutResponse) Reset() {
 	*x = CopyOutResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2784,7 +2897,7 @@ func (x *CopyOutResponse) String() string {
 func (*CopyOutResponse) ProtoMessage() {}
 
 func (x *CopyOutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2797,7 +2910,7 @@ func (x *CopyOutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutResponse.ProtoReflect.Descriptor instead.
 func (*CopyOutResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CopyOutResponse) GetData() []byte {
@@ -2819,7 +2932,7 @@ type ExecStreamRequest struct {
 
 func (x *ExecStreamRequest) Reset() {
 	*x = ExecStreamRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2831,7 +2944,7 @@ func (x *ExecStreamRequest) String() string {
 func (*ExecStreamRequest) ProtoMessage() {}
 
 func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2844,7 +2957,7 @@ func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamRequest.ProtoReflect.Descriptor instead.
 func (*ExecStreamRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ExecStreamRequest) GetExec() *ExecRequest {
@@ -2897,7 +3010,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\x12\x12\n" +
 	"\x04pids\x18\x04 \x01(\x03R\x04pids\x12\x1f\n" +
 	"\vbest_effort\x18\x05 \x01(\bR\n" +
-	"bestEffort\"\xdc\x03\n" +
+	"bestEffort\"\x90\x04\n" +
 	"\rCreateRequest\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x122\n" +
@@ -2909,8 +3022,20 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\fidle_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12<\n" +
 	"\fmax_lifetime\x18\t \x01(\v2\x19.google.protobuf.DurationR\vmaxLifetime\x122\n" +
 	"\anetwork\x18\n" +
-	" \x01(\v2\x18.corral.v1.NetworkPolicyR\anetwork\x1a9\n" +
+	" \x01(\v2\x18.corral.v1.NetworkPolicyR\anetwork\x122\n" +
+	"\tplacement\x18\v \x01(\v2\x14.corral.v1.PlacementR\tplacement\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x89\x02\n" +
+	"\tPlacement\x12E\n" +
+	"\vnode_labels\x18\x01 \x03(\v2$.corral.v1.Placement.NodeLabelsEntryR\n" +
+	"nodeLabels\x12\x19\n" +
+	"\bburst_ok\x18\x02 \x01(\bR\aburstOk\x12&\n" +
+	"\x0fspread_by_label\x18\x03 \x01(\tR\rspreadByLabel\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\x12\x14\n" +
+	"\x05retry\x18\x05 \x01(\bR\x05retry\x1a=\n" +
+	"\x0fNodeLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
 	"\x0eCreateResponse\x12,\n" +
@@ -2962,10 +3087,11 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"h\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x95\x01\n" +
 	"\fListResponse\x120\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x12.corral.v1.SandboxR\tsandboxes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x1f\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12+\n" +
+	"\x11unavailable_nodes\x18\x03 \x03(\tR\x10unavailableNodes\"\x1f\n" +
 	"\rDeleteRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"*\n" +
 	"\x0eDeleteResponse\x12\x18\n" +
@@ -3081,12 +3207,13 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NETWORK_MODE_NONE\x10\x01\x12\x1a\n" +
 	"\x16NETWORK_MODE_ALLOWLIST\x10\x02\x12\x15\n" +
-	"\x11NETWORK_MODE_OPEN\x10\x03*}\n" +
+	"\x11NETWORK_MODE_OPEN\x10\x03*\x95\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x02\x12\x19\n" +
-	"\x15SANDBOX_STATE_STOPPED\x10\x032\xb3\n" +
+	"\x15SANDBOX_STATE_STOPPED\x10\x03\x12\x16\n" +
+	"\x12SANDBOX_STATE_LOST\x10\x042\xb3\n" +
 	"\n" +
 	"\x0eSandboxService\x12=\n" +
 	"\x06Create\x12\x18.corral.v1.CreateRequest\x1a\x19.corral.v1.CreateResponse\x124\n" +
@@ -3125,7 +3252,7 @@ func file_corral_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_corral_v1_sandbox_proto_goTypes = []any{
 	(NetworkMode)(0),              // 0: corral.v1.NetworkMode
 	(SandboxState)(0),             // 1: corral.v1.SandboxState
@@ -3137,46 +3264,48 @@ var file_corral_v1_sandbox_proto_goTypes = []any{
 	(*NetworkStatsResponse)(nil),  // 7: corral.v1.NetworkStatsResponse
 	(*Resources)(nil),             // 8: corral.v1.Resources
 	(*CreateRequest)(nil),         // 9: corral.v1.CreateRequest
-	(*CreateResponse)(nil),        // 10: corral.v1.CreateResponse
-	(*Sandbox)(nil),               // 11: corral.v1.Sandbox
-	(*LazyReadStats)(nil),         // 12: corral.v1.LazyReadStats
-	(*GetRequest)(nil),            // 13: corral.v1.GetRequest
-	(*GetResponse)(nil),           // 14: corral.v1.GetResponse
-	(*ListRequest)(nil),           // 15: corral.v1.ListRequest
-	(*ListResponse)(nil),          // 16: corral.v1.ListResponse
-	(*DeleteRequest)(nil),         // 17: corral.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 18: corral.v1.DeleteResponse
-	(*ExecRequest)(nil),           // 19: corral.v1.ExecRequest
-	(*ExecResponse)(nil),          // 20: corral.v1.ExecResponse
-	(*ExecResult)(nil),            // 21: corral.v1.ExecResult
-	(*RunResponse)(nil),           // 22: corral.v1.RunResponse
-	(*WriteFileRequest)(nil),      // 23: corral.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 24: corral.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),       // 25: corral.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 26: corral.v1.ReadFileResponse
-	(*FileInfo)(nil),              // 27: corral.v1.FileInfo
-	(*ListDirRequest)(nil),        // 28: corral.v1.ListDirRequest
-	(*ListDirResponse)(nil),       // 29: corral.v1.ListDirResponse
-	(*StatRequest)(nil),           // 30: corral.v1.StatRequest
-	(*StatResponse)(nil),          // 31: corral.v1.StatResponse
-	(*RemoveRequest)(nil),         // 32: corral.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 33: corral.v1.RemoveResponse
-	(*MakeDirRequest)(nil),        // 34: corral.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),       // 35: corral.v1.MakeDirResponse
-	(*PauseRequest)(nil),          // 36: corral.v1.PauseRequest
-	(*PauseResponse)(nil),         // 37: corral.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 38: corral.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 39: corral.v1.ResumeResponse
-	(*CopyInRequest)(nil),         // 40: corral.v1.CopyInRequest
-	(*CopyInResponse)(nil),        // 41: corral.v1.CopyInResponse
-	(*CopyOutRequest)(nil),        // 42: corral.v1.CopyOutRequest
-	(*CopyOutResponse)(nil),       // 43: corral.v1.CopyOutResponse
-	(*ExecStreamRequest)(nil),     // 44: corral.v1.ExecStreamRequest
-	nil,                           // 45: corral.v1.CreateRequest.LabelsEntry
-	nil,                           // 46: corral.v1.Sandbox.LabelsEntry
-	nil,                           // 47: corral.v1.ListRequest.LabelsEntry
-	(*durationpb.Duration)(nil),   // 48: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 49: google.protobuf.Timestamp
+	(*Placement)(nil),             // 10: corral.v1.Placement
+	(*CreateResponse)(nil),        // 11: corral.v1.CreateResponse
+	(*Sandbox)(nil),               // 12: corral.v1.Sandbox
+	(*LazyReadStats)(nil),         // 13: corral.v1.LazyReadStats
+	(*GetRequest)(nil),            // 14: corral.v1.GetRequest
+	(*GetResponse)(nil),           // 15: corral.v1.GetResponse
+	(*ListRequest)(nil),           // 16: corral.v1.ListRequest
+	(*ListResponse)(nil),          // 17: corral.v1.ListResponse
+	(*DeleteRequest)(nil),         // 18: corral.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 19: corral.v1.DeleteResponse
+	(*ExecRequest)(nil),           // 20: corral.v1.ExecRequest
+	(*ExecResponse)(nil),          // 21: corral.v1.ExecResponse
+	(*ExecResult)(nil),            // 22: corral.v1.ExecResult
+	(*RunResponse)(nil),           // 23: corral.v1.RunResponse
+	(*WriteFileRequest)(nil),      // 24: corral.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 25: corral.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),       // 26: corral.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 27: corral.v1.ReadFileResponse
+	(*FileInfo)(nil),              // 28: corral.v1.FileInfo
+	(*ListDirRequest)(nil),        // 29: corral.v1.ListDirRequest
+	(*ListDirResponse)(nil),       // 30: corral.v1.ListDirResponse
+	(*StatRequest)(nil),           // 31: corral.v1.StatRequest
+	(*StatResponse)(nil),          // 32: corral.v1.StatResponse
+	(*RemoveRequest)(nil),         // 33: corral.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 34: corral.v1.RemoveResponse
+	(*MakeDirRequest)(nil),        // 35: corral.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),       // 36: corral.v1.MakeDirResponse
+	(*PauseRequest)(nil),          // 37: corral.v1.PauseRequest
+	(*PauseResponse)(nil),         // 38: corral.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 39: corral.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 40: corral.v1.ResumeResponse
+	(*CopyInRequest)(nil),         // 41: corral.v1.CopyInRequest
+	(*CopyInResponse)(nil),        // 42: corral.v1.CopyInResponse
+	(*CopyOutRequest)(nil),        // 43: corral.v1.CopyOutRequest
+	(*CopyOutResponse)(nil),       // 44: corral.v1.CopyOutResponse
+	(*ExecStreamRequest)(nil),     // 45: corral.v1.ExecStreamRequest
+	nil,                           // 46: corral.v1.CreateRequest.LabelsEntry
+	nil,                           // 47: corral.v1.Placement.NodeLabelsEntry
+	nil,                           // 48: corral.v1.Sandbox.LabelsEntry
+	nil,                           // 49: corral.v1.ListRequest.LabelsEntry
+	(*durationpb.Duration)(nil),   // 50: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 51: google.protobuf.Timestamp
 }
 var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	0,  // 0: corral.v1.NetworkPolicy.mode:type_name -> corral.v1.NetworkMode
@@ -3184,77 +3313,79 @@ var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	2,  // 2: corral.v1.UpdateNetworkResponse.network:type_name -> corral.v1.NetworkPolicy
 	6,  // 3: corral.v1.NetworkStatsResponse.refusals:type_name -> corral.v1.NetworkRefusal
 	8,  // 4: corral.v1.CreateRequest.resources:type_name -> corral.v1.Resources
-	45, // 5: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
-	48, // 6: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
-	48, // 7: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
+	46, // 5: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
+	50, // 6: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
+	50, // 7: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
 	2,  // 8: corral.v1.CreateRequest.network:type_name -> corral.v1.NetworkPolicy
-	11, // 9: corral.v1.CreateResponse.sandbox:type_name -> corral.v1.Sandbox
-	1,  // 10: corral.v1.Sandbox.state:type_name -> corral.v1.SandboxState
-	8,  // 11: corral.v1.Sandbox.resources:type_name -> corral.v1.Resources
-	46, // 12: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
-	48, // 13: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	48, // 14: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	49, // 15: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	49, // 16: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
-	2,  // 17: corral.v1.Sandbox.network:type_name -> corral.v1.NetworkPolicy
-	12, // 18: corral.v1.Sandbox.lazy_reads:type_name -> corral.v1.LazyReadStats
-	11, // 19: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
-	47, // 20: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
-	1,  // 21: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
-	11, // 22: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
-	48, // 23: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	21, // 24: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
-	48, // 25: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	21, // 26: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
-	49, // 27: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	27, // 28: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
-	27, // 29: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
-	19, // 30: corral.v1.ExecStreamRequest.exec:type_name -> corral.v1.ExecRequest
-	9,  // 31: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
-	13, // 32: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
-	15, // 33: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
-	17, // 34: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
-	19, // 35: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
-	19, // 36: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
-	23, // 37: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
-	25, // 38: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
-	28, // 39: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
-	30, // 40: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
-	32, // 41: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
-	34, // 42: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
-	36, // 43: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
-	38, // 44: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
-	3,  // 45: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
-	5,  // 46: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
-	23, // 47: corral.v1.SandboxService.UploadFile:input_type -> corral.v1.WriteFileRequest
-	40, // 48: corral.v1.SandboxService.CopyIn:input_type -> corral.v1.CopyInRequest
-	42, // 49: corral.v1.SandboxService.CopyOut:input_type -> corral.v1.CopyOutRequest
-	44, // 50: corral.v1.SandboxService.ExecStream:input_type -> corral.v1.ExecStreamRequest
-	10, // 51: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
-	14, // 52: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
-	16, // 53: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
-	18, // 54: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
-	20, // 55: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
-	22, // 56: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
-	24, // 57: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
-	26, // 58: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
-	29, // 59: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
-	31, // 60: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
-	33, // 61: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
-	35, // 62: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
-	37, // 63: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
-	39, // 64: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
-	4,  // 65: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
-	7,  // 66: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
-	24, // 67: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
-	41, // 68: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
-	43, // 69: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
-	20, // 70: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
-	51, // [51:71] is the sub-list for method output_type
-	31, // [31:51] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	10, // 9: corral.v1.CreateRequest.placement:type_name -> corral.v1.Placement
+	47, // 10: corral.v1.Placement.node_labels:type_name -> corral.v1.Placement.NodeLabelsEntry
+	12, // 11: corral.v1.CreateResponse.sandbox:type_name -> corral.v1.Sandbox
+	1,  // 12: corral.v1.Sandbox.state:type_name -> corral.v1.SandboxState
+	8,  // 13: corral.v1.Sandbox.resources:type_name -> corral.v1.Resources
+	48, // 14: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
+	50, // 15: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	50, // 16: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	51, // 17: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	51, // 18: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
+	2,  // 19: corral.v1.Sandbox.network:type_name -> corral.v1.NetworkPolicy
+	13, // 20: corral.v1.Sandbox.lazy_reads:type_name -> corral.v1.LazyReadStats
+	12, // 21: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
+	49, // 22: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
+	1,  // 23: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
+	12, // 24: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
+	50, // 25: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	22, // 26: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
+	50, // 27: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	22, // 28: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
+	51, // 29: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	28, // 30: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
+	28, // 31: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
+	20, // 32: corral.v1.ExecStreamRequest.exec:type_name -> corral.v1.ExecRequest
+	9,  // 33: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
+	14, // 34: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
+	16, // 35: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
+	18, // 36: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
+	20, // 37: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
+	20, // 38: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
+	24, // 39: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
+	26, // 40: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
+	29, // 41: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
+	31, // 42: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
+	33, // 43: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
+	35, // 44: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
+	37, // 45: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
+	39, // 46: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
+	3,  // 47: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
+	5,  // 48: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
+	24, // 49: corral.v1.SandboxService.UploadFile:input_type -> corral.v1.WriteFileRequest
+	41, // 50: corral.v1.SandboxService.CopyIn:input_type -> corral.v1.CopyInRequest
+	43, // 51: corral.v1.SandboxService.CopyOut:input_type -> corral.v1.CopyOutRequest
+	45, // 52: corral.v1.SandboxService.ExecStream:input_type -> corral.v1.ExecStreamRequest
+	11, // 53: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
+	15, // 54: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
+	17, // 55: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
+	19, // 56: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
+	21, // 57: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
+	23, // 58: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
+	25, // 59: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
+	27, // 60: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
+	30, // 61: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
+	32, // 62: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
+	34, // 63: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
+	36, // 64: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
+	38, // 65: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
+	40, // 66: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
+	4,  // 67: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
+	7,  // 68: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
+	25, // 69: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
+	42, // 70: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
+	44, // 71: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
+	21, // 72: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
+	53, // [53:73] is the sub-list for method output_type
+	33, // [33:53] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_sandbox_proto_init() }
@@ -3262,7 +3393,7 @@ func file_corral_v1_sandbox_proto_init() {
 	if File_corral_v1_sandbox_proto != nil {
 		return
 	}
-	file_corral_v1_sandbox_proto_msgTypes[18].OneofWrappers = []any{
+	file_corral_v1_sandbox_proto_msgTypes[19].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Result)(nil),
@@ -3273,7 +3404,7 @@ func file_corral_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_sandbox_proto_rawDesc), len(file_corral_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   46,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,51 @@
+package cluster
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+)
+
+// TestSignedPrincipal: the node accepts a call only when signed with the
+// cluster secret for that procedure, and then sees the control instance's
+// caller as the request's principal.
+func TestSignedPrincipal(t *testing.T) {
+	secret := Secret("0123456789abcdef-secret")
+	var seen iam.Principal
+	var ok bool
+	h := RequireSigned(secret, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen, ok = iam.FromContext(r.Context())
+	}))
+	call := func(sign func(http.Header)) int {
+		req := httptest.NewRequest("POST", "/corral.v1.SandboxService/Create", nil)
+		sign(req.Header)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	p := iam.Principal{Project: "job42/agent7", Role: iam.RoleMember, TokenID: "tok1"}
+	if code := call(func(h http.Header) { secret.sign(h, "/corral.v1.SandboxService/Create", p) }); code != http.StatusOK || !ok || seen != p {
+		t.Fatalf("signed call: %d, principal %+v (%v); want 200 and %+v", code, seen, ok, p)
+	}
+	cases := map[string]func(http.Header){
+		"unsigned":        func(http.Header) {},
+		"other secret":    func(h http.Header) { Secret("another-secret-of-16+").sign(h, "/corral.v1.SandboxService/Create", p) },
+		"other procedure": func(h http.Header) { secret.sign(h, "/corral.v1.SandboxService/Delete", p) },
+		"forged principal": func(h http.Header) {
+			secret.sign(h, "/corral.v1.SandboxService/Create", p)
+			h.Set(principalHeader, "eyJOb2RlQWRtaW4iOnRydWV9") // {"NodeAdmin":true}
+		},
+	}
+	for name, sign := range cases {
+		ok = false
+		if code := call(sign); code != http.StatusForbidden || ok {
+			t.Errorf("%s: %d (handler reached: %v), want 403", name, code, ok)
+		}
+	}
+	if _, err := secret.verify(http.Header{}, "/x"); !errdefs.IsPermissionDenied(err) {
+		t.Errorf("verify of no headers: %v", err)
+	}
+}

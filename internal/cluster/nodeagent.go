@@ -1,0 +1,285 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
+	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// AgentConfig configures a node's side of the cluster.
+type AgentConfig struct {
+	// Sandboxes is the node's own SandboxService (it serves only this
+	// node's sandboxes).
+	Sandboxes corralv1connect.SandboxServiceHandler
+	// Capacity is what the node admits at most.
+	Capacity Capacity
+	// DefaultCPUMillis and DefaultMemoryBytes are the node's defaults for
+	// a create that names none.
+	DefaultCPUMillis, DefaultMemoryBytes int64
+	// Prepare, when set, runs before an admitted create (the node fetches
+	// an image another node made).
+	Prepare func(ctx context.Context, req *corralv1.CreateRequest) error
+	Logger  *slog.Logger
+}
+
+// NodeAgent is the node's edge towards control instances: it has the final
+// say on admission (against Capacity, counting creates in progress), and
+// it dedupes creates by their client request id, so that a retried create
+// returns the sandbox the first attempt made. It measures the node's load
+// for the Registrar.
+type NodeAgent struct {
+	corralv1connect.SandboxServiceHandler
+	cfg AgentConfig
+
+	mu sync.Mutex
+	// measured is the committed load at the last Measure; delta what this
+	// agent made or deleted since; inflight the creates in progress.
+	measured, delta, inflight Load
+	pending                   map[string]*pendingCreate // request id -> create in progress
+	done                      map[string]made           // request id -> its sandbox
+}
+
+type made struct {
+	id string
+	at time.Time
+}
+
+type pendingCreate struct {
+	finished chan struct{}
+	resp     *connect.Response[corralv1.CreateResponse]
+	err      error
+}
+
+// NewNodeAgent builds the agent and rebuilds its request-id index from the
+// node's sandboxes (labelled with their request id).
+func NewNodeAgent(ctx context.Context, cfg AgentConfig) (*NodeAgent, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	a := &NodeAgent{SandboxServiceHandler: cfg.Sandboxes, cfg: cfg, pending: map[string]*pendingCreate{}, done: map[string]made{}}
+	if _, err := a.Measure(ctx); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// Handler serves the agent's SandboxService for control instances: only
+// calls signed with the cluster secret.
+func (a *NodeAgent) Handler(secret Secret, opts ...connect.HandlerOption) (string, http.Handler) {
+	path, h := corralv1connect.NewSandboxServiceHandler(a, opts...)
+	return path, RequireSigned(secret, h)
+}
+
+// Measure lists the node's sandboxes and returns its committed load
+// (creates in progress included); it also refreshes the request-id index.
+func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
+	start := time.Now()
+	l := Load{Backends: map[string]int64{}}
+	labels := map[string]int64{}
+	ids := map[string]made{}
+	tok := ""
+	for {
+		resp, err := a.SandboxServiceHandler.List(ctx, connect.NewRequest(&corralv1.ListRequest{PageSize: 1000, PageToken: tok}))
+		if err != nil {
+			return Load{}, fmt.Errorf("measure node load: %w", err)
+		}
+		for _, sb := range resp.Msg.Sandboxes {
+			if rid := sb.Labels[RequestIDLabel]; rid != "" {
+				ids[rid] = made{id: sb.Id}
+			}
+			if sb.State == corralv1.SandboxState_SANDBOX_STATE_STOPPED {
+				continue
+			}
+			l.Sandboxes++
+			l.CPUMillis += sb.GetResources().GetCpuMillis()
+			l.MemoryBytes += sb.GetResources().GetMemoryBytes()
+			l.Backends[sb.Backend]++
+			for k, v := range sb.Labels {
+				if k != RequestIDLabel {
+					labels[k+"="+v]++
+				}
+			}
+		}
+		if tok = resp.Msg.NextPageToken; tok == "" {
+			break
+		}
+	}
+	l.Labels = topCounts(labels, maxLabelCounts)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// Sandboxes made while listing may be missing from the list: keep them.
+	for rid, m := range a.done {
+		if m.at.After(start) {
+			ids[rid] = m
+		}
+	}
+	a.done = ids
+	a.measured, a.delta = l, Load{}
+	out := a.measured
+	out.add(a.inflight, 1)
+	return out, nil
+}
+
+func (a *NodeAgent) cost(m *corralv1.CreateRequest) Load {
+	l := Load{Sandboxes: 1, CPUMillis: m.GetResources().GetCpuMillis(), MemoryBytes: m.GetResources().GetMemoryBytes()}
+	if l.CPUMillis == 0 {
+		l.CPUMillis = a.cfg.DefaultCPUMillis
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = a.cfg.DefaultMemoryBytes
+	}
+	return l
+}
+
+// admitLocked refuses a create that would take the node past its
+// capacity, naming what ran out.
+func (a *NodeAgent) admitLocked(c Load) error {
+	now := a.measured
+	now.add(a.delta, 1)
+	now.add(a.inflight, 1)
+	capa := a.cfg.Capacity
+	check := func(what string, used, want, total int64) error {
+		if total > 0 && used+want > total {
+			return errdefs.ResourceExhausted("node admission: %s: %d committed of %d, %d asked", what, used, total, want)
+		}
+		return nil
+	}
+	if err := check("sandboxes", now.Sandboxes, c.Sandboxes, capa.Sandboxes); err != nil {
+		return err
+	}
+	if err := check("cpu_millis", now.CPUMillis, c.CPUMillis, capa.CPUMillis); err != nil {
+		return err
+	}
+	return check("memory_bytes", now.MemoryBytes, c.MemoryBytes, capa.MemoryBytes)
+}
+
+// Create admits the create, or refuses it with ResourceExhausted; a
+// request id seen before returns the sandbox made for it.
+func (a *NodeAgent) Create(ctx context.Context, req *connect.Request[corralv1.CreateRequest]) (*connect.Response[corralv1.CreateResponse], error) {
+	rid := req.Msg.GetPlacement().GetRequestId()
+	cost := a.cost(req.Msg)
+	a.mu.Lock()
+	if rid != "" {
+		if m, ok := a.done[rid]; ok {
+			a.mu.Unlock()
+			return a.existing(ctx, rid, m.id)
+		}
+		if p, ok := a.pending[rid]; ok {
+			a.mu.Unlock()
+			select {
+			case <-p.finished:
+				return p.resp, p.err
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	if err := a.admitLocked(cost); err != nil {
+		a.mu.Unlock()
+		return nil, err
+	}
+	a.inflight.add(cost, 1)
+	p := &pendingCreate{finished: make(chan struct{})}
+	if rid != "" {
+		a.pending[rid] = p
+		if req.Msg.Labels == nil {
+			req.Msg.Labels = map[string]string{}
+		}
+		req.Msg.Labels[RequestIDLabel] = rid
+	}
+	a.mu.Unlock()
+
+	// The create finishes even if the control instance that sent it goes
+	// away: a retry then finds its sandbox instead of making another.
+	cctx := context.WithoutCancel(ctx)
+	if a.cfg.Prepare != nil {
+		p.err = a.cfg.Prepare(cctx, req.Msg)
+	}
+	if p.err == nil {
+		p.resp, p.err = a.SandboxServiceHandler.Create(cctx, req)
+	}
+	a.mu.Lock()
+	a.inflight.add(cost, -1)
+	if p.err == nil {
+		a.delta.add(cost, 1)
+	}
+	if rid != "" {
+		delete(a.pending, rid)
+		if p.err == nil {
+			a.done[rid] = made{id: p.resp.Msg.Sandbox.Id, at: time.Now()}
+		}
+	}
+	a.mu.Unlock()
+	close(p.finished)
+	return p.resp, p.err
+}
+
+func (a *NodeAgent) existing(ctx context.Context, rid, id string) (*connect.Response[corralv1.CreateResponse], error) {
+	got, err := a.SandboxServiceHandler.Get(ctx, connect.NewRequest(&corralv1.GetRequest{Id: id}))
+	if errdefs.IsNotFound(err) || connect.CodeOf(err) == connect.CodeNotFound {
+		return nil, errdefs.FailedPrecondition("request %s made sandbox %s, which has since been deleted", rid, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.CreateResponse{Sandbox: got.Msg.Sandbox}), nil
+}
+
+// List waits for a create in progress when asked for its request id, so
+// that a control instance looking for an earlier attempt finds it.
+func (a *NodeAgent) List(ctx context.Context, req *connect.Request[corralv1.ListRequest]) (*connect.Response[corralv1.ListResponse], error) {
+	if rid := req.Msg.Labels[RequestIDLabel]; rid != "" {
+		a.mu.Lock()
+		p := a.pending[rid]
+		a.mu.Unlock()
+		if p != nil {
+			select {
+			case <-p.finished:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	return a.SandboxServiceHandler.List(ctx, req)
+}
+
+// Delete frees the sandbox's share of the capacity at once (the next
+// Measure confirms it).
+func (a *NodeAgent) Delete(ctx context.Context, req *connect.Request[corralv1.DeleteRequest]) (*connect.Response[corralv1.DeleteResponse], error) {
+	got, gerr := a.SandboxServiceHandler.Get(ctx, connect.NewRequest(&corralv1.GetRequest{Id: req.Msg.Id}))
+	resp, err := a.SandboxServiceHandler.Delete(ctx, req)
+	if err == nil && gerr == nil && resp.Msg.Existed && got.Msg.Sandbox.State != corralv1.SandboxState_SANDBOX_STATE_STOPPED {
+		sb := got.Msg.Sandbox
+		a.mu.Lock()
+		a.delta.add(Load{Sandboxes: 1, CPUMillis: sb.GetResources().GetCpuMillis(), MemoryBytes: sb.GetResources().GetMemoryBytes()}, -1)
+		a.mu.Unlock()
+	}
+	return resp, err
+}
+
+// topCounts keeps the n largest counts of m.
+func topCounts(m map[string]int64, n int) map[string]int64 {
+	if len(m) <= n {
+		return m
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
+	out := make(map[string]int64, n)
+	for _, k := range keys[:n] {
+		out[k] = m[k]
+	}
+	return out
+}

@@ -1,0 +1,340 @@
+package cluster
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// Want is what a create asks of its node.
+type Want struct {
+	Backend     string
+	CPUMillis   int64
+	MemoryBytes int64
+	NodeLabels  map[string]string
+	BurstOK     bool
+	// Spread is a "key=value" label: the candidate with the fewest
+	// sandboxes carrying it wins (anti-affinity), every candidate compared.
+	Spread string
+}
+
+// PlacerConfig configures placement.
+type PlacerConfig struct {
+	// K is how many nodes are sampled per placement (power of k choices);
+	// 0 or less scans every candidate (least loaded).
+	K int
+	// BurstThreshold is the primary pool's utilisation above which
+	// burst-ok creates may go to the burst pool (default 0.8).
+	BurstThreshold float64
+	// DefaultCPUMillis and DefaultMemoryBytes estimate a create that names
+	// no resources (the nodes' defaults).
+	DefaultCPUMillis, DefaultMemoryBytes int64
+}
+
+// Placer picks nodes for creates: filter, then the least loaded of K
+// random candidates. Its estimate of a node's load is the watcher's
+// snapshot plus this control instance's own placements the node has not
+// reported yet (in flight, or answered after the node's last report).
+type Placer struct {
+	cfg PlacerConfig
+	w   func() *Snapshot
+
+	mu      sync.Mutex
+	overlay map[string]*overlay
+}
+
+type overlay struct {
+	inflight Load
+	// inflightSpread counts in-flight placements per spread label.
+	inflightSpread map[string]int64
+	recent         []placed
+}
+
+type placed struct {
+	at     time.Time
+	res    Load
+	spread string
+}
+
+// NewPlacer places on the nodes of snapshot().
+func NewPlacer(cfg PlacerConfig, snapshot func() *Snapshot) *Placer {
+	if cfg.BurstThreshold == 0 {
+		cfg.BurstThreshold = 0.8
+	}
+	if cfg.DefaultCPUMillis == 0 {
+		cfg.DefaultCPUMillis = 1000
+	}
+	if cfg.DefaultMemoryBytes == 0 {
+		cfg.DefaultMemoryBytes = 512 << 20
+	}
+	return &Placer{cfg: cfg, w: snapshot, overlay: map[string]*overlay{}}
+}
+
+func (p *Placer) cost(w Want) Load {
+	l := Load{Sandboxes: 1, CPUMillis: w.CPUMillis, MemoryBytes: w.MemoryBytes}
+	if l.CPUMillis == 0 {
+		l.CPUMillis = p.cfg.DefaultCPUMillis
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = p.cfg.DefaultMemoryBytes
+	}
+	return l
+}
+
+func (l *Load) add(o Load, sign int64) {
+	l.Sandboxes += sign * o.Sandboxes
+	l.CPUMillis += sign * o.CPUMillis
+	l.MemoryBytes += sign * o.MemoryBytes
+}
+
+// estimateLocked is v's load with this instance's unreported placements.
+func (p *Placer) estimateLocked(v *NodeView) Load {
+	l := v.Load
+	o := p.overlay[v.ID]
+	if o == nil {
+		return l
+	}
+	l.add(o.inflight, 1)
+	keep := o.recent[:0]
+	for _, r := range o.recent {
+		if r.at.After(v.AsOf) {
+			keep = append(keep, r)
+			l.add(r.res, 1)
+		}
+	}
+	o.recent = keep
+	return l
+}
+
+// Placement is one chosen node; Done must be called with the node's answer.
+type Placement struct {
+	Node   *NodeView
+	p      *Placer
+	cost   Load
+	spread string
+}
+
+// Done records the outcome: an admitted create stays in the overlay until
+// the node reports a load measured after it.
+func (pl *Placement) Done(admitted bool) {
+	p := pl.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o := p.overlay[pl.Node.ID]
+	o.inflight.add(pl.cost, -1)
+	if pl.spread != "" {
+		o.inflightSpread[pl.spread]--
+	}
+	if admitted {
+		o.recent = append(o.recent, placed{at: time.Now(), res: pl.cost, spread: pl.spread})
+	}
+}
+
+// Place picks a node for w, skipping the nodes in exclude (ids that
+// refused this create already, with why). The error lists why each node
+// was passed over.
+func (p *Placer) Place(w Want, exclude map[string]string) (*Placement, error) {
+	snap := p.w()
+	cost := p.cost(w)
+	var primary, burst []*NodeView
+	why := map[string]string{}
+	for _, v := range snap.Nodes {
+		if r, ok := exclude[v.ID]; ok {
+			why[v.ID] = r
+			continue
+		}
+		if r := p.unfit(v, w); r != "" {
+			why[v.ID] = r
+			continue
+		}
+		if v.burst {
+			burst = append(burst, v)
+		} else {
+			primary = append(primary, v)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cands := primary
+	if len(burst) > 0 {
+		switch u := p.primaryUtilisationLocked(snap); {
+		case !w.BurstOK:
+			for _, v := range burst {
+				why[v.ID] = "burst pool: the create does not allow it (burst_ok)"
+			}
+		case u <= p.cfg.BurstThreshold:
+			for _, v := range burst {
+				why[v.ID] = fmt.Sprintf("burst pool: primary utilisation %.0f%% is not above %.0f%%", 100*u, 100*p.cfg.BurstThreshold)
+			}
+		default:
+			cands = append(cands[:len(cands):len(cands)], burst...)
+		}
+	}
+	var best *NodeView
+	if w.Spread != "" {
+		best = p.spreadLocked(cands, cost, w.Spread)
+	} else {
+		best = p.chooseLocked(cands, cost)
+	}
+	if best == nil {
+		for _, v := range cands {
+			why[v.ID] = fmt.Sprintf("full: utilisation %.0f%%", 100*p.estimateLocked(v).Utilisation(v.Capacity))
+		}
+		return nil, noNode(why)
+	}
+	o := p.overlay[best.ID]
+	if o == nil {
+		o = &overlay{}
+		p.overlay[best.ID] = o
+	}
+	o.inflight.add(cost, 1)
+	if w.Spread != "" {
+		if o.inflightSpread == nil {
+			o.inflightSpread = map[string]int64{}
+		}
+		o.inflightSpread[w.Spread]++
+	}
+	return &Placement{Node: best, p: p, cost: cost, spread: w.Spread}, nil
+}
+
+// spreadLocked compares every candidate that can take the create: the
+// fewest sandboxes with label pair first, then the lowest utilisation.
+func (p *Placer) spreadLocked(cands []*NodeView, cost Load, pair string) *NodeView {
+	var best *NodeView
+	var bestN int64
+	bestU := 0.0
+	for _, v := range cands {
+		l := p.estimateLocked(v)
+		l.add(cost, 1)
+		u := l.Utilisation(v.Capacity)
+		if u > 1 {
+			continue
+		}
+		n := v.Load.Labels[pair]
+		if o := p.overlay[v.ID]; o != nil {
+			n += o.inflightSpread[pair]
+			for _, r := range o.recent { // trimmed to those after AsOf above
+				if r.spread == pair {
+					n++
+				}
+			}
+		}
+		if best == nil || n < bestN || n == bestN && u < bestU {
+			best, bestN, bestU = v, n, u
+		}
+	}
+	return best
+}
+
+// chooseLocked samples K candidates (all with K <= 0) and returns the one
+// whose utilisation after this create would be lowest.
+func (p *Placer) chooseLocked(cands []*NodeView, cost Load) *NodeView {
+	var best *NodeView
+	bestU := 0.0
+	try := func(v *NodeView) {
+		l := p.estimateLocked(v)
+		l.add(cost, 1)
+		if l.Utilisation(v.Capacity) > 1 {
+			return // would not be admitted: leave it out
+		}
+		if u := l.Utilisation(v.Capacity); best == nil || u < bestU {
+			best, bestU = v, u
+		}
+	}
+	n := len(cands)
+	if p.cfg.K <= 0 || p.cfg.K >= n {
+		for _, v := range cands {
+			try(v)
+		}
+		return best
+	}
+	// K distinct indexes (Floyd's sampling); a full candidate is skipped
+	// and another drawn, so a nearly full cluster still places.
+	for tries := 0; best == nil && tries < 4; tries++ {
+		picked := map[int]bool{}
+		for j := n - p.cfg.K; j < n; j++ {
+			i := rand.IntN(j + 1)
+			if picked[i] {
+				i = j
+			}
+			picked[i] = true
+			try(cands[i])
+		}
+	}
+	if best == nil {
+		for _, v := range cands {
+			try(v)
+		}
+	}
+	return best
+}
+
+// primaryUtilisationLocked is the committed fraction of the primary pool
+// as a whole (ready nodes not in the burst pool).
+func (p *Placer) primaryUtilisationLocked(snap *Snapshot) float64 {
+	var used Load
+	var capa Capacity
+	for _, v := range snap.Nodes {
+		if v.burst || v.State != NodeReady {
+			continue
+		}
+		used.add(p.estimateLocked(v), 1)
+		capa.Sandboxes += v.Capacity.Sandboxes
+		capa.CPUMillis += v.Capacity.CPUMillis
+		capa.MemoryBytes += v.Capacity.MemoryBytes
+	}
+	if capa == (Capacity{}) {
+		return 1
+	}
+	return used.Utilisation(capa)
+}
+
+// unfit says why v cannot take w ("" when it can).
+func (p *Placer) unfit(v *NodeView, w Want) string {
+	switch v.State {
+	case NodeLost:
+		return "lost"
+	case NodeDrained:
+		return "drained"
+	}
+	backend := w.Backend
+	if backend == "" {
+		backend = "container"
+	}
+	found := false
+	for _, b := range v.Backends {
+		found = found || b == backend
+	}
+	if !found {
+		return fmt.Sprintf("no %s backend (has %s)", backend, strings.Join(v.Backends, ", "))
+	}
+	for k, want := range w.NodeLabels {
+		if got, ok := v.Labels[k]; !ok || got != want {
+			return fmt.Sprintf("label %s=%s: node has %q", k, want, got)
+		}
+	}
+	return ""
+}
+
+// noNode is the error of a create no node can take, naming each node's
+// reason.
+func noNode(why map[string]string) error {
+	if len(why) == 0 {
+		return errdefs.Unavailable("placement: the cluster has no nodes")
+	}
+	ids := make([]string, 0, len(why))
+	for id := range why {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	parts := make([]string, 0, len(ids))
+	for _, id := range ids {
+		parts = append(parts, id+": "+why[id])
+	}
+	return errdefs.ResourceExhausted("placement: no node can take the sandbox (%s)", strings.Join(parts, "; "))
+}

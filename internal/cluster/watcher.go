@@ -1,0 +1,232 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// NodeState is a node's state as control instances see it.
+type NodeState string
+
+const (
+	NodeReady   NodeState = "ready"
+	NodeDrained NodeState = "drained"
+	NodeLost    NodeState = "lost"
+)
+
+// NodeView is one node in a watcher snapshot.
+type NodeView struct {
+	NodeRecord
+	// Member is set for every node that ever registered.
+	Member MemberRecord
+	State  NodeState
+	// Reason says why a node is lost.
+	Reason string
+	// burst caches Labels[PoolLabel] == BurstPool.
+	burst bool
+}
+
+// Snapshot is an immutable view of the cluster's nodes, sorted by id.
+type Snapshot struct {
+	Nodes []*NodeView
+	byID  map[string]*NodeView
+}
+
+// Node returns the node with id, or nil.
+func (s *Snapshot) Node(id string) *NodeView { return s.byID[id] }
+
+// Watcher follows the cluster's node, member and drain records in etcd.
+// It keeps no state of its own: a restarted control instance rebuilds the
+// same view from what the nodes wrote.
+type Watcher struct {
+	cli *clientv3.Client
+	log *slog.Logger
+
+	mu      sync.Mutex
+	nodes   map[string]NodeRecord
+	members map[string]MemberRecord
+	drained map[string]bool
+	goneAt  map[string]time.Time // when this instance saw a node's record go
+
+	snap    atomic.Pointer[Snapshot]
+	changed chan struct{} // closed and replaced on every change
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+// StartWatcher loads the cluster's records and follows them until Close.
+func StartWatcher(ctx context.Context, cli *clientv3.Client, log *slog.Logger) (*Watcher, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	w := &Watcher{cli: cli, log: log, changed: make(chan struct{}), done: make(chan struct{})}
+	rev, err := w.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	w.stop = cancel
+	go w.run(wctx, rev)
+	return w, nil
+}
+
+func (w *Watcher) load(ctx context.Context) (int64, error) {
+	resp, err := w.cli.Get(ctx, clusterPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return 0, fmt.Errorf("cluster watcher: load nodes: %w", err)
+	}
+	w.mu.Lock()
+	w.nodes, w.members, w.drained = map[string]NodeRecord{}, map[string]MemberRecord{}, map[string]bool{}
+	if w.goneAt == nil {
+		w.goneAt = map[string]time.Time{}
+	}
+	for _, kv := range resp.Kvs {
+		w.applyLocked(string(kv.Key), kv.Value, false)
+	}
+	w.publishLocked()
+	w.mu.Unlock()
+	return resp.Header.Revision, nil
+}
+
+// applyLocked applies one put (or delete) of key.
+func (w *Watcher) applyLocked(key string, value []byte, deleted bool) {
+	switch {
+	case strings.HasPrefix(key, nodesPrefix):
+		id := idFromKey(nodesPrefix, key)
+		var rec NodeRecord
+		if deleted || json.Unmarshal(value, &rec) != nil {
+			if _, ok := w.nodes[id]; ok {
+				w.goneAt[id] = time.Now()
+			}
+			delete(w.nodes, id)
+			return
+		}
+		delete(w.goneAt, id)
+		w.nodes[id] = rec
+	case strings.HasPrefix(key, membersPrefix):
+		id := idFromKey(membersPrefix, key)
+		var m MemberRecord
+		if deleted || json.Unmarshal(value, &m) != nil {
+			delete(w.members, id)
+			return
+		}
+		w.members[id] = m
+	case strings.HasPrefix(key, drainPrefix):
+		id := idFromKey(drainPrefix, key)
+		if deleted {
+			delete(w.drained, id)
+		} else {
+			w.drained[id] = true
+		}
+	}
+}
+
+func (w *Watcher) publishLocked() {
+	s := &Snapshot{byID: map[string]*NodeView{}}
+	add := func(v *NodeView) {
+		s.Nodes = append(s.Nodes, v)
+		s.byID[v.ID] = v
+	}
+	for id, rec := range w.nodes {
+		v := &NodeView{NodeRecord: rec, Member: w.members[id], State: NodeReady, burst: rec.Labels[PoolLabel] == BurstPool}
+		if w.drained[id] {
+			v.State = NodeDrained
+		}
+		add(v)
+	}
+	for id, m := range w.members {
+		if _, live := w.nodes[id]; live {
+			continue
+		}
+		reason := fmt.Sprintf("node %s (%s) has no live lease: it stopped renewing its registration (registered %s)",
+			id, m.Address, m.RegisteredAt.Format(time.RFC3339))
+		if t, ok := w.goneAt[id]; ok {
+			reason = fmt.Sprintf("node %s (%s) lost its lease at %s", id, m.Address, t.UTC().Format(time.RFC3339))
+		}
+		add(&NodeView{NodeRecord: NodeRecord{ID: id, Address: m.Address}, Member: m, State: NodeLost, Reason: reason})
+	}
+	sort.Slice(s.Nodes, func(i, j int) bool { return s.Nodes[i].ID < s.Nodes[j].ID })
+	w.snap.Store(s)
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+func (w *Watcher) run(ctx context.Context, rev int64) {
+	defer close(w.done)
+	for ctx.Err() == nil {
+		wch := w.cli.Watch(clientv3.WithRequireLeader(ctx), clusterPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		for resp := range wch {
+			if err := resp.Err(); err != nil {
+				w.log.Warn("cluster watch", "err", err)
+				break
+			}
+			w.mu.Lock()
+			for _, ev := range resp.Events {
+				w.applyLocked(string(ev.Kv.Key), ev.Kv.Value, ev.Type == clientv3.EventTypeDelete)
+			}
+			w.publishLocked()
+			w.mu.Unlock()
+			rev = resp.Header.Revision
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// The watch broke (compaction, leader loss): reload, then go on.
+		time.Sleep(200 * time.Millisecond)
+		r, err := w.load(ctx)
+		if err != nil {
+			w.log.Warn("cluster watcher reload", "err", err)
+			continue
+		}
+		rev = r
+	}
+}
+
+// Snapshot returns the current view.
+func (w *Watcher) Snapshot() *Snapshot { return w.snap.Load() }
+
+// WaitFor blocks until cond holds for a snapshot or ctx ends.
+func (w *Watcher) WaitFor(ctx context.Context, cond func(*Snapshot) bool) error {
+	for {
+		w.mu.Lock()
+		ch := w.changed
+		w.mu.Unlock()
+		if cond(w.Snapshot()) {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Drain marks (or unmarks) node id drained.
+func (w *Watcher) Drain(ctx context.Context, id string, drained bool) error {
+	var err error
+	if drained {
+		_, err = w.cli.Put(ctx, drainPrefix+id, time.Now().UTC().Format(time.RFC3339))
+	} else {
+		_, err = w.cli.Delete(ctx, drainPrefix+id)
+	}
+	if err != nil {
+		return fmt.Errorf("drain node %s: %w", id, err)
+	}
+	return nil
+}
+
+// Close stops following.
+func (w *Watcher) Close() {
+	w.stop()
+	<-w.done
+}

@@ -1,0 +1,140 @@
+// Package etcdstore is the iam.Store of a cluster: IAM records as etcd
+// keys under one prefix, a record's revision being its etcd mod revision,
+// so a quota change checked along a project's ancestors is one etcd
+// transaction seen alike by every control instance. It imports iam,
+// errdefs and the etcd client; it must not import the API, control, node
+// or server packages.
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+)
+
+// DefaultPrefix is where corral keeps IAM records in etcd.
+const DefaultPrefix = "/corral/iam/"
+
+// Store is an iam.Store on etcd.
+type Store struct {
+	cli    *clientv3.Client
+	prefix string
+	// own is set when Close should close cli.
+	own bool
+}
+
+var _ iam.Store = (*Store)(nil)
+
+// New keeps records under prefix (DefaultPrefix when empty) through cli,
+// which the caller keeps and closes.
+func New(cli *clientv3.Client, prefix string) *Store {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return &Store{cli: cli, prefix: prefix}
+}
+
+// Open connects to the etcd endpoints; Close closes the connection.
+func Open(ctx context.Context, endpoints []string, prefix string) (*Store, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, Context: ctx, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, errdefs.Unavailable("iam store: etcd %s: %v", strings.Join(endpoints, ","), err)
+	}
+	s := New(cli, prefix)
+	s.own = true
+	return s, nil
+}
+
+func checkKey(key string) error {
+	if key == "" {
+		return errdefs.InvalidArgument("iam store: key: required")
+	}
+	return nil
+}
+
+// Get returns key's value and revision.
+func (s *Store) Get(ctx context.Context, key string) ([]byte, int64, error) {
+	if err := checkKey(key); err != nil {
+		return nil, 0, err
+	}
+	resp, err := s.cli.Get(ctx, s.prefix+key)
+	if err != nil {
+		return nil, 0, errdefs.Unavailable("iam store: get %s: %v", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, 0, errdefs.NotFound("iam store: %s: no such record", key)
+	}
+	kv := resp.Kvs[0]
+	return kv.Value, kv.ModRevision, nil
+}
+
+// List returns the records under prefix, in key order.
+func (s *Store) List(ctx context.Context, prefix string) ([]iam.Entry, error) {
+	resp, err := s.cli.Get(ctx, s.prefix+prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	if err != nil {
+		return nil, errdefs.Unavailable("iam store: list %s: %v", prefix, err)
+	}
+	out := make([]iam.Entry, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		out = append(out, iam.Entry{Key: strings.TrimPrefix(string(kv.Key), s.prefix), Value: kv.Value, Rev: kv.ModRevision})
+	}
+	return out, nil
+}
+
+// Txn applies writes if every condition holds, as one etcd transaction.
+func (s *Store) Txn(ctx context.Context, conds []iam.Cond, writes []iam.Write) error {
+	cmps := make([]clientv3.Cmp, 0, len(conds))
+	for _, c := range conds {
+		if err := checkKey(c.Key); err != nil {
+			return err
+		}
+		if c.Rev < 0 {
+			return errdefs.InvalidArgument("iam store: condition on %s: rev %d is negative", c.Key, c.Rev)
+		}
+		if c.Rev == 0 {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(s.prefix+c.Key), "=", 0))
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(s.prefix+c.Key), "=", c.Rev))
+		}
+	}
+	ops := make([]clientv3.Op, 0, len(writes))
+	seen := map[string]bool{}
+	for _, w := range writes {
+		if err := checkKey(w.Key); err != nil {
+			return err
+		}
+		// etcd refuses a transaction writing one key twice; say so in the
+		// store's own words.
+		if seen[w.Key] {
+			return errdefs.InvalidArgument("iam store: write to %s: key written twice in one transaction", w.Key)
+		}
+		seen[w.Key] = true
+		if w.Delete {
+			ops = append(ops, clientv3.OpDelete(s.prefix+w.Key))
+		} else {
+			ops = append(ops, clientv3.OpPut(s.prefix+w.Key, string(w.Value)))
+		}
+	}
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return errdefs.Unavailable("iam store: txn: %v", err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("iam store: a record changed since it was read: %w", errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// Close closes the etcd connection if Open made it.
+func (s *Store) Close() error {
+	if s.own {
+		return s.cli.Close()
+	}
+	return nil
+}

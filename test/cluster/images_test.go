@@ -1,0 +1,135 @@
+package cluster_test
+
+import (
+	"context"
+	"crypto/rand"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/seaweed"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// TestLayerTravels: a layer made on node 0 is recorded in etcd and its data
+// published to the shared S3 store (SeaweedFS); a create through a control
+// instance pinned to node 2 (by its label) pulls the layer's metadata there
+// and reads the file lazily from the store.
+func TestLayerTravels(t *testing.T) {
+	testenv.RequireRoot(t)
+	if _, err := seaweed.Find(); err != nil {
+		t.Skipf("needs SeaweedFS's weed (scripts/deps.sh): %v", err)
+	}
+	ctx := context.Background()
+	s3, err := seaweed.Start(ctx, t.TempDir(), "corral-cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s3.Stop() })
+	// Not in network namespaces: the test's SeaweedFS listens on loopback.
+	r := startRig(t, false, 1, 3, "--blob-store", "s3://corral-cluster?endpoint="+s3.Endpoint, "--blob-fetch-timeout", "10s")
+
+	src := t.TempDir()
+	data := make([]byte, 3<<20)
+	rand.Read(data)
+	if err := os.WriteFile(filepath.Join(src, "payload"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n0, err := client.New("unix://" + filepath.Join(r.nodeDir[0], "corral.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n0.Close()
+	if _, err := n0.CreateLayer(ctx, src, "travel@1"); err != nil {
+		t.Fatal(err)
+	}
+	// The control plane's image ls shows the cluster's layer.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		imgs, err := r.cli[0].ListImages(ctx)
+		found := false
+		for _, l := range imgsLayers(imgs, err) {
+			found = found || l.Ref == "travel@1"
+		}
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("control image ls never showed travel@1: %+v, %v", imgs, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	n2, err := client.New("unix://" + filepath.Join(r.nodeDir[2], "corral.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n2.Close()
+	sb, err := r.cli[0].Create(ctx, client.CreateOptions{Image: "travel@1", Resources: small,
+		Placement: client.Placement{NodeLabels: map[string]string{"rack": "r2"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nodeOf(sb.ID()) != nodeID(t, r, 2) {
+		t.Fatalf("sandbox %s is not on node 2", sb.ID())
+	}
+	got, err := sb.Files().Read(ctx, "/payload")
+	if err != nil || string(got) != string(data) {
+		t.Fatalf("payload read through the control plane: %d bytes, %v; want the %d bytes written on node 0", len(got), err, len(data))
+	}
+	imgs, err := n2.ListImages(ctx)
+	var lazy *client.LazyBlob
+	for _, l := range imgsLayers(imgs, err) {
+		if l.Ref == "travel@1" {
+			lazy = l.Lazy
+		}
+	}
+	if lazy == nil || lazy.BytesFetched == 0 {
+		t.Fatalf("node 2 does not read travel@1 lazily from the store: %+v", lazy)
+	}
+
+	// Pack through the control plane (it runs on node 2, where the
+	// sandbox's writes are); the result starts on node 1.
+	if err := sb.Files().Write(ctx, "/note", []byte("written on node 2")); err != nil {
+		t.Fatal(err)
+	}
+	packed, err := sb.Pack(ctx, "travel-packed@1", client.PackOptions{})
+	if err != nil {
+		t.Fatalf("pack through the control plane: %v", err)
+	}
+	sb1, err := r.cli[0].Create(ctx, client.CreateOptions{Image: packed.Composition.Ref, Resources: small,
+		Placement: client.Placement{NodeLabels: map[string]string{"rack": "r1"}}})
+	if err != nil {
+		t.Fatalf("create from the packed image on node 1: %v", err)
+	}
+	note, err := sb1.Files().Read(ctx, "/note")
+	if err != nil || string(note) != "written on node 2" {
+		t.Fatalf("packed file on node 1: %q, %v", note, err)
+	}
+	if got, err := sb1.Files().Read(ctx, "/payload"); err != nil || string(got) != string(data) {
+		t.Fatalf("base layer's file on node 1: %d bytes, %v", len(got), err)
+	}
+}
+
+func imgsLayers(imgs *client.Images, err error) []client.Layer {
+	if err != nil || imgs == nil {
+		return nil
+	}
+	return imgs.Layers
+}
+
+// nodeID is the id of the rig's node i (by its cluster address).
+func nodeID(t *testing.T, r *rig, i int) string {
+	nodes, err := r.cli[0].ClusterNodes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if n.Address == r.nodeAddr(i) {
+			return n.ID
+		}
+	}
+	t.Fatalf("no node %d in %+v", i, nodes)
+	return ""
+}
