@@ -136,7 +136,7 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&bf.cache, "blob-cache-size", "0", "most bytes of lazily fetched chunks kept on disk, evicting the least recently used (0: no limit)")
 	fl.DurationVar(&bf.timeout, "blob-fetch-timeout", 30*time.Second, "how long a read waits for a chunk from the blob store before it fails with EIO")
 	fl.StringVar(&e2bCfg.Listen, "e2b-listen", "", "TCP address serving E2B's API (control and envd) for the unchanged e2b SDKs; empty disables it")
-	fl.StringVar(&e2bCfg.APIKey, "e2b-api-key", "", "an operator X-API-KEY for the E2B API (e2b_ followed by hex digits), acting in the node's root project; corral tokens are accepted as keys without it")
+	fl.StringVar(&e2bCfg.APIKey, "e2b-api-key", "", "an operator X-API-KEY for the E2B API (e2b_ followed by hex digits), acting as the node administrator; corral tokens are accepted as keys without it")
 	fl.StringVar(&e2bCfg.Domain, "e2b-domain", "localhost", "domain returned for E2B sandboxes: hosts <port>-<sandbox id>.<domain> route to them on --e2b-listen")
 	fl.StringVar(&bf.listen, "blob-listen", "", "TCP address serving this node's blobs to peers (no authentication: node network only; needs --blob-store)")
 	return cmd

@@ -13,6 +13,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/e2b"
+	"github.com/corral-dev/corral/internal/iam"
 )
 
 // E2BConfig serves E2B's API (control and envd) on a listener of its own.
@@ -33,14 +34,20 @@ func (s *Server) listenE2B(sandboxes *control.Service, guard *control.Guard) err
 		return nil
 	}
 	// X-API-KEY is a corral token (as it is, or e2b_<hex> of it); the
-	// optional --e2b-api-key is the operator's single key, acting in the
-	// node's root project (it sees every project, as the operator does).
+	// optional --e2b-api-key is the operator's single key: it acts as the
+	// node administrator does (every project), on the E2B API's calls only.
 	var operator e2b.Authenticator
 	if cfg.APIKey != "" {
 		if err := e2b.CheckKeyFormat(cfg.APIKey); err != nil {
 			return fmt.Errorf("--e2b-api-key: %w", err)
 		}
-		operator = e2b.KeyAuth(cfg.APIKey, "")
+		key := e2b.KeyAuth(cfg.APIKey, "")
+		operator = func(ctx context.Context, got string) (iam.Principal, error) {
+			if _, err := key(ctx, got); err != nil {
+				return iam.Principal{}, err
+			}
+			return iam.Principal{NodeAdmin: true, TokenID: "e2b-api-key"}, nil
+		}
 	}
 	secret, err := e2bSecret(s.cfg.DataDir)
 	if err != nil {
