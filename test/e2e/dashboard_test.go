@@ -43,7 +43,19 @@ func chromium(t *testing.T) context.Context {
 func TestDashboardShowsNodeAndSandbox(t *testing.T) {
 	ctx := chromium(t)
 	srv := testenv.StartServer(t, func(c *server.Config) { c.Listen = "127.0.0.1:0" })
-	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Labels: map[string]string{"task": "dashboard"}})
+	// The page, like any TCP caller, acts with a token: an operator's of
+	// project ops, whose sandboxes it shows.
+	mustProject(t, srv.Client, "ops", client.Quota{})
+	_, secret, err := srv.Client.CreateToken(context.Background(), client.TokenOptions{Project: "ops", Role: "member"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := client.New(srv.TCPAddr(), client.WithToken(secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ops.Close() })
+	sb := testenv.NewSandbox(t, ops, client.CreateOptions{Labels: map[string]string{"task": "dashboard"}})
 	testenv.Sh(t, sb, "echo dashboard-exec")
 
 	consoleCtx, stopConsole := context.WithCancel(ctx)
@@ -61,7 +73,7 @@ func TestDashboardShowsNodeAndSandbox(t *testing.T) {
 			}
 		}
 	}()
-	url := "http://" + srv.TCPAddr() + "/ui/?token=unused-until-tenancy"
+	url := "http://" + srv.TCPAddr() + "/ui/?token=" + secret
 	if err := chromedp.Do(ctx, chromedp.Navigate(url)); err != nil {
 		t.Fatalf("load %s: %v", url, err)
 	}
@@ -69,7 +81,7 @@ func TestDashboardShowsNodeAndSandbox(t *testing.T) {
 	// The node and the live sandbox show within 5 s.
 	wait, cancel := context.WithTimeout(ctx, 5*time.Second)
 	js := fmt.Sprintf(`document.querySelector("#nodes tbody").innerText.includes(%q) && document.querySelector("#sandboxes tbody").innerText.includes(%q)`, srv.NodeID(), sb.ID())
-	_, err := chromedp.Run(wait, chromedp.Poll[bool](js, chromedp.WithPollingInterval(100*time.Millisecond)))
+	_, err = chromedp.Run(wait, chromedp.Poll[bool](js, chromedp.WithPollingInterval(100*time.Millisecond)))
 	cancel()
 	if err != nil {
 		body, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("body")))
@@ -78,7 +90,7 @@ func TestDashboardShowsNodeAndSandbox(t *testing.T) {
 
 	// Some traffic for the charts: a few more creates and deletes.
 	for range 4 {
-		extra := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
+		extra := testenv.NewSandbox(t, ops, client.CreateOptions{})
 		testenv.Sh(t, extra, "true")
 		if err := extra.Delete(context.Background()); err != nil {
 			t.Fatal(err)
