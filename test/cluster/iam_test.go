@@ -83,6 +83,25 @@ func TestClusterIAM(t *testing.T) {
 		t.Fatalf("create in tb (no quota) after ta's refusal: %v", err)
 	}
 
+	// Usage summed over the nodes; the audit log (etcd) has ta's create,
+	// made through control 1, read through control 0.
+	if pr, err := admin.GetProject(ctx, "ta"); err != nil || pr.Usage.Sandboxes != 1 {
+		t.Fatalf("project ta through control 0: %+v, %v; want 1 sandbox in use", pr, err)
+	}
+	entries, err := admin.Audit(ctx, client.AuditFilter{Project: "ta"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	creates := 0
+	for _, e := range entries {
+		if e.Procedure == "/corral.v1.SandboxService/Create" && e.Project == "ta" {
+			creates++
+		}
+	}
+	if creates != 2 { // one made, one refused by the quota
+		t.Fatalf("audit of project ta has %d creates, want 2: %+v", creates, entries)
+	}
+
 	// Draining is the cluster administrator's.
 	nodes, err := a.ClusterNodes(ctx)
 	if err != nil || len(nodes) != 1 {
