@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -23,17 +24,51 @@ func controlGuard(svc *iam.Service, proxy *cluster.Proxy, images ClusterImageSer
 	owners := &control.ImageOwners{Store: svc.Store(), Exists: images.exists}
 	cc := clusterContents{proxy: proxy, owners: owners}
 	svc.SetContents(cc, cc.usage)
+	projects := &projectCache{m: map[string]string{}}
 	return &control.Guard{
 		IAM:    svc,
 		Images: owners,
 		SandboxProject: func(ctx context.Context, id string) (string, error) {
+			if p, ok := projects.get(id); ok {
+				return p, nil
+			}
 			resp, err := proxy.Get(control.NodeAdminContext(ctx), connect.NewRequest(&corralv1.GetRequest{Id: id}))
 			if err != nil {
 				return "", err
 			}
-			return resp.Msg.GetSandbox().GetProject(), nil
+			sb := resp.Msg.GetSandbox()
+			if sb.GetState() != corralv1.SandboxState_SANDBOX_STATE_LOST { // a lost node's answer has no project
+				projects.put(id, sb.GetProject())
+			}
+			return sb.GetProject(), nil
 		},
 	}
+}
+
+// projectCache remembers sandboxes' projects, which never change (ids are
+// not reused), so that a token's calls into a sandbox cost no extra round
+// trip to its node after the first. It is emptied when full.
+type projectCache struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+const maxCachedProjects = 200_000
+
+func (c *projectCache) get(id string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.m[id]
+	return p, ok
+}
+
+func (c *projectCache) put(id, project string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= maxCachedProjects {
+		clear(c.m)
+	}
+	c.m[id] = project
 }
 
 // exists reports whether a node recorded an image called name (any
