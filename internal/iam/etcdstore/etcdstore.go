@@ -131,24 +131,38 @@ func (s *Store) Txn(ctx context.Context, conds []iam.Cond, writes []iam.Write) e
 		}
 	}
 	var resp *clientv3.TxnResponse
-	commit := func() (err error) { resp, err = s.cli.Txn(ctx).If(cmps...).Then(ops...).Commit(); return err }
-	var err error
-	if len(cmps) == 0 {
-		// Unconditional writes (audit entries) are the same when sent
-		// twice: ride out a leader election rather than fail the call.
-		err = retry(ctx, commit)
-	} else {
-		// A conditional one may have committed before a timeout: sent
-		// again it would report its own write as a conflict.
-		err = commit()
-	}
+	attempts := 0
+	err := retry(ctx, func() (err error) {
+		attempts++
+		resp, err = s.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		return err
+	})
 	if err != nil {
 		return errdefs.Unavailable("iam store: txn: %v", err)
+	}
+	// An attempt that timed out may have committed: then the one sent
+	// again fails its conditions on our own writes.
+	if !resp.Succeeded && attempts > 1 && s.written(ctx, writes) {
+		return nil
 	}
 	if !resp.Succeeded {
 		return fmt.Errorf("iam store: a record changed since it was read: %w", errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// written reports whether every write is already in the store as asked.
+func (s *Store) written(ctx context.Context, writes []iam.Write) bool {
+	for _, w := range writes {
+		resp, err := s.cli.Get(ctx, s.prefix+w.Key)
+		if err != nil {
+			return false
+		}
+		if w.Delete != (len(resp.Kvs) == 0) || !w.Delete && string(resp.Kvs[0].Value) != string(w.Value) {
+			return false
+		}
+	}
+	return true
 }
 
 // retryFor bounds how long a request is sent again while etcd recovers
