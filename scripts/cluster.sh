@@ -117,11 +117,12 @@ for i in 0 1 2; do start_node "$i"; done
 say "2 control instances (127.0.0.1:$((BASE + 16)), :$((BASE + 17)))"
 for i in 0 1; do
   "$BIN" serve --role control --etcd "$ETCD" --cluster-secret-file "$WORK/secret" \
-    --listen "127.0.0.1:$((BASE + 16 + i))" --log-level warn >"$WORK/control$i.log" 2>&1 &
+    --listen "127.0.0.1:$((BASE + 16 + i))" --socket "$WORK/control$i.sock" --log-level warn >"$WORK/control$i.log" 2>&1 &
   pids+=($!)
 done
-C0="--addr 127.0.0.1:$((BASE + 16))"
-C1="--addr 127.0.0.1:$((BASE + 17))"
+# The sockets are the cluster administrator's; TCP callers send a token.
+C0="--addr unix://$WORK/control0.sock"
+C1="--addr unix://$WORK/control1.sock"
 ready=0
 for _ in $(seq 1 120); do
   ready=$("$BIN" $C0 nodes --json 2>/dev/null | grep -c '"State": "ready"' || true)
@@ -139,6 +140,13 @@ for n in $(seq 1 30); do
 done
 printf '%s\n' "${ids[@]}" | cut -d- -f1 | sort | uniq -c | sed 's/^/  sandboxes on node: /'
 "$BIN" $C1 exec "${ids[0]}" -- echo "exec through the other control instance works"
+
+say "a project and its token made on control 0, used over TCP on control 1"
+"$BIN" $C0 project create demo --max-sandboxes 5 >/dev/null
+tok=$("$BIN" $C0 token create --project demo 2>/dev/null)
+psb=$(CORRAL_TOKEN=$tok "$BIN" --addr "127.0.0.1:$((BASE + 17))" create --memory 32Mi)
+echo "  $psb in project $("$BIN" $C0 get "$psb" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["Project"])')"
+"$BIN" --addr "127.0.0.1:$((BASE + 17))" nodes >/dev/null 2>&1 && { echo "cluster.sh: TCP without a token was served" >&2; exit 1; }
 
 say "a layer made on node 0, a sandbox from it on node 2 (lazy fetch from S3)"
 mkdir -p "$WORK/layer"
@@ -166,6 +174,6 @@ for _ in $(seq 1 120); do "$BIN" $C1 exec "$victim" -- true 2>/dev/null && break
 "$BIN" $C1 exec "$victim" -- echo "  $victim answers again"
 
 if [ -n "${KEEP:-}" ]; then
-  say "cluster running: CORRAL_ADDR=127.0.0.1:$((BASE + 16)) (Ctrl-C ends it)"
+  say "cluster running: CORRAL_ADDR=unix://$WORK/control0.sock (Ctrl-C ends it)"
   while sleep 3600; do :; done
 fi

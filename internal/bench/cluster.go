@@ -137,8 +137,10 @@ func placementRun(ctx context.Context, o ClusterOptions, eps []string, fleet *si
 	}
 	var placeMu sync.Mutex
 	var places []time.Duration
+	// Through the socket: its caller is the cluster administrator.
+	sock := filepath.Join(os.TempDir(), fmt.Sprintf("corral-bench-control-%d.sock", o.BasePort))
 	ctl, err := server.StartControl(ctx, server.ControlConfig{Etcd: eps, Secret: benchSecret,
-		Listen: fmt.Sprintf("127.0.0.1:%d", o.BasePort+3), Placer: cluster.PlacerConfig{K: k}, Logger: log,
+		Listen: fmt.Sprintf("127.0.0.1:%d", o.BasePort+3), Socket: sock, Placer: cluster.PlacerConfig{K: k}, Logger: log,
 		OnPlace: func(d time.Duration) { placeMu.Lock(); places = append(places, d); placeMu.Unlock() }})
 	if err != nil {
 		return PlacementRun{}, err
@@ -152,7 +154,7 @@ func placementRun(ctx context.Context, o ClusterOptions, eps []string, fleet *si
 	if err != nil {
 		return PlacementRun{}, fmt.Errorf("control sees %d of %d nodes", len(ctl.Watcher().Snapshot().Nodes), len(fleet.Nodes()))
 	}
-	c, err := client.New(ctl.Addr(), client.WithMaxConnections(o.Concurrency))
+	c, err := client.New("unix://"+sock, client.WithMaxConnections(o.Concurrency))
 	if err != nil {
 		return PlacementRun{}, err
 	}
@@ -233,8 +235,9 @@ func realNodes(ctx context.Context, o ClusterOptions, eps []string, dir string, 
 		}
 		nodes = append(nodes, n)
 	}
+	sock := filepath.Join(dir, "control.sock")
 	ctl, err := server.StartControl(ctx, server.ControlConfig{Etcd: eps, Secret: benchSecret,
-		Listen: fmt.Sprintf("127.0.0.1:%d", o.BasePort+3), Placer: cluster.PlacerConfig{K: 2}, Logger: log})
+		Listen: fmt.Sprintf("127.0.0.1:%d", o.BasePort+3), Socket: sock, Placer: cluster.PlacerConfig{K: 2}, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -254,7 +257,7 @@ func realNodes(ctx context.Context, o ClusterOptions, eps []string, dir string, 
 		return fmt.Errorf("control never saw the %d real nodes", len(nodes))
 	}
 	// The simulated nodes are gone: only real ones take placements.
-	via, err := client.New(ctl.Addr())
+	via, err := client.New("unix://" + sock)
 	if err != nil {
 		return err
 	}

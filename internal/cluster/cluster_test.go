@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +33,7 @@ type rig struct {
 	fleet *simnode.Fleet
 	ctl   []*server.Control
 	cli   []*client.Client
+	sock  []string // each control instance's unix socket
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -52,8 +55,10 @@ func startRig(t *testing.T, specs []simnode.Spec, n int, pc cluster.PlacerConfig
 	t.Cleanup(func() { f.Close(context.Background()) })
 	r := &rig{etcd: e, fleet: f}
 	for i := range n {
+		// The socket's caller is the cluster administrator (TCP wants a token).
+		sock := filepath.Join(t.TempDir(), "control.sock")
 		c, err := server.StartControl(ctx, server.ControlConfig{Etcd: e.Endpoints(), Secret: secret,
-			Listen: fmt.Sprintf("127.0.0.1:%d", 17505+i), Placer: pc, Logger: quiet()})
+			Listen: fmt.Sprintf("127.0.0.1:%d", 17505+i), Socket: sock, Placer: pc, Logger: quiet()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,12 +69,12 @@ func startRig(t *testing.T, specs []simnode.Spec, n int, pc cluster.PlacerConfig
 		if err != nil {
 			t.Fatalf("control %d sees %d of %d nodes", i, len(c.Watcher().Snapshot().Nodes), len(specs))
 		}
-		cl, err := client.New(c.Addr())
+		cl, err := client.New("unix://" + sock)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { cl.Close() })
-		r.ctl, r.cli = append(r.ctl, c), append(r.cli, cl)
+		r.ctl, r.cli, r.sock = append(r.ctl, c), append(r.cli, cl), append(r.sock, sock)
 	}
 	return r
 }
@@ -202,7 +207,7 @@ func TestDrainLostAndPagination(t *testing.T) {
 	var lostID string
 	tok := ""
 	for page := 0; ; page++ {
-		infos, next, err := listPage(ctx, r.ctl[page%2].Addr(), tok, 7)
+		infos, next, err := listPage(ctx, r.sock[page%2], tok, 7)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -276,8 +281,11 @@ func TestDrainLostAndPagination(t *testing.T) {
 }
 
 // listPage asks for one page (the SDK's List fetches them all).
-func listPage(ctx context.Context, addr, tok string, size int) ([]*corralv1.Sandbox, string, error) {
-	c := corralv1connect.NewSandboxServiceClient(http.DefaultClient, "http://"+addr)
+func listPage(ctx context.Context, sock, tok string, size int) ([]*corralv1.Sandbox, string, error) {
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	c := corralv1connect.NewSandboxServiceClient(hc, "http://control")
 	resp, err := c.List(ctx, connect.NewRequest(&corralv1.ListRequest{PageSize: int32(size), PageToken: tok}))
 	if err != nil {
 		return nil, "", err

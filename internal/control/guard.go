@@ -90,6 +90,12 @@ var rules = map[string]rule{
 	corralv1connect.FnCallServiceCallProcedure:      {access: accessWrite},
 	corralv1connect.FnCallServiceCallBatchProcedure: {access: accessWrite},
 
+	// A control instance's view of the nodes; draining moves a node out
+	// of placement for everyone: the cluster administrator's (root on a
+	// control instance's socket).
+	corralv1connect.ClusterServiceListNodesProcedure: {access: accessRead},
+	corralv1connect.ClusterServiceDrainNodeProcedure: {access: accessNode, audit: true},
+
 	corralv1connect.IAMServiceWhoAmIProcedure:        {access: accessRead},
 	corralv1connect.IAMServiceCreateTokenProcedure:   {access: accessIAM, audit: true},
 	corralv1connect.IAMServiceListTokensProcedure:    {access: accessIAM},

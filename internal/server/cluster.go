@@ -21,6 +21,8 @@ import (
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/control"
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/iam/etcdstore"
 )
 
 // ClusterNodeConfig makes a server a node of a cluster (`corral serve
@@ -82,6 +84,9 @@ func StartClusterNode(ctx context.Context, cfg Config, cc ClusterNodeConfig) (*C
 	if cc.Capacity.Sandboxes == 0 {
 		cc.Capacity.Sandboxes = 3200
 	}
+	// The cluster's projects, tokens and quotas: admission of creates that
+	// control instances forward checks them.
+	cfg.IAMEtcd = cc.Etcd
 	s, err := Start(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -233,6 +238,7 @@ type Control struct {
 	etcd      *clientv3.Client
 	watcher   *cluster.Watcher
 	proxy     *cluster.Proxy
+	iam       *iam.Service
 	http      *http.Server
 	listeners []net.Listener
 	served    chan error
@@ -257,21 +263,31 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 	}
 	placer := cluster.NewPlacer(cc.Placer, c.watcher.Snapshot)
 	c.proxy = cluster.NewProxy(cluster.ProxyConfig{Watcher: c.watcher, Placer: placer, Secret: cc.Secret, OnPlace: cc.OnPlace, Logger: cc.Logger})
+	// IAM is the cluster's, in etcd: a token made through one control
+	// instance (or a node) works through every other.
+	c.iam = iam.New(iam.Config{Store: etcdstore.New(cli, etcdstore.DefaultPrefix), Logger: cc.Logger})
+	images := ClusterImageService{etcd: cli, proxy: c.proxy}
+	g := controlGuard(c.iam, c.proxy, images)
+	guard := connect.WithInterceptors(control.ErrorInterceptor{}, g)
 	mux := http.NewServeMux()
 	path, h := corralv1connect.NewSandboxServiceHandler(c.proxy,
-		connect.WithInterceptors(control.ErrorInterceptor{}), connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
+		guard, connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
-	path, h = corralv1connect.NewClusterServiceHandler(cluster.Service{W: c.watcher}, connect.WithInterceptors(control.ErrorInterceptor{}))
+	path, h = corralv1connect.NewClusterServiceHandler(cluster.Service{W: c.watcher}, guard)
 	mux.Handle(path, h)
-	path, h = corralv1connect.NewImageServiceHandler(ClusterImageService{etcd: cli, proxy: c.proxy}, connect.WithInterceptors(control.ErrorInterceptor{}))
+	path, h = corralv1connect.NewImageServiceHandler(images, guard)
 	mux.Handle(path, h)
 	path, h = corralv1connect.NewFnCallServiceHandler(cluster.FnCalls{P: c.proxy},
-		connect.WithInterceptors(control.ErrorInterceptor{}), connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
+		guard, connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
+	mux.Handle(path, h)
+	path, h = corralv1connect.NewIAMServiceHandler(control.NewIAMService(c.iam, g.Images), guard)
 	mux.Handle(path, h)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
-	c.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
+	// The socket's caller is the cluster administrator; TCP callers send a
+	// token.
+	c.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second, ConnContext: connContext}
 	if cc.Listen != "" {
 		ln, err := net.Listen("tcp", cc.Listen)
 		if err != nil {
@@ -332,5 +348,5 @@ func (c *Control) Stop(ctx context.Context) error {
 	err := c.http.Shutdown(shut)
 	c.proxy.Close()
 	c.watcher.Close()
-	return errors.Join(err, c.etcd.Close())
+	return errors.Join(err, c.iam.Close(), c.etcd.Close())
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/iam/etcdstore"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/state"
@@ -24,9 +25,17 @@ import (
 // own, fsynced on every write (the node's state.db is not).
 func IAMPath(dataDir string) string { return filepath.Join(dataDir, "iam.db") }
 
-// openIAM opens the IAM service over the node's bbolt store.
-func openIAM(cfg Config) (*iam.Service, error) {
-	st, err := iam.OpenBolt(IAMPath(cfg.DataDir))
+// openIAM opens the IAM service over the node's bbolt store, or the
+// cluster's etcd for a cluster node.
+func openIAM(ctx context.Context, cfg Config) (*iam.Service, error) {
+	var st iam.Store
+	var err error
+	if len(cfg.IAMEtcd) > 0 {
+		// The client outlives the start-up context.
+		st, err = etcdstore.Open(context.WithoutCancel(ctx), cfg.IAMEtcd, etcdstore.DefaultPrefix)
+	} else {
+		st, err = iam.OpenBolt(IAMPath(cfg.DataDir))
+	}
 	if err != nil {
 		return nil, err
 	}

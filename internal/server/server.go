@@ -89,6 +89,9 @@ type Config struct {
 	ImportRoot string
 	// E2B serves E2B's API (nil: not served).
 	E2B *E2BConfig
+	// IAMEtcd, when set, keeps IAM records in this etcd (a cluster node:
+	// the cluster's projects, tokens and quotas) instead of iam.db.
+	IAMEtcd []string
 }
 
 // BlobsConfig configures the blob store layers are shared through.
@@ -160,7 +163,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := checkTLS(cfg); err != nil {
 		return nil, err
 	}
-	iamSvc, err := openIAM(cfg)
+	iamSvc, err := openIAM(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}

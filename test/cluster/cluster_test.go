@@ -117,7 +117,7 @@ func controlRestart(t *testing.T, r *rig, ids []string) {
 	r.start(r.control[0])
 	addr := fmt.Sprintf("127.0.0.1:%d", controlBase)
 	waitPort(t, addr, r.control[0])
-	c, err := client.New(addr)
+	c, err := client.New("unix://" + r.controlSocket(0))
 	if err != nil {
 		t.Fatal(err)
 	}

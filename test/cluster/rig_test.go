@@ -3,7 +3,10 @@
 // --role control|node` processes with their own data dirs and cgroup
 // parents (each node in a network namespace of its own where the test
 // asks), real container sandboxes. Ports 17510-17539; namespaces cl14-t*,
-// bridge crc14t, subnet 10.214.1.0/24.
+// bridge crc14t, subnet 10.214.1.0/24. CORRAL_CLUSTER_TEST_PORT (a base
+// port) and CORRAL_CLUSTER_TEST_TAG (two letters or digits replacing "14"
+// in the names) and CORRAL_CLUSTER_TEST_SUBNET move a run aside of
+// another on the same machine.
 package cluster_test
 
 import (
@@ -13,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,11 +26,28 @@ import (
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
-const (
-	etcdBase    = 17510 // 3 members: client 17510/12/14, peer 17511/13/15
-	controlBase = 17520
-	nodeBase    = 17530
+var (
+	portBase    = envInt("CORRAL_CLUSTER_TEST_PORT", 17510)
+	etcdBase    = portBase      // 3 members: client +0/2/4, peer +1/3/5
+	controlBase = portBase + 10 // control instances' TCP listeners
+	nodeBase    = portBase + 20
+	tag         = envOr("CORRAL_CLUSTER_TEST_TAG", "14")
 )
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(key string, def int) int {
+	n, err := strconv.Atoi(envOr(key, strconv.Itoa(def)))
+	if err != nil {
+		panic(fmt.Sprintf("%s: %v", key, err))
+	}
+	return n
+}
 
 type proc struct {
 	name string
@@ -121,9 +142,9 @@ func (r *rig) endpoints() string {
 	return strings.Join(eps, ",")
 }
 
-const (
-	bridge = "crc14t"
-	subnet = "10.214.1"
+var (
+	bridge = "crc" + tag + "t"
+	subnet = envOr("CORRAL_CLUSTER_TEST_SUBNET", "10.214.1")
 )
 
 func sh(t *testing.T, args ...string) {
@@ -143,10 +164,10 @@ func (r *rig) nodeNetwork(n int) {
 	sh(t, "ip", "addr", "add", subnet+".1/24", "dev", bridge)
 	sh(t, "ip", "link", "set", bridge, "up")
 	for i := range n {
-		ns := fmt.Sprintf("cl14-t%d", i)
+		ns := fmt.Sprintf("cl%s-t%d", tag, i)
 		sh(t, "ip", "netns", "add", ns)
-		sh(t, "ip", "link", "add", fmt.Sprintf("cl14t%d", i), "type", "veth", "peer", "name", "eth0", "netns", ns)
-		sh(t, "ip", "link", "set", fmt.Sprintf("cl14t%d", i), "master", bridge, "up")
+		sh(t, "ip", "link", "add", fmt.Sprintf("cl%st%d", tag, i), "type", "veth", "peer", "name", "eth0", "netns", ns)
+		sh(t, "ip", "link", "set", fmt.Sprintf("cl%st%d", tag, i), "master", bridge, "up")
 		ip := fmt.Sprintf("%s.%d", subnet, 10+i)
 		sh(t, "ip", "-n", ns, "addr", "add", ip+"/24", "dev", "eth0")
 		sh(t, "ip", "-n", ns, "link", "set", "lo", "up")
@@ -158,8 +179,8 @@ func (r *rig) nodeNetwork(n int) {
 
 func (r *rig) unnet(n int) {
 	for i := range n {
-		_ = exec.Command("ip", "netns", "del", fmt.Sprintf("cl14-t%d", i)).Run()
-		_ = exec.Command("ip", "link", "del", fmt.Sprintf("cl14t%d", i)).Run()
+		_ = exec.Command("ip", "netns", "del", fmt.Sprintf("cl%s-t%d", tag, i)).Run()
+		_ = exec.Command("ip", "link", "del", fmt.Sprintf("cl%st%d", tag, i)).Run()
 	}
 	_ = exec.Command("ip", "link", "del", bridge).Run()
 }
@@ -209,7 +230,7 @@ func startRig(t *testing.T, netns bool, nControl, nNode int, nodeArgs ...string)
 		p := &proc{name: fmt.Sprintf("node %d", i), log: filepath.Join(r.dir, fmt.Sprintf("node%d.log", i)), args: []string{"serve",
 			"--role", "node", "--etcd", r.endpoints(), "--cluster-secret-file", sf,
 			"--advertise", r.nodeAddr(i), "--data-dir", dir, "--listen", "",
-			"--cgroup-parent", cg, "--net-bridge", fmt.Sprintf("crc14n%d", i), "--lease-ttl", "3s",
+			"--cgroup-parent", cg, "--net-bridge", fmt.Sprintf("crc%sn%d", tag, i), "--lease-ttl", "3s",
 			"--report-interval", "500ms", "--cleanup-on-exit", "--log-level", "warn",
 			"--node-label", fmt.Sprintf("rack=r%d", i)}}
 		p.args = append(p.args, nodeArgs...)
@@ -217,7 +238,7 @@ func startRig(t *testing.T, netns bool, nControl, nNode int, nodeArgs ...string)
 			// nsenter, not `ip netns exec`, which remounts /sys and so
 			// hides the cgroup hierarchies; it execs corral in place, so
 			// a SIGKILL reaches the node itself.
-			p.args = append([]string{"--net=/run/netns/" + fmt.Sprintf("cl14-t%d", i), r.bin}, p.args...)
+			p.args = append([]string{"--net=/run/netns/" + fmt.Sprintf("cl%s-t%d", tag, i), r.bin}, p.args...)
 			p.exe = "nsenter"
 		}
 		r.start(p)
@@ -225,12 +246,15 @@ func startRig(t *testing.T, netns bool, nControl, nNode int, nodeArgs ...string)
 	}
 	for i := range nControl {
 		addr := fmt.Sprintf("127.0.0.1:%d", controlBase+i)
+		// The tests drive the cluster as its administrator, on the
+		// socket; TCP callers need a token.
+		sock := r.controlSocket(i)
 		p := &proc{name: fmt.Sprintf("control %d", i), log: filepath.Join(r.dir, fmt.Sprintf("control%d.log", i)), args: []string{"serve",
-			"--role", "control", "--etcd", r.endpoints(), "--cluster-secret-file", sf, "--listen", addr, "--log-level", "warn"}}
+			"--role", "control", "--etcd", r.endpoints(), "--cluster-secret-file", sf, "--listen", addr, "--socket", sock, "--log-level", "warn"}}
 		r.start(p)
 		r.control = append(r.control, p)
 		waitPort(t, addr, p)
-		c, err := client.New(addr)
+		c, err := client.New("unix://" + sock)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,6 +265,11 @@ func startRig(t *testing.T, netns bool, nControl, nNode int, nodeArgs ...string)
 	}
 	r.waitNodes(nNode, "ready")
 	return r
+}
+
+// controlSocket is control instance i's unix socket.
+func (r *rig) controlSocket(i int) string {
+	return filepath.Join(r.dir, fmt.Sprintf("control%d.sock", i))
 }
 
 // waitNodes waits until control 0 reports n nodes in state.

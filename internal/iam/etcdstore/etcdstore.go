@@ -10,9 +10,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
@@ -63,7 +67,8 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, int64, error) {
 	if err := checkKey(key); err != nil {
 		return nil, 0, err
 	}
-	resp, err := s.cli.Get(ctx, s.prefix+key)
+	var resp *clientv3.GetResponse
+	err := retry(ctx, func() (err error) { resp, err = s.cli.Get(ctx, s.prefix+key); return err })
 	if err != nil {
 		return nil, 0, errdefs.Unavailable("iam store: get %s: %v", key, err)
 	}
@@ -76,7 +81,11 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, int64, error) {
 
 // List returns the records under prefix, in key order.
 func (s *Store) List(ctx context.Context, prefix string) ([]iam.Entry, error) {
-	resp, err := s.cli.Get(ctx, s.prefix+prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	var resp *clientv3.GetResponse
+	err := retry(ctx, func() (err error) {
+		resp, err = s.cli.Get(ctx, s.prefix+prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+		return err
+	})
 	if err != nil {
 		return nil, errdefs.Unavailable("iam store: list %s: %v", prefix, err)
 	}
@@ -121,14 +130,72 @@ func (s *Store) Txn(ctx context.Context, conds []iam.Cond, writes []iam.Write) e
 			ops = append(ops, clientv3.OpPut(s.prefix+w.Key, string(w.Value)))
 		}
 	}
-	resp, err := s.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	var resp *clientv3.TxnResponse
+	attempts := 0
+	err := retry(ctx, func() (err error) {
+		attempts++
+		resp, err = s.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		return err
+	})
 	if err != nil {
 		return errdefs.Unavailable("iam store: txn: %v", err)
+	}
+	// An attempt that timed out may have committed: then the one sent
+	// again fails its conditions on our own writes.
+	if !resp.Succeeded && attempts > 1 && s.written(ctx, writes) {
+		return nil
 	}
 	if !resp.Succeeded {
 		return fmt.Errorf("iam store: a record changed since it was read: %w", errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// written reports whether every write is already in the store as asked.
+func (s *Store) written(ctx context.Context, writes []iam.Write) bool {
+	for _, w := range writes {
+		resp, err := s.cli.Get(ctx, s.prefix+w.Key)
+		if err != nil {
+			return false
+		}
+		if w.Delete != (len(resp.Kvs) == 0) || !w.Delete && string(resp.Kvs[0].Value) != string(w.Value) {
+			return false
+		}
+	}
+	return true
+}
+
+// retryFor bounds how long a request is sent again while etcd recovers
+// (an election takes a few seconds after a member is lost).
+const retryFor = 15 * time.Second
+
+// retry runs op again while it fails with an error etcd answers when it
+// has no leader or lost one mid-request, for up to retryFor or until ctx
+// ends.
+func retry(ctx context.Context, op func() error) error {
+	deadline := time.Now().Add(retryFor)
+	wait := 50 * time.Millisecond
+	for {
+		err := op()
+		if err == nil || !transient(err) || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+func transient(err error) bool {
+	switch rpctypes.Error(err) {
+	case rpctypes.ErrNoLeader, rpctypes.ErrLeaderChanged, rpctypes.ErrTimeout,
+		rpctypes.ErrTimeoutDueToLeaderFail, rpctypes.ErrTimeoutDueToConnectionLost:
+		return true
+	}
+	return status.Code(err) == codes.Unavailable
 }
 
 // Close closes the etcd connection if Open made it.
