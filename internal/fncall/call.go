@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
@@ -15,13 +16,27 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// writeInputs writes a call's input files. The writes hold
+// syscall.ForkLock for reading, so no process the daemon forks meanwhile
+// (a pool refill's init waits for its id maps before it execs) inherits a
+// file still open for writing: the call may exec the file it was given,
+// and such an inherited descriptor makes that exec fail with ETXTBSY.
+// Inputs are bounded by the request size, so forks wait briefly.
+func writeInputs(ctx context.Context, sb backend.Sandbox, files map[string][]byte) error {
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
+	for p, b := range files {
+		if _, err := sb.WriteFile(ctx, absPath(p), bytes.NewReader(b), backend.WriteOptions{Mode: 0o644, MakeParents: true}); err != nil {
+			return fmt.Errorf("fncall: write input file %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
 // run runs one normalized request on sb.
 func (s *Service) run(ctx context.Context, sb backend.Sandbox, req *Request, argv []string) (*Result, error) {
-	for p, b := range req.Files {
-		_, err := sb.WriteFile(ctx, absPath(p), bytes.NewReader(b), backend.WriteOptions{Mode: 0o644, MakeParents: true})
-		if err != nil {
-			return nil, fmt.Errorf("fncall: write input file %s: %w", p, err)
-		}
+	if err := writeInputs(ctx, sb, req.Files); err != nil {
+		return nil, err
 	}
 	var res *Result
 	var er backend.ExecResult
