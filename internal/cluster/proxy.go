@@ -359,35 +359,28 @@ func decodeListToken(s string) (nodeID, tok string, err error) {
 }
 
 func (p *Proxy) Exec(ctx context.Context, req *connect.Request[corralv1.ExecRequest], stream *connect.ServerStream[corralv1.ExecResponse]) error {
-	v, c, err := p.nodeFor(req.Msg.SandboxId)
-	if err != nil {
-		return err
-	}
-	in, err := c.Exec(ctx, connect.NewRequest(req.Msg))
-	if err != nil {
-		return unreachable(v, err)
-	}
-	defer in.Close()
-	for in.Receive() {
-		if err := stream.Send(in.Msg()); err != nil {
-			return err
-		}
-	}
-	return unreachable(v, in.Err())
+	return serverStream(p, ctx, req.Msg.SandboxId, req, stream, corralv1connect.SandboxServiceClient.Exec)
 }
 
 func (p *Proxy) ReadFile(ctx context.Context, req *connect.Request[corralv1.ReadFileRequest], stream *connect.ServerStream[corralv1.ReadFileResponse]) error {
-	v, c, err := p.nodeFor(req.Msg.SandboxId)
+	return serverStream(p, ctx, req.Msg.SandboxId, req, stream, corralv1connect.SandboxServiceClient.ReadFile)
+}
+
+// serverStream relays a per-sandbox server stream from the sandbox's node,
+// message by message.
+func serverStream[Req, Resp any](p *Proxy, ctx context.Context, id string, req *connect.Request[Req], out *connect.ServerStream[Resp],
+	call func(corralv1connect.SandboxServiceClient, context.Context, *connect.Request[Req]) (*connect.ServerStreamForClient[Resp], error)) error {
+	v, c, err := p.nodeFor(id)
 	if err != nil {
 		return err
 	}
-	in, err := c.ReadFile(ctx, connect.NewRequest(req.Msg))
+	in, err := call(c, ctx, connect.NewRequest(req.Msg))
 	if err != nil {
 		return unreachable(v, err)
 	}
 	defer in.Close()
 	for in.Receive() {
-		if err := stream.Send(in.Msg()); err != nil {
+		if err := out.Send(in.Msg()); err != nil {
 			return err
 		}
 	}

@@ -56,21 +56,7 @@ func (p *Proxy) CopyIn(ctx context.Context, in *connect.ClientStream[corralv1.Co
 }
 
 func (p *Proxy) CopyOut(ctx context.Context, req *connect.Request[corralv1.CopyOutRequest], stream *connect.ServerStream[corralv1.CopyOutResponse]) error {
-	v, c, err := p.nodeFor(req.Msg.SandboxId)
-	if err != nil {
-		return err
-	}
-	in, err := c.CopyOut(ctx, connect.NewRequest(req.Msg))
-	if err != nil {
-		return unreachable(v, err)
-	}
-	defer in.Close()
-	for in.Receive() {
-		if err := stream.Send(in.Msg()); err != nil {
-			return err
-		}
-	}
-	return unreachable(v, in.Err())
+	return serverStream(p, ctx, req.Msg.SandboxId, req, stream, corralv1connect.SandboxServiceClient.CopyOut)
 }
 
 // ExecStream needs HTTP/2 end to end; the control plane's node connections
