@@ -143,8 +143,10 @@ func (s *Service) exec(ctx context.Context, msg *corralv1.ExecRequest, out backe
 	return n.Exec(ctx, msg.SandboxId, er, out)
 }
 
-func (s *Service) Exec(ctx context.Context, req *connect.Request[corralv1.ExecRequest], stream *connect.ServerStream[corralv1.ExecResponse]) error {
-	res, err := s.exec(ctx, req.Msg, func(st backend.Stream, p []byte) error {
+// sendOutput sends a command's output as ExecResponse messages of at most
+// readChunk bytes.
+func sendOutput(send func(*corralv1.ExecResponse) error) func(backend.Stream, []byte) error {
+	return func(st backend.Stream, p []byte) error {
 		for len(p) > 0 {
 			chunk := p[:min(len(p), readChunk)]
 			p = p[len(chunk):]
@@ -154,12 +156,16 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[corralv1.ExecRe
 			} else {
 				msg.Event = &corralv1.ExecResponse_Stdout{Stdout: bytes.Clone(chunk)}
 			}
-			if err := stream.Send(msg); err != nil {
+			if err := send(msg); err != nil {
 				return err
 			}
 		}
 		return nil
-	})
+	}
+}
+
+func (s *Service) Exec(ctx context.Context, req *connect.Request[corralv1.ExecRequest], stream *connect.ServerStream[corralv1.ExecResponse]) error {
+	res, err := s.exec(ctx, req.Msg, sendOutput(stream.Send))
 	if err != nil {
 		return err
 	}

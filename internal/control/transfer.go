@@ -2,7 +2,6 @@ package control
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -119,22 +118,7 @@ func (s *Service) ExecStream(ctx context.Context, stream *connect.BidiStream[cor
 		pw.CloseWithError(err)
 	}()
 	er.StdinReader = pr
-	res, err := n.Exec(ctx, first.Exec.SandboxId, er, func(st backend.Stream, p []byte) error {
-		for len(p) > 0 {
-			chunk := p[:min(len(p), readChunk)]
-			p = p[len(chunk):]
-			msg := &corralv1.ExecResponse{}
-			if st == backend.Stderr {
-				msg.Event = &corralv1.ExecResponse_Stderr{Stderr: bytes.Clone(chunk)}
-			} else {
-				msg.Event = &corralv1.ExecResponse_Stdout{Stdout: bytes.Clone(chunk)}
-			}
-			if err := stream.Send(msg); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	res, err := n.Exec(ctx, first.Exec.SandboxId, er, sendOutput(stream.Send))
 	if err != nil {
 		return err
 	}
