@@ -144,14 +144,7 @@ func (c clusterContents) Count(ctx context.Context, project string) (string, err
 	if err != nil {
 		return "", err
 	}
-	var parts []string
-	if len(ids) > 0 {
-		parts = append(parts, fmt.Sprintf("%d sandboxes", len(ids)))
-	}
-	if len(names) > 0 {
-		parts = append(parts, fmt.Sprintf("%d image names (%s)", len(names), strings.Join(names, ", ")))
-	}
-	return strings.Join(parts, " and "), nil
+	return describeContents(len(ids), names), nil
 }
 
 // DeleteAll deletes the project's sandboxes on every node. Image names

@@ -93,6 +93,19 @@ func (c projectContents) sandboxes(ctx context.Context, project string) ([]strin
 	}
 }
 
+// describeContents is iam.Contents.Count's phrase for what a project holds
+// ("3 sandboxes and 1 image names (a@1)"; "" for nothing).
+func describeContents(sandboxes int, names []string) string {
+	var parts []string
+	if sandboxes > 0 {
+		parts = append(parts, fmt.Sprintf("%d sandboxes", sandboxes))
+	}
+	if len(names) > 0 {
+		parts = append(parts, fmt.Sprintf("%d image names (%s)", len(names), strings.Join(names, ", ")))
+	}
+	return strings.Join(parts, " and ")
+}
+
 func (c projectContents) Count(ctx context.Context, project string) (string, error) {
 	ids, err := c.sandboxes(ctx, project)
 	if err != nil {
@@ -102,14 +115,7 @@ func (c projectContents) Count(ctx context.Context, project string) (string, err
 	if err != nil {
 		return "", err
 	}
-	var parts []string
-	if len(ids) > 0 {
-		parts = append(parts, fmt.Sprintf("%d sandboxes", len(ids)))
-	}
-	if len(names) > 0 {
-		parts = append(parts, fmt.Sprintf("%d image names (%s)", len(names), strings.Join(names, ", ")))
-	}
-	return strings.Join(parts, " and "), nil
+	return describeContents(len(ids), names), nil
 }
 
 func (c projectContents) DeleteAll(ctx context.Context, project string) error {
