@@ -22,14 +22,11 @@ func (f *FS) Chown(ctx context.Context, p string, uid, gid uint32) error {
 	if err := live(ctx); err != nil {
 		return err
 	}
-	parent, name, err := f.openParent(p)
+	parent, name, err := f.openDataParent(p)
 	if err != nil {
 		return err
 	}
 	defer parent.Close()
-	if err := checkData(parent, p); err != nil {
-		return err
-	}
 	if err := unix.Fchownat(int(parent.Fd()), name, int(uid), int(gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return pathErr(p, "chown", err)
 	}

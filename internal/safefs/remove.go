@@ -30,14 +30,11 @@ func (f *FS) Remove(ctx context.Context, p string, recursive bool) error {
 	if err := live(ctx); err != nil {
 		return err
 	}
-	parent, name, err := f.openParent(p)
+	parent, name, err := f.openDataParent(p)
 	if err != nil {
 		return err
 	}
 	defer parent.Close()
-	if err := checkData(parent, p); err != nil {
-		return err
-	}
 	if err := checkNotMount(parent, name, p); err != nil {
 		return err
 	}

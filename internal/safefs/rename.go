@@ -2,7 +2,6 @@ package safefs
 
 import (
 	"context"
-	"os"
 	"path"
 
 	"golang.org/x/sys/unix"
@@ -29,27 +28,21 @@ func (f *FS) Rename(ctx context.Context, from, to string) error {
 	if err := live(ctx); err != nil {
 		return err
 	}
-	src, srcName, err := f.openParent(from)
+	src, srcName, err := f.openDataParent(from)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	dst, dstName, err := f.openParent(to)
+	dst, dstName, err := f.openDataParent(to)
 	if err != nil {
 		return err
 	}
 	defer dst.Close()
-	for _, c := range []struct {
-		dir  *os.File
-		name string
-		p    string
-	}{{src, srcName, from}, {dst, dstName, to}} {
-		if err := checkData(c.dir, c.p); err != nil {
-			return err
-		}
-		if err := checkNotMount(c.dir, c.name, c.p); err != nil {
-			return err
-		}
+	if err := checkNotMount(src, srcName, from); err != nil {
+		return err
+	}
+	if err := checkNotMount(dst, dstName, to); err != nil {
+		return err
 	}
 	if err := unix.Renameat(int(src.Fd()), srcName, int(dst.Fd()), dstName); err != nil {
 		if err == unix.ENOENT {

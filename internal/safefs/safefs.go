@@ -176,6 +176,20 @@ func (f *FS) openParent(p string) (*os.File, string, error) {
 	return parent, name, nil
 }
 
+// openDataParent is openParent for a change to p's entry: the parent must
+// not be on a kernel pseudo filesystem.
+func (f *FS) openDataParent(p string) (*os.File, string, error) {
+	parent, name, err := f.openParent(p)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := checkData(parent, p); err != nil {
+		parent.Close()
+		return nil, "", err
+	}
+	return parent, name, nil
+}
+
 // openChild opens the single entry name of dir without following a symlink
 // or a magic link; with sameMount it also refuses to cross into another
 // mount (used while walking a tree being removed).
