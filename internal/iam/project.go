@@ -117,16 +117,22 @@ func (s *Service) mayManageChild(p Principal, path string) error {
 	return nil
 }
 
+// checkQuotaChange checks a request to give project path quota q: a valid
+// path and quota, asked by someone who may manage path.
+func (s *Service) checkQuotaChange(p Principal, path string, q Quota) error {
+	if err := ValidateProject(path); err != nil {
+		return err
+	}
+	if err := q.validate(); err != nil {
+		return err
+	}
+	return s.mayManageChild(p, path)
+}
+
 // CreateProject makes project path with quota q, which the parent gives
 // out of what it has not yet delegated to its other children.
 func (s *Service) CreateProject(ctx context.Context, p Principal, path string, q Quota) (*Project, error) {
-	if err := ValidateProject(path); err != nil {
-		return nil, err
-	}
-	if err := q.validate(); err != nil {
-		return nil, err
-	}
-	if err := s.mayManageChild(p, path); err != nil {
+	if err := s.checkQuotaChange(p, path, q); err != nil {
 		return nil, err
 	}
 	proj := &Project{Path: path, Quota: q, CreatedAt: s.now().UTC(), CreatedBy: p.String()}
@@ -178,13 +184,7 @@ func delegate(parent *Project, old, new Quota, child string) error {
 // SetQuota changes the quota of project path (not of the caller's own
 // project: that is its parent's to give).
 func (s *Service) SetQuota(ctx context.Context, p Principal, path string, q Quota) (*Project, error) {
-	if err := ValidateProject(path); err != nil {
-		return nil, err
-	}
-	if err := q.validate(); err != nil {
-		return nil, err
-	}
-	if err := s.mayManageChild(p, path); err != nil {
+	if err := s.checkQuotaChange(p, path, q); err != nil {
 		return nil, err
 	}
 	for attempt := 0; ; attempt++ {
@@ -242,18 +242,24 @@ func (s *Service) ListProjects(ctx context.Context, p Principal) ([]*Project, er
 	if !p.NodeAdmin {
 		prefix = projectKey(p.Project)
 	}
-	entries, err := s.store.List(ctx, prefix)
+	return listRecords(ctx, s.store, prefix, func(proj *Project) bool { return p.Sees(proj.Path) })
+}
+
+// listRecords decodes the JSON records under prefix, in key order, and
+// returns those keep accepts.
+func listRecords[T any](ctx context.Context, store Store, prefix string, keep func(*T) bool) ([]*T, error) {
+	entries, err := store.List(ctx, prefix)
 	if err != nil {
 		return nil, err
 	}
-	var out []*Project
+	var out []*T
 	for _, e := range entries {
-		proj := new(Project)
-		if err := json.Unmarshal(e.Value, proj); err != nil {
+		v := new(T)
+		if err := json.Unmarshal(e.Value, v); err != nil {
 			return nil, fmt.Errorf("decode %s: %w", e.Key, err)
 		}
-		if p.Sees(proj.Path) {
-			out = append(out, proj)
+		if keep(v) {
+			out = append(out, v)
 		}
 	}
 	return out, nil

@@ -147,22 +147,13 @@ func (s *Service) ListTokens(ctx context.Context, p Principal, project string) (
 	if !p.Administers(or(project, p.Project)) {
 		return nil, errdefs.PermissionDenied("tokens: %s may not list tokens (needs the admin role)", p)
 	}
-	entries, err := s.store.List(ctx, "tokens/")
-	if err != nil {
-		return nil, err
+	out, err := listRecords(ctx, s.store, "tokens/", func(t *Token) bool {
+		return p.Administers(t.Project) && Within(t.Project, project)
+	})
+	for _, t := range out {
+		t.Hash = ""
 	}
-	var out []*Token
-	for _, e := range entries {
-		t := new(Token)
-		if err := json.Unmarshal(e.Value, t); err != nil {
-			return nil, fmt.Errorf("decode %s: %w", e.Key, err)
-		}
-		if p.Administers(t.Project) && Within(t.Project, project) {
-			t.Hash = ""
-			out = append(out, t)
-		}
-	}
-	return out, nil
+	return out, err
 }
 
 // RevokeToken deletes token id: an admin of its project may, and any
