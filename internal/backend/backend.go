@@ -117,15 +117,16 @@ type Backend interface {
 	Sweep(ctx context.Context, keep func(id string) bool) error
 }
 
-// UpperReader is implemented by backends whose sandboxes' upper
-// directories the node can read (pack).
-type UpperReader interface {
-	// ReadUpper calls fn with a read-only view of sandbox id's upper
-	// directory. fn runs on the calling goroutine's locked OS thread and
-	// must not hand the path to other goroutines (the view may exist in
-	// that thread's mount namespace only); programs it starts see it. A
-	// running sandbox must be paused around the call for a consistent view.
-	ReadUpper(ctx context.Context, id string, fn func(upper string) error) error
+// UpperSnapshotter is implemented by backends whose sandboxes' upper
+// directories the node can copy (pack).
+type UpperSnapshotter interface {
+	// SnapshotUpper copies sandbox id's upper directory as it is
+	// (whiteouts, xattrs, hard links, holes; reflinked where the
+	// filesystem can) into a host directory of the node's, and returns it
+	// with the function that removes it. A running sandbox must be paused
+	// around the call for a consistent copy, and only around it: what is
+	// then built from the copy needs no pause.
+	SnapshotUpper(ctx context.Context, id string) (dir string, remove func() error, err error)
 }
 
 // Sandbox is one live sandbox. Methods are safe for concurrent use.

@@ -40,4 +40,9 @@ func (l *WritableLayer) Close() error {
 type UpperLocation struct {
 	Dir   string
 	Image string
+	// Scratch, when set, is a fresh path on Dir's filesystem outside
+	// every sandbox's quota, where the node may copy the upper directory
+	// (reflinked) for a pack; the store removes what is left there at its
+	// next open.
+	Scratch string
 }

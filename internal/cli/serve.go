@@ -26,6 +26,7 @@ import (
 
 func newServeCmd() *cobra.Command {
 	var cfg server.Config
+	var nodeCgroup, nodeMemLow string
 	var logLevel, logFormat, diskPool, defMemory, defDisk, subnet4, subnet6, presetsFile string
 	var presets []string
 	var d node.Defaults
@@ -67,6 +68,16 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 				return err
 			}
 			cfg.Defaults = d
+			switch nodeCgroup {
+			case "none":
+			case "":
+				cfg.NodeCgroup = cfg.CgroupParent + "-node"
+			default:
+				cfg.NodeCgroup = nodeCgroup
+			}
+			if cfg.NodeMemoryLow, err = parseBytes("node-memory-low", nodeMemLow); err != nil {
+				return err
+			}
 			if err := netFlags(&cfg.Network, subnet4, subnet6, presetsFile, presets); err != nil {
 				return err
 			}
@@ -99,6 +110,8 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate: serve the TCP listener over TLS (with --tls-key)")
 	fl.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	fl.StringVar(&cfg.CgroupParent, "cgroup-parent", "corral", "cgroup under which sandboxes are created")
+	fl.StringVar(&nodeCgroup, "node-cgroup", "", "the daemon's own cgroup, beside the sandboxes' parents, with a CPU weight 100x theirs and memory protection (default <cgroup-parent>-node; none: stay where started)")
+	fl.StringVar(&nodeMemLow, "node-memory-low", "256Mi", "memory the kernel keeps for the node cgroup under host memory pressure (cgroup v2 memory.low; on v1 the sandboxes' parents are reclaimed first instead)")
 	fl.BoolVar(&cfg.KeepCgroupMountOptions, "keep-cgroup-mount-options", false,
 		"do not turn on the host's cgroup2 favordynmods option (which makes sandbox creation ~10 ms faster on cgroup v1 hosts)")
 	fl.BoolVar(&cfg.RefusePageCacheProbes, "refuse-page-cache-probes", false,

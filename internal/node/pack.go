@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -29,10 +30,11 @@ type PackResult struct {
 // Pack turns sandbox id's upper directory into the layer req.Ref and
 // (unless NoComposition) records the composition req.Ref: the sandbox's
 // layers, pinned, with the new one on top, from which new sandboxes start
-// where this one is now. A running sandbox is frozen while its upper
-// directory is read, so the layer is one consistent moment; requests to it
-// wait meanwhile. A stopped sandbox (its writable layer kept until
-// deleted) packs as it was when it stopped.
+// where this one is now. A running sandbox is frozen only while its upper
+// directory is copied (a reflink copy where the disk store can), so the
+// layer is one consistent moment; the layer is then built from the copy
+// while the sandbox runs and serves execs. A stopped sandbox (its
+// writable layer kept until deleted) packs as it was when it stopped.
 func (n *Node) Pack(ctx context.Context, req PackRequest) (*PackResult, error) {
 	if err := image.CheckPackOptions(req.PackOptions); err != nil {
 		return nil, err
@@ -44,7 +46,7 @@ func (n *Node) Pack(ctx context.Context, req PackRequest) (*PackResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	reader, ok := e.backend.(backend.UpperReader)
+	snap, ok := e.backend.(backend.UpperSnapshotter)
 	if !ok {
 		return nil, errdefs.NotSupported("pack: backend %s cannot read a sandbox's writable layer", e.backend.Name())
 	}
@@ -62,42 +64,31 @@ func (n *Node) Pack(ctx context.Context, req PackRequest) (*PackResult, error) {
 		e.mu.Unlock()
 		return nil, errdefs.FailedPrecondition("pack: sandbox %s was made by an earlier version and names no layers; pack with no composition", req.ID)
 	}
-	paused := false
-	if rec.Phase == state.PhaseRunning {
-		if err := e.sb.Pause(ctx); err != nil {
-			e.mu.Unlock()
-			return nil, fmt.Errorf("pack: pause sandbox %s: %w", req.ID, err)
-		}
-		paused = true
-	}
 	// The pack runs without the sandbox's lock: a delete cancels it (and
-	// waits for it), and other requests are not queued behind the lock
-	// (an exec waits for the thaw). Its work is bounded by what the
-	// sandbox stored (image.Store.Pack refuses sparse trees).
+	// waits for it), and other requests are not queued behind the lock.
+	// Its work is bounded by what the sandbox stored (image.Store.Pack
+	// refuses sparse trees).
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	e.packing, e.packCancel = done, cancel
 	sb := e.sb
+	running := rec.Phase == state.PhaseRunning
 	e.mu.Unlock()
 	defer func() {
 		e.mu.Lock()
 		e.packing, e.packCancel = nil, nil
-		resume := paused && e.sb != nil && !e.deleting
 		e.mu.Unlock()
-		if resume {
-			if err := sb.Resume(context.WithoutCancel(ctx)); err != nil {
-				n.log.Error("resume sandbox after pack", "sandbox", req.ID, "err", err)
-			}
-		}
 		cancel()
 		close(done)
 	}()
-	var l image.Layer
-	err = reader.ReadUpper(ctx, req.ID, func(upper string) error {
-		var err error
-		l, err = n.cfg.Images.Pack(ctx, upper, req.PackOptions)
-		return err
-	})
+	dir, remove, err := n.snapshotUpper(ctx, e, req.ID, sb, snap, running)
+	if err != nil {
+		return nil, fmt.Errorf("pack sandbox %s: %w", req.ID, err)
+	}
+	l, err := n.cfg.Images.Pack(ctx, dir, req.PackOptions)
+	if rerr := remove(); rerr != nil {
+		n.log.Warn("remove a pack's snapshot", "sandbox", req.ID, "err", rerr)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pack sandbox %s: %w", req.ID, err)
 	}
@@ -114,4 +105,32 @@ func (n *Node) Pack(ctx context.Context, req PackRequest) (*PackResult, error) {
 		return nil, fmt.Errorf("pack sandbox %s: layer %s made, composition failed: %w", req.ID, l.Ref, err)
 	}
 	return out, nil
+}
+
+// snapshotUpper copies the upper directory of sandbox id (entry e, live
+// sandbox sb), frozen around the copy when it runs; it is thawed after
+// unless a delete came meanwhile.
+func (n *Node) snapshotUpper(ctx context.Context, e *entry, id string, sb backend.Sandbox, snap backend.UpperSnapshotter, running bool) (string, func() error, error) {
+	if running {
+		if err := sb.Pause(ctx); err != nil {
+			return "", nil, fmt.Errorf("pause: %w", err)
+		}
+		defer func() {
+			e.mu.Lock()
+			resume := e.sb != nil && !e.deleting
+			e.mu.Unlock()
+			if resume {
+				if err := sb.Resume(context.WithoutCancel(ctx)); err != nil {
+					n.log.Error("resume sandbox after a pack's snapshot", "sandbox", id, "err", err)
+				}
+			}
+		}()
+	}
+	start := time.Now()
+	dir, remove, err := snap.SnapshotUpper(ctx, id)
+	if err != nil {
+		return "", nil, err
+	}
+	n.log.Debug("pack snapshot", "sandbox", id, "frozen", running, "took", time.Since(start))
+	return dir, remove, nil
 }

@@ -195,5 +195,5 @@ func (s *Store) Locate(id string) (backend.UpperLocation, error) {
 	if _, err := os.Stat(upper); err != nil {
 		return backend.UpperLocation{}, fmt.Errorf("layer %s: %w", id, err)
 	}
-	return backend.UpperLocation{Dir: upper}, nil
+	return backend.UpperLocation{Dir: upper, Scratch: filepath.Join(s.mnt, s.trashPath())}, nil
 }

@@ -45,3 +45,33 @@ func (cs cgroupClaims) release() error {
 	}
 	return errors.Join(errs...)
 }
+
+// defaultNodeMemoryLow is the node's memory protection on cgroup v2 when
+// Config.NodeMemoryLow is unset.
+const defaultNodeMemoryLow = 256 << 20
+
+// enterNodeCgroup moves the daemon into its own cgroup (Config.NodeCgroup)
+// before it starts any helper, so that the helpers (the lazy blob server)
+// and every service in the process (the API, the DNS proxy) run with the
+// node's CPU weight and memory protection, not in competition with the
+// sandboxes at equal weight.
+func enterNodeCgroup(cfg Config) (*cgroup.NodeGroup, error) {
+	if cfg.NodeCgroup == "" {
+		return nil, nil
+	}
+	m, err := cgroup.NewManager(cgroupParent(cfg))
+	if err != nil {
+		return nil, errdefs.NotSupported("cgroups: %v", err)
+	}
+	low := cfg.NodeMemoryLow
+	if low == 0 {
+		low = defaultNodeMemoryLow
+	}
+	parent := cgroupParent(cfg)
+	ng, err := m.EnterNode(cfg.NodeCgroup, []string{parent, parent + cgroup.IdleSuffix}, cgroup.NodeReserve{MemoryLow: low})
+	if err != nil {
+		return nil, fmt.Errorf("node cgroup: %w", err)
+	}
+	cfg.Logger.Info("node cgroup", "dirs", ng.Dirs(), "cpu_shares_v1", cgroup.NodeCPUSharesV1, "cpu_weight_v2", cgroup.NodeCPUWeightV2)
+	return ng, nil
+}

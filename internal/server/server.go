@@ -47,6 +47,11 @@ type Config struct {
 	TLSCert, TLSKey string
 	// CgroupParent names the cgroup under which sandboxes are made.
 	CgroupParent string
+	// NodeCgroup names the daemon's own cgroup, beside the sandboxes'
+	// parents, with a CPU weight far above theirs and (v2) memory.low
+	// NodeMemoryLow ("": the daemon stays where it was started).
+	NodeCgroup    string
+	NodeMemoryLow int64
 	// KeepCgroupMountOptions leaves the host's cgroup2 mount as it is;
 	// by default the node turns on favordynmods (see cgroup.FavorDynMods).
 	KeepCgroupMountOptions bool
@@ -133,6 +138,7 @@ type Server struct {
 	listeners   []net.Listener
 	served      chan error
 	claims      cgroupClaims // the cgroup parents, held until Stop ends
+	nodeGroup   *cgroup.NodeGroup // nil without Config.NodeCgroup
 
 	// sandboxes is the node's SandboxService, also served to control
 	// instances in a cluster (cluster.go).
@@ -154,9 +160,15 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	nodeGroup, err := enterNodeCgroup(cfg)
+	if err != nil {
+		_ = claims.release()
+		return nil, err
+	}
 	served := false
 	defer func() {
 		if !served {
+			_ = nodeGroup.Release()
 			_ = claims.release()
 		}
 	}()
@@ -234,7 +246,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		closeImages()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, iam: iamSvc, share: share, served: make(chan error, 4), claims: claims,
+	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, iam: iamSvc, share: share, served: make(chan error, 4), claims: claims, nodeGroup: nodeGroup,
 		events: evlog, metrics: reg}
 	s.registerCollectors(reg)
 	if share != nil {
@@ -491,6 +503,7 @@ func (s *Server) Stop(ctx context.Context) error {
 	if s.cfg.CleanupOnExit {
 		_ = os.Remove(s.cfg.Socket)
 	}
+	errs = append(errs, s.nodeGroup.Release())
 	errs = append(errs, s.claims.release())
 	errs = append(errs, s.iam.Close())
 	return errors.Join(errs...)

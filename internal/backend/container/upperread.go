@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -14,27 +16,58 @@ import (
 	"github.com/corral-dev/corral/internal/loopdev"
 )
 
-var _ backend.UpperReader = (*Backend)(nil)
+var _ backend.UpperSnapshotter = (*Backend)(nil)
 
 // diskBlockSize is the loop device block size for a sandbox's disk image
 // (ext4's block size, as internal/diskimg attaches it).
 const diskBlockSize = 4096
 
-// ReadUpper implements backend.UpperReader. A host upper directory is
+// SnapshotUpper implements backend.UpperSnapshotter: cp -a (reflinks
+// where the filesystem can, holes kept, overlay xattrs and whiteouts as
+// they are) of the upper directory into the store's scratch path on the
+// same filesystem (a pool's: reflinks make the copy cost metadata only),
+// or else into the sandbox's run directory (removed with the sandbox, a
+// leftover of a crash by the next snapshot).
+func (b *Backend) SnapshotUpper(ctx context.Context, id string) (string, func() error, error) {
+	if err := backend.CheckID(id); err != nil {
+		return "", nil, err
+	}
+	loc, err := b.cfg.Uppers.Locate(id)
+	if err != nil {
+		return "", nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	dst := loc.Scratch
+	if dst == "" {
+		dst = filepath.Join(b.runDir(id), "pack-snapshot")
+	}
+	if err := os.RemoveAll(dst); err != nil {
+		return "", nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
+	}
+	remove := func() error { return os.RemoveAll(dst) }
+	err = b.readUpper(ctx, id, loc, func(upper string) error {
+		out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", "--", upper, dst).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("copy the writable layer: %w: %s", err, strings.TrimSpace(string(out)))
+		}
+		return nil
+	})
+	if err != nil {
+		return "", nil, errors.Join(fmt.Errorf("sandbox %s: snapshot: %w", id, err), remove())
+	}
+	return dst, remove, nil
+}
+
+// readUpper calls fn with a read-only view of the upper directory at loc:
+// fn runs on a locked OS thread and must not hand the path to other
+// goroutines (the view may exist in that thread's mount namespace only);
+// programs it starts see it. A host upper directory is
 // handed over as it is. A disk image's filesystem is mounted only in the
 // mount namespace of a throwaway OS thread, never on the host: the running
 // sandbox's own loop device when it has one (the same superblock, so the
 // view is its page cache, not stale blocks), else a new read-only attach
 // of the image. When fn returns, or the daemon dies, the thread and its
 // namespace go, taking the mount (and a new loop device) with them.
-func (b *Backend) ReadUpper(ctx context.Context, id string, fn func(upper string) error) error {
-	if err := backend.CheckID(id); err != nil {
-		return err
-	}
-	loc, err := b.cfg.Uppers.Locate(id)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, err)
-	}
+func (b *Backend) readUpper(ctx context.Context, id string, loc backend.UpperLocation, fn func(upper string) error) error {
 	if loc.Dir != "" {
 		return onThread(func() error { return fn(loc.Dir) })
 	}

@@ -172,7 +172,13 @@ func (g *Group) EnterThread() (restore func() error, err error) {
 
 // threadCgroups maps each v1 controller to the calling thread's cgroup path.
 func threadCgroups() (map[string]string, error) {
-	b, err := os.ReadFile("/proc/thread-self/cgroup")
+	return readCgroups("/proc/thread-self/cgroup")
+}
+
+// readCgroups reads a /proc cgroup file: each v1 controller ("" for v2)
+// to its cgroup path.
+func readCgroups(file string) (map[string]string, error) {
+	b, err := os.ReadFile(file)
 	if err != nil {
 		return nil, err
 	}
