@@ -138,11 +138,13 @@ type Server struct {
 	listeners   []net.Listener
 	served      chan error
 	claims      cgroupClaims // the cgroup parents, held until Stop ends
-	nodeGroup   *cgroup.NodeGroup // nil without Config.NodeCgroup
 
 	// sandboxes is the node's SandboxService, also served to control
 	// instances in a cluster (cluster.go).
 	sandboxes *control.Service
+
+	// nodeGroup is the daemon's own cgroup (nil without Config.NodeCgroup).
+	nodeGroup *cgroup.NodeGroup
 }
 
 // Start builds the node and starts serving. Stop ends it.
