@@ -39,6 +39,15 @@ type Resources struct {
 	// BestEffort: the sandbox only gets CPU time others leave idle, so
 	// that batch work never slows interactive sandboxes on the node.
 	BestEffort bool
+	// IO bounds the sandbox's disk I/O (container backend); zero fields
+	// take the node's limits, which are also the most it may ask for.
+	IO IOLimits
+}
+
+// IOLimits bound disk I/O, per second.
+type IOLimits struct {
+	ReadBytesPerSec, WriteBytesPerSec int64
+	ReadOpsPerSec, WriteOpsPerSec     int64
 }
 
 // CreateOptions describe a new sandbox. Only Image is commonly set.
@@ -109,6 +118,8 @@ func infoFromProto(p *corralv1.Sandbox) *Info {
 		Resources: Resources{
 			CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(),
 			DiskBytes: r.GetDiskBytes(), Pids: r.GetPids(), BestEffort: r.GetBestEffort(),
+			IO: IOLimits{ReadBytesPerSec: r.GetIo().GetReadBps(), WriteBytesPerSec: r.GetIo().GetWriteBps(),
+				ReadOpsPerSec: r.GetIo().GetReadIops(), WriteOpsPerSec: r.GetIo().GetWriteIops()},
 		},
 		Env: p.Env, Workdir: p.Workdir, User: p.User, Labels: p.Labels,
 		IdleTimeout: p.IdleTimeout.AsDuration(), MaxLifetime: p.MaxLifetime.AsDuration(),
@@ -154,6 +165,7 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) 
 			CpuMillis: o.Resources.CPUMillis, MemoryBytes: o.Resources.MemoryBytes,
 			DiskBytes: o.Resources.DiskBytes, Pids: o.Resources.Pids,
 			BestEffort: o.Resources.BestEffort,
+			Io:         o.Resources.IO.toProto(),
 		},
 		Env: env, Workdir: o.Workdir, User: o.User, Labels: o.Labels,
 		IdleTimeout: optionalDuration(o.IdleTimeout),
@@ -363,4 +375,12 @@ func write(w io.Writer, p []byte) error {
 	}
 	_, err := w.Write(p)
 	return err
+}
+
+// toProto is nil when no limit is set (the node's apply).
+func (l IOLimits) toProto() *corralv1.IOLimits {
+	if l == (IOLimits{}) {
+		return nil
+	}
+	return &corralv1.IOLimits{ReadBps: l.ReadBytesPerSec, WriteBps: l.WriteBytesPerSec, ReadIops: l.ReadOpsPerSec, WriteIops: l.WriteOpsPerSec}
 }

@@ -24,6 +24,13 @@ type Resources struct {
 	// BestEffort: the sandbox's processes only run on CPU time that
 	// others leave idle.
 	BestEffort bool
+	// IO bounds the sandbox's disk I/O (zero fields: the backend's limits).
+	IO IOLimits
+}
+
+// IOLimits bound disk I/O in bytes and operations per second.
+type IOLimits struct {
+	ReadBPS, WriteBPS, ReadIOPS, WriteIOPS int64
 }
 
 // Spec is what a backend needs to create a sandbox.

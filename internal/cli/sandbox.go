@@ -20,6 +20,7 @@ type createFlags struct {
 	net                                              string
 	idleTimeout, maxLifetime                         time.Duration
 	placement                                        placementFlags
+	io                                               ioFlags
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -39,6 +40,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.net, "net", "", "network mode: none (loopback only, the default), allowlist (only --allow), open (all but the node, private and metadata ranges)")
 	fl.StringArrayVar(&f.allow, "allow", nil, "allow a destination (repeatable; implies --net allowlist): a preset (pypi, npm, github, goproxy), a name (example.org:443, *.example.org), an address or prefix (203.0.113.0/24:80,443, [2001:db8::1]:53/udp)")
 	f.placement.register(fl)
+	f.io.register(fl)
 }
 
 func (f *createFlags) options() (client.CreateOptions, error) {
@@ -54,6 +56,9 @@ func (f *createFlags) options() (client.CreateOptions, error) {
 		return o, err
 	}
 	o.Resources.Pids = f.pids
+	if o.Resources.IO, err = f.io.limits(); err != nil {
+		return o, err
+	}
 	o.Network = client.Network{Mode: client.NetworkMode(f.net), Allow: f.allow}
 	if o.Placement, err = f.placement.options(); err != nil {
 		return o, err

@@ -46,6 +46,7 @@ func sandboxToProto(sb *node.Sandbox) *corralv1.Sandbox {
 			DiskBytes:   sb.DiskBytes,
 			Pids:        sb.Pids,
 			BestEffort:  sb.BestEffort,
+			Io:          ioToProto(sb.IO),
 		},
 		Env:          sb.Env,
 		Workdir:      sb.Workdir,
@@ -134,6 +135,8 @@ func createFromProto(req *corralv1.CreateRequest) (node.CreateRequest, error) {
 			DiskBytes:   r.GetDiskBytes(),
 			Pids:        r.GetPids(),
 			BestEffort:  r.GetBestEffort(),
+			IO: state.IOLimits{ReadBPS: r.GetIo().GetReadBps(), WriteBPS: r.GetIo().GetWriteBps(),
+				ReadIOPS: r.GetIo().GetReadIops(), WriteIOPS: r.GetIo().GetWriteIops()},
 		},
 		Env:         req.Env,
 		Workdir:     req.Workdir,
@@ -218,4 +221,12 @@ func unixSpecialBits(mode uint32) fs.FileMode {
 		m |= fs.ModeSticky
 	}
 	return m
+}
+
+// ioToProto is nil for a sandbox that asked for no I/O limits of its own.
+func ioToProto(io state.IOLimits) *corralv1.IOLimits {
+	if io == (state.IOLimits{}) {
+		return nil
+	}
+	return &corralv1.IOLimits{ReadBps: io.ReadBPS, WriteBps: io.WriteBPS, ReadIops: io.ReadIOPS, WriteIops: io.WriteIOPS}
 }

@@ -27,6 +27,7 @@ type Resources struct {
 	DiskBytes   int64
 	Pids        int64
 	BestEffort  bool // CPU only when others leave it idle
+	IO          state.IOLimits
 }
 
 // CreateRequest asks for a new sandbox.
@@ -129,6 +130,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 			DiskInodes:  max(minDiskInodes, rec.DiskBytes/inodeBytesRate),
 			Pids:        rec.Pids,
 			BestEffort:  rec.BestEffort,
+			IO:          backend.IOLimits(rec.IO),
 		},
 	})
 	if err != nil {
@@ -210,6 +212,7 @@ func (n *Node) admit(req CreateRequest) (*state.Record, error) {
 		DiskBytes:   or(req.Resources.DiskBytes, d.DiskBytes),
 		Pids:        or(req.Resources.Pids, d.Pids),
 		BestEffort:  req.Resources.BestEffort,
+		IO:          req.Resources.IO,
 		Env:         req.Env,
 		Workdir:     req.Workdir,
 		User:        req.User,
@@ -238,7 +241,7 @@ func (n *Node) admit(req CreateRequest) (*state.Record, error) {
 		checkDuration("idle_timeout", rec.IdleTimeout, l.MaxLifetime),
 		checkDuration("max_lifetime", rec.MaxLifetime, l.MaxLifetime),
 	}
-	checks = append(checks, checkNetwork(req.Network))
+	checks = append(checks, checkNetwork(req.Network), checkIO(rec.Backend, rec.IO, l.MaxIO))
 	for _, err := range checks {
 		if err != nil {
 			return nil, err

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/state"
 	"golang.org/x/sys/unix"
 )
 
@@ -60,6 +61,10 @@ type Limits struct {
 	MaxLifetime    time.Duration
 	MaxExecTimeout time.Duration
 	MaxOutputLimit int64
+
+	// MaxIO is the most disk I/O a request may ask for, each field its
+	// backend's own limit (zero: no bound but the backend's).
+	MaxIO state.IOLimits
 }
 
 func (l Limits) withFallbacks() Limits {

@@ -19,6 +19,7 @@ import (
 
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
+	"github.com/corral-dev/corral/internal/backend/container"
 	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/events"
@@ -230,6 +231,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Events:   evlog,
 		Metrics:  reg,
 		Admit:    admitWith(iamSvc),
+		// A request's I/O limits are bounded by the container backend's.
+		Limits: node.Limits{MaxIO: state.IOLimits(container.DefaultIO)},
 	})
 	if err != nil {
 		evlog.Close()

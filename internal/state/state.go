@@ -75,6 +75,16 @@ type Record struct {
 	// PauseAtEnd: when max_lifetime passes, the sandbox is paused (and
 	// kept) instead of stopped.
 	PauseAtEnd bool `json:"pause_at_end,omitempty"`
+	// IO is the sandbox's disk I/O limits as asked (zero: the node's).
+	IO IOLimits `json:"io,omitzero"`
+}
+
+// IOLimits are disk I/O limits per second.
+type IOLimits struct {
+	ReadBPS   int64 `json:"read_bps,omitempty"`
+	WriteBPS  int64 `json:"write_bps,omitempty"`
+	ReadIOPS  int64 `json:"read_iops,omitempty"`
+	WriteIOPS int64 `json:"write_iops,omitempty"`
 }
 
 // Layer is one read-only layer of a sandbox's image.

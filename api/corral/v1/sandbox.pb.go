@@ -522,7 +522,11 @@ type Resources struct {
 	Pids int64 `protobuf:"varint,4,opt,name=pids,proto3" json:"pids,omitempty"`
 	// Best-effort CPU: the sandbox runs only on CPU time that sandboxes of
 	// the default class and the node leave idle (SCHED_IDLE, idle cgroup).
-	BestEffort    bool `protobuf:"varint,5,opt,name=best_effort,json=bestEffort,proto3" json:"best_effort,omitempty"`
+	BestEffort bool `protobuf:"varint,5,opt,name=best_effort,json=bestEffort,proto3" json:"best_effort,omitempty"`
+	// Disk I/O limits on the device of the sandbox's writable layer
+	// (container backend). Unset fields take the node's limits, which are
+	// also the most a request may ask for.
+	Io            *IOLimits `protobuf:"bytes,21,opt,name=io,proto3" json:"io,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -592,6 +596,82 @@ func (x *Resources) GetBestEffort() bool {
 	return false
 }
 
+func (x *Resources) GetIo() *IOLimits {
+	if x != nil {
+		return x.Io
+	}
+	return nil
+}
+
+// IOLimits bound a sandbox's disk I/O, per second; 0 takes the node's limit.
+type IOLimits struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReadBps       int64                  `protobuf:"varint,1,opt,name=read_bps,json=readBps,proto3" json:"read_bps,omitempty"`
+	WriteBps      int64                  `protobuf:"varint,2,opt,name=write_bps,json=writeBps,proto3" json:"write_bps,omitempty"`
+	ReadIops      int64                  `protobuf:"varint,3,opt,name=read_iops,json=readIops,proto3" json:"read_iops,omitempty"`
+	WriteIops     int64                  `protobuf:"varint,4,opt,name=write_iops,json=writeIops,proto3" json:"write_iops,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IOLimits) Reset() {
+	*x = IOLimits{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IOLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IOLimits) ProtoMessage() {}
+
+func (x *IOLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IOLimits.ProtoReflect.Descriptor instead.
+func (*IOLimits) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *IOLimits) GetReadBps() int64 {
+	if x != nil {
+		return x.ReadBps
+	}
+	return 0
+}
+
+func (x *IOLimits) GetWriteBps() int64 {
+	if x != nil {
+		return x.WriteBps
+	}
+	return 0
+}
+
+func (x *IOLimits) GetReadIops() int64 {
+	if x != nil {
+		return x.ReadIops
+	}
+	return 0
+}
+
+func (x *IOLimits) GetWriteIops() int64 {
+	if x != nil {
+		return x.WriteIops
+	}
+	return 0
+}
+
 type CreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Backend: "container" (default when empty). Others: "fncall", "microvm", "vm".
@@ -620,7 +700,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[7]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -632,7 +712,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[7]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -645,7 +725,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateRequest) GetBackend() string {
@@ -752,7 +832,7 @@ type Placement struct {
 
 func (x *Placement) Reset() {
 	*x = Placement{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[8]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +844,7 @@ func (x *Placement) String() string {
 func (*Placement) ProtoMessage() {}
 
 func (x *Placement) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[8]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +857,7 @@ func (x *Placement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Placement.ProtoReflect.Descriptor instead.
 func (*Placement) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Placement) GetNodeLabels() map[string]string {
@@ -824,7 +904,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[9]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +916,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[9]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +929,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -893,7 +973,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -905,7 +985,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[10]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -918,7 +998,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1069,7 +1149,7 @@ type LazyReadStats struct {
 
 func (x *LazyReadStats) Reset() {
 	*x = LazyReadStats{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1081,7 +1161,7 @@ func (x *LazyReadStats) String() string {
 func (*LazyReadStats) ProtoMessage() {}
 
 func (x *LazyReadStats) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[11]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1094,7 +1174,7 @@ func (x *LazyReadStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LazyReadStats.ProtoReflect.Descriptor instead.
 func (*LazyReadStats) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LazyReadStats) GetBytesRead() int64 {
@@ -1141,7 +1221,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1233,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[12]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1246,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetRequest) GetId() string {
@@ -1185,7 +1265,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1277,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[13]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1290,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -1236,7 +1316,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1328,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[14]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1341,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -1305,7 +1385,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1397,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[15]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1410,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1363,7 +1443,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1375,7 +1455,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[16]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1388,7 +1468,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -1408,7 +1488,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1500,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[17]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1513,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteResponse) GetExisted() bool {
@@ -1467,7 +1547,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1479,7 +1559,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[18]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1492,7 +1572,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1572,7 +1652,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1664,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[19]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1677,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -1673,7 +1753,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1685,7 +1765,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[20]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1698,7 +1778,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -1754,7 +1834,7 @@ type RunResponse struct {
 
 func (x *RunResponse) Reset() {
 	*x = RunResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +1846,7 @@ func (x *RunResponse) String() string {
 func (*RunResponse) ProtoMessage() {}
 
 func (x *RunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[21]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +1859,7 @@ func (x *RunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResponse.ProtoReflect.Descriptor instead.
 func (*RunResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RunResponse) GetStdout() []byte {
@@ -1820,7 +1900,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1832,7 +1912,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[22]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1845,7 +1925,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -1899,7 +1979,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1911,7 +1991,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[23]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1924,7 +2004,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -1947,7 +2027,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1959,7 +2039,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[24]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1972,7 +2052,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2012,7 +2092,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2104,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[25]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2117,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -2064,7 +2144,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2076,7 +2156,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[26]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2089,7 +2169,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2165,7 +2245,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2177,7 +2257,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[27]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2190,7 +2270,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -2216,7 +2296,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2308,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[28]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2321,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -2261,7 +2341,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2353,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[29]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2366,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -2312,7 +2392,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2324,7 +2404,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[30]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2337,7 +2417,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -2358,7 +2438,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2370,7 +2450,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[31]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2383,7 +2463,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -2415,7 +2495,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2507,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[32]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2520,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 type MakeDirRequest struct {
@@ -2455,7 +2535,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2467,7 +2547,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[33]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2480,7 +2560,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -2519,7 +2599,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2531,7 +2611,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[34]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2544,7 +2624,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 type PauseRequest struct {
@@ -2556,7 +2636,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2568,7 +2648,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[35]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2581,7 +2661,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -2599,7 +2679,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2611,7 +2691,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[36]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2624,7 +2704,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 type ResumeRequest struct {
@@ -2636,7 +2716,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2648,7 +2728,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2661,7 +2741,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -2679,7 +2759,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2691,7 +2771,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2704,7 +2784,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 type CopyInRequest struct {
@@ -2720,7 +2800,7 @@ type CopyInRequest struct {
 
 func (x *CopyInRequest) Reset() {
 	*x = CopyInRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +2812,7 @@ func (x *CopyInRequest) String() string {
 func (*CopyInRequest) ProtoMessage() {}
 
 func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +2825,7 @@ func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInRequest.ProtoReflect.Descriptor instead.
 func (*CopyInRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CopyInRequest) GetSandboxId() string {
@@ -2780,7 +2860,7 @@ type CopyInResponse struct {
 
 func (x *CopyInResponse) Reset() {
 	*x = CopyInResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2792,7 +2872,7 @@ func (x *CopyInResponse) String() string {
 func (*CopyInResponse) ProtoMessage() {}
 
 func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2805,7 +2885,7 @@ func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInResponse.ProtoReflect.Descriptor instead.
 func (*CopyInResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CopyInResponse) GetEntries() int64 {
@@ -2832,7 +2912,7 @@ type CopyOutRequest struct {
 
 func (x *CopyOutRequest) Reset() {
 	*x = CopyOutRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2844,7 +2924,7 @@ func (x *CopyOutRequest) String() string {
 func (*CopyOutRequest) ProtoMessage() {}
 
 func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2857,7 +2937,7 @@ func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutRequest.ProtoReflect.Descriptor instead.
 func (*CopyOutRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CopyOutRequest) GetSandboxId() string {
@@ -2885,7 +2965,7 @@ type CopyOutResponse struct {
 
 func (x *CopyOutResponse) Reset() {
 	*x = CopyOutResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2897,7 +2977,7 @@ func (x *CopyOutResponse) String() string {
 func (*CopyOutResponse) ProtoMessage() {}
 
 func (x *CopyOutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2910,7 +2990,7 @@ func (x *CopyOutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutResponse.ProtoReflect.Descriptor instead.
 func (*CopyOutResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CopyOutResponse) GetData() []byte {
@@ -2932,7 +3012,7 @@ type ExecStreamRequest struct {
 
 func (x *ExecStreamRequest) Reset() {
 	*x = ExecStreamRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2944,7 +3024,7 @@ func (x *ExecStreamRequest) String() string {
 func (*ExecStreamRequest) ProtoMessage() {}
 
 func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2957,7 +3037,7 @@ func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamRequest.ProtoReflect.Descriptor instead.
 func (*ExecStreamRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ExecStreamRequest) GetExec() *ExecRequest {
@@ -3001,7 +3081,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x05count\x18\x06 \x01(\x04R\x05count\"r\n" +
 	"\x14NetworkStatsResponse\x12#\n" +
 	"\rrefused_total\x18\x01 \x01(\x04R\frefusedTotal\x125\n" +
-	"\brefusals\x18\x02 \x03(\v2\x19.corral.v1.NetworkRefusalR\brefusals\"\xa1\x01\n" +
+	"\brefusals\x18\x02 \x03(\v2\x19.corral.v1.NetworkRefusalR\brefusals\"\xc6\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
@@ -3010,7 +3090,14 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\x12\x12\n" +
 	"\x04pids\x18\x04 \x01(\x03R\x04pids\x12\x1f\n" +
 	"\vbest_effort\x18\x05 \x01(\bR\n" +
-	"bestEffort\"\x90\x04\n" +
+	"bestEffort\x12#\n" +
+	"\x02io\x18\x15 \x01(\v2\x13.corral.v1.IOLimitsR\x02io\"~\n" +
+	"\bIOLimits\x12\x19\n" +
+	"\bread_bps\x18\x01 \x01(\x03R\areadBps\x12\x1b\n" +
+	"\twrite_bps\x18\x02 \x01(\x03R\bwriteBps\x12\x1b\n" +
+	"\tread_iops\x18\x03 \x01(\x03R\breadIops\x12\x1d\n" +
+	"\n" +
+	"write_iops\x18\x04 \x01(\x03R\twriteIops\"\x90\x04\n" +
 	"\rCreateRequest\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x122\n" +
@@ -3252,7 +3339,7 @@ func file_corral_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_corral_v1_sandbox_proto_goTypes = []any{
 	(NetworkMode)(0),              // 0: corral.v1.NetworkMode
 	(SandboxState)(0),             // 1: corral.v1.SandboxState
@@ -3263,129 +3350,131 @@ var file_corral_v1_sandbox_proto_goTypes = []any{
 	(*NetworkRefusal)(nil),        // 6: corral.v1.NetworkRefusal
 	(*NetworkStatsResponse)(nil),  // 7: corral.v1.NetworkStatsResponse
 	(*Resources)(nil),             // 8: corral.v1.Resources
-	(*CreateRequest)(nil),         // 9: corral.v1.CreateRequest
-	(*Placement)(nil),             // 10: corral.v1.Placement
-	(*CreateResponse)(nil),        // 11: corral.v1.CreateResponse
-	(*Sandbox)(nil),               // 12: corral.v1.Sandbox
-	(*LazyReadStats)(nil),         // 13: corral.v1.LazyReadStats
-	(*GetRequest)(nil),            // 14: corral.v1.GetRequest
-	(*GetResponse)(nil),           // 15: corral.v1.GetResponse
-	(*ListRequest)(nil),           // 16: corral.v1.ListRequest
-	(*ListResponse)(nil),          // 17: corral.v1.ListResponse
-	(*DeleteRequest)(nil),         // 18: corral.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 19: corral.v1.DeleteResponse
-	(*ExecRequest)(nil),           // 20: corral.v1.ExecRequest
-	(*ExecResponse)(nil),          // 21: corral.v1.ExecResponse
-	(*ExecResult)(nil),            // 22: corral.v1.ExecResult
-	(*RunResponse)(nil),           // 23: corral.v1.RunResponse
-	(*WriteFileRequest)(nil),      // 24: corral.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 25: corral.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),       // 26: corral.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 27: corral.v1.ReadFileResponse
-	(*FileInfo)(nil),              // 28: corral.v1.FileInfo
-	(*ListDirRequest)(nil),        // 29: corral.v1.ListDirRequest
-	(*ListDirResponse)(nil),       // 30: corral.v1.ListDirResponse
-	(*StatRequest)(nil),           // 31: corral.v1.StatRequest
-	(*StatResponse)(nil),          // 32: corral.v1.StatResponse
-	(*RemoveRequest)(nil),         // 33: corral.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 34: corral.v1.RemoveResponse
-	(*MakeDirRequest)(nil),        // 35: corral.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),       // 36: corral.v1.MakeDirResponse
-	(*PauseRequest)(nil),          // 37: corral.v1.PauseRequest
-	(*PauseResponse)(nil),         // 38: corral.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 39: corral.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 40: corral.v1.ResumeResponse
-	(*CopyInRequest)(nil),         // 41: corral.v1.CopyInRequest
-	(*CopyInResponse)(nil),        // 42: corral.v1.CopyInResponse
-	(*CopyOutRequest)(nil),        // 43: corral.v1.CopyOutRequest
-	(*CopyOutResponse)(nil),       // 44: corral.v1.CopyOutResponse
-	(*ExecStreamRequest)(nil),     // 45: corral.v1.ExecStreamRequest
-	nil,                           // 46: corral.v1.CreateRequest.LabelsEntry
-	nil,                           // 47: corral.v1.Placement.NodeLabelsEntry
-	nil,                           // 48: corral.v1.Sandbox.LabelsEntry
-	nil,                           // 49: corral.v1.ListRequest.LabelsEntry
-	(*durationpb.Duration)(nil),   // 50: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 51: google.protobuf.Timestamp
+	(*IOLimits)(nil),              // 9: corral.v1.IOLimits
+	(*CreateRequest)(nil),         // 10: corral.v1.CreateRequest
+	(*Placement)(nil),             // 11: corral.v1.Placement
+	(*CreateResponse)(nil),        // 12: corral.v1.CreateResponse
+	(*Sandbox)(nil),               // 13: corral.v1.Sandbox
+	(*LazyReadStats)(nil),         // 14: corral.v1.LazyReadStats
+	(*GetRequest)(nil),            // 15: corral.v1.GetRequest
+	(*GetResponse)(nil),           // 16: corral.v1.GetResponse
+	(*ListRequest)(nil),           // 17: corral.v1.ListRequest
+	(*ListResponse)(nil),          // 18: corral.v1.ListResponse
+	(*DeleteRequest)(nil),         // 19: corral.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 20: corral.v1.DeleteResponse
+	(*ExecRequest)(nil),           // 21: corral.v1.ExecRequest
+	(*ExecResponse)(nil),          // 22: corral.v1.ExecResponse
+	(*ExecResult)(nil),            // 23: corral.v1.ExecResult
+	(*RunResponse)(nil),           // 24: corral.v1.RunResponse
+	(*WriteFileRequest)(nil),      // 25: corral.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 26: corral.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),       // 27: corral.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 28: corral.v1.ReadFileResponse
+	(*FileInfo)(nil),              // 29: corral.v1.FileInfo
+	(*ListDirRequest)(nil),        // 30: corral.v1.ListDirRequest
+	(*ListDirResponse)(nil),       // 31: corral.v1.ListDirResponse
+	(*StatRequest)(nil),           // 32: corral.v1.StatRequest
+	(*StatResponse)(nil),          // 33: corral.v1.StatResponse
+	(*RemoveRequest)(nil),         // 34: corral.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 35: corral.v1.RemoveResponse
+	(*MakeDirRequest)(nil),        // 36: corral.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),       // 37: corral.v1.MakeDirResponse
+	(*PauseRequest)(nil),          // 38: corral.v1.PauseRequest
+	(*PauseResponse)(nil),         // 39: corral.v1.PauseResponse
+	(*ResumeRequest)(nil),         // 40: corral.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 41: corral.v1.ResumeResponse
+	(*CopyInRequest)(nil),         // 42: corral.v1.CopyInRequest
+	(*CopyInResponse)(nil),        // 43: corral.v1.CopyInResponse
+	(*CopyOutRequest)(nil),        // 44: corral.v1.CopyOutRequest
+	(*CopyOutResponse)(nil),       // 45: corral.v1.CopyOutResponse
+	(*ExecStreamRequest)(nil),     // 46: corral.v1.ExecStreamRequest
+	nil,                           // 47: corral.v1.CreateRequest.LabelsEntry
+	nil,                           // 48: corral.v1.Placement.NodeLabelsEntry
+	nil,                           // 49: corral.v1.Sandbox.LabelsEntry
+	nil,                           // 50: corral.v1.ListRequest.LabelsEntry
+	(*durationpb.Duration)(nil),   // 51: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 52: google.protobuf.Timestamp
 }
 var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	0,  // 0: corral.v1.NetworkPolicy.mode:type_name -> corral.v1.NetworkMode
 	0,  // 1: corral.v1.UpdateNetworkRequest.mode:type_name -> corral.v1.NetworkMode
 	2,  // 2: corral.v1.UpdateNetworkResponse.network:type_name -> corral.v1.NetworkPolicy
 	6,  // 3: corral.v1.NetworkStatsResponse.refusals:type_name -> corral.v1.NetworkRefusal
-	8,  // 4: corral.v1.CreateRequest.resources:type_name -> corral.v1.Resources
-	46, // 5: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
-	50, // 6: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
-	50, // 7: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
-	2,  // 8: corral.v1.CreateRequest.network:type_name -> corral.v1.NetworkPolicy
-	10, // 9: corral.v1.CreateRequest.placement:type_name -> corral.v1.Placement
-	47, // 10: corral.v1.Placement.node_labels:type_name -> corral.v1.Placement.NodeLabelsEntry
-	12, // 11: corral.v1.CreateResponse.sandbox:type_name -> corral.v1.Sandbox
-	1,  // 12: corral.v1.Sandbox.state:type_name -> corral.v1.SandboxState
-	8,  // 13: corral.v1.Sandbox.resources:type_name -> corral.v1.Resources
-	48, // 14: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
-	50, // 15: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	50, // 16: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	51, // 17: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	51, // 18: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
-	2,  // 19: corral.v1.Sandbox.network:type_name -> corral.v1.NetworkPolicy
-	13, // 20: corral.v1.Sandbox.lazy_reads:type_name -> corral.v1.LazyReadStats
-	12, // 21: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
-	49, // 22: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
-	1,  // 23: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
-	12, // 24: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
-	50, // 25: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	22, // 26: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
-	50, // 27: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	22, // 28: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
-	51, // 29: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	28, // 30: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
-	28, // 31: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
-	20, // 32: corral.v1.ExecStreamRequest.exec:type_name -> corral.v1.ExecRequest
-	9,  // 33: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
-	14, // 34: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
-	16, // 35: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
-	18, // 36: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
-	20, // 37: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
-	20, // 38: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
-	24, // 39: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
-	26, // 40: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
-	29, // 41: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
-	31, // 42: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
-	33, // 43: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
-	35, // 44: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
-	37, // 45: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
-	39, // 46: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
-	3,  // 47: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
-	5,  // 48: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
-	24, // 49: corral.v1.SandboxService.UploadFile:input_type -> corral.v1.WriteFileRequest
-	41, // 50: corral.v1.SandboxService.CopyIn:input_type -> corral.v1.CopyInRequest
-	43, // 51: corral.v1.SandboxService.CopyOut:input_type -> corral.v1.CopyOutRequest
-	45, // 52: corral.v1.SandboxService.ExecStream:input_type -> corral.v1.ExecStreamRequest
-	11, // 53: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
-	15, // 54: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
-	17, // 55: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
-	19, // 56: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
-	21, // 57: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
-	23, // 58: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
-	25, // 59: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
-	27, // 60: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
-	30, // 61: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
-	32, // 62: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
-	34, // 63: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
-	36, // 64: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
-	38, // 65: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
-	40, // 66: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
-	4,  // 67: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
-	7,  // 68: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
-	25, // 69: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
-	42, // 70: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
-	44, // 71: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
-	21, // 72: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
-	53, // [53:73] is the sub-list for method output_type
-	33, // [33:53] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	9,  // 4: corral.v1.Resources.io:type_name -> corral.v1.IOLimits
+	8,  // 5: corral.v1.CreateRequest.resources:type_name -> corral.v1.Resources
+	47, // 6: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
+	51, // 7: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
+	51, // 8: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
+	2,  // 9: corral.v1.CreateRequest.network:type_name -> corral.v1.NetworkPolicy
+	11, // 10: corral.v1.CreateRequest.placement:type_name -> corral.v1.Placement
+	48, // 11: corral.v1.Placement.node_labels:type_name -> corral.v1.Placement.NodeLabelsEntry
+	13, // 12: corral.v1.CreateResponse.sandbox:type_name -> corral.v1.Sandbox
+	1,  // 13: corral.v1.Sandbox.state:type_name -> corral.v1.SandboxState
+	8,  // 14: corral.v1.Sandbox.resources:type_name -> corral.v1.Resources
+	49, // 15: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
+	51, // 16: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	51, // 17: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	52, // 18: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	52, // 19: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
+	2,  // 20: corral.v1.Sandbox.network:type_name -> corral.v1.NetworkPolicy
+	14, // 21: corral.v1.Sandbox.lazy_reads:type_name -> corral.v1.LazyReadStats
+	13, // 22: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
+	50, // 23: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
+	1,  // 24: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
+	13, // 25: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
+	51, // 26: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	23, // 27: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
+	51, // 28: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	23, // 29: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
+	52, // 30: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	29, // 31: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
+	29, // 32: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
+	21, // 33: corral.v1.ExecStreamRequest.exec:type_name -> corral.v1.ExecRequest
+	10, // 34: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
+	15, // 35: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
+	17, // 36: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
+	19, // 37: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
+	21, // 38: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
+	21, // 39: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
+	25, // 40: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
+	27, // 41: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
+	30, // 42: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
+	32, // 43: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
+	34, // 44: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
+	36, // 45: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
+	38, // 46: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
+	40, // 47: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
+	3,  // 48: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
+	5,  // 49: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
+	25, // 50: corral.v1.SandboxService.UploadFile:input_type -> corral.v1.WriteFileRequest
+	42, // 51: corral.v1.SandboxService.CopyIn:input_type -> corral.v1.CopyInRequest
+	44, // 52: corral.v1.SandboxService.CopyOut:input_type -> corral.v1.CopyOutRequest
+	46, // 53: corral.v1.SandboxService.ExecStream:input_type -> corral.v1.ExecStreamRequest
+	12, // 54: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
+	16, // 55: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
+	18, // 56: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
+	20, // 57: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
+	22, // 58: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
+	24, // 59: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
+	26, // 60: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
+	28, // 61: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
+	31, // 62: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
+	33, // 63: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
+	35, // 64: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
+	37, // 65: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
+	39, // 66: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
+	41, // 67: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
+	4,  // 68: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
+	7,  // 69: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
+	26, // 70: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
+	43, // 71: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
+	45, // 72: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
+	22, // 73: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
+	54, // [54:74] is the sub-list for method output_type
+	34, // [34:54] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_sandbox_proto_init() }
@@ -3393,7 +3482,7 @@ func file_corral_v1_sandbox_proto_init() {
 	if File_corral_v1_sandbox_proto != nil {
 		return
 	}
-	file_corral_v1_sandbox_proto_msgTypes[19].OneofWrappers = []any{
+	file_corral_v1_sandbox_proto_msgTypes[20].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Result)(nil),
@@ -3404,7 +3493,7 @@ func file_corral_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_sandbox_proto_rawDesc), len(file_corral_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   48,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
