@@ -116,6 +116,7 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 		"do not turn on the host's cgroup2 favordynmods option (which makes sandbox creation ~10 ms faster on cgroup v1 hosts)")
 	fl.BoolVar(&cfg.RefusePageCacheProbes, "refuse-page-cache-probes", false,
 		"refuse mincore, cachestat and RWF_NOWAIT reads in sandboxes, which show whether a neighbour read a shared layer file (see docs/THREATS.md)")
+	fl.StringVar(&cfg.LayerMounts, "layer-mounts", server.LayerMountsShared, "shared (one mount of each layer for the node) or per-project (each project its own mounts: no page cache shared between projects; see docs/THREATS.md)")
 	fl.StringVar(&cfg.InitBinary, "init-binary", "", "path of corral-init (default: beside this binary)")
 	fl.StringVar(&cfg.AgentBinary, "agent-binary", "", "path of the static corral-agent, init of microVM guests (default: beside this binary)")
 	fl.DurationVar(&cfg.MicroVMSnapshotAfter, "microvm-snapshot-after", time.Minute,

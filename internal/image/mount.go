@@ -77,16 +77,19 @@ func (s *Store) reconcile(ctx context.Context) error {
 			continue
 		}
 		mp := filepath.Join(s.layers, name)
-		digest := digestAlgo + ":" + strings.TrimPrefix(name, digestAlgo+"-")
-		_, statErr := os.Stat(s.metaFile(digest))
+		digest, _, ok := splitMountDir(name)
+		var statErr error
+		if ok {
+			_, statErr = os.Stat(s.metaFile(digest))
+		}
 		switch {
-		case !digestRE.MatchString(digest) || errors.Is(statErr, os.ErrNotExist):
+		case !ok || errors.Is(statErr, os.ErrNotExist):
 			if mounted[mp] {
 				errs = append(errs, unmount(mp))
 			}
 			errs = append(errs, removeDir(mp))
 		case !mounted[mp]:
-			_, err := s.mountLayer(ctx, idx.describe("", digest))
+			_, err := s.mountLayerAt(ctx, idx.describe("", digest), mp)
 			errs = append(errs, err)
 		}
 	}
@@ -100,6 +103,11 @@ func (s *Store) reconcile(ctx context.Context) error {
 // file with the blob from the BlobSource as its extra device. It returns
 // the layer as the files a VM attaches.
 func (s *Store) mountLayer(ctx context.Context, l Layer) (backend.LayerDisk, error) {
+	return s.mountLayerAt(ctx, l, s.layerMount(l.Digest))
+}
+
+// mountLayerAt is mountLayer at the mount point mp (a scoped one).
+func (s *Store) mountLayerAt(ctx context.Context, l Layer, mp string) (backend.LayerDisk, error) {
 	disk := backend.LayerDisk{Image: s.metaFile(l.Digest)}
 	opts := ""
 	if l.Split() {
@@ -115,7 +123,6 @@ func (s *Store) mountLayer(ctx context.Context, l Layer) (backend.LayerDisk, err
 	}
 	s.mountMu.Lock()
 	defer s.mountMu.Unlock()
-	mp := s.layerMount(l.Digest)
 	mounted, err := mountsUnder(mp)
 	if err != nil {
 		return disk, err
@@ -132,12 +139,17 @@ func (s *Store) mountLayer(ctx context.Context, l Layer) (backend.LayerDisk, err
 	return disk, nil
 }
 
-// unmountLayer detaches digest's mount and removes its mount point.
+// unmountLayer detaches digest's mounts (shared and scoped) and removes
+// their mount points.
 func (s *Store) unmountLayer(digest string) error {
 	s.mountMu.Lock()
 	defer s.mountMu.Unlock()
-	mp := s.layerMount(digest)
-	return errors.Join(unmount(mp), removeDir(mp))
+	scoped, err := s.scopedMounts(digest)
+	errs := []error{err}
+	for _, mp := range append(scoped, s.layerMount(digest)) {
+		errs = append(errs, unmount(mp), removeDir(mp))
+	}
+	return errors.Join(errs...)
 }
 
 // unmount detaches the mount at mp, lazily when it is busy (a sandbox

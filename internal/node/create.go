@@ -105,7 +105,11 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		return nil, err
 	}
 	defer n.unreserve(rec)
-	img, err := n.cfg.Images.Acquire(ctx, rec.Image, rec.ID)
+	scope := ""
+	if n.cfg.PerProjectLayerMounts {
+		scope = image.MountScope(rec.Project)
+	}
+	img, err := n.cfg.Images.AcquireIn(ctx, rec.Image, rec.ID, scope)
 	if err != nil {
 		return nil, fmt.Errorf("image: %w", err)
 	}

@@ -26,8 +26,9 @@ import (
 // Images resolves image names to read-only layers and keeps the layers of
 // every sandbox from being deleted while its record exists.
 type Images interface {
-	// Acquire resolves and mounts name and pins its layers for holder.
-	Acquire(ctx context.Context, name, holder string) (image.Image, error)
+	// AcquireIn resolves and mounts name in the mount scope scope ("":
+	// the node's shared mounts) and pins its layers for holder.
+	AcquireIn(ctx context.Context, name, holder, scope string) (image.Image, error)
 	// Pin pins layers for holder again after a daemon restart.
 	Pin(holder string, stack []image.Layer)
 	// Release drops holder's pins.
@@ -67,6 +68,11 @@ type Config struct {
 	// Admit, when set, decides on every create against the live and
 	// in-flight sandboxes of the node (quota admission); see reserve.
 	Admit AdmitFunc
+
+	// PerProjectLayerMounts mounts each project's layers apart
+	// (image.MountScope), so that sandboxes of different projects share
+	// no layer's page cache.
+	PerProjectLayerMounts bool
 }
 
 // Node is one machine's sandbox manager.

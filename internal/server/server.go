@@ -59,6 +59,9 @@ type Config struct {
 	// RefusePageCacheProbes refuses, in container and fncall sandboxes,
 	// the calls that tell whether a shared layer file is cached.
 	RefusePageCacheProbes bool
+	// LayerMounts is LayerMountsShared ("" too: one mount of each layer
+	// for the node) or LayerMountsPerProject (each project its own).
+	LayerMounts string
 	// InitBinary is the corral-init path (default: beside this executable).
 	InitBinary string
 	// AgentBinary is the static corral-agent, the microVM guest's init
@@ -178,6 +181,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := checkTLS(cfg); err != nil {
 		return nil, err
 	}
+	if err := checkLayerMounts(cfg.LayerMounts); err != nil {
+		return nil, err
+	}
 	iamSvc, err := openIAM(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -233,6 +239,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Admit:    admitWith(iamSvc),
 		// A request's I/O limits are bounded by the container backend's.
 		Limits: node.Limits{MaxIO: state.IOLimits(container.DefaultIO)},
+
+		PerProjectLayerMounts: cfg.LayerMounts == LayerMountsPerProject,
 	})
 	if err != nil {
 		evlog.Close()
