@@ -32,7 +32,8 @@
 // burn CPU in detached processes (kres.go); "mq", "pid" and "forkn" are
 // steps of attacks across fncalls (calls.go); "flood PATH SECS" and
 // "syncwrites PATH N" are the disk I/O row's attacker and victim (kres.go);
-// "pagecache" probes a shared layer file's page-cache state (neighbours.go).
+// "pagecache" probes a shared layer file's page-cache state and "resident
+// PATH" prints how many of a file's pages are cached (neighbours.go).
 // Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
@@ -212,6 +213,10 @@ func main() {
 	case "pagecache":
 		for _, r := range pageCacheProbes() {
 			emit(r)
+		}
+	case "resident":
+		if len(os.Args) > 2 {
+			residentPages(os.Args[2])
 		}
 	case "kres":
 		for _, r := range kres() {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,4 +80,39 @@ func errOrNil(e unix.Errno) error {
 		return nil
 	}
 	return e
+}
+
+// residentPages prints {"resident": N, "pages": M}: how many of path's
+// pages mincore shows in the page cache (mode "resident PATH"), the
+// figure that tells whether a neighbour read a file of a layer this
+// sandbox shares with it.
+func residentPages(path string) {
+	fail := func(err error) { fmt.Printf("{\"error\": %q}\n", err.Error()) }
+	f, err := os.Open(path)
+	if err != nil {
+		fail(err)
+		return
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || st.Size() == 0 {
+		fail(fmt.Errorf("stat %s: %v (size %d)", path, err, st.Size()))
+		return
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		fail(err)
+		return
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		fail(e)
+		return
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	fmt.Printf("{\"resident\": %d, \"pages\": %d}\n", n, len(vec))
 }
