@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/server"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -102,9 +103,17 @@ func TestLayersSharedWritesPrivate(t *testing.T) {
 // TestPackBranches packs a running sandbox (deletions, a replaced
 // directory, a large random file) and starts two sandboxes from the pack:
 // they have the packed files byte for byte, and none of the excluded
-// residue. A stopped sandbox packs too.
+// residue. A stopped sandbox packs too. It runs on both disk stores: the
+// pack's snapshot is a reflink copy on the XFS pool, a copy out of the
+// sandbox's ext4 image otherwise.
 func TestPackBranches(t *testing.T) {
-	srv := testenv.StartServer(t)
+	for _, store := range []string{server.DiskStoreAuto, server.DiskStoreExt4Image} {
+		t.Run(store, func(t *testing.T) { testPackBranches(t, store) })
+	}
+}
+
+func testPackBranches(t *testing.T, store string) {
+	srv := testenv.StartServer(t, func(c *server.Config) { c.DiskStore = store })
 	c := srv.Client
 	ctx := context.Background()
 	workspace(t, c)

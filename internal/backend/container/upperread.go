@@ -43,6 +43,9 @@ func (b *Backend) SnapshotUpper(ctx context.Context, id string) (string, func() 
 	if err := os.RemoveAll(dst); err != nil {
 		return "", nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
 	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return "", nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
+	}
 	remove := func() error { return os.RemoveAll(dst) }
 	err = b.readUpper(ctx, id, loc, func(upper string) error {
 		out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", "--", upper, dst).CombinedOutput()
