@@ -347,6 +347,9 @@ func (n *nodeSide) wireSlot(s *slot) (err error) {
 			return fmt.Errorf("sandbox default route via %s: %w", gw, err)
 		}
 	}
+	if err = addSenderRate(s.ns, n.gw4.Addr(), n.gw6.Addr(), n.dns); err != nil {
+		return err
+	}
 	s.filter, err = loadFilter()
 	return err
 }
