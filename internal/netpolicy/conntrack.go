@@ -49,8 +49,9 @@ const (
 //   - DNS rate: UDP datagrams and new TCP connections to port 53 of the
 //     node beyond twice the proxy's own bucket (DNSLimits) per address are
 //     dropped: a sandbox within its rate never meets it, and a flood
-//     beyond it is dropped by the kernel, on the sender's CPU, before the
-//     daemon reads a byte of it.
+//     beyond it is dropped by the kernel before the daemon reads a byte
+//     of it (a container sandbox's excess already in its own system call:
+//     addSenderRate).
 func addSourceCaps(c *nftables.Conn, t *nftables.Table, fwd *nftables.Chain, bridge []byte, limit int, dns DNSLimits) error {
 	accept := nftables.ChainPolicyAccept
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
