@@ -70,7 +70,7 @@ func enterNodeCgroup(cfg Config) (*cgroup.NodeGroup, error) {
 	parent := cgroupParent(cfg)
 	ng, err := m.EnterNode(cfg.NodeCgroup, []string{parent, parent + cgroup.IdleSuffix}, cgroup.NodeReserve{MemoryLow: low})
 	if err != nil {
-		return nil, fmt.Errorf("node cgroup: %w", err)
+		return nil, fmt.Errorf("node cgroup (corral serve --node-cgroup none keeps the daemon where it was started): %w", err)
 	}
 	cfg.Logger.Info("node cgroup", "dirs", ng.Dirs(), "cpu_shares_v1", cgroup.NodeCPUSharesV1, "cpu_weight_v2", cgroup.NodeCPUWeightV2)
 	return ng, nil
