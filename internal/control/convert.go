@@ -157,6 +157,8 @@ func execFromProto(req *corralv1.ExecRequest) (node.ExecRequest, error) {
 		User:        req.User,
 		Stdin:       req.Stdin,
 		OutputLimit: req.OutputLimitBytes,
+
+		IdempotencyKey: req.IdempotencyKey,
 	}
 	if timeout != nil {
 		if *timeout <= 0 {

@@ -87,6 +87,10 @@ var rules = map[string]rule{
 	corralv1connect.ObserveServiceWatchEventsProcedure: {access: accessRead},
 	corralv1connect.ObserveServiceNodesProcedure:       {access: accessRead},
 
+	// The exec log holds commands and their output: readable by whoever
+	// may see the sandbox.
+	corralv1connect.RolloutServiceListExecsProcedure: {access: accessRead, sandbox: "sandbox_id"},
+
 	corralv1connect.FnCallServiceCallProcedure:      {access: accessWrite},
 	corralv1connect.FnCallServiceCallBatchProcedure: {access: accessWrite},
 

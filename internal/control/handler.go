@@ -131,16 +131,29 @@ func (s *Service) Delete(ctx context.Context, req *connect.Request[corralv1.Dele
 	return connect.NewResponse(&corralv1.DeleteResponse{Existed: existed}), nil
 }
 
-func (s *Service) exec(ctx context.Context, msg *corralv1.ExecRequest, out backend.OutputFunc) (backend.ExecResult, error) {
+func (s *Service) exec(ctx context.Context, msg *corralv1.ExecRequest, out backend.OutputFunc) (*corralv1.ExecResult, error) {
 	n, err := s.route(msg.SandboxId)
 	if err != nil {
-		return backend.ExecResult{}, err
+		return nil, err
 	}
 	er, err := execFromProto(msg)
 	if err != nil {
-		return backend.ExecResult{}, err
+		return nil, err
 	}
-	return n.Exec(ctx, msg.SandboxId, er, out)
+	if er.IdempotencyKey != "" {
+		res, k, err := n.ExecKeyed(ctx, msg.SandboxId, er, out)
+		if err != nil {
+			return nil, err
+		}
+		p := resultToProto(res)
+		p.ExecSeq, p.Replayed, p.ReplayOutputTruncated = k.Seq, k.Replayed, k.OutputTruncated
+		return p, nil
+	}
+	res, err := n.Exec(ctx, msg.SandboxId, er, out)
+	if err != nil {
+		return nil, err
+	}
+	return resultToProto(res), nil
 }
 
 // sendOutput sends a command's output as ExecResponse messages of at most
@@ -169,7 +182,7 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[corralv1.ExecRe
 	if err != nil {
 		return err
 	}
-	return stream.Send(&corralv1.ExecResponse{Event: &corralv1.ExecResponse_Result{Result: resultToProto(res)}})
+	return stream.Send(&corralv1.ExecResponse{Event: &corralv1.ExecResponse_Result{Result: res}})
 }
 
 func (s *Service) Run(ctx context.Context, req *connect.Request[corralv1.ExecRequest]) (*connect.Response[corralv1.RunResponse], error) {
@@ -188,7 +201,7 @@ func (s *Service) Run(ctx context.Context, req *connect.Request[corralv1.ExecReq
 	return connect.NewResponse(&corralv1.RunResponse{
 		Stdout: stdout.Bytes(),
 		Stderr: stderr.Bytes(),
-		Result: resultToProto(res),
+		Result: res,
 	}), nil
 }
 

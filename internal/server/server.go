@@ -271,6 +271,8 @@ func (s *Server) listen() error {
 		sandboxes.SetLazyReads(s.lazyReads)
 	}
 	s.observeRoutes(mux, guard)
+	path, h = corralv1connect.NewRolloutServiceHandler(control.NewRolloutService(sandboxes), guard)
+	mux.Handle(path, h)
 	importRoot, err := importroot.New(s.cfg.ImportRoot)
 	if err != nil {
 		return err

@@ -1461,8 +1461,14 @@ type ExecRequest struct {
 	Timeout *durationpb.Duration `protobuf:"bytes,8,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Stop reading output after this many bytes (stdout + stderr). 0: node default.
 	OutputLimitBytes int64 `protobuf:"varint,9,opt,name=output_limit_bytes,json=outputLimitBytes,proto3" json:"output_limit_bytes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The caller's name for this command (at most 256 bytes): the node records
+	// it in the sandbox's exec log, and a repeat of the key returns the
+	// recorded result (or attaches to the command while it still runs)
+	// instead of running it again. The command runs to its end even when the
+	// caller goes away. Not allowed on ExecStream.
+	IdempotencyKey string `protobuf:"bytes,10,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ExecRequest) Reset() {
@@ -1556,6 +1562,13 @@ func (x *ExecRequest) GetOutputLimitBytes() int64 {
 		return x.OutputLimitBytes
 	}
 	return 0
+}
+
+func (x *ExecRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
 }
 
 type ExecResponse struct {
@@ -1665,10 +1678,17 @@ type ExecResult struct {
 	TimedOut  bool  `protobuf:"varint,3,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
 	OomKilled bool  `protobuf:"varint,4,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	// Output passed the limit; the rest was dropped and the pipes closed.
-	Truncated     bool                 `protobuf:"varint,5,opt,name=truncated,proto3" json:"truncated,omitempty"`
-	Duration      *durationpb.Duration `protobuf:"bytes,6,opt,name=duration,proto3" json:"duration,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Truncated bool                 `protobuf:"varint,5,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	Duration  *durationpb.Duration `protobuf:"bytes,6,opt,name=duration,proto3" json:"duration,omitempty"`
+	// The command's number in the sandbox's exec log (0: no idempotency key).
+	ExecSeq uint64 `protobuf:"varint,7,opt,name=exec_seq,json=execSeq,proto3" json:"exec_seq,omitempty"`
+	// This call did not start the command: it returned the recorded result
+	// of an earlier call with the same idempotency key, or attached to it.
+	Replayed bool `protobuf:"varint,8,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// A replay's output is only the part the exec log kept (its first MiB).
+	ReplayOutputTruncated bool `protobuf:"varint,9,opt,name=replay_output_truncated,json=replayOutputTruncated,proto3" json:"replay_output_truncated,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *ExecResult) Reset() {
@@ -1741,6 +1761,27 @@ func (x *ExecResult) GetDuration() *durationpb.Duration {
 		return x.Duration
 	}
 	return nil
+}
+
+func (x *ExecResult) GetExecSeq() uint64 {
+	if x != nil {
+		return x.ExecSeq
+	}
+	return 0
+}
+
+func (x *ExecResult) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+func (x *ExecResult) GetReplayOutputTruncated() bool {
+	if x != nil {
+		return x.ReplayOutputTruncated
+	}
+	return false
 }
 
 type RunResponse struct {
@@ -3095,7 +3136,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\rDeleteRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"*\n" +
 	"\x0eDeleteResponse\x12\x18\n" +
-	"\aexisted\x18\x01 \x01(\bR\aexisted\"\x87\x02\n" +
+	"\aexisted\x18\x01 \x01(\bR\aexisted\"\xb0\x02\n" +
 	"\vExecRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -3106,12 +3147,14 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x04user\x18\x06 \x01(\tR\x04user\x12\x14\n" +
 	"\x05stdin\x18\a \x01(\fR\x05stdin\x123\n" +
 	"\atimeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12,\n" +
-	"\x12output_limit_bytes\x18\t \x01(\x03R\x10outputLimitBytes\"|\n" +
+	"\x12output_limit_bytes\x18\t \x01(\x03R\x10outputLimitBytes\x12'\n" +
+	"\x0fidempotency_key\x18\n" +
+	" \x01(\tR\x0eidempotencyKey\"|\n" +
 	"\fExecResponse\x12\x18\n" +
 	"\x06stdout\x18\x01 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x02 \x01(\fH\x00R\x06stderr\x12/\n" +
 	"\x06result\x18\x03 \x01(\v2\x15.corral.v1.ExecResultH\x00R\x06resultB\a\n" +
-	"\x05event\"\xd2\x01\n" +
+	"\x05event\"\xc1\x02\n" +
 	"\n" +
 	"ExecResult\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
@@ -3120,7 +3163,10 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"oom_killed\x18\x04 \x01(\bR\toomKilled\x12\x1c\n" +
 	"\ttruncated\x18\x05 \x01(\bR\ttruncated\x125\n" +
-	"\bduration\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\bduration\"l\n" +
+	"\bduration\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x19\n" +
+	"\bexec_seq\x18\a \x01(\x04R\aexecSeq\x12\x1a\n" +
+	"\breplayed\x18\b \x01(\bR\breplayed\x126\n" +
+	"\x17replay_output_truncated\x18\t \x01(\bR\x15replayOutputTruncated\"l\n" +
 	"\vRunResponse\x12\x16\n" +
 	"\x06stdout\x18\x01 \x01(\fR\x06stdout\x12\x16\n" +
 	"\x06stderr\x18\x02 \x01(\fR\x06stderr\x12-\n" +

@@ -1,0 +1,66 @@
+package control
+
+import (
+	"context"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
+	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
+	"github.com/corral-dev/corral/internal/execlog"
+)
+
+// RolloutService implements corral.v1.RolloutService over the nodes of a
+// SandboxService (it routes the same way).
+type RolloutService struct {
+	sandboxes *Service
+}
+
+var _ corralv1connect.RolloutServiceHandler = (*RolloutService)(nil)
+
+// NewRolloutService serves the nodes of sandboxes.
+func NewRolloutService(sandboxes *Service) *RolloutService {
+	return &RolloutService{sandboxes: sandboxes}
+}
+
+var execStateToProto = map[execlog.State]corralv1.ExecState{
+	execlog.Running: corralv1.ExecState_EXEC_STATE_RUNNING,
+	execlog.Done:    corralv1.ExecState_EXEC_STATE_DONE,
+	execlog.Failed:  corralv1.ExecState_EXEC_STATE_FAILED,
+	execlog.Lost:    corralv1.ExecState_EXEC_STATE_LOST,
+}
+
+func (r *RolloutService) ListExecs(ctx context.Context, req *connect.Request[corralv1.ListExecsRequest]) (*connect.Response[corralv1.ListExecsResponse], error) {
+	m := req.Msg
+	n, err := r.sandboxes.route(m.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	ents, next, err := n.ListExecs(ctx, m.SandboxId, m.SinceSeq, int(m.PageSize))
+	if err != nil {
+		return nil, err
+	}
+	resp := &corralv1.ListExecsResponse{NextSeq: next}
+	for _, e := range ents {
+		p := &corralv1.ExecLogEntry{
+			Seq: e.Seq, IdempotencyKey: e.Key, Argv: e.Argv, Shell: e.Shell,
+			State: execStateToProto[e.State], Error: e.Error,
+			StartedAt:   timestamppb.New(e.StartedAt),
+			OutputBytes: e.OutputBytes, OutputKeptBytes: e.OutputKeptBytes,
+		}
+		if !e.EndedAt.IsZero() {
+			p.EndedAt = timestamppb.New(e.EndedAt)
+		}
+		if e.State == execlog.Done {
+			p.Result = &corralv1.ExecResult{
+				ExitCode: int32(e.Result.ExitCode), Signal: int32(e.Result.Signal),
+				TimedOut: e.Result.TimedOut, OomKilled: e.Result.OOMKilled, Truncated: e.Result.Truncated,
+				Duration: durationpb.New(e.Result.Duration), ExecSeq: e.Seq,
+			}
+		}
+		resp.Entries = append(resp.Entries, p)
+	}
+	return connect.NewResponse(resp), nil
+}
