@@ -174,7 +174,7 @@ func TestExecKeyReplayAttachAndErrors(t *testing.T) {
 			t.Errorf("%s: got %v, want invalid argument mentioning %q", tc.name, err, tc.want)
 		}
 	}
-	if _, err := srv.Client.Sandbox(srv.NodeID() + "-nosuch").ListExecs(ctx, 0); !client.IsNotFound(err) && !client.IsInvalidArgument(err) {
+	if _, err := srv.Client.Sandbox(srv.NodeID()+"-nosuch").ListExecs(ctx, 0); !client.IsNotFound(err) && !client.IsInvalidArgument(err) {
 		t.Errorf("ListExecs of an unknown sandbox: %v", err)
 	}
 	log, err := sb.ListExecs(ctx, 0)
