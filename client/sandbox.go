@@ -62,6 +62,9 @@ type CreateOptions struct {
 	Network Network
 	// Placement constrains the node in a cluster (ignored by one node).
 	Placement Placement
+	// IdleAction is what IdleTimeout does: "stop" (default), "pause" or
+	// "reclaim" (see Sandbox.Reclaim); the next request resumes.
+	IdleAction string
 }
 
 // Info describes a sandbox.
@@ -92,6 +95,11 @@ type Info struct {
 	// Project is the project the sandbox belongs to ("": the node
 	// administrator's, outside any project).
 	Project string
+	// Memory is where the sandbox's memory is now (Get only; nil when the
+	// backend does not tell).
+	Memory *Memory
+	// IdleAction is what IdleTimeout does: stop, pause or reclaim.
+	IdleAction string
 }
 
 // LazyReads count a sandbox's reads of lazily loaded layer data.
@@ -119,7 +127,16 @@ func infoFromProto(p *corralv1.Sandbox) *Info {
 		Degraded:   p.Degraded,
 		LazyReads:  lazyReadsFromProto(p.GetLazyReads()),
 		Project:    p.Project,
+		Memory:     memoryFromProto(p.GetMemory()),
+		IdleAction: p.IdleAction,
 	}
+}
+
+func memoryFromProto(m *corralv1.MemoryState) *Memory {
+	if m == nil {
+		return nil
+	}
+	return &Memory{ResidentBytes: m.ResidentBytes, SwappedBytes: m.SwappedBytes, Reclaimed: m.Reclaimed}
 }
 
 func lazyReadsFromProto(l *corralv1.LazyReadStats) *LazyReads {
@@ -164,6 +181,7 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) 
 		MaxLifetime: optionalDuration(o.MaxLifetime),
 		Network:     o.Network.toProto(),
 		Placement:   o.Placement.toProto(),
+		IdleAction:  o.IdleAction,
 	}))
 	if err != nil {
 		return nil, wrapErr(err)

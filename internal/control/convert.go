@@ -59,7 +59,15 @@ func sandboxToProto(sb *node.Sandbox) *corralv1.Sandbox {
 		Network:      networkToProto(sb.NetworkMode, sb.NetworkAllow),
 		Degraded:     sb.Degraded,
 		Project:      sb.Project,
+		IdleAction:   idleActionOf(sb.IdleAction),
 	}
+}
+
+func idleActionOf(a string) string {
+	if a == "" {
+		return node.IdleStop
+	}
+	return a
 }
 
 var modeToProto = map[string]corralv1.NetworkMode{
@@ -141,6 +149,7 @@ func createFromProto(req *corralv1.CreateRequest) (node.CreateRequest, error) {
 		Labels:      req.Labels,
 		IdleTimeout: idle,
 		MaxLifetime: lifetime,
+		IdleAction:  req.IdleAction,
 	}, nil
 }
 

@@ -90,6 +90,9 @@ var rules = map[string]rule{
 	// The exec log holds commands and their output: readable by whoever
 	// may see the sandbox.
 	corralv1connect.RolloutServiceListExecsProcedure: {access: accessRead, sandbox: "sandbox_id"},
+	// By label: the handler pauses only sandboxes of the caller's projects.
+	corralv1connect.RolloutServicePauseManyProcedure:  {access: accessWrite, audit: true},
+	corralv1connect.RolloutServiceResumeManyProcedure: {access: accessWrite, audit: true},
 
 	corralv1connect.FnCallServiceCallProcedure:      {access: accessWrite},
 	corralv1connect.FnCallServiceCallBatchProcedure: {access: accessWrite},

@@ -86,6 +86,10 @@ func (s *Service) Get(ctx context.Context, req *connect.Request[corralv1.GetRequ
 		return nil, err
 	}
 	out := sandboxToProto(sb)
+	// Best effort too: a sandbox stopping meanwhile reports no memory.
+	if m, ok, _ := n.Memory(ctx, sb.ID); ok {
+		out.Memory = &corralv1.MemoryState{ResidentBytes: m.ResidentBytes, SwappedBytes: m.SwappedBytes, Reclaimed: sb.Reclaimed}
+	}
 	if s.lazyReads != nil {
 		// Best effort: the figures never fail a Get.
 		out.LazyReads, _ = s.lazyReads(ctx, sb.ID)
@@ -315,6 +319,15 @@ func (s *Service) Pause(ctx context.Context, req *connect.Request[corralv1.Pause
 	n, err := s.route(req.Msg.Id)
 	if err != nil {
 		return nil, err
+	}
+	if req.Msg.Reclaim {
+		r, err := n.PauseReclaim(ctx, req.Msg.Id)
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(&corralv1.PauseResponse{
+			ResidentBeforeBytes: r.Before.ResidentBytes, ResidentAfterBytes: r.After.ResidentBytes, SwappedBytes: r.After.SwappedBytes,
+		}), nil
 	}
 	if err := n.Pause(ctx, req.Msg.Id); err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"sort"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -63,4 +64,32 @@ func (r *RolloutService) ListExecs(ctx context.Context, req *connect.Request[cor
 		resp.Entries = append(resp.Entries, p)
 	}
 	return connect.NewResponse(resp), nil
+}
+
+func failuresToProto(f map[string]error) []*corralv1.SandboxFailure {
+	out := make([]*corralv1.SandboxFailure, 0, len(f))
+	for id, err := range f {
+		out = append(out, &corralv1.SandboxFailure{Id: id, Error: err.Error()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Id < out[j].Id })
+	return out
+}
+
+func (r *RolloutService) PauseMany(ctx context.Context, req *connect.Request[corralv1.PauseManyRequest]) (*connect.Response[corralv1.PauseManyResponse], error) {
+	res, err := r.sandboxes.local.PauseMany(ctx, req.Msg.Labels, req.Msg.Reclaim, VisibleTo(ctx))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.PauseManyResponse{
+		Paused: int32(res.Done), ResidentBeforeBytes: res.Before, ResidentAfterBytes: res.After,
+		Failures: failuresToProto(res.Failures),
+	}), nil
+}
+
+func (r *RolloutService) ResumeMany(ctx context.Context, req *connect.Request[corralv1.ResumeManyRequest]) (*connect.Response[corralv1.ResumeManyResponse], error) {
+	res, err := r.sandboxes.local.ResumeMany(ctx, req.Msg.Labels, VisibleTo(ctx))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.ResumeManyResponse{Resumed: int32(res.Done), Failures: failuresToProto(res.Failures)}), nil
 }

@@ -65,6 +65,10 @@ type Config struct {
 	// StatsInterval is how often each sandbox's figures are sampled.
 	StatsInterval time.Duration
 
+	// Swap: the node has a swap area (corral serve --swap), where a
+	// container sandbox's memory goes when it is paused with reclaim.
+	Swap bool
+
 	// Admit, when set, decides on every create against the live and
 	// in-flight sandboxes of the node (quota admission); see reserve.
 	Admit AdmitFunc

@@ -308,6 +308,7 @@ func (n *Node) setPaused(ctx context.Context, id string, pause bool) error {
 			return fmt.Errorf("resume sandbox %s: %w", id, err)
 		}
 		e.rec.Phase = state.PhaseRunning
+		e.rec.Reclaimed, e.rec.ReclaimedResident = false, 0
 		n.cfg.Metrics.ObserveOp(e.rec.Backend, metrics.OpResume, time.Since(start))
 		n.emit(e.snapshotLocked(), events.Resumed, "", nil)
 	default:

@@ -32,6 +32,7 @@ import (
 	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/state"
+	"github.com/corral-dev/corral/internal/swaparea"
 )
 
 // Config configures `corral serve`.
@@ -64,6 +65,9 @@ type Config struct {
 	// DiskStore says how writable layers get disk limits: DiskStoreAuto
 	// (default), DiskStoreXFS or DiskStoreExt4Image.
 	DiskStore string
+	// SwapBytes, when positive, is the size of the node's swap file (under
+	// DataDir), where pause --reclaim pushes container memory.
+	SwapBytes int64
 	// DiskPoolBytes is the (sparse) size of the XFS filesystem holding
 	// every sandbox's writable layer (DiskStoreXFS only).
 	DiskPoolBytes int64
@@ -116,6 +120,7 @@ type BlobsConfig struct {
 type Server struct {
 	cfg      Config
 	node     *node.Node
+	swap     *swaparea.Area // nil without Config.SwapBytes
 	fncall   *fncall.Service
 	stack    *stack
 	images   *image.Store
@@ -205,8 +210,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		closeImages()
 		return nil, err
 	}
+	swap, err := setupSwap(cfg)
+	if err != nil {
+		evlog.Close()
+		st.close(ctx, false)
+		closeImages()
+		return nil, err
+	}
 	reg := metrics.New()
 	n, err := node.New(ctx, node.Config{
+		Swap:     swap != nil,
 		DataDir:  cfg.DataDir,
 		State:    db,
 		Backends: st.backends,
@@ -218,6 +231,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Admit:    admitWith(iamSvc),
 	})
 	if err != nil {
+		swap.Close()
 		evlog.Close()
 		st.close(ctx, false)
 		closeImages()
@@ -229,12 +243,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	})
 	if err != nil {
 		n.Close()
+		swap.Close()
 		evlog.Close()
 		st.close(ctx, false)
 		closeImages()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, iam: iamSvc, share: share, served: make(chan error, 4), claims: claims,
+	s := &Server{cfg: cfg, node: n, swap: swap, fncall: fc, stack: st, images: images, iam: iamSvc, share: share, served: make(chan error, 4), claims: claims,
 		events: evlog, metrics: reg}
 	s.registerCollectors(reg)
 	if share != nil {
@@ -475,6 +490,7 @@ func (s *Server) Stop(ctx context.Context) error {
 	} else {
 		errs = append(errs, s.node.Close())
 	}
+	errs = append(errs, s.swap.Close())
 	errs = append(errs, s.events.Close())
 	errs = append(errs, s.stack.close(ctx, s.cfg.CleanupOnExit))
 	// Layer mounts stay for sandboxes that outlive the server.

@@ -82,6 +82,278 @@ func (ExecState) EnumDescriptor() ([]byte, []int) {
 	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{0}
 }
 
+type PauseManyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required (at least one): pausing every sandbox by accident is too easy.
+	Labels        map[string]string `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Reclaim       bool              `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseManyRequest) Reset() {
+	*x = PauseManyRequest{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseManyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseManyRequest) ProtoMessage() {}
+
+func (x *PauseManyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseManyRequest.ProtoReflect.Descriptor instead.
+func (*PauseManyRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PauseManyRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *PauseManyRequest) GetReclaim() bool {
+	if x != nil {
+		return x.Reclaim
+	}
+	return false
+}
+
+type SandboxFailure struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxFailure) Reset() {
+	*x = SandboxFailure{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxFailure) ProtoMessage() {}
+
+func (x *SandboxFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxFailure.ProtoReflect.Descriptor instead.
+func (*SandboxFailure) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SandboxFailure) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SandboxFailure) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type PauseManyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sandboxes this call paused (or reclaimed); already paused ones count
+	// when reclaim was not asked.
+	Paused int32 `protobuf:"varint,1,opt,name=paused,proto3" json:"paused,omitempty"`
+	// Bytes in RAM before and after, over the paused sandboxes (reclaim only).
+	ResidentBeforeBytes int64             `protobuf:"varint,2,opt,name=resident_before_bytes,json=residentBeforeBytes,proto3" json:"resident_before_bytes,omitempty"`
+	ResidentAfterBytes  int64             `protobuf:"varint,3,opt,name=resident_after_bytes,json=residentAfterBytes,proto3" json:"resident_after_bytes,omitempty"`
+	Failures            []*SandboxFailure `protobuf:"bytes,4,rep,name=failures,proto3" json:"failures,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *PauseManyResponse) Reset() {
+	*x = PauseManyResponse{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseManyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseManyResponse) ProtoMessage() {}
+
+func (x *PauseManyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseManyResponse.ProtoReflect.Descriptor instead.
+func (*PauseManyResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PauseManyResponse) GetPaused() int32 {
+	if x != nil {
+		return x.Paused
+	}
+	return 0
+}
+
+func (x *PauseManyResponse) GetResidentBeforeBytes() int64 {
+	if x != nil {
+		return x.ResidentBeforeBytes
+	}
+	return 0
+}
+
+func (x *PauseManyResponse) GetResidentAfterBytes() int64 {
+	if x != nil {
+		return x.ResidentAfterBytes
+	}
+	return 0
+}
+
+func (x *PauseManyResponse) GetFailures() []*SandboxFailure {
+	if x != nil {
+		return x.Failures
+	}
+	return nil
+}
+
+type ResumeManyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeManyRequest) Reset() {
+	*x = ResumeManyRequest{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeManyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeManyRequest) ProtoMessage() {}
+
+func (x *ResumeManyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeManyRequest.ProtoReflect.Descriptor instead.
+func (*ResumeManyRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ResumeManyRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type ResumeManyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Resumed       int32                  `protobuf:"varint,1,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	Failures      []*SandboxFailure      `protobuf:"bytes,2,rep,name=failures,proto3" json:"failures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeManyResponse) Reset() {
+	*x = ResumeManyResponse{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeManyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeManyResponse) ProtoMessage() {}
+
+func (x *ResumeManyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeManyResponse.ProtoReflect.Descriptor instead.
+func (*ResumeManyResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ResumeManyResponse) GetResumed() int32 {
+	if x != nil {
+		return x.Resumed
+	}
+	return 0
+}
+
+func (x *ResumeManyResponse) GetFailures() []*SandboxFailure {
+	if x != nil {
+		return x.Failures
+	}
+	return nil
+}
+
 type ListExecsRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -95,7 +367,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[0]
+	mi := &file_corral_v1_rollout_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -107,7 +379,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[0]
+	mi := &file_corral_v1_rollout_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -120,7 +392,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{0}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListExecsRequest) GetSandboxId() string {
@@ -166,7 +438,7 @@ type ExecLogEntry struct {
 
 func (x *ExecLogEntry) Reset() {
 	*x = ExecLogEntry{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[1]
+	mi := &file_corral_v1_rollout_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -178,7 +450,7 @@ func (x *ExecLogEntry) String() string {
 func (*ExecLogEntry) ProtoMessage() {}
 
 func (x *ExecLogEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[1]
+	mi := &file_corral_v1_rollout_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -191,7 +463,7 @@ func (x *ExecLogEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecLogEntry.ProtoReflect.Descriptor instead.
 func (*ExecLogEntry) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{1}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecLogEntry) GetSeq() uint64 {
@@ -283,7 +555,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[2]
+	mi := &file_corral_v1_rollout_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -295,7 +567,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[2]
+	mi := &file_corral_v1_rollout_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -308,7 +580,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{2}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListExecsResponse) GetEntries() []*ExecLogEntry {
@@ -329,7 +601,29 @@ var File_corral_v1_rollout_proto protoreflect.FileDescriptor
 
 const file_corral_v1_rollout_proto_rawDesc = "" +
 	"\n" +
-	"\x17corral/v1/rollout.proto\x12\tcorral.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17corral/v1/sandbox.proto\"k\n" +
+	"\x17corral/v1/rollout.proto\x12\tcorral.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17corral/v1/sandbox.proto\"\xa8\x01\n" +
+	"\x10PauseManyRequest\x12?\n" +
+	"\x06labels\x18\x01 \x03(\v2'.corral.v1.PauseManyRequest.LabelsEntryR\x06labels\x12\x18\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"6\n" +
+	"\x0eSandboxFailure\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xc8\x01\n" +
+	"\x11PauseManyResponse\x12\x16\n" +
+	"\x06paused\x18\x01 \x01(\x05R\x06paused\x122\n" +
+	"\x15resident_before_bytes\x18\x02 \x01(\x03R\x13residentBeforeBytes\x120\n" +
+	"\x14resident_after_bytes\x18\x03 \x01(\x03R\x12residentAfterBytes\x125\n" +
+	"\bfailures\x18\x04 \x03(\v2\x19.corral.v1.SandboxFailureR\bfailures\"\x90\x01\n" +
+	"\x11ResumeManyRequest\x12@\n" +
+	"\x06labels\x18\x01 \x03(\v2(.corral.v1.ResumeManyRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"e\n" +
+	"\x12ResumeManyResponse\x12\x18\n" +
+	"\aresumed\x18\x01 \x01(\x05R\aresumed\x125\n" +
+	"\bfailures\x18\x02 \x03(\v2\x19.corral.v1.SandboxFailureR\bfailures\"k\n" +
 	"\x10ListExecsRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
@@ -357,9 +651,12 @@ const file_corral_v1_rollout_proto_rawDesc = "" +
 	"\x12EXEC_STATE_RUNNING\x10\x01\x12\x13\n" +
 	"\x0fEXEC_STATE_DONE\x10\x02\x12\x15\n" +
 	"\x11EXEC_STATE_FAILED\x10\x03\x12\x13\n" +
-	"\x0fEXEC_STATE_LOST\x10\x042X\n" +
+	"\x0fEXEC_STATE_LOST\x10\x042\xeb\x01\n" +
 	"\x0eRolloutService\x12F\n" +
-	"\tListExecs\x12\x1b.corral.v1.ListExecsRequest\x1a\x1c.corral.v1.ListExecsResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"\tListExecs\x12\x1b.corral.v1.ListExecsRequest\x1a\x1c.corral.v1.ListExecsResponse\x12F\n" +
+	"\tPauseMany\x12\x1b.corral.v1.PauseManyRequest\x1a\x1c.corral.v1.PauseManyResponse\x12I\n" +
+	"\n" +
+	"ResumeMany\x12\x1c.corral.v1.ResumeManyRequest\x1a\x1d.corral.v1.ResumeManyResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_rollout_proto_rawDescOnce sync.Once
@@ -374,28 +671,43 @@ func file_corral_v1_rollout_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_corral_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_corral_v1_rollout_proto_goTypes = []any{
 	(ExecState)(0),                // 0: corral.v1.ExecState
-	(*ListExecsRequest)(nil),      // 1: corral.v1.ListExecsRequest
-	(*ExecLogEntry)(nil),          // 2: corral.v1.ExecLogEntry
-	(*ListExecsResponse)(nil),     // 3: corral.v1.ListExecsResponse
-	(*ExecResult)(nil),            // 4: corral.v1.ExecResult
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
+	(*PauseManyRequest)(nil),      // 1: corral.v1.PauseManyRequest
+	(*SandboxFailure)(nil),        // 2: corral.v1.SandboxFailure
+	(*PauseManyResponse)(nil),     // 3: corral.v1.PauseManyResponse
+	(*ResumeManyRequest)(nil),     // 4: corral.v1.ResumeManyRequest
+	(*ResumeManyResponse)(nil),    // 5: corral.v1.ResumeManyResponse
+	(*ListExecsRequest)(nil),      // 6: corral.v1.ListExecsRequest
+	(*ExecLogEntry)(nil),          // 7: corral.v1.ExecLogEntry
+	(*ListExecsResponse)(nil),     // 8: corral.v1.ListExecsResponse
+	nil,                           // 9: corral.v1.PauseManyRequest.LabelsEntry
+	nil,                           // 10: corral.v1.ResumeManyRequest.LabelsEntry
+	(*ExecResult)(nil),            // 11: corral.v1.ExecResult
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_corral_v1_rollout_proto_depIdxs = []int32{
-	0, // 0: corral.v1.ExecLogEntry.state:type_name -> corral.v1.ExecState
-	4, // 1: corral.v1.ExecLogEntry.result:type_name -> corral.v1.ExecResult
-	5, // 2: corral.v1.ExecLogEntry.started_at:type_name -> google.protobuf.Timestamp
-	5, // 3: corral.v1.ExecLogEntry.ended_at:type_name -> google.protobuf.Timestamp
-	2, // 4: corral.v1.ListExecsResponse.entries:type_name -> corral.v1.ExecLogEntry
-	1, // 5: corral.v1.RolloutService.ListExecs:input_type -> corral.v1.ListExecsRequest
-	3, // 6: corral.v1.RolloutService.ListExecs:output_type -> corral.v1.ListExecsResponse
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	9,  // 0: corral.v1.PauseManyRequest.labels:type_name -> corral.v1.PauseManyRequest.LabelsEntry
+	2,  // 1: corral.v1.PauseManyResponse.failures:type_name -> corral.v1.SandboxFailure
+	10, // 2: corral.v1.ResumeManyRequest.labels:type_name -> corral.v1.ResumeManyRequest.LabelsEntry
+	2,  // 3: corral.v1.ResumeManyResponse.failures:type_name -> corral.v1.SandboxFailure
+	0,  // 4: corral.v1.ExecLogEntry.state:type_name -> corral.v1.ExecState
+	11, // 5: corral.v1.ExecLogEntry.result:type_name -> corral.v1.ExecResult
+	12, // 6: corral.v1.ExecLogEntry.started_at:type_name -> google.protobuf.Timestamp
+	12, // 7: corral.v1.ExecLogEntry.ended_at:type_name -> google.protobuf.Timestamp
+	7,  // 8: corral.v1.ListExecsResponse.entries:type_name -> corral.v1.ExecLogEntry
+	6,  // 9: corral.v1.RolloutService.ListExecs:input_type -> corral.v1.ListExecsRequest
+	1,  // 10: corral.v1.RolloutService.PauseMany:input_type -> corral.v1.PauseManyRequest
+	4,  // 11: corral.v1.RolloutService.ResumeMany:input_type -> corral.v1.ResumeManyRequest
+	8,  // 12: corral.v1.RolloutService.ListExecs:output_type -> corral.v1.ListExecsResponse
+	3,  // 13: corral.v1.RolloutService.PauseMany:output_type -> corral.v1.PauseManyResponse
+	5,  // 14: corral.v1.RolloutService.ResumeMany:output_type -> corral.v1.ResumeManyResponse
+	12, // [12:15] is the sub-list for method output_type
+	9,  // [9:12] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_rollout_proto_init() }
@@ -410,7 +722,7 @@ func file_corral_v1_rollout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_rollout_proto_rawDesc), len(file_corral_v1_rollout_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   3,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

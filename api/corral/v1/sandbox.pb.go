@@ -613,7 +613,11 @@ type CreateRequest struct {
 	// Network policy; unset: mode NONE (loopback only).
 	Network *NetworkPolicy `protobuf:"bytes,10,opt,name=network,proto3" json:"network,omitempty"`
 	// Where the sandbox may run in a cluster; ignored by a single node.
-	Placement     *Placement `protobuf:"bytes,11,opt,name=placement,proto3" json:"placement,omitempty"`
+	Placement *Placement `protobuf:"bytes,11,opt,name=placement,proto3" json:"placement,omitempty"`
+	// What idle_timeout does: "stop" (the default: processes end), "pause"
+	// (freeze) or "reclaim" (freeze and push memory out, see PauseRequest);
+	// the next request resumes a paused sandbox.
+	IdleAction    string `protobuf:"bytes,12,opt,name=idle_action,json=idleAction,proto3" json:"idle_action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -723,6 +727,13 @@ func (x *CreateRequest) GetPlacement() *Placement {
 		return x.Placement
 	}
 	return nil
+}
+
+func (x *CreateRequest) GetIdleAction() string {
+	if x != nil {
+		return x.IdleAction
+	}
+	return ""
 }
 
 // Placement constrains the node a cluster's control plane picks.
@@ -886,7 +897,11 @@ type Sandbox struct {
 	LazyReads *LazyReadStats `protobuf:"bytes,18,opt,name=lazy_reads,json=lazyReads,proto3" json:"lazy_reads,omitempty"`
 	// The project the sandbox belongs to (empty: made by the node
 	// administrator outside any project).
-	Project       string `protobuf:"bytes,19,opt,name=project,proto3" json:"project,omitempty"`
+	Project string `protobuf:"bytes,19,opt,name=project,proto3" json:"project,omitempty"`
+	// Get only, for backends that report it; unset otherwise.
+	Memory *MemoryState `protobuf:"bytes,20,opt,name=memory,proto3" json:"memory,omitempty"`
+	// What idle_timeout does: "stop" (default), "pause" or "reclaim".
+	IdleAction    string `protobuf:"bytes,21,opt,name=idle_action,json=idleAction,proto3" json:"idle_action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1050,6 +1065,20 @@ func (x *Sandbox) GetLazyReads() *LazyReadStats {
 func (x *Sandbox) GetProject() string {
 	if x != nil {
 		return x.Project
+	}
+	return ""
+}
+
+func (x *Sandbox) GetMemory() *MemoryState {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
+func (x *Sandbox) GetIdleAction() string {
+	if x != nil {
+		return x.IdleAction
 	}
 	return ""
 }
@@ -2589,8 +2618,13 @@ func (*MakeDirResponse) Descriptor() ([]byte, []int) {
 }
 
 type PauseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Also push the paused sandbox's memory out of RAM: a container's to the
+	// node's swap area (corral serve --swap; FAILED_PRECONDITION without
+	// one), a microVM's to a snapshot on disk. Resume is unchanged: pages
+	// come back as the processes touch them.
+	Reclaim       bool `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2632,10 +2666,21 @@ func (x *PauseRequest) GetId() string {
 	return ""
 }
 
+func (x *PauseRequest) GetReclaim() bool {
+	if x != nil {
+		return x.Reclaim
+	}
+	return false
+}
+
 type PauseResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// With reclaim: the sandbox's memory in RAM before and after, and in swap after.
+	ResidentBeforeBytes int64 `protobuf:"varint,1,opt,name=resident_before_bytes,json=residentBeforeBytes,proto3" json:"resident_before_bytes,omitempty"`
+	ResidentAfterBytes  int64 `protobuf:"varint,2,opt,name=resident_after_bytes,json=residentAfterBytes,proto3" json:"resident_after_bytes,omitempty"`
+	SwappedBytes        int64 `protobuf:"varint,3,opt,name=swapped_bytes,json=swappedBytes,proto3" json:"swapped_bytes,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *PauseResponse) Reset() {
@@ -2668,6 +2713,89 @@ func (*PauseResponse) Descriptor() ([]byte, []int) {
 	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
+func (x *PauseResponse) GetResidentBeforeBytes() int64 {
+	if x != nil {
+		return x.ResidentBeforeBytes
+	}
+	return 0
+}
+
+func (x *PauseResponse) GetResidentAfterBytes() int64 {
+	if x != nil {
+		return x.ResidentAfterBytes
+	}
+	return 0
+}
+
+func (x *PauseResponse) GetSwappedBytes() int64 {
+	if x != nil {
+		return x.SwappedBytes
+	}
+	return 0
+}
+
+// MemoryState is where a sandbox's memory is now.
+type MemoryState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ResidentBytes int64                  `protobuf:"varint,1,opt,name=resident_bytes,json=residentBytes,proto3" json:"resident_bytes,omitempty"`
+	SwappedBytes  int64                  `protobuf:"varint,2,opt,name=swapped_bytes,json=swappedBytes,proto3" json:"swapped_bytes,omitempty"`
+	// Paused with reclaim (and not resumed since).
+	Reclaimed     bool `protobuf:"varint,3,opt,name=reclaimed,proto3" json:"reclaimed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryState) Reset() {
+	*x = MemoryState{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryState) ProtoMessage() {}
+
+func (x *MemoryState) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryState.ProtoReflect.Descriptor instead.
+func (*MemoryState) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *MemoryState) GetResidentBytes() int64 {
+	if x != nil {
+		return x.ResidentBytes
+	}
+	return 0
+}
+
+func (x *MemoryState) GetSwappedBytes() int64 {
+	if x != nil {
+		return x.SwappedBytes
+	}
+	return 0
+}
+
+func (x *MemoryState) GetReclaimed() bool {
+	if x != nil {
+		return x.Reclaimed
+	}
+	return false
+}
+
 type ResumeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2677,7 +2805,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2689,7 +2817,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[37]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2702,7 +2830,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -2720,7 +2848,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +2860,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +2873,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 type CopyInRequest struct {
@@ -2761,7 +2889,7 @@ type CopyInRequest struct {
 
 func (x *CopyInRequest) Reset() {
 	*x = CopyInRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2773,7 +2901,7 @@ func (x *CopyInRequest) String() string {
 func (*CopyInRequest) ProtoMessage() {}
 
 func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2786,7 +2914,7 @@ func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInRequest.ProtoReflect.Descriptor instead.
 func (*CopyInRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CopyInRequest) GetSandboxId() string {
@@ -2821,7 +2949,7 @@ type CopyInResponse struct {
 
 func (x *CopyInResponse) Reset() {
 	*x = CopyInResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +2961,7 @@ func (x *CopyInResponse) String() string {
 func (*CopyInResponse) ProtoMessage() {}
 
 func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +2974,7 @@ func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInResponse.ProtoReflect.Descriptor instead.
 func (*CopyInResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CopyInResponse) GetEntries() int64 {
@@ -2873,7 +3001,7 @@ type CopyOutRequest struct {
 
 func (x *CopyOutRequest) Reset() {
 	*x = CopyOutRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2885,7 +3013,7 @@ func (x *CopyOutRequest) String() string {
 func (*CopyOutRequest) ProtoMessage() {}
 
 func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2898,7 +3026,7 @@ func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutRequest.ProtoReflect.Descriptor instead.
 func (*CopyOutRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CopyOutRequest) GetSandboxId() string {
@@ -2926,7 +3054,7 @@ type CopyOutResponse struct {
 
 func (x *CopyOutResponse) Reset() {
 	*x = CopyOutResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2938,7 +3066,7 @@ func (x *CopyOutResponse) String() string {
 func (*CopyOutResponse) ProtoMessage() {}
 
 func (x *CopyOutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2951,7 +3079,7 @@ func (x *CopyOutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutResponse.ProtoReflect.Descriptor instead.
 func (*CopyOutResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CopyOutResponse) GetData() []byte {
@@ -2973,7 +3101,7 @@ type ExecStreamRequest struct {
 
 func (x *ExecStreamRequest) Reset() {
 	*x = ExecStreamRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2985,7 +3113,7 @@ func (x *ExecStreamRequest) String() string {
 func (*ExecStreamRequest) ProtoMessage() {}
 
 func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2998,7 +3126,7 @@ func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamRequest.ProtoReflect.Descriptor instead.
 func (*ExecStreamRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ExecStreamRequest) GetExec() *ExecRequest {
@@ -3051,7 +3179,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\x12\x12\n" +
 	"\x04pids\x18\x04 \x01(\x03R\x04pids\x12\x1f\n" +
 	"\vbest_effort\x18\x05 \x01(\bR\n" +
-	"bestEffort\"\x90\x04\n" +
+	"bestEffort\"\xb1\x04\n" +
 	"\rCreateRequest\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x122\n" +
@@ -3064,7 +3192,9 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\fmax_lifetime\x18\t \x01(\v2\x19.google.protobuf.DurationR\vmaxLifetime\x122\n" +
 	"\anetwork\x18\n" +
 	" \x01(\v2\x18.corral.v1.NetworkPolicyR\anetwork\x122\n" +
-	"\tplacement\x18\v \x01(\v2\x14.corral.v1.PlacementR\tplacement\x1a9\n" +
+	"\tplacement\x18\v \x01(\v2\x14.corral.v1.PlacementR\tplacement\x12\x1f\n" +
+	"\vidle_action\x18\f \x01(\tR\n" +
+	"idleAction\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x89\x02\n" +
@@ -3080,7 +3210,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
 	"\x0eCreateResponse\x12,\n" +
-	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\xb5\x06\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\x86\a\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -3104,7 +3234,10 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\bdegraded\x18\x11 \x01(\tR\bdegraded\x127\n" +
 	"\n" +
 	"lazy_reads\x18\x12 \x01(\v2\x18.corral.v1.LazyReadStatsR\tlazyReads\x12\x18\n" +
-	"\aproject\x18\x13 \x01(\tR\aproject\x1a9\n" +
+	"\aproject\x18\x13 \x01(\tR\aproject\x12.\n" +
+	"\x06memory\x18\x14 \x01(\v2\x16.corral.v1.MemoryStateR\x06memory\x12\x1f\n" +
+	"\vidle_action\x18\x15 \x01(\tR\n" +
+	"idleAction\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x01\n" +
@@ -3225,10 +3358,18 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x18\n" +
 	"\aparents\x18\x04 \x01(\bR\aparents\"\x11\n" +
-	"\x0fMakeDirResponse\"\x1e\n" +
+	"\x0fMakeDirResponse\"8\n" +
 	"\fPauseRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\x0f\n" +
-	"\rPauseResponse\"\x1f\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\"\x9a\x01\n" +
+	"\rPauseResponse\x122\n" +
+	"\x15resident_before_bytes\x18\x01 \x01(\x03R\x13residentBeforeBytes\x120\n" +
+	"\x14resident_after_bytes\x18\x02 \x01(\x03R\x12residentAfterBytes\x12#\n" +
+	"\rswapped_bytes\x18\x03 \x01(\x03R\fswappedBytes\"w\n" +
+	"\vMemoryState\x12%\n" +
+	"\x0eresident_bytes\x18\x01 \x01(\x03R\rresidentBytes\x12#\n" +
+	"\rswapped_bytes\x18\x02 \x01(\x03R\fswappedBytes\x12\x1c\n" +
+	"\treclaimed\x18\x03 \x01(\bR\treclaimed\"\x1f\n" +
 	"\rResumeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x10\n" +
 	"\x0eResumeResponse\"V\n" +
@@ -3298,7 +3439,7 @@ func file_corral_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_corral_v1_sandbox_proto_goTypes = []any{
 	(NetworkMode)(0),              // 0: corral.v1.NetworkMode
 	(SandboxState)(0),             // 1: corral.v1.SandboxState
@@ -3339,19 +3480,20 @@ var file_corral_v1_sandbox_proto_goTypes = []any{
 	(*MakeDirResponse)(nil),       // 36: corral.v1.MakeDirResponse
 	(*PauseRequest)(nil),          // 37: corral.v1.PauseRequest
 	(*PauseResponse)(nil),         // 38: corral.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 39: corral.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 40: corral.v1.ResumeResponse
-	(*CopyInRequest)(nil),         // 41: corral.v1.CopyInRequest
-	(*CopyInResponse)(nil),        // 42: corral.v1.CopyInResponse
-	(*CopyOutRequest)(nil),        // 43: corral.v1.CopyOutRequest
-	(*CopyOutResponse)(nil),       // 44: corral.v1.CopyOutResponse
-	(*ExecStreamRequest)(nil),     // 45: corral.v1.ExecStreamRequest
-	nil,                           // 46: corral.v1.CreateRequest.LabelsEntry
-	nil,                           // 47: corral.v1.Placement.NodeLabelsEntry
-	nil,                           // 48: corral.v1.Sandbox.LabelsEntry
-	nil,                           // 49: corral.v1.ListRequest.LabelsEntry
-	(*durationpb.Duration)(nil),   // 50: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 51: google.protobuf.Timestamp
+	(*MemoryState)(nil),           // 39: corral.v1.MemoryState
+	(*ResumeRequest)(nil),         // 40: corral.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 41: corral.v1.ResumeResponse
+	(*CopyInRequest)(nil),         // 42: corral.v1.CopyInRequest
+	(*CopyInResponse)(nil),        // 43: corral.v1.CopyInResponse
+	(*CopyOutRequest)(nil),        // 44: corral.v1.CopyOutRequest
+	(*CopyOutResponse)(nil),       // 45: corral.v1.CopyOutResponse
+	(*ExecStreamRequest)(nil),     // 46: corral.v1.ExecStreamRequest
+	nil,                           // 47: corral.v1.CreateRequest.LabelsEntry
+	nil,                           // 48: corral.v1.Placement.NodeLabelsEntry
+	nil,                           // 49: corral.v1.Sandbox.LabelsEntry
+	nil,                           // 50: corral.v1.ListRequest.LabelsEntry
+	(*durationpb.Duration)(nil),   // 51: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 52: google.protobuf.Timestamp
 }
 var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	0,  // 0: corral.v1.NetworkPolicy.mode:type_name -> corral.v1.NetworkMode
@@ -3359,79 +3501,80 @@ var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	2,  // 2: corral.v1.UpdateNetworkResponse.network:type_name -> corral.v1.NetworkPolicy
 	6,  // 3: corral.v1.NetworkStatsResponse.refusals:type_name -> corral.v1.NetworkRefusal
 	8,  // 4: corral.v1.CreateRequest.resources:type_name -> corral.v1.Resources
-	46, // 5: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
-	50, // 6: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
-	50, // 7: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
+	47, // 5: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
+	51, // 6: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
+	51, // 7: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
 	2,  // 8: corral.v1.CreateRequest.network:type_name -> corral.v1.NetworkPolicy
 	10, // 9: corral.v1.CreateRequest.placement:type_name -> corral.v1.Placement
-	47, // 10: corral.v1.Placement.node_labels:type_name -> corral.v1.Placement.NodeLabelsEntry
+	48, // 10: corral.v1.Placement.node_labels:type_name -> corral.v1.Placement.NodeLabelsEntry
 	12, // 11: corral.v1.CreateResponse.sandbox:type_name -> corral.v1.Sandbox
 	1,  // 12: corral.v1.Sandbox.state:type_name -> corral.v1.SandboxState
 	8,  // 13: corral.v1.Sandbox.resources:type_name -> corral.v1.Resources
-	48, // 14: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
-	50, // 15: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	50, // 16: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	51, // 17: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	51, // 18: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
+	49, // 14: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
+	51, // 15: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	51, // 16: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	52, // 17: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	52, // 18: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
 	2,  // 19: corral.v1.Sandbox.network:type_name -> corral.v1.NetworkPolicy
 	13, // 20: corral.v1.Sandbox.lazy_reads:type_name -> corral.v1.LazyReadStats
-	12, // 21: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
-	49, // 22: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
-	1,  // 23: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
-	12, // 24: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
-	50, // 25: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	22, // 26: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
-	50, // 27: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	22, // 28: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
-	51, // 29: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	28, // 30: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
-	28, // 31: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
-	20, // 32: corral.v1.ExecStreamRequest.exec:type_name -> corral.v1.ExecRequest
-	9,  // 33: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
-	14, // 34: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
-	16, // 35: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
-	18, // 36: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
-	20, // 37: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
-	20, // 38: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
-	24, // 39: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
-	26, // 40: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
-	29, // 41: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
-	31, // 42: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
-	33, // 43: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
-	35, // 44: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
-	37, // 45: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
-	39, // 46: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
-	3,  // 47: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
-	5,  // 48: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
-	24, // 49: corral.v1.SandboxService.UploadFile:input_type -> corral.v1.WriteFileRequest
-	41, // 50: corral.v1.SandboxService.CopyIn:input_type -> corral.v1.CopyInRequest
-	43, // 51: corral.v1.SandboxService.CopyOut:input_type -> corral.v1.CopyOutRequest
-	45, // 52: corral.v1.SandboxService.ExecStream:input_type -> corral.v1.ExecStreamRequest
-	11, // 53: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
-	15, // 54: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
-	17, // 55: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
-	19, // 56: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
-	21, // 57: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
-	23, // 58: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
-	25, // 59: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
-	27, // 60: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
-	30, // 61: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
-	32, // 62: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
-	34, // 63: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
-	36, // 64: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
-	38, // 65: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
-	40, // 66: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
-	4,  // 67: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
-	7,  // 68: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
-	25, // 69: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
-	42, // 70: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
-	44, // 71: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
-	21, // 72: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
-	53, // [53:73] is the sub-list for method output_type
-	33, // [33:53] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	39, // 21: corral.v1.Sandbox.memory:type_name -> corral.v1.MemoryState
+	12, // 22: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
+	50, // 23: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
+	1,  // 24: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
+	12, // 25: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
+	51, // 26: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	22, // 27: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
+	51, // 28: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	22, // 29: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
+	52, // 30: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	28, // 31: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
+	28, // 32: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
+	20, // 33: corral.v1.ExecStreamRequest.exec:type_name -> corral.v1.ExecRequest
+	9,  // 34: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
+	14, // 35: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
+	16, // 36: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
+	18, // 37: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
+	20, // 38: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
+	20, // 39: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
+	24, // 40: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
+	26, // 41: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
+	29, // 42: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
+	31, // 43: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
+	33, // 44: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
+	35, // 45: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
+	37, // 46: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
+	40, // 47: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
+	3,  // 48: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
+	5,  // 49: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
+	24, // 50: corral.v1.SandboxService.UploadFile:input_type -> corral.v1.WriteFileRequest
+	42, // 51: corral.v1.SandboxService.CopyIn:input_type -> corral.v1.CopyInRequest
+	44, // 52: corral.v1.SandboxService.CopyOut:input_type -> corral.v1.CopyOutRequest
+	46, // 53: corral.v1.SandboxService.ExecStream:input_type -> corral.v1.ExecStreamRequest
+	11, // 54: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
+	15, // 55: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
+	17, // 56: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
+	19, // 57: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
+	21, // 58: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
+	23, // 59: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
+	25, // 60: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
+	27, // 61: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
+	30, // 62: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
+	32, // 63: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
+	34, // 64: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
+	36, // 65: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
+	38, // 66: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
+	41, // 67: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
+	4,  // 68: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
+	7,  // 69: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
+	25, // 70: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
+	43, // 71: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
+	45, // 72: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
+	21, // 73: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
+	54, // [54:74] is the sub-list for method output_type
+	34, // [34:54] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_sandbox_proto_init() }
@@ -3450,7 +3593,7 @@ func file_corral_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_sandbox_proto_rawDesc), len(file_corral_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   48,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,6 +36,12 @@ const (
 	// RolloutServiceListExecsProcedure is the fully-qualified name of the RolloutService's ListExecs
 	// RPC.
 	RolloutServiceListExecsProcedure = "/corral.v1.RolloutService/ListExecs"
+	// RolloutServicePauseManyProcedure is the fully-qualified name of the RolloutService's PauseMany
+	// RPC.
+	RolloutServicePauseManyProcedure = "/corral.v1.RolloutService/PauseMany"
+	// RolloutServiceResumeManyProcedure is the fully-qualified name of the RolloutService's ResumeMany
+	// RPC.
+	RolloutServiceResumeManyProcedure = "/corral.v1.RolloutService/ResumeMany"
 )
 
 // RolloutServiceClient is a client for the corral.v1.RolloutService service.
@@ -44,6 +50,11 @@ type RolloutServiceClient interface {
 	// idempotency key) with a sequence number above since_seq, oldest first,
 	// so that a restarted trainer can fast-forward.
 	ListExecs(context.Context, *connect.Request[v1.ListExecsRequest]) (*connect.Response[v1.ListExecsResponse], error)
+	// PauseMany pauses every running sandbox of the caller's that carries
+	// all of labels (a whole job at once), with reclaim as in Pause.
+	PauseMany(context.Context, *connect.Request[v1.PauseManyRequest]) (*connect.Response[v1.PauseManyResponse], error)
+	// ResumeMany resumes every paused sandbox that carries all of labels.
+	ResumeMany(context.Context, *connect.Request[v1.ResumeManyRequest]) (*connect.Response[v1.ResumeManyResponse], error)
 }
 
 // NewRolloutServiceClient constructs a client for the corral.v1.RolloutService service. By default,
@@ -63,17 +74,41 @@ func NewRolloutServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(rolloutServiceMethods.ByName("ListExecs")),
 			connect.WithClientOptions(opts...),
 		),
+		pauseMany: connect.NewClient[v1.PauseManyRequest, v1.PauseManyResponse](
+			httpClient,
+			baseURL+RolloutServicePauseManyProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("PauseMany")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeMany: connect.NewClient[v1.ResumeManyRequest, v1.ResumeManyResponse](
+			httpClient,
+			baseURL+RolloutServiceResumeManyProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("ResumeMany")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // rolloutServiceClient implements RolloutServiceClient.
 type rolloutServiceClient struct {
-	listExecs *connect.Client[v1.ListExecsRequest, v1.ListExecsResponse]
+	listExecs  *connect.Client[v1.ListExecsRequest, v1.ListExecsResponse]
+	pauseMany  *connect.Client[v1.PauseManyRequest, v1.PauseManyResponse]
+	resumeMany *connect.Client[v1.ResumeManyRequest, v1.ResumeManyResponse]
 }
 
 // ListExecs calls corral.v1.RolloutService.ListExecs.
 func (c *rolloutServiceClient) ListExecs(ctx context.Context, req *connect.Request[v1.ListExecsRequest]) (*connect.Response[v1.ListExecsResponse], error) {
 	return c.listExecs.CallUnary(ctx, req)
+}
+
+// PauseMany calls corral.v1.RolloutService.PauseMany.
+func (c *rolloutServiceClient) PauseMany(ctx context.Context, req *connect.Request[v1.PauseManyRequest]) (*connect.Response[v1.PauseManyResponse], error) {
+	return c.pauseMany.CallUnary(ctx, req)
+}
+
+// ResumeMany calls corral.v1.RolloutService.ResumeMany.
+func (c *rolloutServiceClient) ResumeMany(ctx context.Context, req *connect.Request[v1.ResumeManyRequest]) (*connect.Response[v1.ResumeManyResponse], error) {
+	return c.resumeMany.CallUnary(ctx, req)
 }
 
 // RolloutServiceHandler is an implementation of the corral.v1.RolloutService service.
@@ -82,6 +117,11 @@ type RolloutServiceHandler interface {
 	// idempotency key) with a sequence number above since_seq, oldest first,
 	// so that a restarted trainer can fast-forward.
 	ListExecs(context.Context, *connect.Request[v1.ListExecsRequest]) (*connect.Response[v1.ListExecsResponse], error)
+	// PauseMany pauses every running sandbox of the caller's that carries
+	// all of labels (a whole job at once), with reclaim as in Pause.
+	PauseMany(context.Context, *connect.Request[v1.PauseManyRequest]) (*connect.Response[v1.PauseManyResponse], error)
+	// ResumeMany resumes every paused sandbox that carries all of labels.
+	ResumeMany(context.Context, *connect.Request[v1.ResumeManyRequest]) (*connect.Response[v1.ResumeManyResponse], error)
 }
 
 // NewRolloutServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -97,10 +137,26 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 		connect.WithSchema(rolloutServiceMethods.ByName("ListExecs")),
 		connect.WithHandlerOptions(opts...),
 	)
+	rolloutServicePauseManyHandler := connect.NewUnaryHandler(
+		RolloutServicePauseManyProcedure,
+		svc.PauseMany,
+		connect.WithSchema(rolloutServiceMethods.ByName("PauseMany")),
+		connect.WithHandlerOptions(opts...),
+	)
+	rolloutServiceResumeManyHandler := connect.NewUnaryHandler(
+		RolloutServiceResumeManyProcedure,
+		svc.ResumeMany,
+		connect.WithSchema(rolloutServiceMethods.ByName("ResumeMany")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/corral.v1.RolloutService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RolloutServiceListExecsProcedure:
 			rolloutServiceListExecsHandler.ServeHTTP(w, r)
+		case RolloutServicePauseManyProcedure:
+			rolloutServicePauseManyHandler.ServeHTTP(w, r)
+		case RolloutServiceResumeManyProcedure:
+			rolloutServiceResumeManyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -112,4 +168,12 @@ type UnimplementedRolloutServiceHandler struct{}
 
 func (UnimplementedRolloutServiceHandler) ListExecs(context.Context, *connect.Request[v1.ListExecsRequest]) (*connect.Response[v1.ListExecsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.RolloutService.ListExecs is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) PauseMany(context.Context, *connect.Request[v1.PauseManyRequest]) (*connect.Response[v1.PauseManyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.RolloutService.PauseMany is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) ResumeMany(context.Context, *connect.Request[v1.ResumeManyRequest]) (*connect.Response[v1.ResumeManyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.RolloutService.ResumeMany is not implemented"))
 }
