@@ -13,15 +13,15 @@ func TestSetupEnablesAndCloseRemoves(t *testing.T) {
 		t.Skip("needs root: swapon(2)")
 	}
 	dir := t.TempDir()
-	a, err := Setup(dir, 32<<20, slog.Default())
-	if err != nil {
+	if _, err := Setup(dir, 32<<20, slog.Default()); err != nil {
 		t.Fatal(err)
 	}
 	if !active(Path(dir)) {
 		t.Fatalf("%s is not in /proc/swaps after Setup", Path(dir))
 	}
 	// A second Setup (a restart after a crash) replaces the first area.
-	if a, err = Setup(dir, 48<<20, slog.Default()); err != nil {
+	a, err := Setup(dir, 48<<20, slog.Default())
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Close(); err != nil {

@@ -77,7 +77,9 @@ func startHolder(t *testing.T, srv *testenv.Server) *client.Sandbox {
 		script = fmt.Sprintf("chmod +x /tmp/memholder && /tmp/memholder %d >/dev/null 2>&1 &", holderMiB)
 	}
 	testenv.Sh(t, sb, script)
-	waitFor(t, func() bool { return testenv.Run(t, sb, client.Command{Args: []string{"test", "-s", "/tmp/hash0"}}).ExitCode == 0 })
+	waitFor(t, func() bool {
+		return testenv.Run(t, sb, client.Command{Args: []string{"test", "-s", "/tmp/hash0"}}).ExitCode == 0
+	})
 	return sb
 }
 
@@ -144,7 +146,7 @@ func TestReclaimErrors(t *testing.T) {
 	if _, err := srv.Client.PauseMany(ctx, nil, false); !client.IsInvalidArgument(err) {
 		t.Fatalf("PauseMany without labels: %v", err)
 	}
-	if _, err := srv.Client.Sandbox(srv.NodeID()+"-000000000000").Reclaim(ctx); !client.IsNotFound(err) {
+	if _, err := srv.Client.Sandbox(srv.NodeID() + "-000000000000").Reclaim(ctx); !client.IsNotFound(err) {
 		t.Fatalf("reclaim of an unknown sandbox: %v", err)
 	}
 	if all, err := srv.Client.List(ctx, client.ListOptions{}); err != nil || len(all) != 1 {
