@@ -362,4 +362,3 @@ func newRmCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&all, "all", false, "delete every sandbox")
 	return cmd
 }
-
