@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -219,4 +220,51 @@ func TestPauseManyByLabel(t *testing.T) {
 	if got := count(client.StateRunning); got != n {
 		t.Fatalf("%d of %d running after ResumeMany", got, n)
 	}
+}
+
+// TestMicroVMReclaimSurvivesDaemonKill: a microVM paused with reclaim is a
+// snapshot on disk (no VMM, no RAM); after a SIGKILL of the daemon and a
+// restart, an exec restores it and its running process goes on counting.
+func TestMicroVMReclaimSurvivesDaemonKill(t *testing.T) {
+	testenv.RequireRoot(t)
+	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
+		t.Skip("microvm: needs qemu-system-x86_64 (package qemu-system-x86)")
+	}
+	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
+		t.Skip("microvm: needs a guest kernel (package linux-image-amd64)")
+	}
+	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	ctx := context.Background()
+	c := d.start("--microvm-snapshot-after", "1h") // only reclaim snapshots
+	sb, err := c.Create(ctx, client.CreateOptions{Backend: "microvm", Resources: client.Resources{MemoryBytes: 256 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Sh(t, sb, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.2; done) >/dev/null 2>&1 &")
+	waitFor(t, func() bool { return testenv.Run(t, sb, client.Command{Args: []string{"test", "-s", "/tmp/count"}}).ExitCode == 0 })
+	r, err := sb.Reclaim(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ResidentBeforeBytes == 0 || r.ResidentAfterBytes != 0 || r.SwappedBytes == 0 {
+		t.Fatalf("microVM reclaim: %+v, want no RAM left and a snapshot on disk", r)
+	}
+	d.stop(syscall.SIGKILL)
+	c = d.start("--cleanup-on-exit")
+	sb = c.Sandbox(sb.ID())
+	if info, err := sb.Info(ctx); err != nil || info.State != client.StatePaused {
+		t.Fatalf("after the restart: %v %+v", err, info)
+	}
+	first, _ := strconv.Atoi(strings.TrimSpace(testenv.Sh(t, sb, "cat /tmp/count")))
+	time.Sleep(time.Second)
+	next, _ := strconv.Atoi(strings.TrimSpace(testenv.Sh(t, sb, "cat /tmp/count")))
+	if first == 0 || next <= first {
+		t.Fatalf("counter after the restore: %d then %d, want it to go on", first, next)
+	}
+	if err := sb.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.stop(syscall.SIGTERM)
+	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
+	testenv.RemoveCgroupParent(d.parent)
 }
