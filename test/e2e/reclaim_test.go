@@ -241,7 +241,9 @@ func TestMicroVMReclaimSurvivesDaemonKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Sh(t, sb, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.2; done) >/dev/null 2>&1 &")
-	waitFor(t, func() bool { return testenv.Run(t, sb, client.Command{Args: []string{"test", "-s", "/tmp/count"}}).ExitCode == 0 })
+	waitFor(t, func() bool {
+		return testenv.Run(t, sb, client.Command{Args: []string{"test", "-s", "/tmp/count"}}).ExitCode == 0
+	})
 	r, err := sb.Reclaim(ctx)
 	if err != nil {
 		t.Fatal(err)
