@@ -165,3 +165,41 @@ func (c *Client) ResumeMany(ctx context.Context, labels map[string]string) (*Bul
 	}
 	return &BulkResult{Done: int(resp.Msg.Resumed), Failures: failuresFromProto(resp.Msg.Failures)}, nil
 }
+
+// ForkResult is what Sandbox.Fork made.
+type ForkResult struct {
+	// Image is the composition every fork was created from.
+	Image string
+	// ProcessesCarried: the forks continue the parent's processes (false
+	// for containers, which fork their files only).
+	ProcessesCarried bool
+	// Forks has one entry per fork asked for, in order.
+	Forks []ForkOutcome
+}
+
+// ForkOutcome is one fork: its sandbox, or why it was not made.
+type ForkOutcome struct {
+	Sandbox *Sandbox
+	Info    *Info
+	Err     error
+}
+
+// Fork makes n new sandboxes starting from this one as it is now (its
+// files for containers; the parent is frozen while they are read), with
+// its resources, settings and labels plus "corral.fork-of". Failures are
+// per fork (e.g. the project's quota); a bad n fails the whole call.
+func (s *Sandbox) Fork(ctx context.Context, n int) (*ForkResult, error) {
+	resp, err := s.c.roll.Fork(ctx, connect.NewRequest(&corralv1.ForkRequest{SandboxId: s.id, Count: int32(n)}))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	out := &ForkResult{Image: resp.Msg.Image, ProcessesCarried: resp.Msg.ProcessesCarried}
+	for _, f := range resp.Msg.Forks {
+		if f.Sandbox == nil {
+			out.Forks = append(out.Forks, ForkOutcome{Err: &Error{Code: CodeInternal, Message: f.Error}})
+			continue
+		}
+		out.Forks = append(out.Forks, ForkOutcome{Sandbox: s.c.Sandbox(f.Sandbox.Id), Info: infoFromProto(f.Sandbox)})
+	}
+	return out, nil
+}

@@ -170,3 +170,43 @@ size); otherwise its rows say why they were not measured.`,
 	fl.IntVar(&o.ReclaimN, "reclaim-n", 1, "reclaim samples per size")
 	return cmd
 }
+
+func newForkCmd(g *globals) *cobra.Command {
+	var n int
+	cmd := &cobra.Command{
+		Use:   "fork SANDBOX",
+		Short: "Make N new sandboxes starting from a sandbox as it is now (containers: its files; processes are not carried)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Sandbox(args[0]).Fork(cmd.Context(), n)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(res)
+			}
+			if !res.ProcessesCarried {
+				fmt.Fprintf(os.Stderr, "corral: forks start from %s; processes: not carried\n", res.Image)
+			}
+			failed := 0
+			for i, f := range res.Forks {
+				if f.Err != nil {
+					fmt.Fprintf(os.Stderr, "corral: fork %d: %v\n", i, f.Err)
+					failed++
+					continue
+				}
+				fmt.Println(f.Sandbox.ID())
+			}
+			if failed > 0 {
+				return &ExitError{Code: 1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVarP(&n, "count", "n", 1, "forks to make (1 to 64)")
+	return cmd
+}

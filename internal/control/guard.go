@@ -93,6 +93,8 @@ var rules = map[string]rule{
 	// By label: the handler pauses only sandboxes of the caller's projects.
 	corralv1connect.RolloutServicePauseManyProcedure:  {access: accessWrite, audit: true},
 	corralv1connect.RolloutServiceResumeManyProcedure: {access: accessWrite, audit: true},
+	// Forks are made in the parent's project, under its quota.
+	corralv1connect.RolloutServiceForkProcedure: {access: accessWrite, sandbox: "sandbox_id", audit: true},
 
 	corralv1connect.FnCallServiceCallProcedure:      {access: accessWrite},
 	corralv1connect.FnCallServiceCallBatchProcedure: {access: accessWrite},

@@ -93,3 +93,25 @@ func (r *RolloutService) ResumeMany(ctx context.Context, req *connect.Request[co
 	}
 	return connect.NewResponse(&corralv1.ResumeManyResponse{Resumed: int32(res.Done), Failures: failuresToProto(res.Failures)}), nil
 }
+
+func (r *RolloutService) Fork(ctx context.Context, req *connect.Request[corralv1.ForkRequest]) (*connect.Response[corralv1.ForkResponse], error) {
+	n, err := r.sandboxes.route(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	res, err := n.Fork(ctx, req.Msg.SandboxId, int(req.Msg.Count))
+	if err != nil {
+		return nil, err
+	}
+	out := &corralv1.ForkResponse{Image: res.Image, ProcessesCarried: res.ProcessesCarried}
+	for _, f := range res.Forks {
+		o := &corralv1.ForkOutcome{}
+		if f.Err != nil {
+			o.Error = toConnect(f.Err).Error()
+		} else {
+			o.Sandbox = sandboxToProto(f.Sandbox)
+		}
+		out.Forks = append(out.Forks, o)
+	}
+	return connect.NewResponse(out), nil
+}

@@ -270,3 +270,52 @@ func TestMicroVMReclaimSurvivesDaemonKill(t *testing.T) {
 	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
 	testenv.RemoveCgroupParent(d.parent)
 }
+
+// TestForkContainerFiles: forks of a container start from its files and
+// go their own ways; processes are not carried; bad counts make nothing.
+func TestForkContainerFiles(t *testing.T) {
+	srv := testenv.StartServer(t)
+	ctx := context.Background()
+	parent := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Labels: map[string]string{"job": "fork"}})
+	testenv.Sh(t, parent, "mkdir -p /work; echo step-3 > /work/state; sleep 1000 >/dev/null 2>&1 &")
+	for _, n := range []int{0, 65} {
+		if _, err := parent.Fork(ctx, n); !client.IsInvalidArgument(err) || !strings.Contains(err.Error(), "count") {
+			t.Errorf("fork × %d: %v, want invalid argument naming count", n, err)
+		}
+	}
+	if _, err := srv.Client.Sandbox(srv.NodeID()+"-000000000000").Fork(ctx, 2); !client.IsNotFound(err) {
+		t.Errorf("fork of an unknown sandbox: %v", err)
+	}
+	if all, _ := srv.Client.List(ctx, client.ListOptions{}); len(all) != 1 {
+		t.Fatalf("%d sandboxes after refused forks, want 1", len(all))
+	}
+	res, err := parent.Fork(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ProcessesCarried || len(res.Forks) != 3 || res.Image == "" {
+		t.Fatalf("fork result: %+v", res)
+	}
+	for i, f := range res.Forks {
+		if f.Err != nil {
+			t.Fatalf("fork %d: %v", i, f.Err)
+		}
+		t.Cleanup(func() { _ = f.Sandbox.Delete(context.Background()) })
+		if f.Info.Labels["job"] != "fork" || f.Info.Labels["corral.fork-of"] != parent.ID() {
+			t.Errorf("fork %d labels: %v", i, f.Info.Labels)
+		}
+		if got := testenv.Sh(t, f.Sandbox, "cat /work/state"); got != "step-3\n" {
+			t.Errorf("fork %d /work/state = %q", i, got)
+		}
+		if got := testenv.Sh(t, f.Sandbox, "ps -o args | grep -c '^sleep 1000' || true"); got != "0\n" {
+			t.Errorf("fork %d carries the parent's process: %q", i, got)
+		}
+		testenv.Sh(t, f.Sandbox, fmt.Sprintf("echo fork-%d >> /work/state", i))
+	}
+	if got := testenv.Sh(t, parent, "cat /work/state; ps -o args | grep -c '^sleep 1000'"); got != "step-3\n1\n" {
+		t.Errorf("parent after the forks wrote theirs: %q, want its state and its sleep", got)
+	}
+	if got := testenv.Sh(t, res.Forks[1].Sandbox, "cat /work/state"); got != "step-3\nfork-1\n" {
+		t.Errorf("fork 1 /work/state: %q", got)
+	}
+}

@@ -82,6 +82,176 @@ func (ExecState) EnumDescriptor() ([]byte, []int) {
 	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{0}
 }
 
+type ForkRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// 1 to 64.
+	Count         int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkRequest) Reset() {
+	*x = ForkRequest{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRequest) ProtoMessage() {}
+
+func (x *ForkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
+func (*ForkRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ForkRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type ForkOutcome struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set when the fork was made.
+	Sandbox *Sandbox `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Why it was not.
+	Error         string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkOutcome) Reset() {
+	*x = ForkOutcome{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkOutcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkOutcome) ProtoMessage() {}
+
+func (x *ForkOutcome) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkOutcome.ProtoReflect.Descriptor instead.
+func (*ForkOutcome) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ForkOutcome) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *ForkOutcome) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type ForkResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The composition every fork was created from (NAME@VERSION).
+	Image string `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	// Whether the forks continue the parent's processes.
+	ProcessesCarried bool `protobuf:"varint,2,opt,name=processes_carried,json=processesCarried,proto3" json:"processes_carried,omitempty"`
+	// One per fork asked for, in order.
+	Forks         []*ForkOutcome `protobuf:"bytes,3,rep,name=forks,proto3" json:"forks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkResponse) Reset() {
+	*x = ForkResponse{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResponse) ProtoMessage() {}
+
+func (x *ForkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
+func (*ForkResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ForkResponse) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *ForkResponse) GetProcessesCarried() bool {
+	if x != nil {
+		return x.ProcessesCarried
+	}
+	return false
+}
+
+func (x *ForkResponse) GetForks() []*ForkOutcome {
+	if x != nil {
+		return x.Forks
+	}
+	return nil
+}
+
 type PauseManyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required (at least one): pausing every sandbox by accident is too easy.
@@ -93,7 +263,7 @@ type PauseManyRequest struct {
 
 func (x *PauseManyRequest) Reset() {
 	*x = PauseManyRequest{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[0]
+	mi := &file_corral_v1_rollout_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -105,7 +275,7 @@ func (x *PauseManyRequest) String() string {
 func (*PauseManyRequest) ProtoMessage() {}
 
 func (x *PauseManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[0]
+	mi := &file_corral_v1_rollout_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -118,7 +288,7 @@ func (x *PauseManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseManyRequest.ProtoReflect.Descriptor instead.
 func (*PauseManyRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{0}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PauseManyRequest) GetLabels() map[string]string {
@@ -145,7 +315,7 @@ type SandboxFailure struct {
 
 func (x *SandboxFailure) Reset() {
 	*x = SandboxFailure{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[1]
+	mi := &file_corral_v1_rollout_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -157,7 +327,7 @@ func (x *SandboxFailure) String() string {
 func (*SandboxFailure) ProtoMessage() {}
 
 func (x *SandboxFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[1]
+	mi := &file_corral_v1_rollout_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -170,7 +340,7 @@ func (x *SandboxFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxFailure.ProtoReflect.Descriptor instead.
 func (*SandboxFailure) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{1}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SandboxFailure) GetId() string {
@@ -202,7 +372,7 @@ type PauseManyResponse struct {
 
 func (x *PauseManyResponse) Reset() {
 	*x = PauseManyResponse{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[2]
+	mi := &file_corral_v1_rollout_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -214,7 +384,7 @@ func (x *PauseManyResponse) String() string {
 func (*PauseManyResponse) ProtoMessage() {}
 
 func (x *PauseManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[2]
+	mi := &file_corral_v1_rollout_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -227,7 +397,7 @@ func (x *PauseManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseManyResponse.ProtoReflect.Descriptor instead.
 func (*PauseManyResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{2}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PauseManyResponse) GetPaused() int32 {
@@ -267,7 +437,7 @@ type ResumeManyRequest struct {
 
 func (x *ResumeManyRequest) Reset() {
 	*x = ResumeManyRequest{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[3]
+	mi := &file_corral_v1_rollout_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -279,7 +449,7 @@ func (x *ResumeManyRequest) String() string {
 func (*ResumeManyRequest) ProtoMessage() {}
 
 func (x *ResumeManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[3]
+	mi := &file_corral_v1_rollout_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -292,7 +462,7 @@ func (x *ResumeManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeManyRequest.ProtoReflect.Descriptor instead.
 func (*ResumeManyRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{3}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ResumeManyRequest) GetLabels() map[string]string {
@@ -312,7 +482,7 @@ type ResumeManyResponse struct {
 
 func (x *ResumeManyResponse) Reset() {
 	*x = ResumeManyResponse{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[4]
+	mi := &file_corral_v1_rollout_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -324,7 +494,7 @@ func (x *ResumeManyResponse) String() string {
 func (*ResumeManyResponse) ProtoMessage() {}
 
 func (x *ResumeManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[4]
+	mi := &file_corral_v1_rollout_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -337,7 +507,7 @@ func (x *ResumeManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeManyResponse.ProtoReflect.Descriptor instead.
 func (*ResumeManyResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{4}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ResumeManyResponse) GetResumed() int32 {
@@ -367,7 +537,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[5]
+	mi := &file_corral_v1_rollout_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -379,7 +549,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[5]
+	mi := &file_corral_v1_rollout_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -392,7 +562,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{5}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListExecsRequest) GetSandboxId() string {
@@ -438,7 +608,7 @@ type ExecLogEntry struct {
 
 func (x *ExecLogEntry) Reset() {
 	*x = ExecLogEntry{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[6]
+	mi := &file_corral_v1_rollout_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -450,7 +620,7 @@ func (x *ExecLogEntry) String() string {
 func (*ExecLogEntry) ProtoMessage() {}
 
 func (x *ExecLogEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[6]
+	mi := &file_corral_v1_rollout_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -463,7 +633,7 @@ func (x *ExecLogEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecLogEntry.ProtoReflect.Descriptor instead.
 func (*ExecLogEntry) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{6}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecLogEntry) GetSeq() uint64 {
@@ -555,7 +725,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[7]
+	mi := &file_corral_v1_rollout_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -567,7 +737,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[7]
+	mi := &file_corral_v1_rollout_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -580,7 +750,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{7}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListExecsResponse) GetEntries() []*ExecLogEntry {
@@ -601,7 +771,18 @@ var File_corral_v1_rollout_proto protoreflect.FileDescriptor
 
 const file_corral_v1_rollout_proto_rawDesc = "" +
 	"\n" +
-	"\x17corral/v1/rollout.proto\x12\tcorral.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17corral/v1/sandbox.proto\"\xa8\x01\n" +
+	"\x17corral/v1/rollout.proto\x12\tcorral.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17corral/v1/sandbox.proto\"B\n" +
+	"\vForkRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\"Q\n" +
+	"\vForkOutcome\x12,\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x7f\n" +
+	"\fForkResponse\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12+\n" +
+	"\x11processes_carried\x18\x02 \x01(\bR\x10processesCarried\x12,\n" +
+	"\x05forks\x18\x03 \x03(\v2\x16.corral.v1.ForkOutcomeR\x05forks\"\xa8\x01\n" +
 	"\x10PauseManyRequest\x12?\n" +
 	"\x06labels\x18\x01 \x03(\v2'.corral.v1.PauseManyRequest.LabelsEntryR\x06labels\x12\x18\n" +
 	"\areclaim\x18\x02 \x01(\bR\areclaim\x1a9\n" +
@@ -651,12 +832,13 @@ const file_corral_v1_rollout_proto_rawDesc = "" +
 	"\x12EXEC_STATE_RUNNING\x10\x01\x12\x13\n" +
 	"\x0fEXEC_STATE_DONE\x10\x02\x12\x15\n" +
 	"\x11EXEC_STATE_FAILED\x10\x03\x12\x13\n" +
-	"\x0fEXEC_STATE_LOST\x10\x042\xeb\x01\n" +
+	"\x0fEXEC_STATE_LOST\x10\x042\xa4\x02\n" +
 	"\x0eRolloutService\x12F\n" +
 	"\tListExecs\x12\x1b.corral.v1.ListExecsRequest\x1a\x1c.corral.v1.ListExecsResponse\x12F\n" +
 	"\tPauseMany\x12\x1b.corral.v1.PauseManyRequest\x1a\x1c.corral.v1.PauseManyResponse\x12I\n" +
 	"\n" +
-	"ResumeMany\x12\x1c.corral.v1.ResumeManyRequest\x1a\x1d.corral.v1.ResumeManyResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"ResumeMany\x12\x1c.corral.v1.ResumeManyRequest\x1a\x1d.corral.v1.ResumeManyResponse\x127\n" +
+	"\x04Fork\x12\x16.corral.v1.ForkRequest\x1a\x17.corral.v1.ForkResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_rollout_proto_rawDescOnce sync.Once
@@ -671,43 +853,51 @@ func file_corral_v1_rollout_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_corral_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_corral_v1_rollout_proto_goTypes = []any{
 	(ExecState)(0),                // 0: corral.v1.ExecState
-	(*PauseManyRequest)(nil),      // 1: corral.v1.PauseManyRequest
-	(*SandboxFailure)(nil),        // 2: corral.v1.SandboxFailure
-	(*PauseManyResponse)(nil),     // 3: corral.v1.PauseManyResponse
-	(*ResumeManyRequest)(nil),     // 4: corral.v1.ResumeManyRequest
-	(*ResumeManyResponse)(nil),    // 5: corral.v1.ResumeManyResponse
-	(*ListExecsRequest)(nil),      // 6: corral.v1.ListExecsRequest
-	(*ExecLogEntry)(nil),          // 7: corral.v1.ExecLogEntry
-	(*ListExecsResponse)(nil),     // 8: corral.v1.ListExecsResponse
-	nil,                           // 9: corral.v1.PauseManyRequest.LabelsEntry
-	nil,                           // 10: corral.v1.ResumeManyRequest.LabelsEntry
-	(*ExecResult)(nil),            // 11: corral.v1.ExecResult
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*ForkRequest)(nil),           // 1: corral.v1.ForkRequest
+	(*ForkOutcome)(nil),           // 2: corral.v1.ForkOutcome
+	(*ForkResponse)(nil),          // 3: corral.v1.ForkResponse
+	(*PauseManyRequest)(nil),      // 4: corral.v1.PauseManyRequest
+	(*SandboxFailure)(nil),        // 5: corral.v1.SandboxFailure
+	(*PauseManyResponse)(nil),     // 6: corral.v1.PauseManyResponse
+	(*ResumeManyRequest)(nil),     // 7: corral.v1.ResumeManyRequest
+	(*ResumeManyResponse)(nil),    // 8: corral.v1.ResumeManyResponse
+	(*ListExecsRequest)(nil),      // 9: corral.v1.ListExecsRequest
+	(*ExecLogEntry)(nil),          // 10: corral.v1.ExecLogEntry
+	(*ListExecsResponse)(nil),     // 11: corral.v1.ListExecsResponse
+	nil,                           // 12: corral.v1.PauseManyRequest.LabelsEntry
+	nil,                           // 13: corral.v1.ResumeManyRequest.LabelsEntry
+	(*Sandbox)(nil),               // 14: corral.v1.Sandbox
+	(*ExecResult)(nil),            // 15: corral.v1.ExecResult
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
 }
 var file_corral_v1_rollout_proto_depIdxs = []int32{
-	9,  // 0: corral.v1.PauseManyRequest.labels:type_name -> corral.v1.PauseManyRequest.LabelsEntry
-	2,  // 1: corral.v1.PauseManyResponse.failures:type_name -> corral.v1.SandboxFailure
-	10, // 2: corral.v1.ResumeManyRequest.labels:type_name -> corral.v1.ResumeManyRequest.LabelsEntry
-	2,  // 3: corral.v1.ResumeManyResponse.failures:type_name -> corral.v1.SandboxFailure
-	0,  // 4: corral.v1.ExecLogEntry.state:type_name -> corral.v1.ExecState
-	11, // 5: corral.v1.ExecLogEntry.result:type_name -> corral.v1.ExecResult
-	12, // 6: corral.v1.ExecLogEntry.started_at:type_name -> google.protobuf.Timestamp
-	12, // 7: corral.v1.ExecLogEntry.ended_at:type_name -> google.protobuf.Timestamp
-	7,  // 8: corral.v1.ListExecsResponse.entries:type_name -> corral.v1.ExecLogEntry
-	6,  // 9: corral.v1.RolloutService.ListExecs:input_type -> corral.v1.ListExecsRequest
-	1,  // 10: corral.v1.RolloutService.PauseMany:input_type -> corral.v1.PauseManyRequest
-	4,  // 11: corral.v1.RolloutService.ResumeMany:input_type -> corral.v1.ResumeManyRequest
-	8,  // 12: corral.v1.RolloutService.ListExecs:output_type -> corral.v1.ListExecsResponse
-	3,  // 13: corral.v1.RolloutService.PauseMany:output_type -> corral.v1.PauseManyResponse
-	5,  // 14: corral.v1.RolloutService.ResumeMany:output_type -> corral.v1.ResumeManyResponse
-	12, // [12:15] is the sub-list for method output_type
-	9,  // [9:12] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	14, // 0: corral.v1.ForkOutcome.sandbox:type_name -> corral.v1.Sandbox
+	2,  // 1: corral.v1.ForkResponse.forks:type_name -> corral.v1.ForkOutcome
+	12, // 2: corral.v1.PauseManyRequest.labels:type_name -> corral.v1.PauseManyRequest.LabelsEntry
+	5,  // 3: corral.v1.PauseManyResponse.failures:type_name -> corral.v1.SandboxFailure
+	13, // 4: corral.v1.ResumeManyRequest.labels:type_name -> corral.v1.ResumeManyRequest.LabelsEntry
+	5,  // 5: corral.v1.ResumeManyResponse.failures:type_name -> corral.v1.SandboxFailure
+	0,  // 6: corral.v1.ExecLogEntry.state:type_name -> corral.v1.ExecState
+	15, // 7: corral.v1.ExecLogEntry.result:type_name -> corral.v1.ExecResult
+	16, // 8: corral.v1.ExecLogEntry.started_at:type_name -> google.protobuf.Timestamp
+	16, // 9: corral.v1.ExecLogEntry.ended_at:type_name -> google.protobuf.Timestamp
+	10, // 10: corral.v1.ListExecsResponse.entries:type_name -> corral.v1.ExecLogEntry
+	9,  // 11: corral.v1.RolloutService.ListExecs:input_type -> corral.v1.ListExecsRequest
+	4,  // 12: corral.v1.RolloutService.PauseMany:input_type -> corral.v1.PauseManyRequest
+	7,  // 13: corral.v1.RolloutService.ResumeMany:input_type -> corral.v1.ResumeManyRequest
+	1,  // 14: corral.v1.RolloutService.Fork:input_type -> corral.v1.ForkRequest
+	11, // 15: corral.v1.RolloutService.ListExecs:output_type -> corral.v1.ListExecsResponse
+	6,  // 16: corral.v1.RolloutService.PauseMany:output_type -> corral.v1.PauseManyResponse
+	8,  // 17: corral.v1.RolloutService.ResumeMany:output_type -> corral.v1.ResumeManyResponse
+	3,  // 18: corral.v1.RolloutService.Fork:output_type -> corral.v1.ForkResponse
+	15, // [15:19] is the sub-list for method output_type
+	11, // [11:15] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_rollout_proto_init() }
@@ -722,7 +912,7 @@ func file_corral_v1_rollout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_rollout_proto_rawDesc), len(file_corral_v1_rollout_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

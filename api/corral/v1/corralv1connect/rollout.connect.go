@@ -42,6 +42,8 @@ const (
 	// RolloutServiceResumeManyProcedure is the fully-qualified name of the RolloutService's ResumeMany
 	// RPC.
 	RolloutServiceResumeManyProcedure = "/corral.v1.RolloutService/ResumeMany"
+	// RolloutServiceForkProcedure is the fully-qualified name of the RolloutService's Fork RPC.
+	RolloutServiceForkProcedure = "/corral.v1.RolloutService/Fork"
 )
 
 // RolloutServiceClient is a client for the corral.v1.RolloutService service.
@@ -55,6 +57,11 @@ type RolloutServiceClient interface {
 	PauseMany(context.Context, *connect.Request[v1.PauseManyRequest]) (*connect.Response[v1.PauseManyResponse], error)
 	// ResumeMany resumes every paused sandbox that carries all of labels.
 	ResumeMany(context.Context, *connect.Request[v1.ResumeManyRequest]) (*connect.Response[v1.ResumeManyResponse], error)
+	// Fork makes count new sandboxes starting from the sandbox as it is now.
+	// Containers fork their files (the writable layer is packed into a
+	// composition over the parent's layers; processes_carried is false);
+	// other backends fail UNIMPLEMENTED. Failures are per fork.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 }
 
 // NewRolloutServiceClient constructs a client for the corral.v1.RolloutService service. By default,
@@ -86,6 +93,12 @@ func NewRolloutServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(rolloutServiceMethods.ByName("ResumeMany")),
 			connect.WithClientOptions(opts...),
 		),
+		fork: connect.NewClient[v1.ForkRequest, v1.ForkResponse](
+			httpClient,
+			baseURL+RolloutServiceForkProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("Fork")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -94,6 +107,7 @@ type rolloutServiceClient struct {
 	listExecs  *connect.Client[v1.ListExecsRequest, v1.ListExecsResponse]
 	pauseMany  *connect.Client[v1.PauseManyRequest, v1.PauseManyResponse]
 	resumeMany *connect.Client[v1.ResumeManyRequest, v1.ResumeManyResponse]
+	fork       *connect.Client[v1.ForkRequest, v1.ForkResponse]
 }
 
 // ListExecs calls corral.v1.RolloutService.ListExecs.
@@ -111,6 +125,11 @@ func (c *rolloutServiceClient) ResumeMany(ctx context.Context, req *connect.Requ
 	return c.resumeMany.CallUnary(ctx, req)
 }
 
+// Fork calls corral.v1.RolloutService.Fork.
+func (c *rolloutServiceClient) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return c.fork.CallUnary(ctx, req)
+}
+
 // RolloutServiceHandler is an implementation of the corral.v1.RolloutService service.
 type RolloutServiceHandler interface {
 	// ListExecs returns the sandbox's logged commands (those that carried an
@@ -122,6 +141,11 @@ type RolloutServiceHandler interface {
 	PauseMany(context.Context, *connect.Request[v1.PauseManyRequest]) (*connect.Response[v1.PauseManyResponse], error)
 	// ResumeMany resumes every paused sandbox that carries all of labels.
 	ResumeMany(context.Context, *connect.Request[v1.ResumeManyRequest]) (*connect.Response[v1.ResumeManyResponse], error)
+	// Fork makes count new sandboxes starting from the sandbox as it is now.
+	// Containers fork their files (the writable layer is packed into a
+	// composition over the parent's layers; processes_carried is false);
+	// other backends fail UNIMPLEMENTED. Failures are per fork.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 }
 
 // NewRolloutServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -149,6 +173,12 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 		connect.WithSchema(rolloutServiceMethods.ByName("ResumeMany")),
 		connect.WithHandlerOptions(opts...),
 	)
+	rolloutServiceForkHandler := connect.NewUnaryHandler(
+		RolloutServiceForkProcedure,
+		svc.Fork,
+		connect.WithSchema(rolloutServiceMethods.ByName("Fork")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/corral.v1.RolloutService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RolloutServiceListExecsProcedure:
@@ -157,6 +187,8 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 			rolloutServicePauseManyHandler.ServeHTTP(w, r)
 		case RolloutServiceResumeManyProcedure:
 			rolloutServiceResumeManyHandler.ServeHTTP(w, r)
+		case RolloutServiceForkProcedure:
+			rolloutServiceForkHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -176,4 +208,8 @@ func (UnimplementedRolloutServiceHandler) PauseMany(context.Context, *connect.Re
 
 func (UnimplementedRolloutServiceHandler) ResumeMany(context.Context, *connect.Request[v1.ResumeManyRequest]) (*connect.Response[v1.ResumeManyResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.RolloutService.ResumeMany is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.RolloutService.Fork is not implemented"))
 }
