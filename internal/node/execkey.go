@@ -245,15 +245,18 @@ func (n *Node) ListExecs(_ context.Context, id string, since uint64, pageSize in
 	return ents, ents[len(ents)-1].Seq, nil
 }
 
-// recoverExecLog runs after recover: logs of sandboxes that are gone are
-// dropped, commands the previous daemon ran are marked lost.
+// recoverExecLog runs after recover: logs of sandboxes without a record
+// are dropped (a record kept for a backend this node no longer runs keeps
+// its log), commands the previous daemon ran are marked lost.
 func (n *Node) recoverExecLog() error {
-	n.mu.Lock()
-	known := make(map[string]bool, len(n.sandboxes))
-	for id := range n.sandboxes {
-		known[id] = true
+	recs, err := n.db.All()
+	if err != nil {
+		return err
 	}
-	n.mu.Unlock()
+	known := make(map[string]bool, len(recs))
+	for _, rec := range recs {
+		known[rec.ID] = true
+	}
 	dropped, lost, err := n.execLog.Recover(func(id string) bool { return known[id] }, time.Now())
 	if err != nil {
 		return err
