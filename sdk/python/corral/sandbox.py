@@ -110,9 +110,17 @@ class AsyncSandbox:
         """Delete the sandbox; False if it was already gone."""
         return await self._c.delete(self.id, request_timeout=request_timeout)
 
-    async def pause(self, *, request_timeout: Optional[float] = None) -> None:
-        """Freeze every process; any later command or file call resumes it."""
-        await self._c._t.unary("Pause", {"id": self.id}, timeout=request_timeout)
+    async def pause(self, *, reclaim: bool = False, request_timeout: Optional[float] = None) -> Dict[str, int]:
+        """Freeze every process; any later command or file call resumes it.
+
+        ``reclaim`` also pushes the frozen memory out of RAM (a container's
+        to the node's swap area: the server needs ``corral serve --swap``;
+        a microVM's to a snapshot on disk) and returns the bytes resident
+        before and after and swapped (``resident_before_bytes``, ...)."""
+        d = await self._c._t.unary("Pause", {"id": self.id, "reclaim": reclaim}, timeout=request_timeout)
+        return {k: int(d.get(j, 0)) for k, j in (("resident_before_bytes", "residentBeforeBytes"),
+                                                  ("resident_after_bytes", "residentAfterBytes"),
+                                                  ("swapped_bytes", "swappedBytes"))}
 
     async def resume(self, *, request_timeout: Optional[float] = None) -> None:
         """Thaw a paused sandbox."""

@@ -249,9 +249,9 @@ class Sandbox:
         """Delete the sandbox; False if it was already gone."""
         return self._c._run(self._a.delete(**kw))
 
-    def pause(self, **kw: Any) -> None:
-        """Freeze every process in the sandbox."""
-        self._c._run(self._a.pause(**kw))
+    def pause(self, **kw: Any) -> Dict[str, int]:
+        """Freeze every process in the sandbox (``reclaim=True``: see :meth:`AsyncSandbox.pause`)."""
+        return self._c._run(self._a.pause(**kw))
 
     def resume(self, **kw: Any) -> None:
         """Thaw a paused sandbox."""

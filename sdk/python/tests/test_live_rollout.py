@@ -23,3 +23,11 @@ class ExecLogTest(LiveTest):
         self.assertEqual([e.seq for e in await sb.list_execs(1)], [2])
         with self.assertRaises(corral.InvalidArgumentError):
             await sb.run("echo other", step="#0", idempotency_key=corral.exec_key(sb.id, "#0"))
+
+    async def test_reclaim_needs_a_swap_area(self) -> None:
+        # scripts/test-python.sh starts its daemon without --swap.
+        sb = await self.make()
+        with self.assertRaises(corral.FailedPreconditionError) as cm:
+            await sb.pause(reclaim=True)
+        self.assertIn("--swap", str(cm.exception))
+        self.assertEqual((await sb.refresh()).state, corral.State.RUNNING)
