@@ -66,9 +66,18 @@ type PauseSize struct {
 	Reclaim     PauseLevel  `json:"reclaim"`
 }
 
+// ForkFigures time Fork × 8 of a container beside 8 plain creates.
+type ForkFigures struct {
+	N        int     `json:"n"`
+	ForkMs   float64 `json:"fork_ms"`   // one Fork call making N sandboxes (pack included)
+	CreateMs float64 `json:"create_ms"` // peer: N creates of busybox, as many at once
+	Failed   int     `json:"failed"`
+}
+
 // PauseResult is the outcome of Pause.
 type PauseResult struct {
 	Sizes   []PauseSize `json:"sizes"`
+	Fork    ForkFigures `json:"fork"`
 	Targets []Target    `json:"targets"`
 	Load    Load        `json:"load"`
 	Leaked  int         `json:"leaked"`
@@ -99,7 +108,53 @@ func Pause(ctx context.Context, c *client.Client, o PauseOptions) (res *PauseRes
 				atMost(fmt.Sprintf("resume_to_first_exec_p50_ms_%dmib_reclaim", mib), s.Reclaim.ResumeExec.P50, 5))
 		}
 	}
+	fmt.Fprintln(o.Log, "pause: fork × 8")
+	if res.Fork, err = forkFigures(ctx, t, 8); err != nil {
+		return res, fmt.Errorf("fork: %w", err)
+	}
 	return res, nil
+}
+
+// forkFigures forks a sandbox holding a 16 MiB file n times, and times n
+// plain creates (as many at once) as the peer.
+func forkFigures(ctx context.Context, t *tracker, n int) (ForkFigures, error) {
+	f := ForkFigures{N: n}
+	sb, err := t.create(ctx, client.CreateOptions{Image: "busybox"})
+	if err != nil {
+		return f, err
+	}
+	defer t.delete(context.WithoutCancel(ctx), sb)
+	if _, err := sb.Run(ctx, client.Command{Shell: "mkdir -p /work && head -c 16m /dev/urandom > /work/state"}); err != nil {
+		return f, err
+	}
+	start := time.Now()
+	res, err := sb.Fork(ctx, n)
+	if err != nil {
+		return f, err
+	}
+	f.ForkMs = ms(time.Since(start))
+	for _, fk := range res.Forks {
+		if fk.Err != nil {
+			f.Failed++
+			continue
+		}
+		t.mu.Lock()
+		t.live[fk.Sandbox.ID()] = struct{}{}
+		t.mu.Unlock()
+		_ = t.delete(context.WithoutCancel(ctx), fk.Sandbox)
+	}
+	start = time.Now()
+	made := make([]*client.Sandbox, n)
+	parallel(ctx, n, n, func(ctx context.Context, i int) {
+		made[i], _ = t.create(ctx, client.CreateOptions{Image: "busybox"})
+	})
+	f.CreateMs = ms(time.Since(start))
+	for _, m := range made {
+		if m != nil {
+			_ = t.delete(context.WithoutCancel(ctx), m)
+		}
+	}
+	return f, nil
 }
 
 func pauseSize(ctx context.Context, t *tracker, mib int, o PauseOptions) (PauseSize, error) {
@@ -234,6 +289,8 @@ func (r *PauseResult) WriteTable(w io.Writer) error {
 				targetFor(r.Targets, fmt.Sprintf("resume_to_first_exec_p50_ms_%dmib_reclaim", s.MiB))},
 		)
 	}
+	rows = append(rows, row{fmt.Sprintf("fork × %d (16 MiB of files, processes not carried)", r.Fork.N), f3(r.Fork.ForkMs) + " ms",
+		fmt.Sprintf("%d plain creates at once %s ms (%.1fx); %d failed", r.Fork.N, f3(r.Fork.CreateMs), ratio(r.Fork.ForkMs, r.Fork.CreateMs), r.Fork.Failed), ""})
 	if err := writeTable(w, "corral bench pause: container sandboxes (busybox) holding N MiB", rows); err != nil {
 		return err
 	}
