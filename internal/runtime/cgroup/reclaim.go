@@ -54,6 +54,16 @@ func (g *Group) Reclaim() (before, after Memory, err error) {
 		return before, before, err
 	}
 	if g.unified {
+		// Create sets memory.swap.max to 0; a reclaim may swap up to the
+		// memory limit (as v1's memsw limit allows), and what it swapped
+		// stays there until touched.
+		if lim, err := os.ReadFile(filepath.Join(g.v2, "memory.max")); err == nil {
+			if _, err := os.Stat(filepath.Join(g.v2, "memory.swap.max")); err == nil {
+				if err := os.WriteFile(filepath.Join(g.v2, "memory.swap.max"), lim, 0); err != nil {
+					return before, before, fmt.Errorf("cgroup %s: allow swap for reclaim: %w", g.id, err)
+				}
+			}
+		}
 		err = write(g.v2, "memory.reclaim", strconv.FormatInt(before.ResidentBytes, 10))
 		// EAGAIN: it reclaimed less than asked, which is all there was.
 		if err != nil && !errors.Is(err, syscall.EAGAIN) {
