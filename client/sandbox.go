@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -70,6 +71,9 @@ type CreateOptions struct {
 	Network Network
 	// Placement constrains the node in a cluster (ignored by one node).
 	Placement Placement
+	// IdleAction is what IdleTimeout does: "stop" (default), "pause" or
+	// "reclaim" (see Sandbox.Reclaim); the next request resumes.
+	IdleAction string
 }
 
 // Info describes a sandbox.
@@ -100,6 +104,11 @@ type Info struct {
 	// Project is the project the sandbox belongs to ("": the node
 	// administrator's, outside any project).
 	Project string
+	// Memory is where the sandbox's memory is now (Get only; nil when the
+	// backend does not tell).
+	Memory *Memory
+	// IdleAction is what IdleTimeout does: stop, pause or reclaim.
+	IdleAction string
 }
 
 // LazyReads count a sandbox's reads of lazily loaded layer data.
@@ -129,7 +138,16 @@ func infoFromProto(p *corralv1.Sandbox) *Info {
 		Degraded:   p.Degraded,
 		LazyReads:  lazyReadsFromProto(p.GetLazyReads()),
 		Project:    p.Project,
+		Memory:     memoryFromProto(p.GetMemory()),
+		IdleAction: p.IdleAction,
 	}
+}
+
+func memoryFromProto(m *corralv1.MemoryState) *Memory {
+	if m == nil {
+		return nil
+	}
+	return &Memory{ResidentBytes: m.ResidentBytes, SwappedBytes: m.SwappedBytes, Reclaimed: m.Reclaimed}
 }
 
 func lazyReadsFromProto(l *corralv1.LazyReadStats) *LazyReads {
@@ -146,10 +164,13 @@ func optionalDuration(d *time.Duration) *durationpb.Duration {
 	return durationpb.New(*d)
 }
 
-// Sandbox is a handle on one sandbox. It holds no state besides the id.
+// Sandbox is a handle on one sandbox. It holds no state besides the id
+// and the count of Idempotent commands sent through it.
 type Sandbox struct {
 	c  *Client
 	id string
+
+	steps atomic.Uint64 // Idempotent commands so far (their step numbers)
 }
 
 // Create makes a sandbox and returns once it is ready for commands.
@@ -172,6 +193,7 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) 
 		MaxLifetime: optionalDuration(o.MaxLifetime),
 		Network:     o.Network.toProto(),
 		Placement:   o.Placement.toProto(),
+		IdleAction:  o.IdleAction,
 	}))
 	if err != nil {
 		return nil, wrapErr(err)
@@ -280,6 +302,20 @@ type Command struct {
 	// until EOF, with no size cap (over HTTP/2). Reading stops when the
 	// command ends.
 	StdinReader io.Reader
+
+	// IdempotencyKey names the command in the sandbox's exec log: the
+	// command runs once, to its end even if the caller goes away, and a
+	// repeat of the key returns the recorded result and output (or
+	// attaches to it while it runs) instead of running it again.
+	IdempotencyKey string
+	// Step, when set instead of IdempotencyKey, derives the key from the
+	// sandbox and this name (ExecKey).
+	Step string
+	// Idempotent derives the key from the sandbox and the number of
+	// Idempotent commands this handle sent before, so a restarted trainer
+	// that sends the same commands in the same order on a new handle
+	// (Client.Sandbox(id)) gets the recorded results.
+	Idempotent bool
 }
 
 // Result is how a command ended.
@@ -293,12 +329,23 @@ type Result struct {
 	// Stdout and Stderr hold the output for Run (nil for Exec).
 	Stdout []byte
 	Stderr []byte
+	// ExecSeq is the command's number in the sandbox's exec log (0: it
+	// carried no idempotency key).
+	ExecSeq uint64
+	// Replayed: the command did not run for this call; the result is the
+	// recorded one of an earlier call with the same key (or of the run
+	// this call attached to).
+	Replayed bool
+	// ReplayOutputTruncated: a replay's output is only the part the exec
+	// log kept (its first MiB).
+	ReplayOutputTruncated bool
 }
 
-func (cmd Command) request(id string) *corralv1.ExecRequest {
+func (cmd Command) request(s *Sandbox) *corralv1.ExecRequest {
 	req := &corralv1.ExecRequest{
-		SandboxId: id, Argv: cmd.Args, Cwd: cmd.Dir, User: cmd.User,
+		SandboxId: s.id, Argv: cmd.Args, Cwd: cmd.Dir, User: cmd.User,
 		Stdin: cmd.Stdin, OutputLimitBytes: cmd.OutputLimit,
+		IdempotencyKey: cmd.key(s),
 	}
 	if cmd.Shell != "" {
 		req.Argv, req.Shell = []string{cmd.Shell}, true
@@ -316,6 +363,7 @@ func resultFromProto(p *corralv1.ExecResult) *Result {
 	return &Result{
 		ExitCode: int(p.ExitCode), Signal: int(p.Signal), TimedOut: p.TimedOut,
 		OOMKilled: p.OomKilled, Truncated: p.Truncated, Duration: p.Duration.AsDuration(),
+		ExecSeq: p.ExecSeq, Replayed: p.Replayed, ReplayOutputTruncated: p.ReplayOutputTruncated,
 	}
 }
 
@@ -324,7 +372,7 @@ func (s *Sandbox) Run(ctx context.Context, cmd Command) (*Result, error) {
 	if cmd.StdinReader != nil {
 		return s.execStream(ctx, cmd, true)
 	}
-	resp, err := s.c.svc.Run(ctx, connect.NewRequest(cmd.request(s.id)))
+	resp, err := s.c.svc.Run(ctx, connect.NewRequest(cmd.request(s)))
 	if err != nil {
 		return nil, wrapErr(err)
 	}
@@ -341,7 +389,7 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Command) (*Result, error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := s.c.svc.Exec(ctx, connect.NewRequest(cmd.request(s.id)))
+	stream, err := s.c.svc.Exec(ctx, connect.NewRequest(cmd.request(s)))
 	if err != nil {
 		return nil, wrapErr(err)
 	}

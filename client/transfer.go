@@ -177,7 +177,7 @@ func (f *Files) WriteFrom(ctx context.Context, path string, r io.Reader, mode fs
 func (s *Sandbox) execStream(ctx context.Context, cmd Command, collect bool) (*Result, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req := cmd.request(s.id)
+	req := cmd.request(s)
 	req.Stdin = nil
 	stream := s.c.h2.ExecStream(ctx)
 	if err := stream.Send(&corralv1.ExecStreamRequest{Exec: req}); err != nil && !errors.Is(err, io.EOF) {

@@ -19,6 +19,7 @@ type createFlags struct {
 	env, labels, allow                               []string
 	net                                              string
 	idleTimeout, maxLifetime                         time.Duration
+	idleAction                                       string
 	placement                                        placementFlags
 	io                                               ioFlags
 }
@@ -36,6 +37,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fl.StringVarP(&f.user, "user", "u", "", "default user (name, uid or uid:gid)")
 	fl.StringArrayVarP(&f.labels, "label", "l", nil, "label KEY=VALUE (repeatable)")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", -1, "stop after no request for this long (0: never; default: server's)")
+	fl.StringVar(&f.idleAction, "idle-action", "", "what --idle-timeout does: stop (default), pause or reclaim (pause and push memory to the node's swap)")
 	fl.DurationVar(&f.maxLifetime, "max-lifetime", 0, "stop this long after creation (default: server's)")
 	fl.StringVar(&f.net, "net", "", "network mode: none (loopback only, the default), allowlist (only --allow), open (all but the node, private and metadata ranges)")
 	fl.StringArrayVar(&f.allow, "allow", nil, "allow a destination (repeatable; implies --net allowlist): a preset (pypi, npm, github, goproxy), a name (example.org:443, *.example.org), an address or prefix (203.0.113.0/24:80,443, [2001:db8::1]:53/udp)")
@@ -69,6 +71,7 @@ func (f *createFlags) options() (client.CreateOptions, error) {
 	if o.Labels, err = parseKV("label", f.labels); err != nil {
 		return o, err
 	}
+	o.IdleAction = f.idleAction
 	if f.idleTimeout >= 0 {
 		o.IdleTimeout = &f.idleTimeout
 	}
@@ -119,6 +122,7 @@ type execFlags struct {
 	timeout          time.Duration
 	stdin            bool
 	outputLimit      string
+	key, step        string
 }
 
 func (f *execFlags) register(cmd *cobra.Command) {
@@ -130,11 +134,13 @@ func (f *execFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.timeout, "timeout", 0, "kill the command after this long (default: server's)")
 	fl.BoolVarP(&f.stdin, "interactive", "i", false, "send this process's stdin to the command")
 	fl.StringVar(&f.outputLimit, "output-limit", "", "stop reading output after this many bytes (default: server's)")
+	fl.StringVar(&f.key, "key", "", "idempotency key: run the command once; a repeat of the key prints the recorded result")
+	fl.StringVar(&f.step, "step", "", "idempotency key derived from the sandbox and this step name")
 }
 
 func (f *execFlags) command(args []string) (client.Command, error) {
 	cmd := client.Command{Args: args, Shell: f.shell, Dir: f.dir, User: f.user, Timeout: f.timeout,
-		Stdout: os.Stdout, Stderr: os.Stderr}
+		Stdout: os.Stdout, Stderr: os.Stderr, IdempotencyKey: f.key, Step: f.step}
 	if (f.shell == "") == (len(args) == 0) {
 		return cmd, fmt.Errorf("give either a command after -- or --sh 'script', not both or neither")
 	}
@@ -360,26 +366,4 @@ func newRmCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "delete every sandbox")
 	return cmd
-}
-
-func newPauseCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "pause SANDBOX...",
-		Short: "Freeze sandboxes (any later request resumes them)",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			return forEachID(cmd, g, ids, func(sb *client.Sandbox) error { return sb.Pause(cmd.Context()) })
-		},
-	}
-}
-
-func newResumeCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "resume SANDBOX...",
-		Short: "Thaw paused sandboxes",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			return forEachID(cmd, g, ids, func(sb *client.Sandbox) error { return sb.Resume(cmd.Context()) })
-		},
-	}
 }

@@ -29,6 +29,7 @@ func newServeCmd() *cobra.Command {
 	var nodeCgroup, nodeMemLow string
 	var logLevel, logFormat, diskPool, defMemory, defDisk, subnet4, subnet6, presetsFile string
 	var presets []string
+	var swap string
 	var d node.Defaults
 	var bf blobFlags
 	var e2bCfg server.E2BConfig
@@ -60,6 +61,11 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 			var err error
 			if cfg.DiskPoolBytes, err = parseBytes("disk-pool", diskPool); err != nil {
 				return err
+			}
+			if swap != "" {
+				if cfg.SwapBytes, err = parseBytes("swap", swap); err != nil {
+					return err
+				}
 			}
 			if d.MemoryBytes, err = parseBytes("default-memory", defMemory); err != nil {
 				return err
@@ -122,6 +128,7 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.DurationVar(&cfg.MicroVMSnapshotAfter, "microvm-snapshot-after", time.Minute,
 		"how long a paused microVM keeps its RAM before its memory and device state go to disk and its VMM exits (0: at pause; negative: never)")
 	fl.StringVar(&cfg.DiskStore, "disk-store", server.DiskStoreAuto, "how sandbox disks are limited: auto (xfs when the kernel has XFS quota, else ext4-image), xfs or ext4-image")
+	fl.StringVar(&swap, "swap", "", "size of a swap file the node makes under --data-dir (and removes at exit) for pause --reclaim, e.g. 4Gi; none when empty")
 	fl.StringVar(&diskPool, "disk-pool", "64Gi", "size of the sparse XFS filesystem holding all writable layers (--disk-store xfs)")
 	fl.BoolVar(&cfg.CleanupOnExit, "cleanup-on-exit", false, "delete every sandbox when the daemon exits")
 	fl.StringVar(&cfg.ImportRoot, "import-root", "", "directory under which the node administrator (root on the unix socket) may name node paths in layer create --node-path and image import --node-path; default none: every node path is refused (clients stream their content)")

@@ -60,7 +60,15 @@ func sandboxToProto(sb *node.Sandbox) *corralv1.Sandbox {
 		Network:      networkToProto(sb.NetworkMode, sb.NetworkAllow),
 		Degraded:     sb.Degraded,
 		Project:      sb.Project,
+		IdleAction:   idleActionOf(sb.IdleAction),
 	}
+}
+
+func idleActionOf(a string) string {
+	if a == "" {
+		return node.IdleStop
+	}
+	return a
 }
 
 var modeToProto = map[string]corralv1.NetworkMode{
@@ -144,6 +152,7 @@ func createFromProto(req *corralv1.CreateRequest) (node.CreateRequest, error) {
 		Labels:      req.Labels,
 		IdleTimeout: idle,
 		MaxLifetime: lifetime,
+		IdleAction:  req.IdleAction,
 	}, nil
 }
 
@@ -160,6 +169,8 @@ func execFromProto(req *corralv1.ExecRequest) (node.ExecRequest, error) {
 		User:        req.User,
 		Stdin:       req.Stdin,
 		OutputLimit: req.OutputLimitBytes,
+
+		IdempotencyKey: req.IdempotencyKey,
 	}
 	if timeout != nil {
 		if *timeout <= 0 {

@@ -87,6 +87,15 @@ var rules = map[string]rule{
 	corralv1connect.ObserveServiceWatchEventsProcedure: {access: accessRead},
 	corralv1connect.ObserveServiceNodesProcedure:       {access: accessRead},
 
+	// The exec log holds commands and their output: readable by whoever
+	// may see the sandbox.
+	corralv1connect.RolloutServiceListExecsProcedure: {access: accessRead, sandbox: "sandbox_id"},
+	// By label: the handler pauses only sandboxes of the caller's projects.
+	corralv1connect.RolloutServicePauseManyProcedure:  {access: accessWrite, audit: true},
+	corralv1connect.RolloutServiceResumeManyProcedure: {access: accessWrite, audit: true},
+	// Forks are made in the parent's project, under its quota.
+	corralv1connect.RolloutServiceForkProcedure: {access: accessWrite, sandbox: "sandbox_id", audit: true},
+
 	corralv1connect.FnCallServiceCallProcedure:      {access: accessWrite},
 	corralv1connect.FnCallServiceCallBatchProcedure: {access: accessWrite},
 

@@ -86,6 +86,10 @@ func (s *Service) Get(ctx context.Context, req *connect.Request[corralv1.GetRequ
 		return nil, err
 	}
 	out := sandboxToProto(sb)
+	// Best effort too: a sandbox stopping meanwhile reports no memory.
+	if m, ok, _ := n.Memory(ctx, sb.ID); ok {
+		out.Memory = &corralv1.MemoryState{ResidentBytes: m.ResidentBytes, SwappedBytes: m.SwappedBytes, Reclaimed: sb.Reclaimed}
+	}
 	if s.lazyReads != nil {
 		// Best effort: the figures never fail a Get.
 		out.LazyReads, _ = s.lazyReads(ctx, sb.ID)
@@ -131,16 +135,29 @@ func (s *Service) Delete(ctx context.Context, req *connect.Request[corralv1.Dele
 	return connect.NewResponse(&corralv1.DeleteResponse{Existed: existed}), nil
 }
 
-func (s *Service) exec(ctx context.Context, msg *corralv1.ExecRequest, out backend.OutputFunc) (backend.ExecResult, error) {
+func (s *Service) exec(ctx context.Context, msg *corralv1.ExecRequest, out backend.OutputFunc) (*corralv1.ExecResult, error) {
 	n, err := s.route(msg.SandboxId)
 	if err != nil {
-		return backend.ExecResult{}, err
+		return nil, err
 	}
 	er, err := execFromProto(msg)
 	if err != nil {
-		return backend.ExecResult{}, err
+		return nil, err
 	}
-	return n.Exec(ctx, msg.SandboxId, er, out)
+	if er.IdempotencyKey != "" {
+		res, k, err := n.ExecKeyed(ctx, msg.SandboxId, er, out)
+		if err != nil {
+			return nil, err
+		}
+		p := resultToProto(res)
+		p.ExecSeq, p.Replayed, p.ReplayOutputTruncated = k.Seq, k.Replayed, k.OutputTruncated
+		return p, nil
+	}
+	res, err := n.Exec(ctx, msg.SandboxId, er, out)
+	if err != nil {
+		return nil, err
+	}
+	return resultToProto(res), nil
 }
 
 // sendOutput sends a command's output as ExecResponse messages of at most
@@ -169,7 +186,7 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[corralv1.ExecRe
 	if err != nil {
 		return err
 	}
-	return stream.Send(&corralv1.ExecResponse{Event: &corralv1.ExecResponse_Result{Result: resultToProto(res)}})
+	return stream.Send(&corralv1.ExecResponse{Event: &corralv1.ExecResponse_Result{Result: res}})
 }
 
 func (s *Service) Run(ctx context.Context, req *connect.Request[corralv1.ExecRequest]) (*connect.Response[corralv1.RunResponse], error) {
@@ -188,7 +205,7 @@ func (s *Service) Run(ctx context.Context, req *connect.Request[corralv1.ExecReq
 	return connect.NewResponse(&corralv1.RunResponse{
 		Stdout: stdout.Bytes(),
 		Stderr: stderr.Bytes(),
-		Result: resultToProto(res),
+		Result: res,
 	}), nil
 }
 
@@ -302,6 +319,15 @@ func (s *Service) Pause(ctx context.Context, req *connect.Request[corralv1.Pause
 	n, err := s.route(req.Msg.Id)
 	if err != nil {
 		return nil, err
+	}
+	if req.Msg.Reclaim {
+		r, err := n.PauseReclaim(ctx, req.Msg.Id)
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(&corralv1.PauseResponse{
+			ResidentBeforeBytes: r.Before.ResidentBytes, ResidentAfterBytes: r.After.ResidentBytes, SwappedBytes: r.After.SwappedBytes,
+		}), nil
 	}
 	if err := n.Pause(ctx, req.Msg.Id); err != nil {
 		return nil, err

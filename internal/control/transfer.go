@@ -94,6 +94,9 @@ func (s *Service) ExecStream(ctx context.Context, stream *connect.BidiStream[cor
 	if len(first.Exec.Stdin) > 0 {
 		return errdefs.InvalidArgument("exec.stdin: must be empty in ExecStream; send stdin in the stdin field of the messages")
 	}
+	if first.Exec.IdempotencyKey != "" {
+		return errdefs.InvalidArgument("exec.idempotency_key: not allowed on ExecStream (streamed stdin cannot be compared on a repeat); use Exec or Run")
+	}
 	n, err := s.route(first.Exec.SandboxId)
 	if err != nil {
 		return err

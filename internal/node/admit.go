@@ -55,6 +55,7 @@ func (n *Node) liveRecords() []*state.Record {
 	out := make([]*state.Record, 0, len(n.sandboxes)+len(n.pending))
 	for _, e := range n.sandboxes {
 		if rec := e.snapshot(); rec.Phase != state.PhaseStopped {
+			rec.MemoryBytes = committedMemory(rec)
 			out = append(out, rec)
 		}
 	}

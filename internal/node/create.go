@@ -47,6 +47,8 @@ type CreateRequest struct {
 	MaxLifetime *time.Duration
 	// Network is the policy; the zero value is mode none.
 	Network backend.Network
+	// IdleAction is what IdleTimeout does: "" or "stop", "pause", "reclaim".
+	IdleAction string
 }
 
 // Sandbox describes a sandbox to callers.
@@ -225,6 +227,7 @@ func (n *Node) admit(req CreateRequest) (*state.Record, error) {
 		IdleTimeout: d.IdleTimeout,
 		MaxLifetime: d.MaxLifetime,
 		CreatedAt:   time.Now(),
+		IdleAction:  req.IdleAction,
 	}
 	rec.NetworkAllow = req.Network.Allow
 	if req.IdleTimeout != nil {
@@ -245,7 +248,7 @@ func (n *Node) admit(req CreateRequest) (*state.Record, error) {
 		checkDuration("idle_timeout", rec.IdleTimeout, l.MaxLifetime),
 		checkDuration("max_lifetime", rec.MaxLifetime, l.MaxLifetime),
 	}
-	checks = append(checks, checkNetwork(req.Network), checkIO(rec.Backend, rec.IO, l.MaxIO))
+	checks = append(checks, checkNetwork(req.Network), checkIO(rec.Backend, rec.IO, l.MaxIO), checkIdleAction(rec.IdleAction), n.checkReclaimable(rec))
 	for _, err := range checks {
 		if err != nil {
 			return nil, err

@@ -100,6 +100,7 @@ func (n *Node) acquire(ctx context.Context, id string) (*entry, backend.Sandbox,
 		}
 		n.cfg.Metrics.ObserveOp(e.rec.Backend, metrics.OpResume, time.Since(start))
 		e.rec.Phase = state.PhaseRunning
+		e.rec.Reclaimed, e.rec.ReclaimedResident = false, 0
 		n.putLocked(e)
 		n.emit(e.snapshotLocked(), events.Resumed, "a request resumed it", nil)
 	}

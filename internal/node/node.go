@@ -18,6 +18,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/events"
+	"github.com/corral-dev/corral/internal/execlog"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/state"
@@ -65,6 +66,10 @@ type Config struct {
 	// StatsInterval is how often each sandbox's figures are sampled.
 	StatsInterval time.Duration
 
+	// Swap: the node has a swap area (corral serve --swap), where a
+	// container sandbox's memory goes when it is paused with reclaim.
+	Swap bool
+
 	// Admit, when set, decides on every create against the live and
 	// in-flight sandboxes of the node (quota admission); see reserve.
 	Admit AdmitFunc
@@ -95,6 +100,9 @@ type Node struct {
 	layerFaults map[string]string // layer digest -> why its data cannot be read
 
 	procs processTable // long-running processes (StartProcess)
+
+	execLog *execlog.Log // commands that carried an idempotency key
+	keyed   keyedExecs   // those of them still running
 
 	stopReaper context.CancelFunc
 	reaperDone chan struct{}
@@ -145,7 +153,16 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	for _, b := range cfg.Backends {
 		n.backends[b.Name()] = b
 	}
-	if err := n.recover(ctx); err != nil {
+	if n.execLog, err = execlog.Open(ExecLogPath(cfg.DataDir)); err != nil {
+		db.Close()
+		return nil, err
+	}
+	err = n.recover(ctx)
+	if err == nil {
+		err = n.recoverExecLog()
+	}
+	if err != nil {
+		n.execLog.Close()
 		db.Close()
 		return nil, fmt.Errorf("recover node %s: %w", id, err)
 	}
@@ -171,7 +188,7 @@ func (n *Node) Close() error {
 	n.stopReaper()
 	<-n.reaperDone
 	<-n.samplerDone
-	return n.db.Close()
+	return errors.Join(n.execLog.Close(), n.db.Close())
 }
 
 // Shutdown deletes every sandbox, then closes the node. Used by

@@ -342,7 +342,7 @@ func (n *Node) Overview() Overview {
 			continue
 		}
 		o.Committed.CPUMillis += rec.CPUMillis
-		o.Committed.MemoryBytes += rec.MemoryBytes
+		o.Committed.MemoryBytes += committedMemory(rec)
 		o.Committed.DiskBytes += rec.DiskBytes
 		o.Committed.Pids += rec.Pids
 		o.Used.CPUMillis += int64(st.Current.CPUPercent * 10)

@@ -163,6 +163,9 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 	if err := n.db.Delete(id); err != nil {
 		n.log.Error("delete sandbox record", "sandbox", id, "err", err)
 	}
+	if err := n.execLog.Drop(id); err != nil {
+		n.log.Error("drop exec log", "sandbox", id, "err", err)
+	}
 	n.mu.Lock()
 	delete(n.sandboxes, id)
 	n.mu.Unlock()
@@ -186,6 +189,8 @@ type ExecRequest struct {
 	StdinReader io.Reader
 	Timeout     time.Duration
 	OutputLimit int64
+	// IdempotencyKey is only for ExecKeyed (see there).
+	IdempotencyKey string
 }
 
 // Exec runs a command in a sandbox, streaming output to out.
@@ -303,6 +308,7 @@ func (n *Node) setPaused(ctx context.Context, id string, pause bool) error {
 			return fmt.Errorf("resume sandbox %s: %w", id, err)
 		}
 		e.rec.Phase = state.PhaseRunning
+		e.rec.Reclaimed, e.rec.ReclaimedResident = false, 0
 		n.cfg.Metrics.ObserveOp(e.rec.Backend, metrics.OpResume, time.Since(start))
 		n.emit(e.snapshotLocked(), events.Resumed, "", nil)
 	default:

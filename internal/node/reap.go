@@ -52,6 +52,9 @@ func (n *Node) reapOnce(ctx context.Context, now time.Time) {
 		case now.Sub(rec.CreatedAt) > rec.MaxLifetime:
 			n.stop(ctx, e, e.live(), events.LifetimeReached, fmt.Sprintf("max_lifetime %s reached", rec.MaxLifetime))
 		case rec.IdleTimeout > 0 && e.inflight.Load() == 0 && e.idleFor(now) > rec.IdleTimeout:
+			if n.idleAct(ctx, rec) {
+				continue
+			}
 			n.stop(ctx, e, e.live(), events.IdleStopped, fmt.Sprintf("idle_timeout %s elapsed", rec.IdleTimeout))
 		}
 	}

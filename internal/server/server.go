@@ -33,6 +33,7 @@ import (
 	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/state"
+	"github.com/corral-dev/corral/internal/swaparea"
 )
 
 // Config configures `corral serve`.
@@ -73,6 +74,9 @@ type Config struct {
 	// DiskStore says how writable layers get disk limits: DiskStoreAuto
 	// (default), DiskStoreXFS or DiskStoreExt4Image.
 	DiskStore string
+	// SwapBytes, when positive, is the size of the node's swap file (under
+	// DataDir), where pause --reclaim pushes container memory.
+	SwapBytes int64
 	// DiskPoolBytes is the (sparse) size of the XFS filesystem holding
 	// every sandbox's writable layer (DiskStoreXFS only).
 	DiskPoolBytes int64
@@ -125,6 +129,7 @@ type BlobsConfig struct {
 type Server struct {
 	cfg      Config
 	node     *node.Node
+	swap     *swaparea.Area // nil without Config.SwapBytes
 	fncall   *fncall.Service
 	stack    *stack
 	images   *image.Store
@@ -226,8 +231,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		closeImages()
 		return nil, err
 	}
+	swap, err := setupSwap(cfg)
+	if err != nil {
+		evlog.Close()
+		st.close(ctx, false)
+		closeImages()
+		return nil, err
+	}
 	reg := metrics.New()
 	n, err := node.New(ctx, node.Config{
+		Swap:     swap != nil,
 		DataDir:  cfg.DataDir,
 		State:    db,
 		Backends: st.backends,
@@ -243,6 +256,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		PerProjectLayerMounts: cfg.LayerMounts == LayerMountsPerProject,
 	})
 	if err != nil {
+		swap.Close()
 		evlog.Close()
 		st.close(ctx, false)
 		closeImages()
@@ -254,12 +268,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	})
 	if err != nil {
 		n.Close()
+		swap.Close()
 		evlog.Close()
 		st.close(ctx, false)
 		closeImages()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, node: n, fncall: fc, stack: st, images: images, iam: iamSvc, share: share, served: make(chan error, 4), claims: claims, nodeGroup: nodeGroup,
+	s := &Server{cfg: cfg, node: n, swap: swap, fncall: fc, stack: st, images: images, iam: iamSvc, share: share, served: make(chan error, 4), claims: claims, nodeGroup: nodeGroup,
 		events: evlog, metrics: reg}
 	s.registerCollectors(reg)
 	if share != nil {
@@ -296,6 +311,8 @@ func (s *Server) listen() error {
 		sandboxes.SetLazyReads(s.lazyReads)
 	}
 	s.observeRoutes(mux, guard)
+	path, h = corralv1connect.NewRolloutServiceHandler(control.NewRolloutService(sandboxes), guard)
+	mux.Handle(path, h)
 	importRoot, err := importroot.New(s.cfg.ImportRoot)
 	if err != nil {
 		return err
@@ -498,6 +515,7 @@ func (s *Server) Stop(ctx context.Context) error {
 	} else {
 		errs = append(errs, s.node.Close())
 	}
+	errs = append(errs, s.swap.Close())
 	errs = append(errs, s.events.Close())
 	errs = append(errs, s.stack.close(ctx, s.cfg.CleanupOnExit))
 	// Layer mounts stay for sandboxes that outlive the server.

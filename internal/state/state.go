@@ -75,6 +75,12 @@ type Record struct {
 	// PauseAtEnd: when max_lifetime passes, the sandbox is paused (and
 	// kept) instead of stopped.
 	PauseAtEnd bool `json:"pause_at_end,omitempty"`
+	// IdleAction is what idle_timeout does: "" or "stop", "pause", "reclaim".
+	IdleAction string `json:"idle_action,omitempty"`
+	// Reclaimed: paused with its memory pushed out of RAM, leaving
+	// ReclaimedResident bytes in it (what admission counts until resumed).
+	Reclaimed         bool  `json:"reclaimed,omitempty"`
+	ReclaimedResident int64 `json:"reclaimed_resident,omitempty"`
 	// IO is the sandbox's disk I/O limits as asked (zero: the node's).
 	IO IOLimits `json:"io,omitzero"`
 }

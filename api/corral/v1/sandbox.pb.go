@@ -693,7 +693,11 @@ type CreateRequest struct {
 	// Network policy; unset: mode NONE (loopback only).
 	Network *NetworkPolicy `protobuf:"bytes,10,opt,name=network,proto3" json:"network,omitempty"`
 	// Where the sandbox may run in a cluster; ignored by a single node.
-	Placement     *Placement `protobuf:"bytes,11,opt,name=placement,proto3" json:"placement,omitempty"`
+	Placement *Placement `protobuf:"bytes,11,opt,name=placement,proto3" json:"placement,omitempty"`
+	// What idle_timeout does: "stop" (the default: processes end), "pause"
+	// (freeze) or "reclaim" (freeze and push memory out, see PauseRequest);
+	// the next request resumes a paused sandbox.
+	IdleAction    string `protobuf:"bytes,12,opt,name=idle_action,json=idleAction,proto3" json:"idle_action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -803,6 +807,13 @@ func (x *CreateRequest) GetPlacement() *Placement {
 		return x.Placement
 	}
 	return nil
+}
+
+func (x *CreateRequest) GetIdleAction() string {
+	if x != nil {
+		return x.IdleAction
+	}
+	return ""
 }
 
 // Placement constrains the node a cluster's control plane picks.
@@ -966,7 +977,11 @@ type Sandbox struct {
 	LazyReads *LazyReadStats `protobuf:"bytes,18,opt,name=lazy_reads,json=lazyReads,proto3" json:"lazy_reads,omitempty"`
 	// The project the sandbox belongs to (empty: made by the node
 	// administrator outside any project).
-	Project       string `protobuf:"bytes,19,opt,name=project,proto3" json:"project,omitempty"`
+	Project string `protobuf:"bytes,19,opt,name=project,proto3" json:"project,omitempty"`
+	// Get only, for backends that report it; unset otherwise.
+	Memory *MemoryState `protobuf:"bytes,20,opt,name=memory,proto3" json:"memory,omitempty"`
+	// What idle_timeout does: "stop" (default), "pause" or "reclaim".
+	IdleAction    string `protobuf:"bytes,21,opt,name=idle_action,json=idleAction,proto3" json:"idle_action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1130,6 +1145,20 @@ func (x *Sandbox) GetLazyReads() *LazyReadStats {
 func (x *Sandbox) GetProject() string {
 	if x != nil {
 		return x.Project
+	}
+	return ""
+}
+
+func (x *Sandbox) GetMemory() *MemoryState {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
+func (x *Sandbox) GetIdleAction() string {
+	if x != nil {
+		return x.IdleAction
 	}
 	return ""
 }
@@ -1541,8 +1570,14 @@ type ExecRequest struct {
 	Timeout *durationpb.Duration `protobuf:"bytes,8,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Stop reading output after this many bytes (stdout + stderr). 0: node default.
 	OutputLimitBytes int64 `protobuf:"varint,9,opt,name=output_limit_bytes,json=outputLimitBytes,proto3" json:"output_limit_bytes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The caller's name for this command (at most 256 bytes): the node records
+	// it in the sandbox's exec log, and a repeat of the key returns the
+	// recorded result (or attaches to the command while it still runs)
+	// instead of running it again. The command runs to its end even when the
+	// caller goes away. Not allowed on ExecStream.
+	IdempotencyKey string `protobuf:"bytes,10,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ExecRequest) Reset() {
@@ -1636,6 +1671,13 @@ func (x *ExecRequest) GetOutputLimitBytes() int64 {
 		return x.OutputLimitBytes
 	}
 	return 0
+}
+
+func (x *ExecRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
 }
 
 type ExecResponse struct {
@@ -1745,10 +1787,17 @@ type ExecResult struct {
 	TimedOut  bool  `protobuf:"varint,3,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
 	OomKilled bool  `protobuf:"varint,4,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	// Output passed the limit; the rest was dropped and the pipes closed.
-	Truncated     bool                 `protobuf:"varint,5,opt,name=truncated,proto3" json:"truncated,omitempty"`
-	Duration      *durationpb.Duration `protobuf:"bytes,6,opt,name=duration,proto3" json:"duration,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Truncated bool                 `protobuf:"varint,5,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	Duration  *durationpb.Duration `protobuf:"bytes,6,opt,name=duration,proto3" json:"duration,omitempty"`
+	// The command's number in the sandbox's exec log (0: no idempotency key).
+	ExecSeq uint64 `protobuf:"varint,7,opt,name=exec_seq,json=execSeq,proto3" json:"exec_seq,omitempty"`
+	// This call did not start the command: it returned the recorded result
+	// of an earlier call with the same idempotency key, or attached to it.
+	Replayed bool `protobuf:"varint,8,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// A replay's output is only the part the exec log kept (its first MiB).
+	ReplayOutputTruncated bool `protobuf:"varint,9,opt,name=replay_output_truncated,json=replayOutputTruncated,proto3" json:"replay_output_truncated,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *ExecResult) Reset() {
@@ -1821,6 +1870,27 @@ func (x *ExecResult) GetDuration() *durationpb.Duration {
 		return x.Duration
 	}
 	return nil
+}
+
+func (x *ExecResult) GetExecSeq() uint64 {
+	if x != nil {
+		return x.ExecSeq
+	}
+	return 0
+}
+
+func (x *ExecResult) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+func (x *ExecResult) GetReplayOutputTruncated() bool {
+	if x != nil {
+		return x.ReplayOutputTruncated
+	}
+	return false
 }
 
 type RunResponse struct {
@@ -2628,8 +2698,13 @@ func (*MakeDirResponse) Descriptor() ([]byte, []int) {
 }
 
 type PauseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Also push the paused sandbox's memory out of RAM: a container's to the
+	// node's swap area (corral serve --swap; FAILED_PRECONDITION without
+	// one), a microVM's to a snapshot on disk. Resume is unchanged: pages
+	// come back as the processes touch them.
+	Reclaim       bool `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2671,10 +2746,21 @@ func (x *PauseRequest) GetId() string {
 	return ""
 }
 
+func (x *PauseRequest) GetReclaim() bool {
+	if x != nil {
+		return x.Reclaim
+	}
+	return false
+}
+
 type PauseResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// With reclaim: the sandbox's memory in RAM before and after, and in swap after.
+	ResidentBeforeBytes int64 `protobuf:"varint,1,opt,name=resident_before_bytes,json=residentBeforeBytes,proto3" json:"resident_before_bytes,omitempty"`
+	ResidentAfterBytes  int64 `protobuf:"varint,2,opt,name=resident_after_bytes,json=residentAfterBytes,proto3" json:"resident_after_bytes,omitempty"`
+	SwappedBytes        int64 `protobuf:"varint,3,opt,name=swapped_bytes,json=swappedBytes,proto3" json:"swapped_bytes,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *PauseResponse) Reset() {
@@ -2707,6 +2793,89 @@ func (*PauseResponse) Descriptor() ([]byte, []int) {
 	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
+func (x *PauseResponse) GetResidentBeforeBytes() int64 {
+	if x != nil {
+		return x.ResidentBeforeBytes
+	}
+	return 0
+}
+
+func (x *PauseResponse) GetResidentAfterBytes() int64 {
+	if x != nil {
+		return x.ResidentAfterBytes
+	}
+	return 0
+}
+
+func (x *PauseResponse) GetSwappedBytes() int64 {
+	if x != nil {
+		return x.SwappedBytes
+	}
+	return 0
+}
+
+// MemoryState is where a sandbox's memory is now.
+type MemoryState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ResidentBytes int64                  `protobuf:"varint,1,opt,name=resident_bytes,json=residentBytes,proto3" json:"resident_bytes,omitempty"`
+	SwappedBytes  int64                  `protobuf:"varint,2,opt,name=swapped_bytes,json=swappedBytes,proto3" json:"swapped_bytes,omitempty"`
+	// Paused with reclaim (and not resumed since).
+	Reclaimed     bool `protobuf:"varint,3,opt,name=reclaimed,proto3" json:"reclaimed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryState) Reset() {
+	*x = MemoryState{}
+	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryState) ProtoMessage() {}
+
+func (x *MemoryState) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryState.ProtoReflect.Descriptor instead.
+func (*MemoryState) Descriptor() ([]byte, []int) {
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *MemoryState) GetResidentBytes() int64 {
+	if x != nil {
+		return x.ResidentBytes
+	}
+	return 0
+}
+
+func (x *MemoryState) GetSwappedBytes() int64 {
+	if x != nil {
+		return x.SwappedBytes
+	}
+	return 0
+}
+
+func (x *MemoryState) GetReclaimed() bool {
+	if x != nil {
+		return x.Reclaimed
+	}
+	return false
+}
+
 type ResumeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2716,7 +2885,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2728,7 +2897,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[38]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2741,7 +2910,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -2759,7 +2928,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2771,7 +2940,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[39]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2784,7 +2953,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 type CopyInRequest struct {
@@ -2800,7 +2969,7 @@ type CopyInRequest struct {
 
 func (x *CopyInRequest) Reset() {
 	*x = CopyInRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2812,7 +2981,7 @@ func (x *CopyInRequest) String() string {
 func (*CopyInRequest) ProtoMessage() {}
 
 func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[40]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2825,7 +2994,7 @@ func (x *CopyInRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInRequest.ProtoReflect.Descriptor instead.
 func (*CopyInRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CopyInRequest) GetSandboxId() string {
@@ -2860,7 +3029,7 @@ type CopyInResponse struct {
 
 func (x *CopyInResponse) Reset() {
 	*x = CopyInResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2872,7 +3041,7 @@ func (x *CopyInResponse) String() string {
 func (*CopyInResponse) ProtoMessage() {}
 
 func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[41]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2885,7 +3054,7 @@ func (x *CopyInResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyInResponse.ProtoReflect.Descriptor instead.
 func (*CopyInResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CopyInResponse) GetEntries() int64 {
@@ -2912,7 +3081,7 @@ type CopyOutRequest struct {
 
 func (x *CopyOutRequest) Reset() {
 	*x = CopyOutRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2924,7 +3093,7 @@ func (x *CopyOutRequest) String() string {
 func (*CopyOutRequest) ProtoMessage() {}
 
 func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[42]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2937,7 +3106,7 @@ func (x *CopyOutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutRequest.ProtoReflect.Descriptor instead.
 func (*CopyOutRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CopyOutRequest) GetSandboxId() string {
@@ -2965,7 +3134,7 @@ type CopyOutResponse struct {
 
 func (x *CopyOutResponse) Reset() {
 	*x = CopyOutResponse{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2977,7 +3146,7 @@ func (x *CopyOutResponse) String() string {
 func (*CopyOutResponse) ProtoMessage() {}
 
 func (x *CopyOutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[43]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2990,7 +3159,7 @@ func (x *CopyOutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyOutResponse.ProtoReflect.Descriptor instead.
 func (*CopyOutResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CopyOutResponse) GetData() []byte {
@@ -3012,7 +3181,7 @@ type ExecStreamRequest struct {
 
 func (x *ExecStreamRequest) Reset() {
 	*x = ExecStreamRequest{}
-	mi := &file_corral_v1_sandbox_proto_msgTypes[44]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3024,7 +3193,7 @@ func (x *ExecStreamRequest) String() string {
 func (*ExecStreamRequest) ProtoMessage() {}
 
 func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_sandbox_proto_msgTypes[44]
+	mi := &file_corral_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3037,7 +3206,7 @@ func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamRequest.ProtoReflect.Descriptor instead.
 func (*ExecStreamRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_corral_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ExecStreamRequest) GetExec() *ExecRequest {
@@ -3097,7 +3266,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\twrite_bps\x18\x02 \x01(\x03R\bwriteBps\x12\x1b\n" +
 	"\tread_iops\x18\x03 \x01(\x03R\breadIops\x12\x1d\n" +
 	"\n" +
-	"write_iops\x18\x04 \x01(\x03R\twriteIops\"\x90\x04\n" +
+	"write_iops\x18\x04 \x01(\x03R\twriteIops\"\xb1\x04\n" +
 	"\rCreateRequest\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x122\n" +
@@ -3110,7 +3279,9 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\fmax_lifetime\x18\t \x01(\v2\x19.google.protobuf.DurationR\vmaxLifetime\x122\n" +
 	"\anetwork\x18\n" +
 	" \x01(\v2\x18.corral.v1.NetworkPolicyR\anetwork\x122\n" +
-	"\tplacement\x18\v \x01(\v2\x14.corral.v1.PlacementR\tplacement\x1a9\n" +
+	"\tplacement\x18\v \x01(\v2\x14.corral.v1.PlacementR\tplacement\x12\x1f\n" +
+	"\vidle_action\x18\f \x01(\tR\n" +
+	"idleAction\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x89\x02\n" +
@@ -3126,7 +3297,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
 	"\x0eCreateResponse\x12,\n" +
-	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\xb5\x06\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\x86\a\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -3150,7 +3321,10 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\bdegraded\x18\x11 \x01(\tR\bdegraded\x127\n" +
 	"\n" +
 	"lazy_reads\x18\x12 \x01(\v2\x18.corral.v1.LazyReadStatsR\tlazyReads\x12\x18\n" +
-	"\aproject\x18\x13 \x01(\tR\aproject\x1a9\n" +
+	"\aproject\x18\x13 \x01(\tR\aproject\x12.\n" +
+	"\x06memory\x18\x14 \x01(\v2\x16.corral.v1.MemoryStateR\x06memory\x12\x1f\n" +
+	"\vidle_action\x18\x15 \x01(\tR\n" +
+	"idleAction\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x01\n" +
@@ -3182,7 +3356,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\rDeleteRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"*\n" +
 	"\x0eDeleteResponse\x12\x18\n" +
-	"\aexisted\x18\x01 \x01(\bR\aexisted\"\x87\x02\n" +
+	"\aexisted\x18\x01 \x01(\bR\aexisted\"\xb0\x02\n" +
 	"\vExecRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -3193,12 +3367,14 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x04user\x18\x06 \x01(\tR\x04user\x12\x14\n" +
 	"\x05stdin\x18\a \x01(\fR\x05stdin\x123\n" +
 	"\atimeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12,\n" +
-	"\x12output_limit_bytes\x18\t \x01(\x03R\x10outputLimitBytes\"|\n" +
+	"\x12output_limit_bytes\x18\t \x01(\x03R\x10outputLimitBytes\x12'\n" +
+	"\x0fidempotency_key\x18\n" +
+	" \x01(\tR\x0eidempotencyKey\"|\n" +
 	"\fExecResponse\x12\x18\n" +
 	"\x06stdout\x18\x01 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x02 \x01(\fH\x00R\x06stderr\x12/\n" +
 	"\x06result\x18\x03 \x01(\v2\x15.corral.v1.ExecResultH\x00R\x06resultB\a\n" +
-	"\x05event\"\xd2\x01\n" +
+	"\x05event\"\xc1\x02\n" +
 	"\n" +
 	"ExecResult\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
@@ -3207,7 +3383,10 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"oom_killed\x18\x04 \x01(\bR\toomKilled\x12\x1c\n" +
 	"\ttruncated\x18\x05 \x01(\bR\ttruncated\x125\n" +
-	"\bduration\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\bduration\"l\n" +
+	"\bduration\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x19\n" +
+	"\bexec_seq\x18\a \x01(\x04R\aexecSeq\x12\x1a\n" +
+	"\breplayed\x18\b \x01(\bR\breplayed\x126\n" +
+	"\x17replay_output_truncated\x18\t \x01(\bR\x15replayOutputTruncated\"l\n" +
 	"\vRunResponse\x12\x16\n" +
 	"\x06stdout\x18\x01 \x01(\fR\x06stdout\x12\x16\n" +
 	"\x06stderr\x18\x02 \x01(\fR\x06stderr\x12-\n" +
@@ -3266,10 +3445,18 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x18\n" +
 	"\aparents\x18\x04 \x01(\bR\aparents\"\x11\n" +
-	"\x0fMakeDirResponse\"\x1e\n" +
+	"\x0fMakeDirResponse\"8\n" +
 	"\fPauseRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\x0f\n" +
-	"\rPauseResponse\"\x1f\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\"\x9a\x01\n" +
+	"\rPauseResponse\x122\n" +
+	"\x15resident_before_bytes\x18\x01 \x01(\x03R\x13residentBeforeBytes\x120\n" +
+	"\x14resident_after_bytes\x18\x02 \x01(\x03R\x12residentAfterBytes\x12#\n" +
+	"\rswapped_bytes\x18\x03 \x01(\x03R\fswappedBytes\"w\n" +
+	"\vMemoryState\x12%\n" +
+	"\x0eresident_bytes\x18\x01 \x01(\x03R\rresidentBytes\x12#\n" +
+	"\rswapped_bytes\x18\x02 \x01(\x03R\fswappedBytes\x12\x1c\n" +
+	"\treclaimed\x18\x03 \x01(\bR\treclaimed\"\x1f\n" +
 	"\rResumeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x10\n" +
 	"\x0eResumeResponse\"V\n" +
@@ -3339,7 +3526,7 @@ func file_corral_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_corral_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_corral_v1_sandbox_proto_goTypes = []any{
 	(NetworkMode)(0),              // 0: corral.v1.NetworkMode
 	(SandboxState)(0),             // 1: corral.v1.SandboxState
@@ -3381,19 +3568,20 @@ var file_corral_v1_sandbox_proto_goTypes = []any{
 	(*MakeDirResponse)(nil),       // 37: corral.v1.MakeDirResponse
 	(*PauseRequest)(nil),          // 38: corral.v1.PauseRequest
 	(*PauseResponse)(nil),         // 39: corral.v1.PauseResponse
-	(*ResumeRequest)(nil),         // 40: corral.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 41: corral.v1.ResumeResponse
-	(*CopyInRequest)(nil),         // 42: corral.v1.CopyInRequest
-	(*CopyInResponse)(nil),        // 43: corral.v1.CopyInResponse
-	(*CopyOutRequest)(nil),        // 44: corral.v1.CopyOutRequest
-	(*CopyOutResponse)(nil),       // 45: corral.v1.CopyOutResponse
-	(*ExecStreamRequest)(nil),     // 46: corral.v1.ExecStreamRequest
-	nil,                           // 47: corral.v1.CreateRequest.LabelsEntry
-	nil,                           // 48: corral.v1.Placement.NodeLabelsEntry
-	nil,                           // 49: corral.v1.Sandbox.LabelsEntry
-	nil,                           // 50: corral.v1.ListRequest.LabelsEntry
-	(*durationpb.Duration)(nil),   // 51: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 52: google.protobuf.Timestamp
+	(*MemoryState)(nil),           // 40: corral.v1.MemoryState
+	(*ResumeRequest)(nil),         // 41: corral.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 42: corral.v1.ResumeResponse
+	(*CopyInRequest)(nil),         // 43: corral.v1.CopyInRequest
+	(*CopyInResponse)(nil),        // 44: corral.v1.CopyInResponse
+	(*CopyOutRequest)(nil),        // 45: corral.v1.CopyOutRequest
+	(*CopyOutResponse)(nil),       // 46: corral.v1.CopyOutResponse
+	(*ExecStreamRequest)(nil),     // 47: corral.v1.ExecStreamRequest
+	nil,                           // 48: corral.v1.CreateRequest.LabelsEntry
+	nil,                           // 49: corral.v1.Placement.NodeLabelsEntry
+	nil,                           // 50: corral.v1.Sandbox.LabelsEntry
+	nil,                           // 51: corral.v1.ListRequest.LabelsEntry
+	(*durationpb.Duration)(nil),   // 52: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 53: google.protobuf.Timestamp
 }
 var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	0,  // 0: corral.v1.NetworkPolicy.mode:type_name -> corral.v1.NetworkMode
@@ -3402,79 +3590,80 @@ var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	6,  // 3: corral.v1.NetworkStatsResponse.refusals:type_name -> corral.v1.NetworkRefusal
 	9,  // 4: corral.v1.Resources.io:type_name -> corral.v1.IOLimits
 	8,  // 5: corral.v1.CreateRequest.resources:type_name -> corral.v1.Resources
-	47, // 6: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
-	51, // 7: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
-	51, // 8: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
+	48, // 6: corral.v1.CreateRequest.labels:type_name -> corral.v1.CreateRequest.LabelsEntry
+	52, // 7: corral.v1.CreateRequest.idle_timeout:type_name -> google.protobuf.Duration
+	52, // 8: corral.v1.CreateRequest.max_lifetime:type_name -> google.protobuf.Duration
 	2,  // 9: corral.v1.CreateRequest.network:type_name -> corral.v1.NetworkPolicy
 	11, // 10: corral.v1.CreateRequest.placement:type_name -> corral.v1.Placement
-	48, // 11: corral.v1.Placement.node_labels:type_name -> corral.v1.Placement.NodeLabelsEntry
+	49, // 11: corral.v1.Placement.node_labels:type_name -> corral.v1.Placement.NodeLabelsEntry
 	13, // 12: corral.v1.CreateResponse.sandbox:type_name -> corral.v1.Sandbox
 	1,  // 13: corral.v1.Sandbox.state:type_name -> corral.v1.SandboxState
 	8,  // 14: corral.v1.Sandbox.resources:type_name -> corral.v1.Resources
-	49, // 15: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
-	51, // 16: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	51, // 17: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	52, // 18: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	52, // 19: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
+	50, // 15: corral.v1.Sandbox.labels:type_name -> corral.v1.Sandbox.LabelsEntry
+	52, // 16: corral.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	52, // 17: corral.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	53, // 18: corral.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	53, // 19: corral.v1.Sandbox.last_active_at:type_name -> google.protobuf.Timestamp
 	2,  // 20: corral.v1.Sandbox.network:type_name -> corral.v1.NetworkPolicy
 	14, // 21: corral.v1.Sandbox.lazy_reads:type_name -> corral.v1.LazyReadStats
-	13, // 22: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
-	50, // 23: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
-	1,  // 24: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
-	13, // 25: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
-	51, // 26: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	23, // 27: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
-	51, // 28: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	23, // 29: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
-	52, // 30: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	29, // 31: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
-	29, // 32: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
-	21, // 33: corral.v1.ExecStreamRequest.exec:type_name -> corral.v1.ExecRequest
-	10, // 34: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
-	15, // 35: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
-	17, // 36: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
-	19, // 37: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
-	21, // 38: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
-	21, // 39: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
-	25, // 40: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
-	27, // 41: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
-	30, // 42: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
-	32, // 43: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
-	34, // 44: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
-	36, // 45: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
-	38, // 46: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
-	40, // 47: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
-	3,  // 48: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
-	5,  // 49: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
-	25, // 50: corral.v1.SandboxService.UploadFile:input_type -> corral.v1.WriteFileRequest
-	42, // 51: corral.v1.SandboxService.CopyIn:input_type -> corral.v1.CopyInRequest
-	44, // 52: corral.v1.SandboxService.CopyOut:input_type -> corral.v1.CopyOutRequest
-	46, // 53: corral.v1.SandboxService.ExecStream:input_type -> corral.v1.ExecStreamRequest
-	12, // 54: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
-	16, // 55: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
-	18, // 56: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
-	20, // 57: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
-	22, // 58: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
-	24, // 59: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
-	26, // 60: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
-	28, // 61: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
-	31, // 62: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
-	33, // 63: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
-	35, // 64: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
-	37, // 65: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
-	39, // 66: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
-	41, // 67: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
-	4,  // 68: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
-	7,  // 69: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
-	26, // 70: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
-	43, // 71: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
-	45, // 72: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
-	22, // 73: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
-	54, // [54:74] is the sub-list for method output_type
-	34, // [34:54] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	40, // 22: corral.v1.Sandbox.memory:type_name -> corral.v1.MemoryState
+	13, // 23: corral.v1.GetResponse.sandbox:type_name -> corral.v1.Sandbox
+	51, // 24: corral.v1.ListRequest.labels:type_name -> corral.v1.ListRequest.LabelsEntry
+	1,  // 25: corral.v1.ListRequest.state:type_name -> corral.v1.SandboxState
+	13, // 26: corral.v1.ListResponse.sandboxes:type_name -> corral.v1.Sandbox
+	52, // 27: corral.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	23, // 28: corral.v1.ExecResponse.result:type_name -> corral.v1.ExecResult
+	52, // 29: corral.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	23, // 30: corral.v1.RunResponse.result:type_name -> corral.v1.ExecResult
+	53, // 31: corral.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	29, // 32: corral.v1.ListDirResponse.entries:type_name -> corral.v1.FileInfo
+	29, // 33: corral.v1.StatResponse.info:type_name -> corral.v1.FileInfo
+	21, // 34: corral.v1.ExecStreamRequest.exec:type_name -> corral.v1.ExecRequest
+	10, // 35: corral.v1.SandboxService.Create:input_type -> corral.v1.CreateRequest
+	15, // 36: corral.v1.SandboxService.Get:input_type -> corral.v1.GetRequest
+	17, // 37: corral.v1.SandboxService.List:input_type -> corral.v1.ListRequest
+	19, // 38: corral.v1.SandboxService.Delete:input_type -> corral.v1.DeleteRequest
+	21, // 39: corral.v1.SandboxService.Exec:input_type -> corral.v1.ExecRequest
+	21, // 40: corral.v1.SandboxService.Run:input_type -> corral.v1.ExecRequest
+	25, // 41: corral.v1.SandboxService.WriteFile:input_type -> corral.v1.WriteFileRequest
+	27, // 42: corral.v1.SandboxService.ReadFile:input_type -> corral.v1.ReadFileRequest
+	30, // 43: corral.v1.SandboxService.ListDir:input_type -> corral.v1.ListDirRequest
+	32, // 44: corral.v1.SandboxService.Stat:input_type -> corral.v1.StatRequest
+	34, // 45: corral.v1.SandboxService.Remove:input_type -> corral.v1.RemoveRequest
+	36, // 46: corral.v1.SandboxService.MakeDir:input_type -> corral.v1.MakeDirRequest
+	38, // 47: corral.v1.SandboxService.Pause:input_type -> corral.v1.PauseRequest
+	41, // 48: corral.v1.SandboxService.Resume:input_type -> corral.v1.ResumeRequest
+	3,  // 49: corral.v1.SandboxService.UpdateNetwork:input_type -> corral.v1.UpdateNetworkRequest
+	5,  // 50: corral.v1.SandboxService.NetworkStats:input_type -> corral.v1.NetworkStatsRequest
+	25, // 51: corral.v1.SandboxService.UploadFile:input_type -> corral.v1.WriteFileRequest
+	43, // 52: corral.v1.SandboxService.CopyIn:input_type -> corral.v1.CopyInRequest
+	45, // 53: corral.v1.SandboxService.CopyOut:input_type -> corral.v1.CopyOutRequest
+	47, // 54: corral.v1.SandboxService.ExecStream:input_type -> corral.v1.ExecStreamRequest
+	12, // 55: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
+	16, // 56: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
+	18, // 57: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
+	20, // 58: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
+	22, // 59: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
+	24, // 60: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
+	26, // 61: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
+	28, // 62: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
+	31, // 63: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
+	33, // 64: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
+	35, // 65: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
+	37, // 66: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
+	39, // 67: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
+	42, // 68: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
+	4,  // 69: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
+	7,  // 70: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
+	26, // 71: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
+	44, // 72: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
+	46, // 73: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
+	22, // 74: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
+	55, // [55:75] is the sub-list for method output_type
+	35, // [35:55] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_sandbox_proto_init() }
@@ -3493,7 +3682,7 @@ func file_corral_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_sandbox_proto_rawDesc), len(file_corral_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   49,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

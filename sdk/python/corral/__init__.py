@@ -36,16 +36,16 @@ from .fncall import CallResult
 from .iam import AuditEntry, Identity, Project, Quota, Token, Usage
 from .images import Composition, Images, Layer, Packed, Removed
 from .observe import EVENT_TYPES, Event, SandboxStats, StatsSample
-from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
+from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream, exec_key
 from .sync import Client, Files, Sandbox, SyncExecStream
-from .types import ExecChunk, ExecResult, FileInfo, Resources, SandboxInfo, State
+from .types import ExecChunk, ExecLogEntry, ExecResult, FileInfo, Resources, SandboxInfo, State
 
 __version__ = "0.1.0"
 
 DEFAULT_ADDRESS = "unix:///var/lib/corral/corral.sock"
 
 __all__ = [
-    "AsyncClient", "AsyncSandbox", "AsyncFiles", "ExecStream", "Command",
+    "AsyncClient", "AsyncSandbox", "AsyncFiles", "ExecStream", "Command", "exec_key", "ExecLogEntry",
     "Client", "Sandbox", "Files", "SyncExecStream",
     "AuditEntry", "Identity", "Project", "Quota", "Token", "Usage",
     "CallResult", "Composition", "Images", "Layer", "Packed", "Removed", "ExecChunk", "ExecResult", "FileInfo", "Resources", "SandboxInfo", "State",

@@ -2,6 +2,8 @@
 (:class:`AsyncFiles`) and streamed command output (:class:`ExecStream`)."""
 
 import asyncio
+import hashlib
+import itertools
 import tempfile
 from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
@@ -10,13 +12,15 @@ from ._tar import extract, file_messages, tar_tree
 from .errors import InternalError, NotFoundError
 from .images import _SVC as _IMAGE_SVC
 from .images import Packed, packed_from_json
-from .types import ExecChunk, ExecResult, FileInfo, SandboxInfo
+from .types import ExecChunk, ExecLogEntry, ExecResult, FileInfo, SandboxInfo
 from .types import b64decode, b64encode, env_list, format_duration
 
 if TYPE_CHECKING:
     from .client import AsyncClient
 
-__all__ = ["AsyncSandbox", "AsyncFiles", "ExecStream", "Command"]
+__all__ = ["AsyncSandbox", "AsyncFiles", "ExecStream", "Command", "exec_key"]
+
+_ROLLOUT_SVC = "/corral.v1.RolloutService/"
 
 Command = Union[str, Sequence[str]]
 """A command: a list is run as argv (no shell), a str with ``sh -c``."""
@@ -31,9 +35,11 @@ SERVER_EXEC_TIMEOUT = 600.0
 def exec_request(sandbox_id: str, cmd: Command, *, env: Optional[Dict[str, str]] = None,
                  cwd: Optional[str] = None, user: Optional[str] = None,
                  stdin: Union[bytes, str, None] = None, timeout: Optional[float] = None,
-                 output_limit: Optional[int] = None) -> Dict[str, Any]:
+                 output_limit: Optional[int] = None, idempotency_key: Optional[str] = None) -> Dict[str, Any]:
     """The JSON ExecRequest for cmd (see :meth:`AsyncSandbox.run`)."""
     req: Dict[str, Any] = {"sandboxId": sandbox_id}
+    if idempotency_key:
+        req["idempotencyKey"] = idempotency_key
     if isinstance(cmd, str):
         req["argv"], req["shell"] = [cmd], True
     else:
@@ -56,8 +62,16 @@ def exec_request(sandbox_id: str, cmd: Command, *, env: Optional[Dict[str, str]]
     return req
 
 
+def exec_key(sandbox_id: str, step: str) -> str:
+    """The idempotency key of ``step`` in a sandbox (the Go SDK's ExecKey):
+    the same sandbox and step always give the same key."""
+    digest = hashlib.sha256((sandbox_id + "\0" + step).encode()).hexdigest()
+    return "step-" + digest[:32]
+
+
 class AsyncSandbox:
-    """A handle on one sandbox; it holds only the id (and ``info`` from create).
+    """A handle on one sandbox; it holds only the id (and ``info`` from
+    create) and the count of ``idempotent=True`` commands sent through it.
 
     Also an async context manager that deletes the sandbox on exit.
     """
@@ -67,6 +81,16 @@ class AsyncSandbox:
         self.id = sandbox_id
         self.info = info
         self.files = AsyncFiles(self)
+        self._steps = itertools.count()
+
+    def _key(self, idempotency_key: Optional[str], step: Optional[str], idempotent: bool) -> Optional[str]:
+        if idempotency_key:
+            return idempotency_key
+        if step:
+            return exec_key(self.id, step)
+        if idempotent:
+            return exec_key(self.id, "#%d" % next(self._steps))
+        return None
 
     def __repr__(self) -> str:
         return f"AsyncSandbox({self.id!r})"
@@ -86,9 +110,17 @@ class AsyncSandbox:
         """Delete the sandbox; False if it was already gone."""
         return await self._c.delete(self.id, request_timeout=request_timeout)
 
-    async def pause(self, *, request_timeout: Optional[float] = None) -> None:
-        """Freeze every process; any later command or file call resumes it."""
-        await self._c._t.unary("Pause", {"id": self.id}, timeout=request_timeout)
+    async def pause(self, *, reclaim: bool = False, request_timeout: Optional[float] = None) -> Dict[str, int]:
+        """Freeze every process; any later command or file call resumes it.
+
+        ``reclaim`` also pushes the frozen memory out of RAM (a container's
+        to the node's swap area: the server needs ``corral serve --swap``;
+        a microVM's to a snapshot on disk) and returns the bytes resident
+        before and after and swapped (``resident_before_bytes``, ...)."""
+        d = await self._c._t.unary("Pause", {"id": self.id, "reclaim": reclaim}, timeout=request_timeout)
+        return {k: int(d.get(j, 0)) for k, j in (("resident_before_bytes", "residentBeforeBytes"),
+                                                  ("resident_after_bytes", "residentAfterBytes"),
+                                                  ("swapped_bytes", "swappedBytes"))}
 
     async def resume(self, *, request_timeout: Optional[float] = None) -> None:
         """Thaw a paused sandbox."""
@@ -107,6 +139,20 @@ class AsyncSandbox:
                "noDefaultExcludes": not default_excludes, "noComposition": not composition}
         return packed_from_json(await self._c._t.unary(_IMAGE_SVC + "Pack", msg, timeout=request_timeout))
 
+    async def list_execs(self, since_seq: int = 0, *, request_timeout: Optional[float] = None) -> List[ExecLogEntry]:
+        """The sandbox's logged commands (those that carried an idempotency
+        key) numbered above ``since_seq``, oldest first: what a restarted
+        trainer needs to fast-forward."""
+        out: List[ExecLogEntry] = []
+        while True:
+            d = await self._c._t.unary(_ROLLOUT_SVC + "ListExecs",
+                                       {"sandboxId": self.id, "sinceSeq": str(since_seq), "pageSize": 1000},
+                                       idempotent=True, timeout=request_timeout)
+            out.extend(ExecLogEntry._from_json(e) for e in d.get("entries", []))
+            since_seq = int(d.get("nextSeq", 0))
+            if since_seq == 0:
+                return out
+
     def _exec_budget(self, timeout: Optional[float], request_timeout: Optional[float]) -> float:
         if request_timeout is not None:
             return self._c._t.budget(request_timeout)
@@ -116,7 +162,8 @@ class AsyncSandbox:
     async def run(self, cmd: Command, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
                   user: Optional[str] = None, stdin: Union[bytes, str, None] = None,
                   timeout: Optional[float] = None, output_limit: Optional[int] = None,
-                  request_timeout: Optional[float] = None) -> ExecResult:
+                  request_timeout: Optional[float] = None, idempotent: bool = False,
+                  step: Optional[str] = None, idempotency_key: Optional[str] = None) -> ExecResult:
         """Run a command and return its result with the whole output.
 
         Args:
@@ -131,19 +178,30 @@ class AsyncSandbox:
             request_timeout: client deadline of the call; by default the
                 command's timeout (or the server's 600 s) plus the client's
                 ``timeout``.
+            idempotency_key: names the command in the sandbox's exec log:
+                it runs once, to its end even if this client goes away, and
+                a repeat of the key returns the recorded result and output
+                (``replayed``) instead of running it again.
+            step: derive the key from the sandbox and this name.
+            idempotent: derive the key from the sandbox and the number of
+                ``idempotent`` commands this handle sent before, so a
+                restarted trainer sending the same commands in the same order
+                (on ``client.attach(id)``) gets the recorded results.
 
         Cancelling the awaiting task closes the connection, and the server
-        then kills the command.
+        then kills the command (unless it carries a key).
         """
         req = exec_request(self.id, cmd, env=env, cwd=cwd, user=user, stdin=stdin,
-                           timeout=timeout, output_limit=output_limit)
+                           timeout=timeout, output_limit=output_limit,
+                           idempotency_key=self._key(idempotency_key, step, idempotent))
         resp = await self._c._t.unary("Run", req, timeout=self._exec_budget(timeout, request_timeout))
         return ExecResult._from_json(resp.get("result"), b64decode(resp.get("stdout")), b64decode(resp.get("stderr")))
 
     def exec_stream(self, cmd: Command, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
                     user: Optional[str] = None, stdin: Union[bytes, str, None] = None,
                     timeout: Optional[float] = None, output_limit: Optional[int] = None,
-                    request_timeout: Optional[float] = None) -> "ExecStream":
+                    request_timeout: Optional[float] = None, idempotent: bool = False,
+                    step: Optional[str] = None, idempotency_key: Optional[str] = None) -> "ExecStream":
         """Run a command, streaming its output as it arrives::
 
             async for chunk in sb.exec_stream(["make", "test"]):
@@ -156,7 +214,8 @@ class AsyncSandbox:
         exception or cancelling the task kills the command on the server.
         """
         req = exec_request(self.id, cmd, env=env, cwd=cwd, user=user, stdin=stdin,
-                           timeout=timeout, output_limit=output_limit)
+                           timeout=timeout, output_limit=output_limit,
+                           idempotency_key=self._key(idempotency_key, step, idempotent))
         return ExecStream(self._c._t.stream("Exec", req, timeout=self._exec_budget(timeout, request_timeout)))
 
 

@@ -17,7 +17,7 @@ from .iam import AuditEntry, Identity, Project, Quota, Token
 from .images import Composition, Images, Layer, Packed, Removed
 from .observe import Event, SandboxStats
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
-from .types import ExecChunk, ExecResult, FileInfo, SandboxInfo
+from .types import ExecChunk, ExecLogEntry, ExecResult, FileInfo, SandboxInfo
 
 __all__ = ["Client", "Sandbox", "Files", "SyncExecStream"]
 
@@ -249,9 +249,9 @@ class Sandbox:
         """Delete the sandbox; False if it was already gone."""
         return self._c._run(self._a.delete(**kw))
 
-    def pause(self, **kw: Any) -> None:
-        """Freeze every process in the sandbox."""
-        self._c._run(self._a.pause(**kw))
+    def pause(self, **kw: Any) -> Dict[str, int]:
+        """Freeze every process in the sandbox (``reclaim=True``: see :meth:`AsyncSandbox.pause`)."""
+        return self._c._run(self._a.pause(**kw))
 
     def resume(self, **kw: Any) -> None:
         """Thaw a paused sandbox."""
@@ -268,6 +268,10 @@ class Sandbox:
     def exec_stream(self, cmd: Command, **kw: Any) -> "SyncExecStream":
         """Run a command, iterating its output chunks then the result chunk."""
         return SyncExecStream(self._c, self._a.exec_stream(cmd, **kw))
+
+    def list_execs(self, since_seq: int = 0, **kw: Any) -> List[ExecLogEntry]:
+        """The sandbox's exec log above since_seq (see :meth:`AsyncSandbox.list_execs`)."""
+        return self._c._run(self._a.list_execs(since_seq, **kw))
 
 
 class SyncExecStream:

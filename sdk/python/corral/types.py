@@ -132,6 +132,12 @@ class ExecResult:
     duration: float = 0.0  # seconds
     stdout: bytes = b""
     stderr: bytes = b""
+    # The command's number in the sandbox's exec log (0: no idempotency key);
+    # replayed: it did not run for this call (a recorded result, or one this
+    # call attached to); replay_output_truncated: the log kept only its first MiB.
+    exec_seq: int = 0
+    replayed: bool = False
+    replay_output_truncated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -165,6 +171,44 @@ class ExecResult:
             duration=parse_duration(d.get("duration")),
             stdout=stdout,
             stderr=stderr,
+            exec_seq=int(d.get("execSeq", 0)),
+            replayed=bool(d.get("replayed", False)),
+            replay_output_truncated=bool(d.get("replayOutputTruncated", False)),
+        )
+
+
+@dataclass
+class ExecLogEntry:
+    """One command of a sandbox's exec log (see ``AsyncSandbox.list_execs``).
+
+    ``state`` is ``running``, ``done``, ``failed`` (``error`` says why) or
+    ``lost`` (the node restarted while it ran: outcome unknown); ``result``
+    is set when done, without output (repeat the key to get it).
+    """
+
+    seq: int
+    idempotency_key: str
+    argv: List[str]
+    shell: bool
+    state: str
+    result: Optional[ExecResult]
+    error: str
+    output_bytes: int
+    output_kept_bytes: int
+
+    @classmethod
+    def _from_json(cls, d: Dict[str, Any]) -> "ExecLogEntry":
+        state = str(d.get("state", "EXEC_STATE_UNSPECIFIED")).removeprefix("EXEC_STATE_").lower()
+        return cls(
+            seq=int(d.get("seq", 0)),
+            idempotency_key=d.get("idempotencyKey", ""),
+            argv=list(d.get("argv", [])),
+            shell=bool(d.get("shell", False)),
+            state=state,
+            result=ExecResult._from_json(d["result"]) if "result" in d else None,
+            error=d.get("error", ""),
+            output_bytes=int(d.get("outputBytes", 0)),
+            output_kept_bytes=int(d.get("outputKeptBytes", 0)),
         )
 
 

@@ -105,6 +105,10 @@ class HelpersTest(unittest.TestCase):
         self.assertEqual(t.utcoffset(), dt.timedelta(hours=2))
         self.assertIsNone(parse_timestamp(""))
 
+    def test_exec_key_matches_go_sdk(self) -> None:
+        # client.ExecKey("n0a1b2c-00000001", "ep7/c2") in the Go SDK.
+        self.assertEqual(corral.exec_key("n0a1b2c-00000001", "ep7/c2"), "step-922c7e2a348ffa65eb06ddc51e11f3e9")
+
     def test_base64(self) -> None:
         self.assertEqual(b64decode("aGkK"), b"hi\n")
         self.assertEqual(b64decode("_-8"), b"\xff\xef")

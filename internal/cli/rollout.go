@@ -1,0 +1,212 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/bench"
+)
+
+func newPauseCmd(g *globals) *cobra.Command {
+	var reclaim bool
+	var labels []string
+	cmd := &cobra.Command{
+		Use:   "pause SANDBOX... | pause -l KEY=VALUE...",
+		Short: "Freeze sandboxes, by id or by label (any later request resumes them)",
+		Long: `Freeze sandboxes, by id or every running one carrying all of the -l labels.
+
+--reclaim also pushes the frozen memory out of RAM: a container's to the node's
+swap area (corral serve --swap SIZE), a microVM's to a snapshot on disk. Resume
+is unchanged; pages come back as the processes touch them.`,
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			if len(labels) > 0 {
+				return bulk(cmd, g, labels, ids, func(c *client.Client, l map[string]string) (*client.BulkResult, error) {
+					return c.PauseMany(cmd.Context(), l, reclaim)
+				})
+			}
+			if len(ids) == 0 {
+				return fmt.Errorf("give sandbox ids or -l KEY=VALUE")
+			}
+			return forEachID(cmd, g, ids, func(sb *client.Sandbox) error {
+				if !reclaim {
+					return sb.Pause(cmd.Context())
+				}
+				r, err := sb.Reclaim(cmd.Context())
+				if err == nil && !g.json {
+					fmt.Printf("%s: resident %s -> %s, swapped %s\n", sb.ID(), formatBytes(r.ResidentBeforeBytes), formatBytes(r.ResidentAfterBytes), formatBytes(r.SwappedBytes))
+				}
+				return err
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&reclaim, "reclaim", false, "also push the paused memory out of RAM")
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "pause every sandbox with this label KEY=VALUE (repeatable: all must match)")
+	return cmd
+}
+
+func newResumeCmd(g *globals) *cobra.Command {
+	var labels []string
+	cmd := &cobra.Command{
+		Use:   "resume SANDBOX... | resume -l KEY=VALUE...",
+		Short: "Thaw paused sandboxes, by id or by label",
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			if len(labels) > 0 {
+				return bulk(cmd, g, labels, ids, func(c *client.Client, l map[string]string) (*client.BulkResult, error) {
+					return c.ResumeMany(cmd.Context(), l)
+				})
+			}
+			if len(ids) == 0 {
+				return fmt.Errorf("give sandbox ids or -l KEY=VALUE")
+			}
+			return forEachID(cmd, g, ids, func(sb *client.Sandbox) error { return sb.Resume(cmd.Context()) })
+		},
+	}
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "resume every sandbox with this label KEY=VALUE (repeatable: all must match)")
+	return cmd
+}
+
+func bulk(cmd *cobra.Command, g *globals, labels, ids []string, op func(*client.Client, map[string]string) (*client.BulkResult, error)) error {
+	if len(ids) > 0 {
+		return fmt.Errorf("give sandbox ids or -l, not both")
+	}
+	l, err := parseKV("label", labels)
+	if err != nil {
+		return err
+	}
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	r, err := op(c, l)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(r)
+	}
+	fmt.Printf("%s: %d sandboxes", cmd.Name(), r.Done)
+	if r.ResidentBeforeBytes > 0 {
+		fmt.Printf(", resident %s -> %s", formatBytes(r.ResidentBeforeBytes), formatBytes(r.ResidentAfterBytes))
+	}
+	fmt.Println()
+	failed := make([]string, 0, len(r.Failures))
+	for id := range r.Failures {
+		failed = append(failed, id)
+	}
+	sort.Strings(failed)
+	for _, id := range failed {
+		fmt.Fprintf(os.Stderr, "corral: %s: %s\n", id, r.Failures[id])
+	}
+	if len(failed) > 0 {
+		return &ExitError{Code: 1}
+	}
+	return nil
+}
+
+func newExecsCmd(g *globals) *cobra.Command {
+	var since uint64
+	cmd := &cobra.Command{
+		Use:   "execs SANDBOX",
+		Short: "List a sandbox's exec log: the commands run with an idempotency key (exec --key/--step)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			log, err := c.Sandbox(args[0]).ListExecs(cmd.Context(), since)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(log)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "SEQ\tSTATE\tEXIT\tDURATION\tOUTPUT\tKEY\tCOMMAND")
+			for _, e := range log {
+				exit, dur := "-", "-"
+				if e.Result != nil {
+					exit, dur = fmt.Sprint(e.Result.ExitCode), e.Result.Duration.Round(time.Millisecond).String()
+				}
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", e.Seq, e.State, exit, dur, formatBytes(e.OutputBytes), e.IdempotencyKey, strings.Join(e.Args, " "))
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().Uint64Var(&since, "since", 0, "only commands numbered above this")
+	return cmd
+}
+
+func newBenchPauseCmd(g *globals) *cobra.Command {
+	var o bench.PauseOptions
+	cmd := &cobra.Command{
+		Use:   "pause",
+		Short: "Pause levels of container sandboxes holding 64/256/1024 MiB: memory freed, pause and resume→first exec",
+		Long: `Measures freeze and reclaim on container sandboxes holding 64, 256 and 1,024 MiB
+(--sizes): the share of memory each level takes out of RAM, the pause time, and the
+time from a paused sandbox to its first exec's answer (the exec resumes it), beside
+an exec on the running sandbox (same run) and E2B's and AgentENV's published
+figures. Reclaim needs the server started with --swap SIZE (at least the largest
+size); otherwise its rows say why they were not measured.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
+				o.Log = os.Stderr
+				return bench.Pause(ctx, c, o)
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntSliceVar(&o.SizesMiB, "sizes", []int{64, 256, 1024}, "MiB each sandbox holds, one sandbox per size")
+	fl.IntVar(&o.N, "n", 10, "freeze samples per size")
+	fl.IntVar(&o.ReclaimN, "reclaim-n", 1, "reclaim samples per size")
+	return cmd
+}
+
+func newForkCmd(g *globals) *cobra.Command {
+	var n int
+	cmd := &cobra.Command{
+		Use:   "fork SANDBOX",
+		Short: "Make N new sandboxes starting from a sandbox as it is now (containers: its files; processes are not carried)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Sandbox(args[0]).Fork(cmd.Context(), n)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(res)
+			}
+			if !res.ProcessesCarried {
+				fmt.Fprintf(os.Stderr, "corral: forks start from %s; processes: not carried\n", res.Image)
+			}
+			failed := 0
+			for i, f := range res.Forks {
+				if f.Err != nil {
+					fmt.Fprintf(os.Stderr, "corral: fork %d: %v\n", i, f.Err)
+					failed++
+					continue
+				}
+				fmt.Println(f.Sandbox.ID())
+			}
+			if failed > 0 {
+				return &ExitError{Code: 1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVarP(&n, "count", "n", 1, "forks to make (1 to 64)")
+	return cmd
+}
