@@ -26,6 +26,8 @@ var (
 	layerDir string // busybox rootfs, the one read-only layer
 	tmpRoot  string
 	cgParent string
+	// needRoot, when set, is why every test that makes a sandbox skips.
+	needRoot string
 )
 
 func TestMain(m *testing.M) {
@@ -34,8 +36,8 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	if os.Geteuid() != 0 {
-		fmt.Println("skipping container backend tests: need root")
-		return 0
+		needRoot = "container backend: needs root (namespaces, cgroups, mounts)"
+		return m.Run()
 	}
 	var err error
 	tmpRoot, err = os.MkdirTemp("", "corral-container-test-")
@@ -109,8 +111,8 @@ func makeBusyboxRoot(dir string) error {
 		}
 	}
 	files := map[string]string{
-		"etc/passwd":   "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\n",
-		"etc/group":    "root:x:0:\nagent:x:1000:\nextra:x:2000:agent\n",
+		"etc/passwd":   "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+		"etc/group":    "root:x:0:\nagent:x:1000:\nextra:x:2000:agent\nnogroup:x:65534:\n",
 		"etc/original": "original\n",
 	}
 	for name, content := range files {
@@ -135,6 +137,7 @@ func newID(t testing.TB) string {
 
 func newBackend(t testing.TB) *Backend {
 	t.Helper()
+	skipUnlessRoot(t)
 	b, err := New(Config{
 		RunDir:       filepath.Join(tmpRoot, "run"),
 		CgroupParent: cgParent,
@@ -157,6 +160,7 @@ var diskStore struct {
 // for the whole run, under tmpRoot/disk).
 func newDiskBackend(t testing.TB) *Backend {
 	t.Helper()
+	skipUnlessRoot(t)
 	diskStore.Do(func() {
 		diskStore.s, diskStore.err = diskimg.Open(context.Background(), diskimg.Config{Dir: diskDir()})
 	})
@@ -176,6 +180,13 @@ func newDiskBackend(t testing.TB) *Backend {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func skipUnlessRoot(t testing.TB) {
+	t.Helper()
+	if needRoot != "" {
+		t.Skip(needRoot)
+	}
 }
 
 func diskDir() string { return filepath.Join(tmpRoot, "disk") }

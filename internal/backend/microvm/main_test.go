@@ -23,14 +23,16 @@ var (
 	agentPath string
 	layers    []string
 	disks     []backend.LayerDisk
+	// needRoot, when set, is why every test that boots a guest skips.
+	needRoot string
 )
 
 func TestMain(m *testing.M) { os.Exit(setup(m)) }
 
 func setup(m *testing.M) int {
 	if os.Geteuid() != 0 {
-		fmt.Println("skipping microvm tests: need root (layer mounts)")
-		return 0
+		needRoot = "microvm backend: needs root (layer mounts, VMM processes)"
+		return m.Run()
 	}
 	var err error
 	tmpRoot, err = os.MkdirTemp("", "corral-microvm-test-")
@@ -65,6 +67,7 @@ func setup(m *testing.M) int {
 // lacks QEMU or a guest kernel.
 func newBackend(t *testing.T, mutate ...func(*Config)) *Backend {
 	t.Helper()
+	skipUnlessRoot(t)
 	bb, err := image.StaticBusybox()
 	if err != nil {
 		t.Skip(err)
@@ -81,6 +84,13 @@ func newBackend(t *testing.T, mutate ...func(*Config)) *Backend {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func skipUnlessRoot(t *testing.T) {
+	t.Helper()
+	if needRoot != "" {
+		t.Skip(needRoot)
+	}
 }
 
 var specSeq int
