@@ -47,8 +47,9 @@ type Spec struct {
 }
 
 // Network is a sandbox's network policy: Mode "none", "allowlist" or
-// "open", and allow rules in the syntax of netpolicy.ParseRule. The backend
-// validates it (errors name network.mode and network.allow[i]).
+// "open", and allow rules in the syntax of netpolicy.ParseRule. The node
+// checks it (netpolicy.Check: errors name network.mode and
+// network.allow[i]); the backend expands presets and enforces it.
 type Network struct {
 	Mode  string
 	Allow []string

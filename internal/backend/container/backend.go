@@ -4,8 +4,9 @@
 // from an UpperStore (host dirs, or an ext4 disk device that init mounts
 // inside the sandbox). It owns the sandbox's run dir (control socket, rootfs
 // and disk mount points), cgroups and init process, and delegates file
-// operations to safefs. It imports backend, errdefs, safefs and the runtime
-// packages; never the node, control, state or API layers, nor the stores.
+// operations to safefs. It imports backend, errdefs, safefs, loopdev,
+// netpolicy and the runtime packages; never the node, control, state or API
+// layers, nor the image, blob, quota or disk stores (internal/deptest).
 package container
 
 import (

@@ -153,9 +153,6 @@ func (c *creation) makeNetwork(ctx context.Context) error {
 		return err
 	}
 	if mode == netpolicy.ModeNone {
-		if len(c.spec.Network.Allow) > 0 {
-			return errdefs.InvalidArgument("network.allow: mode none takes no rules (use allowlist)")
-		}
 		return nil
 	}
 	if c.b.cfg.Network == nil {

@@ -8,8 +8,9 @@
 // and serves exec and file calls (internal/agentproto) over virtio-serial
 // or vsock. Everything of a sandbox lives in its run dir <RunDir>/<id>.
 //
-// It imports backend, agentproto, errdefs and runtime/launch; never the
-// node, control, state or API layers.
+// It imports backend, agentproto, errdefs, netpolicy and runtime/launch;
+// never the node, control, state or API layers, nor the image or blob
+// stores (internal/deptest).
 package microvm
 
 import (
@@ -216,9 +217,6 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	mode, err := netpolicy.ParseMode(spec.Network.Mode)
 	if err != nil {
 		return nil, err
-	}
-	if mode == netpolicy.ModeNone && len(spec.Network.Allow) > 0 {
-		return nil, errdefs.InvalidArgument("network.allow: mode none takes no rules (use allowlist)")
 	}
 	if mode != netpolicy.ModeNone {
 		if b.cfg.Network == nil {
