@@ -136,11 +136,11 @@ func TestDiskCreateFailureAtEachStep(t *testing.T) {
 	b := newDiskBackend(t)
 	defer func() { failStep = "" }()
 	for _, st := range createSteps {
-		failStep = st.name
+		failStep = st.Name
 		spec := defaultSpec(newID(t))
 		withDisk(4*mib, 100)(&spec)
-		if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), st.name) {
-			t.Fatalf("step %s: want injected failure, got %v", st.name, err)
+		if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), st.Name) {
+			t.Fatalf("step %s: want injected failure, got %v", st.Name, err)
 		}
 		assertDiskGone(t, b, spec.ID, 0)
 	}

@@ -73,17 +73,17 @@ func TestNetworkedCreateFailureAtEachStep(t *testing.T) {
 	}
 	defer func() { failStep = "" }()
 	for _, st := range createSteps {
-		failStep = st.name
+		failStep = st.Name
 		spec := defaultSpec(newID(t))
 		allow(&spec)
-		if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), st.name) {
-			t.Fatalf("step %s: want injected failure, got %v", st.name, err)
+		if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), st.Name) {
+			t.Fatalf("step %s: want injected failure, got %v", st.Name, err)
 		}
 		assertGone(t, b, spec.ID, 0)
 		// At most the pool's ready namespace and the one its filler
 		// holds until there is room.
 		if ports := bridgePorts(t, lab); len(ports) > 2 {
-			t.Errorf("step %s: veths left: %v", st.name, ports)
+			t.Errorf("step %s: veths left: %v", st.Name, ports)
 		}
 	}
 	failStep = ""

@@ -29,7 +29,8 @@ type firecracker struct {
 
 const vmStateFile = "vmstate.snap" // Firecracker's device state beside snapshotFile
 
-func (f *firecracker) Name() string { return "firecracker" }
+func (f *firecracker) Name() string     { return "firecracker" }
+func (f *firecracker) Caps() driverCaps { return driverCaps{Vsock: true} }
 
 // client is an HTTP client whose every request goes to the API socket.
 func (f *firecracker) client(m *machine) *http.Client {

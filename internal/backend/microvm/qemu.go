@@ -21,7 +21,8 @@ type qemu struct {
 	bin string
 }
 
-func (q *qemu) Name() string { return "qemu" }
+func (q *qemu) Name() string     { return "qemu" }
+func (q *qemu) Caps() driverCaps { return driverCaps{Network: true} }
 
 // qemuArgs is the command line of m; restore adds -incoming.
 func (q *qemu) args(m *machine, restore bool) []string {
