@@ -69,8 +69,8 @@ type suite struct {
 }
 
 // Run runs every conformance subtest against the harness's backend. They
-// share one sandbox and run in order; RestartRecovery comes last because
-// it removes that sandbox.
+// share one sandbox and run in order (Resettable and Stop make their own);
+// RestartRecovery comes last because it removes the shared one.
 func Run(t *testing.T, h Harness) {
 	st := &suite{h: h, b: h.New(t)}
 	t.Run("CreateErrors", st.createErrors)
@@ -97,6 +97,7 @@ func Run(t *testing.T, h Harness) {
 		{"PausedStandsStill", st.pausedStandsStill},
 		{"DuplicateID", st.duplicateID},
 		{"Resettable", st.resettable},
+		{"Stop", st.stop},
 		{"RestartRecovery", st.restartRecovery},
 	} {
 		t.Run(sub.name, sub.fn)
@@ -141,13 +142,16 @@ func (st *suite) assertGone(t *testing.T, id string) {
 	}
 }
 
-// result is one command's end and output.
-type result struct {
+// Result is one command's end and output.
+type Result struct {
 	backend.ExecResult
-	stdout, stderr string
+	Stdout, Stderr string
 }
 
-func (st *suite) tryRun(ctx context.Context, spec backend.ExecSpec) (result, error) {
+// Exec runs spec on s and collects its output, filling in what the node
+// would: PATH and HOME, cwd "/" and a 1 MiB output cap. Backend tests use
+// it too.
+func Exec(ctx context.Context, s backend.Sandbox, spec backend.ExecSpec) (Result, error) {
 	if spec.Env == nil {
 		spec.Env = []string{"PATH=/bin:/usr/bin:/sbin:/usr/sbin", "HOME=/root"}
 	}
@@ -159,17 +163,28 @@ func (st *suite) tryRun(ctx context.Context, spec backend.ExecSpec) (result, err
 	}
 	var mu sync.Mutex
 	var out, errb bytes.Buffer
-	res, err := st.s.Exec(ctx, spec, func(s backend.Stream, p []byte) error {
+	res, err := s.Exec(ctx, spec, func(st backend.Stream, p []byte) error {
 		mu.Lock()
 		defer mu.Unlock()
-		if s == backend.Stdout {
+		if st == backend.Stdout {
 			out.Write(p)
 		} else {
 			errb.Write(p)
 		}
 		return nil
 	})
-	return result{res, out.String(), errb.String()}, err
+	return Result{res, out.String(), errb.String()}, err
+}
+
+// result is one command's end and output.
+type result struct {
+	backend.ExecResult
+	stdout, stderr string
+}
+
+func (st *suite) tryRun(ctx context.Context, spec backend.ExecSpec) (result, error) {
+	r, err := Exec(ctx, st.s, spec)
+	return result{r.ExecResult, r.Stdout, r.Stderr}, err
 }
 
 func (st *suite) run(t *testing.T, spec backend.ExecSpec) result {
@@ -653,6 +668,40 @@ func (st *suite) resettable(t *testing.T) {
 	}
 	if _, err := s.Stat(st.ctx(t), "/tmp/call1"); !errdefs.IsNotFound(err) {
 		t.Errorf("a file of the call before the reset: %v; want not found", err)
+	}
+}
+
+// stop: Stop ends every process of a sandbox (Done closes), later calls
+// fail as a failed precondition, a second Stop is a no-op, and Cleanup
+// then leaves nothing.
+func (st *suite) stop(t *testing.T) {
+	spec := st.h.Spec(t)
+	s, err := st.b.Create(st.ctx(t), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.cleanup(t, spec.ID, s.Record()) })
+	if _, err := s.Exec(st.ctx(t), backend.ExecSpec{Argv: []string{"/bin/sh", "-c", "sleep 1000 >/dev/null 2>&1 &"},
+		Env: []string{"PATH=/bin:/usr/bin"}, Cwd: "/", OutputLimit: 1 << 10}, func(backend.Stream, []byte) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := s.Stop(st.ctx(t)); err != nil {
+			t.Fatalf("stop %d: %v", i+1, err)
+		}
+	}
+	select {
+	case <-s.Done():
+	case <-time.After(st.h.timeout()):
+		t.Fatal("Done not closed after Stop")
+	}
+	_, err = s.Exec(st.ctx(t), backend.ExecSpec{Argv: []string{"true"}, Env: []string{"PATH=/bin"}, Cwd: "/"},
+		func(backend.Stream, []byte) error { return nil })
+	if !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("exec after Stop: %v; want failed precondition", err)
+	}
+	if _, err := s.Stat(st.ctx(t), "/"); err == nil {
+		t.Error("stat after Stop succeeded")
 	}
 }
 

@@ -11,13 +11,28 @@ import (
 )
 
 // TestConformance runs the backend conformance suite: every backend's
-// shared behaviour (exec, files, limits, pause, errors, cleanup, restart).
+// shared behaviour (exec, files, limits, pause, errors, cleanup, restart),
+// over both writable-layer stores a node may use.
 func TestConformance(t *testing.T) {
-	b := newBackend(t)
-	backendtest.Run(t, backendtest.Harness{
-		New:       func(t *testing.T) backend.Backend { return newBackend(t) },
-		Spec:      func(t *testing.T) backend.Spec { return defaultSpec(newID(t)) },
-		Leftovers: func(id string) []string { return leftovers(b, id) },
+	t.Run("dir", func(t *testing.T) {
+		b := newBackend(t)
+		backendtest.Run(t, backendtest.Harness{
+			New:       func(t *testing.T) backend.Backend { return newBackend(t) },
+			Spec:      func(t *testing.T) backend.Spec { return defaultSpec(newID(t)) },
+			Leftovers: func(id string) []string { return leftovers(b, id) },
+		})
+	})
+	t.Run("ext4-image", func(t *testing.T) {
+		b := newDiskBackend(t)
+		backendtest.Run(t, backendtest.Harness{
+			New: func(t *testing.T) backend.Backend { return newDiskBackend(t) },
+			Spec: func(t *testing.T) backend.Spec {
+				spec := defaultSpec(newID(t))
+				withDisk(64<<20, 16384)(&spec)
+				return spec
+			},
+			Leftovers: func(id string) []string { return append(leftovers(b, id), diskLeftovers(id)...) },
+		})
 	})
 }
 

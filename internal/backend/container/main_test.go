@@ -1,7 +1,6 @@
 package container
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/backend/backendtest"
 	"github.com/corral-dev/corral/internal/diskimg"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
@@ -233,6 +233,16 @@ func newSandbox(t testing.TB, b *Backend, mod func(*backend.Spec)) backend.Sandb
 	return s
 }
 
+// createBare creates a sandbox whose removal is the test's own business.
+func createBare(t testing.TB, b *Backend, spec backend.Spec) backend.Sandbox {
+	t.Helper()
+	s, err := b.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // result of one command run through Exec.
 type result struct {
 	backend.ExecResult
@@ -252,25 +262,8 @@ func tryRun(ctx context.Context, s backend.Sandbox, spec backend.ExecSpec) (resu
 	if spec.Env == nil {
 		spec.Env = []string{"PATH=/bin", "HOME=/root"}
 	}
-	if spec.Cwd == "" {
-		spec.Cwd = "/"
-	}
-	if spec.OutputLimit == 0 {
-		spec.OutputLimit = 1 << 20
-	}
-	var mu sync.Mutex
-	var out, errb bytes.Buffer
-	res, err := s.Exec(ctx, spec, func(st backend.Stream, p []byte) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if st == backend.Stdout {
-			out.Write(p)
-		} else {
-			errb.Write(p)
-		}
-		return nil
-	})
-	return result{res, out.String(), errb.String()}, err
+	r, err := backendtest.Exec(ctx, s, spec)
+	return result{r.ExecResult, r.Stdout, r.Stderr}, err
 }
 
 func sh(t testing.TB, s backend.Sandbox, script string) result {

@@ -3,13 +3,10 @@ package microvm
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 
 	"github.com/corral-dev/corral/internal/backend"
-	"github.com/corral-dev/corral/internal/netpolicy"
-	"github.com/corral-dev/corral/internal/netpolicy/netlab"
 )
 
 // TestCreateFailureAtEachStep: a create that fails at any step (a failure
@@ -36,7 +33,11 @@ func TestCreateFailureAtEachStep(t *testing.T) {
 			}
 			// At most the pool's ready namespace and the one its filler
 			// holds until there is room.
-			if ports := vethPorts(t, lab); len(ports) > 2 {
+			ports, err := lab.SandboxVeths()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ports) > 2 {
 				t.Errorf("step %s (networked %v): veths left: %v", st.Name, networked, ports)
 			}
 		}
@@ -51,23 +52,4 @@ func TestCreateFailureAtEachStep(t *testing.T) {
 	for _, l := range leftovers(b.cfg.RunDir, spec.ID) {
 		t.Errorf("cancelled create: left on the host: %s", l)
 	}
-}
-
-// vethPorts are the sandbox veths in the lab's node namespace.
-func vethPorts(t *testing.T, lab *netlab.Lab) []string {
-	t.Helper()
-	var out []string
-	err := netpolicy.InNetns(lab.Node, func() error {
-		ifs, err := net.Interfaces()
-		for _, i := range ifs {
-			if strings.HasPrefix(i.Name, "cr") {
-				out = append(out, i.Name)
-			}
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }

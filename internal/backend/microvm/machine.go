@@ -134,3 +134,17 @@ type driverCaps struct {
 	// otherwise a virtio-serial port.
 	Vsock bool
 }
+
+// adopt watches the VMM process p just started (with SysProcAttr.PidFD
+// set to pidfd) and records it in m; on failure p is killed and reaped.
+func (m *machine) adopt(p *os.Process, pidfd int) (*launch.Process, error) {
+	proc, err := launch.Adopt(p.Pid, pidfd)
+	if err != nil {
+		_ = p.Kill()
+		_, _ = p.Wait()
+		return nil, err
+	}
+	_ = p.Release()
+	m.Pid, m.StartTime = proc.Pid, proc.StartTime
+	return proc, nil
+}

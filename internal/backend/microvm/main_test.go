@@ -1,7 +1,6 @@
 package microvm
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/backend/backendtest"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
 )
@@ -146,17 +146,9 @@ func run(t *testing.T, sb backend.Sandbox, spec backend.ExecSpec) (backend.ExecR
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var out, errb bytes.Buffer
-	res, err := sb.Exec(ctx, spec, func(s backend.Stream, p []byte) error {
-		if s == backend.Stdout {
-			out.Write(p)
-		} else {
-			errb.Write(p)
-		}
-		return nil
-	})
+	r, err := backendtest.Exec(ctx, sb, spec)
 	if err != nil {
 		t.Fatalf("exec %q: %v", spec.Argv, err)
 	}
-	return res, out.String(), errb.String()
+	return r.ExecResult, r.Stdout, r.Stderr
 }
