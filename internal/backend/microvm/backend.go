@@ -117,15 +117,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.AgentPath == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("microvm backend: find corral-agent: %w", err)
-		}
-		cfg.AgentPath = filepath.Join(filepath.Dir(exe), "corral-agent")
-	}
-	if _, err := os.Stat(cfg.AgentPath); err != nil {
-		return nil, errdefs.NotSupported("microvm backend: corral-agent: %v (needs the static binary beside corral or Config.AgentPath)", err)
+	var err error
+	if cfg.AgentPath, err = backend.SandboxBinary(cfg.AgentPath, "corral-agent", "Config.AgentPath"); err != nil {
+		return nil, fmt.Errorf("microvm backend: %w", err)
 	}
 	if cfg.Kernel == "" {
 		k, mods, err := findKernel()
