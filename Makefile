@@ -32,7 +32,7 @@ lint:
 clean:
 	rm -rf bin
 
-# The red-team suite (THREATS.md): runs the probe in sandboxes of every
+# The red-team suite (docs/THREATS.md): runs the probe in sandboxes of every
 # available backend, checks the host side and noisy neighbours, and prints
 # the table attempt × backend → blocked / expected / GAP / FAILED. As root.
 redteam:

@@ -3,6 +3,7 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -15,10 +16,15 @@ import (
 // addr is the live server the examples talk to, started by TestMain.
 var addr string
 
+const needRoot = "client examples: need root to start a server (namespaces, cgroups, mounts)"
+
 func TestMain(m *testing.M) {
 	if os.Geteuid() != 0 {
-		fmt.Println("client examples need root to start a server; skipping")
-		os.Exit(0)
+		// An example cannot skip itself: run only the test that says why,
+		// so the run reports a skip instead of a pass.
+		flag.Parse()
+		_ = flag.Set("test.run", "^TestExamplesHaveAServer$")
+		os.Exit(m.Run())
 	}
 	srv, err := testenv.Start(slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -34,6 +40,17 @@ func TestMain(m *testing.M) {
 	testenv.RemoveCgroupParent(srv.Config.CgroupParent)
 	os.RemoveAll(srv.Config.DataDir)
 	os.Exit(code)
+}
+
+// TestExamplesHaveAServer skips, with the reason, where the examples
+// cannot run; elsewhere it checks that TestMain started their server.
+func TestExamplesHaveAServer(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip(needRoot)
+	}
+	if addr == "" {
+		t.Fatal("no server address for the examples")
+	}
 }
 
 // Create a sandbox, run a command in it and delete it.

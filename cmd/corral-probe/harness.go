@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// harnessAttempts are THREATS.md's "reward hacking and harness tampering"
+// harnessAttempts are docs/THREATS.md's "reward hacking and harness tampering"
 // rows: look for the harness, forge a request to it, read other sandboxes.
 func harnessAttempts(in Input) {
 	var sockets []string

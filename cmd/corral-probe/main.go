@@ -1,6 +1,6 @@
 // Command corral-probe is the red-team probe: a static binary the red-team
 // suite (internal/redteam) copies into a sandbox and runs as root there. It
-// makes every attempt of THREATS.md that can be made from inside a sandbox
+// makes every attempt of docs/THREATS.md that can be made from inside a sandbox
 // and prints one JSON line per attempt:
 //
 //	{"name":"ioctl/xfs-goingdown","outcome":"blocked","errno":"EPERM","detail":"..."}

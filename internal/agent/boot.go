@@ -6,7 +6,8 @@
 // vsock. It writes diagnostics only to the kernel console (/dev/console,
 // a file on the node) and never to a file inside the guest.
 //
-// It imports agentproto, safefs, errdefs and the backend types only.
+// It imports agentproto, safefs, errdefs, runtime/guestexec and the backend
+// types only.
 package agent
 
 import (

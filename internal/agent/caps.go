@@ -8,28 +8,11 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/runtime/guestexec"
 )
 
-// commandCaps are the capabilities a command in the guest can hold: the
-// container backend's set (initproc.DefaultCaps; a test keeps them equal).
-// Guest root keeps what an ordinary container root has, and loses what
-// would reach the agent or the guest kernel itself: SYS_PTRACE (the
-// agent's memory and fds, hence its secret and channel), SYS_ADMIN (mounts,
-// including the read-only shell), SYS_MODULE, SYS_RAWIO (/proc/kcore,
-// /dev/mem), SYS_BOOT (kexec), MKNOD, NET_RAW, SYSLOG, BPF, PERFMON …
-var commandCaps = []uintptr{
-	unix.CAP_CHOWN,
-	unix.CAP_DAC_OVERRIDE,
-	unix.CAP_FOWNER,
-	unix.CAP_FSETID,
-	unix.CAP_KILL,
-	unix.CAP_SETGID,
-	unix.CAP_SETUID,
-	unix.CAP_SETFCAP,
-	unix.CAP_NET_BIND_SERVICE,
-}
-
-// dropBounding removes every other capability from the bounding set of
+// dropBounding removes every capability but guestexec.Caps from the bounding set of
 // all the agent's threads, so that no command it starts (root, setuid
 // binaries and file capabilities included) can hold one. The agent keeps
 // its own permitted set for its file operations.
@@ -43,7 +26,7 @@ func dropBounding() error {
 		return fmt.Errorf("cap_last_cap: %w", err)
 	}
 	keep := map[uintptr]bool{}
-	for _, c := range commandCaps {
+	for _, c := range guestexec.Caps {
 		keep[c] = true
 	}
 	for c := uintptr(0); c <= uintptr(last); c++ {

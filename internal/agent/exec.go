@@ -7,7 +7,6 @@ import (
 	"math"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -17,7 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentproto"
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/runtime/passwd"
+	"github.com/corral-dev/corral/internal/runtime/guestexec"
 )
 
 // drainWait bounds how long output is read after the command exited: a
@@ -79,12 +78,16 @@ func (s *server) exec(fs *agentproto.Stream, req *agentproto.Exec) {
 		replyErr(fs, errdefs.InvalidArgument("exec: argv must not be empty"))
 		return
 	}
-	cred, err := lookupUser(req.User)
+	cred, err := guestexec.User(req.User)
 	if err != nil {
 		replyErr(fs, err)
 		return
 	}
-	argv0, err := lookPath(req.Argv[0], req.Env)
+	if req.Cwd, err = guestexec.Cwd(req.Cwd); err != nil {
+		replyErr(fs, err)
+		return
+	}
+	argv0, err := guestexec.LookPath(req.Argv[0], req.Env)
 	if err != nil {
 		replyErr(fs, err)
 		return
@@ -114,12 +117,8 @@ func (s *server) exec(fs *agentproto.Stream, req *agentproto.Exec) {
 		return
 	}
 	oomBefore := oomKills()
-	cwd := req.Cwd
-	if cwd == "" {
-		cwd = "/"
-	}
 	attr := &syscall.ProcAttr{
-		Dir:   cwd,
+		Dir:   req.Cwd,
 		Env:   req.Env,
 		Files: []uintptr{stdinR.Fd(), outW.Fd(), errW.Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true, Credential: cred},
@@ -134,7 +133,7 @@ func (s *server) exec(fs *agentproto.Stream, req *agentproto.Exec) {
 		if stdinW != nil {
 			stdinW.Close()
 		}
-		replyErr(fs, startError(req.Argv[0], cwd, err))
+		replyErr(fs, startError(req.Argv[0], err))
 		return
 	}
 	if req.CPUSeconds > 0 {
@@ -249,48 +248,12 @@ func oomKills() uint64 {
 	return 0
 }
 
-func startError(argv0, cwd string, err error) error {
+func startError(argv0 string, err error) error {
 	switch {
 	case errors.Is(err, unix.ENOENT):
-		if _, serr := os.Stat(cwd); serr != nil {
-			return errdefs.NotFound("exec: cwd %s: %v", cwd, serr)
-		}
-		return errdefs.NotFound("exec: %s: no such file", argv0)
+		return errdefs.NotFound("exec: %s: no such file (or its interpreter)", argv0)
 	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
 		return errdefs.PermissionDenied("exec: %s: %v", argv0, err)
 	}
 	return fmt.Errorf("exec %s: %w", argv0, err)
-}
-
-// lookPath resolves a command name without a slash on the PATH of env.
-func lookPath(name string, env []string) (string, error) {
-	if strings.Contains(name, "/") {
-		return name, nil
-	}
-	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
-			path = v
-		}
-	}
-	for _, dir := range strings.Split(path, ":") {
-		if dir == "" {
-			dir = "."
-		}
-		p := dir + "/" + name
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", errdefs.NotFound("exec: %s: not found in PATH", name)
-}
-
-// lookupUser turns "", "name", "uid" or "uid:gid" (the group by name or
-// number) into credentials from the guest's /etc/passwd and /etc/group.
-func lookupUser(user string) (*syscall.Credential, error) {
-	cred, err := passwd.Lookup("", user)
-	if nf := (*passwd.NotFoundError)(nil); errors.As(err, &nf) {
-		return nil, errdefs.NotFound("%v", err)
-	}
-	return cred, err
 }

@@ -90,7 +90,7 @@ func okOrErr(fs *agentproto.Stream, err error) {
 
 func toProto(fi backend.FileInfo) agentproto.FileInfo {
 	return agentproto.FileInfo{Name: fi.Name, Path: fi.Path, Size: fi.Size, Mode: fi.Mode,
-		ModTime: fi.ModTime, UID: fi.UID, GID: fi.GID}
+		ModTime: fi.ModTime, UID: fi.UID, GID: fi.GID, LinkTarget: fi.LinkTarget}
 }
 
 // frameReader reads KindData frames until KindEOF.

@@ -14,6 +14,8 @@
 //
 //	1 (2026-11-30): ping, exec (streamed stdio, signals, exit), file
 //	  operations (write, read, list, stat, remove, mkdir), detach.
+//	1 (2026-12-01): FileInfo carries link_target, optional (an older
+//	  agent omits it), so the version stays.
 package agentproto
 
 import (
@@ -123,6 +125,8 @@ type FileInfo struct {
 	ModTime time.Time   `json:"mtime"`
 	UID     uint32      `json:"uid"`
 	GID     uint32      `json:"gid"`
+	// LinkTarget is a symlink's target as stored.
+	LinkTarget string `json:"link_target,omitempty"`
 }
 
 // Reply is an agent -> node message.

@@ -2,7 +2,10 @@
 // technologies: every backend (container, fncall, microvm, vm) implements
 // Backend, and every sandbox it makes implements Sandbox. The node owns
 // records, TTLs and routing; a backend owns processes, mounts, cgroups and
-// devices. Packages here must not import the node, control or API layers.
+// devices. It also holds what every backend's Create shares: the table of
+// undoable steps (Step, Undo, RunSteps) and SandboxBinary. It imports
+// errdefs only; packages here must not import the node, control or API
+// layers (internal/deptest).
 package backend
 
 import (
@@ -54,8 +57,9 @@ type Spec struct {
 }
 
 // Network is a sandbox's network policy: Mode "none", "allowlist" or
-// "open", and allow rules in the syntax of netpolicy.ParseRule. The backend
-// validates it (errors name network.mode and network.allow[i]).
+// "open", and allow rules in the syntax of netpolicy.ParseRule. The node
+// checks it (netpolicy.Check: errors name network.mode and
+// network.allow[i]); the backend expands presets and enforces it.
 type Network struct {
 	Mode  string
 	Allow []string

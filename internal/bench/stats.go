@@ -1,5 +1,5 @@
 // Package bench measures corral against a live server, each figure beside a
-// peer measured in the same run on the same machine (DESIGN §1.6): runc for
+// peer measured in the same run on the same machine (docs/ARCHITECTURE.md §1): runc for
 // the container lifecycle, a plain fork/exec for exec latency, the host's
 // MemAvailable for density. It drives the server only through the Go SDK
 // (package client) and must not import the server's internal packages —

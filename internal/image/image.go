@@ -10,8 +10,9 @@
 // sandbox, a composition or an image are never deleted; GC removes the
 // rest (refs.go). Nothing here leaves a half-made layer behind.
 //
-// The package may import internal/errdefs only; nothing here knows about
-// sandboxes, the node or the API.
+// It imports errdefs, blob, mountinfo and the backend package's types
+// (LayerDisk); never a backend implementation, the node or the API
+// (internal/deptest): nothing here knows about sandboxes.
 package image
 
 import (

@@ -3,7 +3,8 @@
 // manifest, metadata and a layer record), lets a node learn a layer it
 // does not have from its record and metadata alone, and serves the blobs
 // of such layers as lazily fetched files (package lazyblob), watching for
-// fetch faults. It is the glue between image, blob and lazyblob.
+// fetch faults. It is the glue between image, blob and lazyblob, and
+// imports those and errdefs only; never a backend, the node or the API.
 package layershare
 
 import (

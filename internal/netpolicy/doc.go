@@ -4,6 +4,7 @@
 // sandbox's cgroup v2 directory that decide every connect, send and packet,
 // and the DNS proxy that is a sandbox's only resolver and writes the
 // addresses of allowed names into that sandbox's maps before it answers.
-// It imports errdefs and the libraries it drives (cilium/ebpf, netlink,
-// nftables, miekg/dns); never the backend, node or API layers.
+// It imports errdefs, the backend package's types (NetworkStats) and the
+// libraries it drives (cilium/ebpf, netlink, nftables, miekg/dns); never a
+// backend implementation, the node or the API layers (internal/deptest).
 package netpolicy

@@ -351,26 +351,13 @@ type Record struct {
 // sandbox's init must be started inside Sandbox.Netns. On error nothing
 // remains.
 func (m *Manager) Attach(ctx context.Context, id, cgroupDir string, p Policy) (*Sandbox, error) {
-	rules, err := Validate(p, m.cfg.Presets)
-	if err != nil {
-		return nil, err
-	}
-	if p.Mode == ModeNone {
-		return nil, errdefs.InvalidArgument("network.mode: none needs no network (use the sandbox's own loopback namespace)")
-	}
 	if cgroupDir == "" {
 		return nil, errdefs.NotSupported("network: no cgroup v2 directory for the eBPF programs (needs a cgroup2 mount)")
 	}
-	if err := m.ensure(); err != nil {
+	sb, s, err := m.attach(ctx, id, p, false)
+	if err != nil {
 		return nil, err
 	}
-	s, err := m.take(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("network: %w", err)
-	}
-	sb := &Sandbox{m: m, id: id, index: s.index, addr4: s.addr4, addr6: s.addr6, hostVeth: s.hostVeth,
-		ns: s.ns, filter: s.filter, mode: p.Mode, allow: slices.Clone(p.Allow), rules: rules,
-		learned: map[netip.Addr]learned{}, refusedNames: map[string]uint64{}}
 	// The rules go in before the programs: from the first packet on, the
 	// sandbox meets its policy, never an empty (all-denying) map or none.
 	if err := sb.sync(); err != nil {
@@ -383,6 +370,30 @@ func (m *Manager) Attach(ctx context.Context, id, cgroupDir string, p Policy) (*
 	}
 	m.register(sb)
 	return sb, nil
+}
+
+// attach is the part Attach and AttachVM share: the policy checked and its
+// presets expanded, the node side ready, and a pooled namespace taken for
+// sandbox id (the caller frees the slot if it fails later).
+func (m *Manager) attach(ctx context.Context, id string, p Policy, vm bool) (*Sandbox, *slot, error) {
+	rules, err := Validate(p, m.cfg.Presets)
+	if err != nil {
+		return nil, nil, err
+	}
+	if p.Mode == ModeNone {
+		return nil, nil, errdefs.InvalidArgument("network.mode: none needs no network (the sandbox keeps its own loopback namespace)")
+	}
+	if err := m.ensure(); err != nil {
+		return nil, nil, err
+	}
+	s, err := m.take(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("network: %w", err)
+	}
+	sb := &Sandbox{m: m, id: id, index: s.index, addr4: s.addr4, addr6: s.addr6, hostVeth: s.hostVeth,
+		ns: s.ns, filter: s.filter, mode: p.Mode, allow: slices.Clone(p.Allow), rules: rules,
+		learned: map[netip.Addr]learned{}, refusedNames: map[string]uint64{}, vm: vm}
+	return sb, s, nil
 }
 
 func (m *Manager) register(sb *Sandbox) {

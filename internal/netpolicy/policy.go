@@ -310,24 +310,38 @@ func (r Rule) portEntries() []entry {
 	return out
 }
 
-// Validate parses every rule of p, expands presets from presets and returns
-// the rules; errors name the field and the offending rule.
-func Validate(p Policy, presets map[string][]string) ([]Rule, error) {
-	if _, err := ParseMode(string(p.Mode)); err != nil {
-		return nil, err
+// Check is the one check of a policy as a caller gives it: the mode, the
+// number of rules, no rules for mode none, and each rule's syntax (presets
+// are not expanded). The node runs it on every create and update; errors
+// name the field and the offending rule.
+func Check(p Policy) error {
+	mode, err := ParseMode(string(p.Mode))
+	if err != nil {
+		return err
 	}
 	if len(p.Allow) > maxRules {
-		return nil, errdefs.InvalidArgument("network.allow: %d rules, at most %d", len(p.Allow), maxRules)
+		return errdefs.InvalidArgument("network.allow: %d rules, at most %d", len(p.Allow), maxRules)
 	}
-	if p.Mode == ModeNone && len(p.Allow) > 0 {
-		return nil, errdefs.InvalidArgument("network.allow: mode none takes no rules (use allowlist)")
+	if mode == ModeNone && len(p.Allow) > 0 {
+		return errdefs.InvalidArgument("network.allow: mode none takes no rules (use allowlist)")
+	}
+	for i, s := range p.Allow {
+		if _, err := ParseRule(s); err != nil {
+			return errdefs.InvalidArgument("network.allow[%d]: %v", i, err)
+		}
+	}
+	return nil
+}
+
+// Validate checks p (see Check), expands presets from presets and returns
+// the rules.
+func Validate(p Policy, presets map[string][]string) ([]Rule, error) {
+	if err := Check(p); err != nil {
+		return nil, err
 	}
 	var out []Rule
 	for i, s := range p.Allow {
-		r, err := ParseRule(s)
-		if err != nil {
-			return nil, errdefs.InvalidArgument("network.allow[%d]: %v", i, err)
-		}
+		r, _ := ParseRule(s) // Check parsed it
 		if r.Preset == "" {
 			out = append(out, r)
 			continue

@@ -7,15 +7,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"slices"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/corral-dev/corral/internal/errdefs"
 )
 
 // Guest is what a microVM's agent configures on its eth0.
@@ -36,23 +33,10 @@ const tapName = "tap0"
 // program on the node-side veth enforces p from the first frame on. On
 // error nothing remains.
 func (m *Manager) AttachVM(ctx context.Context, id string, p Policy) (*Sandbox, error) {
-	rules, err := Validate(p, m.cfg.Presets)
+	sb, s, err := m.attach(ctx, id, p, true)
 	if err != nil {
 		return nil, err
 	}
-	if p.Mode == ModeNone {
-		return nil, errdefs.InvalidArgument("network.mode: none needs no network")
-	}
-	if err := m.ensure(); err != nil {
-		return nil, err
-	}
-	s, err := m.take(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("network: %w", err)
-	}
-	sb := &Sandbox{m: m, id: id, index: s.index, addr4: s.addr4, addr6: s.addr6, hostVeth: s.hostVeth,
-		ns: s.ns, filter: s.filter, mode: p.Mode, allow: slices.Clone(p.Allow), rules: rules,
-		learned: map[netip.Addr]learned{}, refusedNames: map[string]uint64{}, vm: true}
 	fail := func(err error) (*Sandbox, error) {
 		if sb.tap != nil {
 			sb.tap.Close()

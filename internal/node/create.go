@@ -294,20 +294,8 @@ func mergeEnv(base, overrides []string) []string {
 	return out
 }
 
-// checkNetwork checks the mode and the rules' syntax; presets are the
-// backend's to expand.
+// checkNetwork checks the mode and the rules' syntax (netpolicy.Check, the
+// one place of these rules); presets are the backend's to expand.
 func checkNetwork(nw backend.Network) error {
-	mode, err := netpolicy.ParseMode(nw.Mode)
-	if err != nil {
-		return err
-	}
-	if mode == netpolicy.ModeNone && len(nw.Allow) > 0 {
-		return errdefs.InvalidArgument("network.allow: mode none takes no rules (use allowlist)")
-	}
-	for i, s := range nw.Allow {
-		if _, err := netpolicy.ParseRule(s); err != nil {
-			return errdefs.InvalidArgument("network.allow[%d]: %v", i, err)
-		}
-	}
-	return nil
+	return netpolicy.Check(netpolicy.Policy{Mode: netpolicy.Mode(nw.Mode), Allow: nw.Allow})
 }

@@ -47,6 +47,9 @@ func (n *Node) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate) (b
 		// Mode none on a wired sandbox: every rule goes.
 		next.Allow = nil
 	}
+	if err := checkNetwork(next); err != nil {
+		return backend.Network{}, err
+	}
 	if err := nw.UpdateNetwork(ctx, next); err != nil {
 		return backend.Network{}, err
 	}

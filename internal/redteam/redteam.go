@@ -1,7 +1,7 @@
 // Package redteam is corral's red-team suite: its tests run the probe
 // (cmd/corral-probe) inside sandboxes of every backend the machine has,
 // check the host side of each sandbox, and drive the resource and noisy-
-// neighbour attacks of THREATS.md; `make redteam` runs them and prints a
+// neighbour attacks of docs/THREATS.md; `make redteam` runs them and prints a
 // table attempt × backend → blocked / expected / GAP / FAILED.
 //
 // This file holds the expected-outcome table (testdata/expected.json: one

@@ -4,8 +4,9 @@
 // from an UpperStore (host dirs, or an ext4 disk device that init mounts
 // inside the sandbox). It owns the sandbox's run dir (control socket, rootfs
 // and disk mount points), cgroups and init process, and delegates file
-// operations to safefs. It imports backend, errdefs, safefs and the runtime
-// packages; never the node, control, state or API layers, nor the stores.
+// operations to safefs. It imports backend, errdefs, safefs, loopdev,
+// netpolicy and the runtime packages; never the node, control, state or API
+// layers, nor the image, blob, quota or disk stores (internal/deptest).
 package container
 
 import (
@@ -90,15 +91,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "corral"
 	}
-	if cfg.InitPath == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("container backend: find corral-init: %w", err)
-		}
-		cfg.InitPath = filepath.Join(filepath.Dir(exe), "corral-init")
-	}
-	if _, err := os.Stat(cfg.InitPath); err != nil {
-		return nil, errdefs.NotSupported("container backend: corral-init: %v (needs the binary beside corral or Config.InitPath)", err)
+	var err error
+	if cfg.InitPath, err = backend.SandboxBinary(cfg.InitPath, "corral-init", "Config.InitPath"); err != nil {
+		return nil, fmt.Errorf("container backend: %w", err)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

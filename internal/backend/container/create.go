@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -16,18 +15,6 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/launch"
 	"github.com/corral-dev/corral/internal/runtime/userns"
 )
-
-// undoStack runs undo functions in reverse order, once.
-type undoStack []func()
-
-func (u *undoStack) push(f func()) { *u = append(*u, f) }
-
-func (u *undoStack) run() {
-	for i := len(*u) - 1; i >= 0; i-- {
-		(*u)[i]()
-	}
-	*u = nil
-}
 
 // creation carries the state shared by the create steps.
 type creation struct {
@@ -42,27 +29,21 @@ type creation struct {
 	setup  *initproto.Conn
 	ids    userns.Range
 	mounts []*os.File // for init: the root overlay, or a pool's layers
-	undo   undoStack
-	failAt string // test hook: the step that fails
-}
-
-type step struct {
-	name string
-	run  func(c *creation, ctx context.Context) error
+	undo   backend.Undo
 }
 
 // createSteps are the steps of Create, in order; each pushes its own undo.
-var createSteps = []step{
-	{"rundir", (*creation).makeRunDir},
-	{"cgroup", (*creation).makeCgroup},
-	{"network", (*creation).makeNetwork},
-	{"upper", (*creation).makeUpper},
-	{"io", (*creation).limitIO},
-	{"ids", (*creation).allocateIDs},
-	{"socket", (*creation).makeSocket},
-	{"spawn", (*creation).spawn},
-	{"mounts", (*creation).makeMounts},
-	{"ready", (*creation).waitReady},
+var createSteps = []backend.Step[*creation]{
+	{Name: "rundir", Run: (*creation).makeRunDir},
+	{Name: "cgroup", Run: (*creation).makeCgroup},
+	{Name: "network", Run: (*creation).makeNetwork},
+	{Name: "upper", Run: (*creation).makeUpper},
+	{Name: "io", Run: (*creation).limitIO},
+	{Name: "ids", Run: (*creation).allocateIDs},
+	{Name: "socket", Run: (*creation).makeSocket},
+	{Name: "spawn", Run: (*creation).spawn},
+	{Name: "mounts", Run: (*creation).makeMounts},
+	{Name: "ready", Run: (*creation).waitReady},
 }
 
 // defaultViewBytes is the writable tmpfs of a resettable sandbox without a
@@ -80,27 +61,15 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	if len(spec.Layers) == 0 {
 		return nil, errdefs.InvalidArgument("sandbox %s: layers: at least one is required", spec.ID)
 	}
-	c := &creation{b: b, spec: spec, dir: b.runDir(spec.ID), failAt: failStep}
-	timings := make([]any, 0, 2*len(createSteps))
-	for _, st := range createSteps {
-		stepStart := time.Now()
-		err := ctx.Err()
-		if err == nil && c.failAt == st.name {
-			err = fmt.Errorf("injected failure")
-		}
-		if err == nil {
-			err = st.run(c, ctx)
-		}
-		if err != nil {
-			c.undo.run()
-			return nil, fmt.Errorf("sandbox %s: %s: %w", spec.ID, st.name, err)
-		}
-		timings = append(timings, st.name, time.Since(stepStart))
+	c := &creation{b: b, spec: spec, dir: b.runDir(spec.ID)}
+	timings, err := backend.RunSteps(ctx, c, createSteps, &c.undo, failStep)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	s := b.newSandbox(spec.ID, c.group, c.proc, c.net, c.ids)
 	if spec.Resettable {
 		if err := s.startPool(); err != nil {
-			c.undo.run()
+			c.undo.Run()
 			return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 	}
@@ -115,7 +84,7 @@ func (c *creation) makeRunDir(ctx context.Context) error {
 		}
 		return err
 	}
-	c.undo.push(func() { _ = c.b.removeRunDir(c.spec.ID) })
+	c.undo.Push(func() { _ = c.b.removeRunDir(c.spec.ID) })
 	for _, name := range []string{"rootfs", "disk"} {
 		if err := os.Mkdir(filepath.Join(c.dir, name), 0o755); err != nil {
 			return err
@@ -135,7 +104,7 @@ func (c *creation) makeCgroup(ctx context.Context) error {
 		err = errdefs.NotSupported("resources.best_effort: %v", err)
 	}
 	if g != nil {
-		c.undo.push(func() {
+		c.undo.Push(func() {
 			ctx := context.WithoutCancel(ctx)
 			_ = g.Kill(ctx)
 			_ = g.Remove(ctx)
@@ -153,9 +122,6 @@ func (c *creation) makeNetwork(ctx context.Context) error {
 		return err
 	}
 	if mode == netpolicy.ModeNone {
-		if len(c.spec.Network.Allow) > 0 {
-			return errdefs.InvalidArgument("network.allow: mode none takes no rules (use allowlist)")
-		}
 		return nil
 	}
 	if c.b.cfg.Network == nil {
@@ -169,7 +135,7 @@ func (c *creation) makeNetwork(ctx context.Context) error {
 		return err
 	}
 	c.net = n
-	c.undo.push(func() { _ = n.Close() })
+	c.undo.Push(func() { _ = n.Close() })
 	resolv := fmt.Sprintf("nameserver %s\noptions timeout:2 attempts:2\n", n.Resolver())
 	return os.WriteFile(filepath.Join(c.dir, "resolv.conf"), []byte(resolv), 0o644)
 }
@@ -186,7 +152,7 @@ func (c *creation) makeUpper(ctx context.Context) error {
 	c.layer = layer
 	// Runs after the spawn step's undo has killed init: the device is
 	// then unmounted and Remove finds it detached.
-	c.undo.push(func() {
+	c.undo.Push(func() {
 		_ = c.layer.Close()
 		_ = c.b.cfg.Uppers.Remove(context.WithoutCancel(ctx), c.spec.ID)
 	})
@@ -201,7 +167,7 @@ func (c *creation) allocateIDs(ctx context.Context) error {
 		return err
 	}
 	c.ids = ids
-	c.undo.push(func() { _ = c.b.cfg.IDRanges.Release(c.spec.ID) })
+	c.undo.Push(func() { _ = c.b.cfg.IDRanges.Release(c.spec.ID) })
 	return nil
 }
 
@@ -212,7 +178,7 @@ func (c *creation) makeSocket(ctx context.Context) error {
 	}
 	c.ln = ln
 	// The node never keeps the listener: init owns it after spawn.
-	c.undo.push(func() {
+	c.undo.Push(func() {
 		if c.ln != nil {
 			c.ln.Close()
 		}
@@ -240,7 +206,7 @@ func (c *creation) spawn(ctx context.Context) error {
 		return err
 	}
 	c.proc, c.setup = proc, setup
-	c.undo.push(func() {
+	c.undo.Push(func() {
 		_ = proc.Kill()
 		<-proc.Done()
 		proc.Release()

@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -30,13 +31,23 @@ func fileSize(t *testing.T, s backend.Sandbox, path string) int64 {
 func assertDiskGone(t *testing.T, b *Backend, id string, pid int) {
 	t.Helper()
 	assertGone(t, b, id, pid)
+	for _, l := range diskLeftovers(id) {
+		t.Errorf("%s: %s", id, l)
+	}
+}
+
+// diskLeftovers lists what of sandbox id's ext4 image remains: the image
+// or a loop device bound to it.
+func diskLeftovers(id string) []string {
+	var out []string
 	img := filepath.Join(diskDir(), id+".img")
 	if _, err := os.Lstat(img); !os.IsNotExist(err) {
-		t.Errorf("%s: image remains (%v)", id, err)
+		out = append(out, "image remains")
 	}
 	if devs, _ := loopdev.Holders(img); len(devs) > 0 {
-		t.Errorf("%s: loop devices still bound to its image: %v", id, devs)
+		out = append(out, fmt.Sprintf("loop devices still bound to its image: %v", devs))
 	}
+	return out
 }
 
 func TestDiskFullENOSPC(t *testing.T) {
@@ -106,10 +117,7 @@ func TestDiskCleanupLeavesNothing(t *testing.T) {
 	spec := defaultSpec(newID(t))
 	withDisk(8*mib, 1000)(&spec)
 	ctx := context.Background()
-	s, err := b.Create(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := createBare(t, b, spec)
 	pid := s.(*sandbox).proc.Pid
 	sh(t, s, "sleep 1000 >/dev/null 2>&1 & echo x > /tmp/f")
 	// The node mounted the disk detached: only the sandbox's overlay
@@ -136,11 +144,11 @@ func TestDiskCreateFailureAtEachStep(t *testing.T) {
 	b := newDiskBackend(t)
 	defer func() { failStep = "" }()
 	for _, st := range createSteps {
-		failStep = st.name
+		failStep = st.Name
 		spec := defaultSpec(newID(t))
 		withDisk(4*mib, 100)(&spec)
-		if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), st.name) {
-			t.Fatalf("step %s: want injected failure, got %v", st.name, err)
+		if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), st.Name) {
+			t.Fatalf("step %s: want injected failure, got %v", st.Name, err)
 		}
 		assertDiskGone(t, b, spec.ID, 0)
 	}
@@ -159,10 +167,7 @@ func TestDiskRecoverAfterRestart(t *testing.T) {
 	spec := defaultSpec(newID(t))
 	withDisk(8*mib, 1000)(&spec)
 	ctx := context.Background()
-	s, err := b.Create(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := createBare(t, b, spec)
 	rec := s.Record()
 	sh(t, s, "echo kept > /tmp/state")
 	s = nil // the old daemon's objects are gone; a new one reopens the store

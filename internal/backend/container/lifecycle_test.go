@@ -3,7 +3,6 @@ package container
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,32 +13,16 @@ import (
 
 var strconvItoa = strconv.Itoa
 
-// assertGone checks that nothing of sandbox id remains on the host.
+// assertGone checks that nothing of sandbox id remains on the host: its
+// cgroup, run dir, upper dir, mounts, and init (pid, when known).
 func assertGone(t *testing.T, b *Backend, id string, pid int) {
 	t.Helper()
-	if b.cg.Group(id).Exists() {
-		t.Errorf("%s: cgroup remains", id)
-	}
-	if _, err := os.Lstat(b.runDir(id)); !os.IsNotExist(err) {
-		t.Errorf("%s: run dir remains (%v)", id, err)
-	}
-	if _, err := os.Lstat(filepath.Join(tmpRoot, "upper", id)); !os.IsNotExist(err) {
-		t.Errorf("%s: upper dir remains (%v)", id, err)
+	for _, l := range leftovers(b, id) {
+		t.Errorf("%s: %s remains", id, l)
 	}
 	if pid > 0 {
-		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
-			if st, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); strings.Contains(string(st), "corral-init") {
-				t.Errorf("%s: init %d still alive", id, pid)
-			}
-		}
-	}
-	// No mount namespace anywhere on the host still holds its overlay.
-	procs, _ := filepath.Glob("/proc/[0-9]*/mountinfo")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err == nil && strings.Contains(string(b), id) {
-			t.Errorf("%s: a mount remains in %s", id, p)
-			return
+		if st, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); strings.Contains(string(st), "corral-init") {
+			t.Errorf("%s: init %d still alive", id, pid)
 		}
 	}
 }
@@ -48,10 +31,7 @@ func TestCleanupLeavesNothing(t *testing.T) {
 	b := newBackend(t)
 	spec := defaultSpec(newID(t))
 	ctx := context.Background()
-	s, err := b.Create(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := createBare(t, b, spec)
 	pid := s.(*sandbox).proc.Pid
 	sh(t, s, "sleep 1000 >/dev/null 2>&1 & echo x > /tmp/f")
 	mi, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/mountinfo")
@@ -77,11 +57,11 @@ func TestCreateFailureAtEachStep(t *testing.T) {
 	b := newBackend(t)
 	defer func() { failStep = "" }()
 	for _, st := range createSteps {
-		failStep = st.name
+		failStep = st.Name
 		id := newID(t)
 		spec := defaultSpec(id)
-		if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), st.name) {
-			t.Fatalf("step %s: want injected failure, got %v", st.name, err)
+		if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), st.Name) {
+			t.Fatalf("step %s: want injected failure, got %v", st.Name, err)
 		}
 		assertGone(t, b, id, 0)
 	}
@@ -106,10 +86,7 @@ func TestRecoverAfterRestart(t *testing.T) {
 	b := newBackend(t)
 	spec := defaultSpec(newID(t))
 	ctx := context.Background()
-	s, err := b.Create(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := createBare(t, b, spec)
 	rec := s.Record()
 	sh(t, s, "echo kept > /tmp/state")
 	s = nil // the old daemon's object is gone

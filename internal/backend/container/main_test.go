@@ -1,7 +1,6 @@
 package container
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/backend/backendtest"
 	"github.com/corral-dev/corral/internal/diskimg"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
@@ -26,6 +26,8 @@ var (
 	layerDir string // busybox rootfs, the one read-only layer
 	tmpRoot  string
 	cgParent string
+	// needRoot, when set, is why every test that makes a sandbox skips.
+	needRoot string
 )
 
 func TestMain(m *testing.M) {
@@ -34,8 +36,8 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	if os.Geteuid() != 0 {
-		fmt.Println("skipping container backend tests: need root")
-		return 0
+		needRoot = "container backend: needs root (namespaces, cgroups, mounts)"
+		return m.Run()
 	}
 	var err error
 	tmpRoot, err = os.MkdirTemp("", "corral-container-test-")
@@ -109,8 +111,8 @@ func makeBusyboxRoot(dir string) error {
 		}
 	}
 	files := map[string]string{
-		"etc/passwd":   "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\n",
-		"etc/group":    "root:x:0:\nagent:x:1000:\nextra:x:2000:agent\n",
+		"etc/passwd":   "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+		"etc/group":    "root:x:0:\nagent:x:1000:\nextra:x:2000:agent\nnogroup:x:65534:\n",
 		"etc/original": "original\n",
 	}
 	for name, content := range files {
@@ -135,6 +137,7 @@ func newID(t testing.TB) string {
 
 func newBackend(t testing.TB) *Backend {
 	t.Helper()
+	skipUnlessRoot(t)
 	b, err := New(Config{
 		RunDir:       filepath.Join(tmpRoot, "run"),
 		CgroupParent: cgParent,
@@ -157,6 +160,7 @@ var diskStore struct {
 // for the whole run, under tmpRoot/disk).
 func newDiskBackend(t testing.TB) *Backend {
 	t.Helper()
+	skipUnlessRoot(t)
 	diskStore.Do(func() {
 		diskStore.s, diskStore.err = diskimg.Open(context.Background(), diskimg.Config{Dir: diskDir()})
 	})
@@ -176,6 +180,13 @@ func newDiskBackend(t testing.TB) *Backend {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func skipUnlessRoot(t testing.TB) {
+	t.Helper()
+	if needRoot != "" {
+		t.Skip(needRoot)
+	}
 }
 
 func diskDir() string { return filepath.Join(tmpRoot, "disk") }
@@ -222,6 +233,16 @@ func newSandbox(t testing.TB, b *Backend, mod func(*backend.Spec)) backend.Sandb
 	return s
 }
 
+// createBare creates a sandbox whose removal is the test's own business.
+func createBare(t testing.TB, b *Backend, spec backend.Spec) backend.Sandbox {
+	t.Helper()
+	s, err := b.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // result of one command run through Exec.
 type result struct {
 	backend.ExecResult
@@ -241,25 +262,8 @@ func tryRun(ctx context.Context, s backend.Sandbox, spec backend.ExecSpec) (resu
 	if spec.Env == nil {
 		spec.Env = []string{"PATH=/bin", "HOME=/root"}
 	}
-	if spec.Cwd == "" {
-		spec.Cwd = "/"
-	}
-	if spec.OutputLimit == 0 {
-		spec.OutputLimit = 1 << 20
-	}
-	var mu sync.Mutex
-	var out, errb bytes.Buffer
-	res, err := s.Exec(ctx, spec, func(st backend.Stream, p []byte) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if st == backend.Stdout {
-			out.Write(p)
-		} else {
-			errb.Write(p)
-		}
-		return nil
-	})
-	return result{res, out.String(), errb.String()}, err
+	r, err := backendtest.Exec(ctx, s, spec)
+	return result{r.ExecResult, r.Stdout, r.Stderr}, err
 }
 
 func sh(t testing.TB, s backend.Sandbox, script string) result {

@@ -38,7 +38,7 @@ func (c *creation) makeMounts(ctx context.Context) error {
 	defer ns.Close()
 	// The mounts are only fds until init attaches them: whatever fails,
 	// closing them is the whole undo.
-	c.undo.push(func() { closeAll(c.mounts); c.mounts = nil })
+	c.undo.Push(func() { closeAll(c.mounts); c.mounts = nil })
 	for _, l := range c.spec.Layers {
 		m, err := userns.IdmapTree(l, ns, layerAttrs)
 		if err != nil {

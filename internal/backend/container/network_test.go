@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -40,25 +39,6 @@ func newNetBackend(t *testing.T) (*Backend, *netlab.Lab) {
 	return b, lab
 }
 
-// bridgePorts are the veths in the lab's node namespace.
-func bridgePorts(t *testing.T, lab *netlab.Lab) []string {
-	t.Helper()
-	var out []string
-	err := netpolicy.InNetns(lab.Node, func() error {
-		ifs, err := net.Interfaces()
-		for _, i := range ifs {
-			if strings.HasPrefix(i.Name, "cr") {
-				out = append(out, i.Name)
-			}
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // TestNetworkedCreateFailureAtEachStep: a networked create that fails at
 // any step leaves no veth, cgroup, run dir or process behind.
 func TestNetworkedCreateFailureAtEachStep(t *testing.T) {
@@ -73,17 +53,21 @@ func TestNetworkedCreateFailureAtEachStep(t *testing.T) {
 	}
 	defer func() { failStep = "" }()
 	for _, st := range createSteps {
-		failStep = st.name
+		failStep = st.Name
 		spec := defaultSpec(newID(t))
 		allow(&spec)
-		if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), st.name) {
-			t.Fatalf("step %s: want injected failure, got %v", st.name, err)
+		if _, err := b.Create(context.Background(), spec); err == nil || !strings.Contains(err.Error(), st.Name) {
+			t.Fatalf("step %s: want injected failure, got %v", st.Name, err)
 		}
 		assertGone(t, b, spec.ID, 0)
 		// At most the pool's ready namespace and the one its filler
 		// holds until there is room.
-		if ports := bridgePorts(t, lab); len(ports) > 2 {
-			t.Errorf("step %s: veths left: %v", st.name, ports)
+		ports, err := lab.SandboxVeths()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ports) > 2 {
+			t.Errorf("step %s: veths left: %v", st.Name, ports)
 		}
 	}
 	failStep = ""

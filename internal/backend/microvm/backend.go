@@ -8,14 +8,13 @@
 // and serves exec and file calls (internal/agentproto) over virtio-serial
 // or vsock. Everything of a sandbox lives in its run dir <RunDir>/<id>.
 //
-// It imports backend, agentproto, errdefs and runtime/launch; never the
-// node, control, state or API layers.
+// It imports backend, agentproto, errdefs, netpolicy and runtime/launch;
+// never the node, control, state or API layers, nor the image or blob
+// stores (internal/deptest).
 package microvm
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,7 +28,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/agentproto"
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/netpolicy"
@@ -119,15 +117,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.AgentPath == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("microvm backend: find corral-agent: %w", err)
-		}
-		cfg.AgentPath = filepath.Join(filepath.Dir(exe), "corral-agent")
-	}
-	if _, err := os.Stat(cfg.AgentPath); err != nil {
-		return nil, errdefs.NotSupported("microvm backend: corral-agent: %v (needs the static binary beside corral or Config.AgentPath)", err)
+	var err error
+	if cfg.AgentPath, err = backend.SandboxBinary(cfg.AgentPath, "corral-agent", "Config.AgentPath"); err != nil {
+		return nil, fmt.Errorf("microvm backend: %w", err)
 	}
 	if cfg.Kernel == "" {
 		k, mods, err := findKernel()
@@ -153,7 +145,6 @@ func New(cfg Config) (*Backend, error) {
 		default:
 			b.drv = &firecracker{bin: fc}
 			b.cfg.Kernel = kernel
-			mods = append(append([]string(nil), guestModules...), vsockModules...)
 		}
 	}
 	if b.drv == nil {
@@ -165,6 +156,9 @@ func New(cfg Config) (*Backend, error) {
 			}
 		}
 		b.drv = &qemu{bin: bin}
+	}
+	if b.drv.Caps().Vsock {
+		mods = append(append([]string(nil), guestModules...), vsockModules...)
 	}
 	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("microvm backend: run dir: %w", err)
@@ -204,119 +198,22 @@ func (b *Backend) KVM() bool      { return b.kvm }
 
 func (b *Backend) runDir(id string) string { return filepath.Join(b.cfg.RunDir, id) }
 
-// Create implements backend.Backend: run dir, writable disk, initrd with
-// the sandbox's config and secret, VMM start, agent handshake.
-func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sandbox, err error) {
-	if err := backend.CheckID(spec.ID); err != nil {
-		return nil, err
-	}
-	if spec.Resettable {
-		return nil, errdefs.NotSupported("microvm backend: resettable sandboxes (fncall pools) are container-only")
-	}
-	mode, err := netpolicy.ParseMode(spec.Network.Mode)
+// Create implements backend.Backend: the spec checked against what the
+// backend and its driver can do, then the steps of createSteps (run dir,
+// network, state, writable disk, initrd with the sandbox's config and
+// secret, VMM start, agent handshake), undone in reverse on a failure.
+func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbox, error) {
+	mode, err := b.checkSpec(spec)
 	if err != nil {
 		return nil, err
 	}
-	if mode == netpolicy.ModeNone && len(spec.Network.Allow) > 0 {
-		return nil, errdefs.InvalidArgument("network.allow: mode none takes no rules (use allowlist)")
-	}
-	if mode != netpolicy.ModeNone {
-		if b.cfg.Network == nil {
-			return nil, errdefs.NotSupported("network.mode: %s needs the node's network manager (this node runs without one)", mode)
-		}
-		if b.drv.Name() != "qemu" {
-			return nil, errdefs.NotSupported("network.mode: %s is not available with %s microVMs (qemu only)", mode, b.drv.Name())
-		}
-	}
-	r := spec.Resources
-	if r.MemoryBytes < MinMemoryBytes {
-		return nil, errdefs.InvalidArgument("resources.memory_bytes: %d is below the microvm minimum of %d MiB (the guest kernel's RAM)", r.MemoryBytes, MinMemoryBytes>>20)
-	}
-	if len(spec.LayerDisks) == 0 {
-		return nil, errdefs.InvalidArgument("microvm backend: the image has no layer files to attach")
-	}
-	dir := b.runDir(spec.ID)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return nil, errdefs.AlreadyExists("sandbox %s: run dir exists", spec.ID)
-		}
-		return nil, fmt.Errorf("sandbox %s: run dir: %w", spec.ID, err)
-	}
-	defer func() {
-		if err != nil {
-			_ = b.Cleanup(context.WithoutCancel(ctx), spec.ID, nil)
-		}
-	}()
-	secret := make([]byte, 32)
-	if _, err := rand.Read(secret); err != nil {
-		return nil, err
-	}
-	m := &machine{id: spec.ID, dir: dir, kernel: b.cfg.Kernel, machineState: machineState{
-		Driver:    b.drv.Name(),
-		Secret:    hex.EncodeToString(secret),
-		VCPUs:     int(max(1, (r.CPUMillis+999)/1000)),
-		MemoryMiB: r.MemoryBytes >> 20,
-		Layers:    spec.LayerDisks,
-		KVM:       b.kvm,
-	}}
-	fc := agentproto.FileConfig{Secret: m.Secret, Hostname: spec.Hostname, Disk: writableSerial}
-	if mode != netpolicy.ModeNone {
-		// Guest traffic never meets the cgroup programs: the slot's
-		// tc program on its veth enforces the same maps.
-		if m.net, err = b.cfg.Network.AttachVM(ctx, spec.ID, netpolicy.Policy{Mode: mode, Allow: spec.Network.Allow}); err != nil {
-			return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
-		}
-		defer func() {
-			if err != nil {
-				_ = m.net.Close()
-			}
-		}()
-		rec := m.net.Record()
-		g := m.net.Guest()
-		m.Net, m.MAC = &rec, g.MAC.String()
-		fc.Network = &agentproto.GuestNetwork{MAC: m.MAC, Addr4: g.Addr4.String(), Addr6: g.Addr6.String(),
-			Gateway4: g.Gateway4.String(), Gateway6: g.Gateway6.String(),
-			ResolvConf: "nameserver " + m.net.Resolver().String() + "\n"}
-	}
-	if err := m.save(); err != nil {
-		return nil, err
-	}
-	if err := makeDisk(ctx, m.path(diskFile), r.DiskBytes, r.DiskInodes); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
-	}
-	for i, l := range spec.LayerDisks {
-		ld := agentproto.LayerDisks{Image: diskSerial(i, 0)}
-		for j := range l.Devices {
-			ld.Devices = append(ld.Devices, diskSerial(i, j+1))
-		}
-		fc.Layers = append(fc.Layers, ld)
-	}
-	if m.Driver == "qemu" {
-		fc.Port = agentPort
-	} else {
-		fc.VsockPort = agentVsockPort
-	}
-	if err := b.init.writeInitrd(m.path(initrdFile), fc); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
-	}
-	proc, err := b.drv.Start(ctx, m, false)
+	c := &creation{b: b, spec: spec, mode: mode}
+	timings, err := backend.RunSteps(ctx, c, createSteps, &c.undo, failStep)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: start %s: %w", spec.ID, b.drv.Name(), err)
-	}
-	if err := m.save(); err != nil {
-		_ = proc.Kill()
-		return nil, err
-	}
-	s := b.newSandbox(m, proc)
-	if err = s.waitAgent(ctx, bootTimeout(b.kvm)); err != nil {
-		_ = proc.Kill()
-		<-proc.Done()
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
-	// The VMM has read the initrd into guest memory; the file held the
-	// secret and is not needed again (a restore loads RAM from the snapshot).
-	_ = os.Remove(m.path(initrdFile))
-	return s, nil
+	b.log.Debug("sandbox created", append([]any{"sandbox", spec.ID, "pid", c.proc.Pid}, timings...)...)
+	return c.s, nil
 }
 
 // bootTimeout bounds create → agent ready; TCG on shared cores is slow.

@@ -174,5 +174,5 @@ func (s *sandbox) MakeDir(ctx context.Context, path string, mode fs.FileMode, pa
 
 func fromProto(fi agentproto.FileInfo) backend.FileInfo {
 	return backend.FileInfo{Name: fi.Name, Path: fi.Path, Size: fi.Size, Mode: fi.Mode,
-		ModTime: fi.ModTime, UID: fi.UID, GID: fi.GID}
+		ModTime: fi.ModTime, UID: fi.UID, GID: fi.GID, LinkTarget: fi.LinkTarget}
 }

@@ -29,7 +29,8 @@ type firecracker struct {
 
 const vmStateFile = "vmstate.snap" // Firecracker's device state beside snapshotFile
 
-func (f *firecracker) Name() string { return "firecracker" }
+func (f *firecracker) Name() string     { return "firecracker" }
+func (f *firecracker) Caps() driverCaps { return driverCaps{Vsock: true} }
 
 // client is an HTTP client whose every request goes to the API socket.
 func (f *firecracker) client(m *machine) *http.Client {
@@ -115,14 +116,10 @@ func (f *firecracker) Start(ctx context.Context, m *machine, restore bool) (*lau
 	if err != nil {
 		return nil, fmt.Errorf("start firecracker: %w", err)
 	}
-	proc, err := launch.Adopt(p.Pid, pidfd)
+	proc, err := m.adopt(p, pidfd)
 	if err != nil {
-		_ = p.Kill()
-		_, _ = p.Wait()
 		return nil, err
 	}
-	_ = p.Release()
-	m.Pid, m.StartTime = proc.Pid, proc.StartTime
 	if err := f.configure(ctx, m, proc, restore); err != nil {
 		_ = proc.Kill()
 		return nil, err

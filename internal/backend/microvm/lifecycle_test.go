@@ -11,54 +11,6 @@ import (
 	"github.com/corral-dev/corral/internal/backend"
 )
 
-// TestRecoverAndSweep: a second backend on the same run dir (a restarted
-// daemon) re-attaches to a running VM; a VM whose record is gone is killed
-// by Sweep and its run dir removed, leaving no file behind.
-func TestRecoverAndSweep(t *testing.T) {
-	b := newBackend(t)
-	spec := testSpec(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	sb, err := b.Create(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Whatever fails below, the VM does not outlive the test.
-	t.Cleanup(func() { _ = b.Cleanup(context.Background(), spec.ID, nil) })
-	sh(t, sb, "echo before-restart > /root/mark")
-	pid := sb.(*sandbox).m.Pid
-	// The old daemon's connection goes away with it.
-	sb.(*sandbox).dropSession()
-
-	b2, err := New(b.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	re, err := b2.Recover(ctx, spec.ID, sb.Record())
-	if err != nil {
-		t.Fatalf("recover: %v", err)
-	}
-	if got := sh(t, re, "cat /root/mark"); got != "before-restart\n" {
-		t.Errorf("recovered sandbox: %q", got)
-	}
-	re.(*sandbox).dropSession()
-
-	if err := b2.Sweep(ctx, func(string) bool { return false }); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-re.Done():
-	case <-time.After(30 * time.Second):
-		t.Fatalf("VMM %d still alive after Sweep", pid)
-	}
-	if _, err := os.Stat(b.runDir(spec.ID)); !os.IsNotExist(err) {
-		t.Errorf("run dir left after Sweep: %v", err)
-	}
-	if pids := vmmProcesses(b.cfg.RunDir); len(pids) != 0 {
-		t.Errorf("VMM processes left: %v", pids)
-	}
-}
-
 // TestSweepFindsVMMWithoutState: a VMM process whose run dir holds no state
 // file (a crash mid-create) is still found by its command line and killed.
 func TestSweepFindsVMMWithoutState(t *testing.T) {

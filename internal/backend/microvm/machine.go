@@ -109,6 +109,9 @@ const writableSerial = "disk"
 // dir, so a restarted daemon can drive a VM an earlier one started.
 type driver interface {
 	Name() string
+	// Caps says what the driver offers; Create and New ask it, never the
+	// driver's name.
+	Caps() driverCaps
 	// Start boots the VM (or restores it from snapshotFile when restore
 	// is set) and returns once the VMM runs and the guest is started; the
 	// VMM process is m.Pid afterwards.
@@ -121,4 +124,27 @@ type driver interface {
 	// Snapshot saves the paused VM's memory and device state into
 	// snapshotFile and ends the VMM process.
 	Snapshot(ctx context.Context, m *machine) error
+}
+
+// driverCaps are what a VMM driver offers.
+type driverCaps struct {
+	// Network: it attaches a netpolicy slot's tap to the guest.
+	Network bool
+	// Vsock: the agent's channel is vsock (guest modules vsockModules);
+	// otherwise a virtio-serial port.
+	Vsock bool
+}
+
+// adopt watches the VMM process p just started (with SysProcAttr.PidFD
+// set to pidfd) and records it in m; on failure p is killed and reaped.
+func (m *machine) adopt(p *os.Process, pidfd int) (*launch.Process, error) {
+	proc, err := launch.Adopt(p.Pid, pidfd)
+	if err != nil {
+		_ = p.Kill()
+		_, _ = p.Wait()
+		return nil, err
+	}
+	_ = p.Release()
+	m.Pid, m.StartTime = proc.Pid, proc.StartTime
+	return proc, nil
 }

@@ -1,7 +1,6 @@
 package microvm
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/backend/backendtest"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
 )
@@ -23,14 +23,16 @@ var (
 	agentPath string
 	layers    []string
 	disks     []backend.LayerDisk
+	// needRoot, when set, is why every test that boots a guest skips.
+	needRoot string
 )
 
 func TestMain(m *testing.M) { os.Exit(setup(m)) }
 
 func setup(m *testing.M) int {
 	if os.Geteuid() != 0 {
-		fmt.Println("skipping microvm tests: need root (layer mounts)")
-		return 0
+		needRoot = "microvm backend: needs root (layer mounts, VMM processes)"
+		return m.Run()
 	}
 	var err error
 	tmpRoot, err = os.MkdirTemp("", "corral-microvm-test-")
@@ -65,6 +67,7 @@ func setup(m *testing.M) int {
 // lacks QEMU or a guest kernel.
 func newBackend(t *testing.T, mutate ...func(*Config)) *Backend {
 	t.Helper()
+	skipUnlessRoot(t)
 	bb, err := image.StaticBusybox()
 	if err != nil {
 		t.Skip(err)
@@ -81,6 +84,13 @@ func newBackend(t *testing.T, mutate ...func(*Config)) *Backend {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func skipUnlessRoot(t *testing.T) {
+	t.Helper()
+	if needRoot != "" {
+		t.Skip(needRoot)
+	}
 }
 
 var specSeq int
@@ -136,17 +146,9 @@ func run(t *testing.T, sb backend.Sandbox, spec backend.ExecSpec) (backend.ExecR
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var out, errb bytes.Buffer
-	res, err := sb.Exec(ctx, spec, func(s backend.Stream, p []byte) error {
-		if s == backend.Stdout {
-			out.Write(p)
-		} else {
-			errb.Write(p)
-		}
-		return nil
-	})
+	r, err := backendtest.Exec(ctx, sb, spec)
 	if err != nil {
 		t.Fatalf("exec %q: %v", spec.Argv, err)
 	}
-	return res, out.String(), errb.String()
+	return r.ExecResult, r.Stdout, r.Stderr
 }

@@ -20,6 +20,7 @@ import (
 // newLab returns a lab internet and a network config using it.
 func newLab(t *testing.T) (*netlab.Lab, netpolicy.Config) {
 	t.Helper()
+	skipUnlessRoot(t)
 	lab, err := netlab.New()
 	if err != nil {
 		t.Fatal(err)

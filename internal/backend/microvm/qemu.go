@@ -21,7 +21,8 @@ type qemu struct {
 	bin string
 }
 
-func (q *qemu) Name() string { return "qemu" }
+func (q *qemu) Name() string     { return "qemu" }
+func (q *qemu) Caps() driverCaps { return driverCaps{Network: true} }
 
 // qemuArgs is the command line of m; restore adds -incoming.
 func (q *qemu) args(m *machine, restore bool) []string {
@@ -156,14 +157,10 @@ func (q *qemu) Start(ctx context.Context, m *machine, restore bool) (*launch.Pro
 	if err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
-	proc, err := launch.Adopt(p.Pid, pidfd)
+	proc, err := m.adopt(p, pidfd)
 	if err != nil {
-		_ = p.Kill()
-		_, _ = p.Wait()
 		return nil, err
 	}
-	_ = p.Release()
-	m.Pid, m.StartTime = proc.Pid, proc.StartTime
 	qc, err := q.qmp(ctx, m, proc)
 	if err != nil {
 		select {

@@ -39,7 +39,8 @@ func TestGuestPanicEndsOnlyItsSandbox(t *testing.T) {
 }
 
 // TestMemoryLimitIsGuestRAM: the guest kernel sees the requested memory as
-// its RAM, and a memory bomb is OOM-killed inside the guest only.
+// its RAM (the conformance suite checks that a memory bomb is OOM-killed
+// inside the guest only).
 func TestMemoryLimitIsGuestRAM(t *testing.T) {
 	b := newBackend(t)
 	spec := testSpec(t)
@@ -54,14 +55,6 @@ func TestMemoryLimitIsGuestRAM(t *testing.T) {
 	// out of MemTotal; the rest is the request, never more.
 	if kib > 192<<10 || kib < 128<<10 {
 		t.Errorf("guest MemTotal %d KiB, want between 128 and 192 MiB", kib)
-	}
-	res, _, _ := run(t, sb, backend.ExecSpec{Argv: []string{"/bin/sh", "-c", "x=a; while true; do x=$x$x; done"},
-		Env: []string{"PATH=/bin"}, Cwd: "/", Timeout: 2 * time.Minute})
-	if !res.OOMKilled || res.Signal != 9 {
-		t.Errorf("memory bomb: oom=%v signal=%d exit=%d; want OOM-killed", res.OOMKilled, res.Signal, res.ExitCode)
-	}
-	if got := sh(t, sb, "echo still-here"); got != "still-here\n" {
-		t.Errorf("after OOM: %q", got)
 	}
 	small := testSpec(t)
 	small.Resources.MemoryBytes = 64 << 20

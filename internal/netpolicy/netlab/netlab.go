@@ -288,6 +288,23 @@ func (l *Lab) Listen(addr string) (net.Listener, error) {
 	return ln, err
 }
 
+// SandboxVeths lists the node-side veths of sandbox network slots (the
+// "cr" names netpolicy gives them) in the node namespace: what a test
+// checks for leaks.
+func (l *Lab) SandboxVeths() ([]string, error) {
+	var out []string
+	err := netpolicy.InNetns(l.Node, func() error {
+		ifs, err := net.Interfaces()
+		for _, i := range ifs {
+			if strings.HasPrefix(i.Name, "cr") {
+				out = append(out, i.Name)
+			}
+		}
+		return err
+	})
+	return out, err
+}
+
 // Close stops the servers and drops both namespaces (and with them the
 // veth pair).
 func (l *Lab) Close() error {

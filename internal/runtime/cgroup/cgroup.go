@@ -2,8 +2,9 @@
 // configurable parent in every hierarchy corral uses, on cgroup v1+v2
 // (hybrid) and pure v2 hosts alike. Callers see one Group type; which file
 // in which hierarchy backs a limit, the freezer or the OOM counter is decided
-// here, from a mode detected once per process. It imports only the standard
-// library and golang.org/x/sys/unix, nothing from corral.
+// here, from a mode detected once per process. It imports the standard
+// library, golang.org/x/sys/unix and mountinfo (to find the hierarchies);
+// never a backend, the node or the API layers (internal/deptest).
 package cgroup
 
 import (

@@ -9,25 +9,14 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/corral-dev/corral/internal/runtime/guestexec"
 	"github.com/corral-dev/corral/internal/runtime/initproto"
 	"golang.org/x/sys/unix"
 )
 
-// DefaultCaps is the capability set of a sandbox (bounding, permitted,
-// effective and inheritable). Everything else — SYS_ADMIN, NET_RAW, MKNOD,
-// SYS_CHROOT, SYS_PTRACE, SYS_RESOURCE … — is dropped from the bounding set,
-// so no process inside can ever regain it.
-var DefaultCaps = []uintptr{
-	unix.CAP_CHOWN,
-	unix.CAP_DAC_OVERRIDE,
-	unix.CAP_FOWNER,
-	unix.CAP_FSETID,
-	unix.CAP_KILL,
-	unix.CAP_SETGID,
-	unix.CAP_SETUID,
-	unix.CAP_SETFCAP,
-	unix.CAP_NET_BIND_SERVICE,
-}
+// DefaultCaps is the capability set of a sandbox: guestexec.Caps, the
+// same as a microVM command's.
+var DefaultCaps = guestexec.Caps
 
 // serveStage is the argument with which corral-init re-executes itself
 // after hardening (see hardenAndExec).

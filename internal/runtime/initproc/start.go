@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"syscall"
 
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/guestexec"
 	"github.com/corral-dev/corral/internal/runtime/initproto"
 	"golang.org/x/sys/unix"
 )
@@ -26,6 +27,12 @@ func classify(err error) string {
 		return re.class
 	}
 	switch {
+	case errdefs.IsNotFound(err):
+		return initproto.ClassNotFound
+	case errdefs.IsInvalidArgument(err):
+		return initproto.ClassInvalidArgument
+	case errdefs.IsPermissionDenied(err):
+		return initproto.ClassPermissionDenied
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
 		return initproto.ClassNotFound
 	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
@@ -38,26 +45,21 @@ func classify(err error) string {
 	return initproto.ClassInternal
 }
 
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
 // start forks and execs one command in its own process group. The returned
 // channel receives its wait status.
 func (s *server) start(req *initproto.ExecRequest, stdio [3]int) (int, chan exitStatus, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return 0, nil, &reqError{initproto.ClassInvalidArgument, errors.New("exec: empty argv")}
 	}
-	cred, err := lookupUser(req.User)
+	cred, err := guestexec.User(req.User)
 	if err != nil {
 		return 0, nil, err
 	}
-	cwd := req.Cwd
-	if cwd == "" {
-		cwd = "/"
+	cwd, err := guestexec.Cwd(req.Cwd)
+	if err != nil {
+		return 0, nil, err
 	}
-	if st, err := os.Stat(cwd); err != nil || !st.IsDir() {
-		return 0, nil, &reqError{initproto.ClassInvalidArgument, fmt.Errorf("exec: cwd %s does not exist or is not a directory", cwd)}
-	}
-	path, err := lookPath(req.Argv[0], req.Env)
+	path, err := guestexec.LookPath(req.Argv[0], req.Env)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -89,41 +91,4 @@ func (s *server) start(req *initproto.ExecRequest, stdio [3]int) (int, chan exit
 		_ = unix.Prlimit(pid, unix.RLIMIT_CPU, &lim, nil)
 	}
 	return pid, done, nil
-}
-
-// lookPath resolves argv[0] inside the sandbox with the exec's PATH.
-func lookPath(name string, env []string) (string, error) {
-	if strings.Contains(name, "/") {
-		if err := executable(name); err != nil {
-			return "", err
-		}
-		return name, nil
-	}
-	path := defaultPath
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
-			path = v
-		}
-	}
-	for _, dir := range strings.Split(path, ":") {
-		if dir == "" {
-			dir = "."
-		}
-		p := dir + "/" + name
-		if executable(p) == nil {
-			return p, nil
-		}
-	}
-	return "", &reqError{initproto.ClassNotFound, fmt.Errorf("exec: %s: executable file not found in $PATH", name)}
-}
-
-func executable(p string) error {
-	st, err := os.Stat(p)
-	if err != nil {
-		return &reqError{initproto.ClassNotFound, fmt.Errorf("exec: %s: no such file", p)}
-	}
-	if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
-		return &reqError{initproto.ClassPermissionDenied, fmt.Errorf("exec: %s: not an executable file", p)}
-	}
-	return nil
 }

@@ -1,7 +1,8 @@
 // Package passwd turns an exec's user ("name", "uid", "uid:gid", "name:group")
 // into credentials from a sandbox's own /etc/passwd and /etc/group. Both the
-// container init and the microVM guest agent use it, reading the files of
-// the root they serve.
+// container init and the microVM guest agent use it through
+// runtime/guestexec, reading the files of the root they serve. It imports
+// nothing from corral (it is linked into both static supervisors).
 package passwd
 
 import (
