@@ -70,6 +70,9 @@ type Config struct {
 	// CleanupOnExit deletes every sandbox and unmounts the disk pool on
 	// shutdown instead of leaving sandboxes running for the next start.
 	CleanupOnExit bool
+	// NoRaiseLimits leaves the host's limits (kernel.pid_max, inotify,
+	// RLIMIT_NOFILE) as they are; see internal/hostlimit.
+	NoRaiseLimits bool
 	Defaults      node.Defaults
 	// FnCallPoolFloor and FnCallPoolCeiling bound each fncall pool (per
 	// image and memory limit); zero takes fncall's defaults.
@@ -205,6 +208,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		closeImages()
 		return nil, err
 	}
+	guard, err := openHostLimits(cfg)
+	if err != nil {
+		evlog.Close()
+		st.close(ctx, false)
+		closeImages()
+		return nil, err
+	}
 	reg := metrics.New()
 	n, err := node.New(ctx, node.Config{
 		DataDir:  cfg.DataDir,
@@ -215,7 +225,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Logger:   cfg.Logger,
 		Events:   evlog,
 		Metrics:  reg,
-		Admit:    admitWith(iamSvc),
+		Admit:    admitAll(admitWith(iamSvc), hostAdmit(guard)),
 	})
 	if err != nil {
 		evlog.Close()
