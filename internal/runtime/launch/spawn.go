@@ -211,7 +211,9 @@ func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err err
 		}
 	}()
 	pid, err = syscall.ForkExec(fmt.Sprintf("/proc/self/fd/%d", initFd), []string{"corral-init"}, &syscall.ProcAttr{
-		Env: []string{}, Files: files, Sys: attr,
+		// One P from the start (init's own setting comes after the
+		// runtime has started threads for every CPU).
+		Env: []string{"GOMAXPROCS=1"}, Files: files, Sys: attr,
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("start %s: %w", sc.InitPath, err)
