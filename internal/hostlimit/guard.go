@@ -316,13 +316,15 @@ func (g *Guard) sample() {
 }
 
 // applyCap writes the parent's pids.max once the parent exists (the
-// backend makes it with its first sandbox).
+// backend makes it with its first sandbox). The node owns its parents
+// (they are claimed at start), so a cap left by an earlier run under other
+// limits is replaced.
 func (g *Guard) applyCap(dir string) {
 	if g.pidCap <= 0 {
 		return
 	}
 	cur, err := readInt(filepath.Join(dir, "pids.max"))
-	if err != nil || (cur >= 0 && cur <= g.pidCap) {
+	if err != nil || cur == g.pidCap {
 		return
 	}
 	if err := writeInt(filepath.Join(dir, "pids.max"), g.pidCap); err != nil {

@@ -115,27 +115,17 @@ func TestUnreadableUseIsSkipped(t *testing.T) {
 	}
 }
 
-func TestApplyCapLowersOnly(t *testing.T) {
+func TestApplyCapReplacesAnyOther(t *testing.T) {
 	dir := t.TempDir()
 	g := &Guard{pidCap: 500, log: discard()}
-	write := func(v string) {
-		if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(v), 0o644); err != nil {
+	for _, before := range []string{"max\n", "100\n", "9000\n"} {
+		if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(before), 0o644); err != nil {
 			t.Fatal(err)
 		}
-	}
-	read := func() string {
-		b, _ := os.ReadFile(filepath.Join(dir, "pids.max"))
-		return strings.TrimSpace(string(b))
-	}
-	write("max\n")
-	g.applyCap(dir)
-	if got := read(); got != "500" {
-		t.Fatalf("pids.max max -> %s, want 500", got)
-	}
-	write("100\n") // an operator's lower cap stays
-	g.applyCap(dir)
-	if got := read(); got != "100" {
-		t.Fatalf("pids.max 100 -> %s, want 100", got)
+		g.applyCap(dir)
+		if b, _ := os.ReadFile(filepath.Join(dir, "pids.max")); strings.TrimSpace(string(b)) != "500" {
+			t.Fatalf("pids.max %q -> %q, want 500", before, b)
+		}
 	}
 }
 
