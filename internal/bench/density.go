@@ -63,11 +63,17 @@ type DensityResult struct {
 	Refused      int    `json:"refused"`
 	FirstRefusal string `json:"first_refusal,omitempty"`
 
-	// Host PIDs (kernel tasks, kernel threads included) before creating
-	// and with all idle; their difference over Created is the figure.
-	HostTasksBefore    int64   `json:"host_tasks_before"`
-	HostTasksIdle      int64   `json:"host_tasks_idle"`
-	HostPIDsPerSandbox float64 `json:"host_pids_per_sandbox"`
+	// Host PIDs per idle sandbox: the threads of the sandboxes' processes
+	// plus the kernel threads started meanwhile (children of kthreadd),
+	// over Created. The host's whole task count before and with all idle
+	// is reported beside it: on a shared host it also moves with others.
+	HostTasksBefore       int64   `json:"host_tasks_before"`
+	HostTasksIdle         int64   `json:"host_tasks_idle"`
+	KernelThreadsBefore   int64   `json:"kernel_threads_before"`
+	KernelThreadsIdle     int64   `json:"kernel_threads_idle"`
+	HostPIDsPerSandbox    float64 `json:"host_pids_per_sandbox"`
+	KernelPIDsPerSandbox  float64 `json:"kernel_pids_per_sandbox"`
+	HostTasksDeltaPerSbox float64 `json:"host_tasks_delta_per_sandbox"`
 
 	// Host memory: MemAvailable before creating, with all created, after deleting.
 	MemAvailableBeforeMiB float64 `json:"mem_available_before_mib"`
@@ -104,7 +110,7 @@ func Density(ctx context.Context, c *client.Client, o DensityOptions) (res *Dens
 		return res, err
 	}
 	res.MemAvailableBeforeMiB = mib(before)
-	res.HostTasksBefore = hostTasks()
+	res.HostTasksBefore, res.KernelThreadsBefore = hostTasks(), kernelThreads()
 
 	fmt.Fprintf(o.Log, "creating %d sandboxes (%d at a time, memory %d MiB)\n", o.N, o.Concurrency, o.MemoryBytes>>20)
 	sbs := make([]*client.Sandbox, o.N)
@@ -148,16 +154,20 @@ func Density(ctx context.Context, c *client.Client, o DensityOptions) (res *Dens
 		return res, err
 	}
 	res.MemAvailableIdleMiB = mib(idle)
-	res.HostTasksIdle = hostTasks()
-	if res.Created > 0 {
-		res.HostMiBPerSandbox = round(mib(before-idle) / float64(res.Created))
-		res.HostPIDsPerSandbox = round(float64(res.HostTasksIdle-res.HostTasksBefore) / float64(res.Created))
-	}
+	res.HostTasksIdle, res.KernelThreadsIdle = hostTasks(), kernelThreads()
 	ids := make([]string, len(live))
 	for i, sb := range live {
 		ids[i] = sb.ID()
 	}
 	res.Procs = sandboxProcMemory(ids)
+	if n := float64(res.Created); n > 0 {
+		res.HostMiBPerSandbox = round(mib(before-idle) / n)
+		res.HostTasksDeltaPerSbox = round(float64(res.HostTasksIdle-res.HostTasksBefore) / n)
+		res.KernelPIDsPerSandbox = round(float64(res.KernelThreadsIdle-res.KernelThreadsBefore) / n)
+		if res.Procs != nil {
+			res.HostPIDsPerSandbox = round(float64(res.Procs.Threads)/n + res.KernelPIDsPerSandbox)
+		}
+	}
 
 	fmt.Fprintf(o.Log, "running true in each of %d sandboxes\n", len(live))
 	lat := make([]time.Duration, len(live))
@@ -214,6 +224,42 @@ func Density(ctx context.Context, c *client.Client, o DensityOptions) (res *Dens
 
 func mib(b int64) float64 { return round(float64(b) / (1 << 20)) }
 
+// kernelThreads counts the children of kthreadd (PID 2) but the pooled
+// workqueue workers (kworker/N:N, kworker/uN:N), which the kernel starts
+// and ends with its load: the kernel threads made for something, such as
+// the rescuer of a mounted filesystem's workqueue.
+func kernelThreads() int64 {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return -1
+	}
+	var n int64
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so cut at the last ')'.
+		open, end := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
+		if open < 0 || end < open {
+			continue
+		}
+		if f := strings.Fields(string(b[end+1:])); len(f) < 2 || f[1] != "2" || pooledWorker(string(b[open+1:end])) {
+			continue
+		}
+		n++
+	}
+	return n
+}
+
+func pooledWorker(comm string) bool {
+	rest, ok := strings.CutPrefix(comm, "kworker/")
+	return ok && rest != "" && (rest[0] == 'u' || rest[0] >= '0' && rest[0] <= '9')
+}
+
 // hostTasks is the host's task count (the kernel's nr_threads, in
 // /proc/loadavg): each holds a PID of the host, kernel threads included.
 func hostTasks() int64 {
@@ -235,7 +281,8 @@ func (r *DensityResult) WriteTable(w io.Writer) error {
 	rows := []row{
 		{"created", fmt.Sprintf("%d of %d in %ss (%s/s, %d errors, %d of them refused: resource exhausted)", r.Created, r.N, f3(r.CreateS), f3(r.CreatesPerS), r.CreateErrors, r.Refused), "", targetFor(r.Targets, "refused")},
 		{"host PIDs per idle sandbox", f3(r.HostPIDsPerSandbox),
-			fmt.Sprintf("host tasks %d → %d (kernel threads included)", r.HostTasksBefore, r.HostTasksIdle),
+			fmt.Sprintf("its processes' threads + %s kernel threads (kernel threads %d → %d); host tasks %d → %d (%s per sandbox, others' included)",
+				f3(r.KernelPIDsPerSandbox), r.KernelThreadsBefore, r.KernelThreadsIdle, r.HostTasksBefore, r.HostTasksIdle, f3(r.HostTasksDeltaPerSbox)),
 			targetFor(r.Targets, "host_pids_per_sandbox")},
 		r.threadsRow(),
 		{"host MiB per idle sandbox", f3(r.HostMiBPerSandbox) + " MiB",
@@ -280,5 +327,5 @@ func (r *DensityResult) threadsRow() row {
 		return row{"threads in sandbox cgroups per sandbox", "not found", "", ""}
 	}
 	return row{"threads in sandbox cgroups per sandbox", f3(float64(r.Procs.Threads) / float64(max(1, r.Created))),
-		fmt.Sprintf("%d threads in %d processes (the rest of the host PIDs: kernel threads, the node's)", r.Procs.Threads, r.Procs.Processes), ""}
+		fmt.Sprintf("%d threads in %d processes", r.Procs.Threads, r.Procs.Processes), ""}
 }

@@ -220,9 +220,12 @@ func (g *Guard) addPIDs() error {
 				use: func() (int64, error) { return readInt(filepath.Join(dir, "pids.current")) }})
 		}
 	}
+	// The cap sits halfway into the reserve: admission stops at the
+	// reserve, the sandboxes already there may still fork into the first
+	// half (an exec, init's threads), and the second half stays the node's.
 	for _, r := range g.res {
-		if r.need != nil && r.limit-r.reserve > 0 && (g.pidCap == 0 || r.limit-r.reserve < g.pidCap) {
-			g.pidCap = r.limit - r.reserve
+		if c := r.limit - r.reserve/2; c > 0 && (g.pidCap == 0 || c < g.pidCap) {
+			g.pidCap = c
 		}
 	}
 	return nil
@@ -347,13 +350,18 @@ func (g *Guard) cost(backend string) Cost {
 }
 
 // Admit decides on one create of backend; sandboxes is how many the node
-// holds now (for tracking the PIDs each takes). An admitted create is
-// counted at its cost until the next reading of the kernel's figures.
-func (g *Guard) Admit(backend string, sandboxes int) error {
+// holds now (for tracking the PIDs each takes), creating how many of them
+// are still being made. A sandbox being made is counted at its full cost
+// on top of the kernel's figures (its init has not started all its threads
+// yet), and so is every create admitted since they were read.
+func (g *Guard) Admit(backend string, sandboxes, creating int) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if time.Since(g.sampledAt) >= sampleEvery {
 		g.sample()
+		for range creating {
+			g.since = g.since.add(g.cost(backend))
+		}
 		// Busy sandboxes count too: the figure is what a sandbox of this
 		// node takes on average, never below the idle estimate.
 		if sandboxes >= 8 {

@@ -63,11 +63,11 @@ func TestAdmitRefusesPastTheLimitNamingIt(t *testing.T) {
 	g := guardWith(1000, 50, &used)
 	// 950 usable: 900 used leaves room for 10 sandboxes of 5 PIDs.
 	for i := range 10 {
-		if err := g.Admit("container", 0); err != nil {
+		if err := g.Admit("container", 0, 0); err != nil {
 			t.Fatalf("create %d refused with room left: %v", i, err)
 		}
 	}
-	err := g.Admit("container", 0)
+	err := g.Admit("container", 0, 0)
 	if !errdefs.IsResourceExhausted(err) {
 		t.Fatalf("create past the limit: got %v, want resource exhausted", err)
 	}
@@ -79,7 +79,7 @@ func TestAdmitRefusesPastTheLimitNamingIt(t *testing.T) {
 	// A fresh reading that shows PIDs given back admits again.
 	used = 900
 	g.sampledAt = time.Time{}
-	if err := g.Admit("container", 0); err != nil {
+	if err := g.Admit("container", 0, 0); err != nil {
 		t.Fatalf("after the use fell: %v", err)
 	}
 }
@@ -94,8 +94,19 @@ func TestAdmitTracksPIDsPerSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.sampledAt = time.Time{}
-	if err := g.Admit("container", 20); err != nil {
+	if err := g.Admit("container", 20, 0); err != nil {
 		t.Fatal(err)
+	}
+	if c := g.cost("container"); c.PIDs != 20 {
+		t.Fatalf("tracked cost %d PIDs, want 20", c.PIDs)
+	}
+	// Creates still being made count at full cost on top of the reading.
+	g.sampledAt = time.Time{}
+	if err := g.Admit("container", 20, 3); err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(4 * 21); pidsNeed(g.since) != want {
+		t.Fatalf("counted %d PIDs since the reading, want %d (3 creating and this one)", pidsNeed(g.since), want)
 	}
 	if c := g.cost("container"); c.PIDs != 20 {
 		t.Fatalf("tracked cost %d PIDs, want 20", c.PIDs)
@@ -110,7 +121,7 @@ func TestUnreadableUseIsSkipped(t *testing.T) {
 	g := &Guard{log: discard()}
 	g.res = []*resource{{name: "x", limit: 1, need: pidsNeed, use: func() (int64, error) { return 0, os.ErrNotExist }}}
 	g.sample()
-	if err := g.Admit("container", 0); err != nil {
+	if err := g.Admit("container", 0, 0); err != nil {
 		t.Fatalf("an unreadable resource refused: %v", err)
 	}
 }

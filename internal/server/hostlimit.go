@@ -30,7 +30,14 @@ const spareDaemonThreads = 32
 // hostAdmit refuses a create that would take the host past a limit.
 func hostAdmit(g *hostlimit.Guard) node.AdmitFunc {
 	return func(_ context.Context, rec *state.Record, live func() []*state.Record) error {
-		return g.Admit(rec.Backend, len(live()))
+		recs := live()
+		creating := 0
+		for _, r := range recs {
+			if r.Phase == state.PhaseCreating {
+				creating++
+			}
+		}
+		return g.Admit(rec.Backend, len(recs), creating)
 	}
 }
 
