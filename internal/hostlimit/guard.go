@@ -78,8 +78,11 @@ type Config struct {
 	// NoRaise leaves every host setting as it is.
 	NoRaise bool
 	// Costs override DefaultCosts per backend.
-	Costs  map[string]Cost
-	Logger *slog.Logger
+	Costs map[string]Cost
+	// SpareThreads are idle OS threads the daemon keeps (see
+	// SpareThreads), topped up at each reading while the host has PIDs.
+	SpareThreads int
+	Logger       *slog.Logger
 }
 
 // resource is one limit and how much of it is in use.
@@ -314,9 +317,29 @@ func (g *Guard) sample() {
 		}
 		g.applyCap(d)
 	}
+	g.topUpThreads()
 	g.sampledAt = time.Now()
 	g.since = Cost{}
 }
+
+// topUpThreads restores the daemon's idle threads (a goroutine that ends
+// locked to its thread, as the sandbox spawn's does, ends the thread too),
+// but only while every PID limit has room for twice as many: making
+// threads is what must not happen when PIDs run out.
+func (g *Guard) topUpThreads() {
+	n := int64(g.cfg.SpareThreads)
+	if n == 0 {
+		return
+	}
+	for _, r := range g.res {
+		if r.need != nil && isPIDs(r) && (r.readErr != nil || r.limit-r.used < 2*n) {
+			return
+		}
+	}
+	SpareThreads(int(n))
+}
+
+func isPIDs(r *resource) bool { return r.need(Cost{PIDs: 1}) == 1 }
 
 // applyCap writes the parent's pids.max once the parent exists (the
 // backend makes it with its first sandbox). The node owns its parents

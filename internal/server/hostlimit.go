@@ -12,19 +12,20 @@ import (
 // openHostLimits reads (and unless told not to, raises) the host's limits
 // and keeps the daemon a few idle threads for when the host's PIDs run low.
 func openHostLimits(cfg Config) (*hostlimit.Guard, error) {
-	hostlimit.SpareThreads(spareDaemonThreads)
 	parent := cgroupParent(cfg)
 	return hostlimit.Open(hostlimit.Config{
 		DataDir:        cfg.DataDir,
 		SandboxParents: []string{parent, parent + cgroup.IdleSuffix},
 		NoRaise:        cfg.NoRaiseLimits,
+		SpareThreads:   spareDaemonThreads,
 		Logger:         cfg.Logger,
 	})
 }
 
-// spareDaemonThreads are OS threads the daemon makes at start and keeps
-// idle: Go reuses them, so a burst of blocking calls while the host has no
-// PID to spare needs no new thread (a failed one is fatal to a Go program).
+// spareDaemonThreads are OS threads the daemon keeps idle, made at start
+// and topped up while PIDs are plentiful: Go reuses them, so a burst of
+// blocking calls while the host has no PID to spare needs no new thread (a
+// failed one is fatal to a Go program).
 const spareDaemonThreads = 32
 
 // hostAdmit refuses a create that would take the host past a limit.
