@@ -170,18 +170,31 @@ func TestDaemonAtAPidsLimit(t *testing.T) {
 		t.Fatalf("daemon exited: %v", err)
 	default:
 	}
-	// Its PIDs are back: the others exec, and a create fits again.
+	// Its PIDs are back: the others exec, and once two more are deleted
+	// (the daemon's own threads share the cgroup) creates fit again.
 	for i, sb := range sbs {
 		if res, err := sb.Run(ctx, client.Command{Args: []string{"true"}}); err != nil || res.ExitCode != 0 {
 			t.Fatalf("exec in sandbox %d after the bomb: %v %+v", i, err, res)
 		}
 	}
-	time.Sleep(300 * time.Millisecond) // past the guard's sampling interval
-	sb, err := c.Create(ctx, client.CreateOptions{})
-	if err != nil {
-		t.Fatalf("create after PIDs were given back: %v", err)
+	for _, sb := range sbs[:2] {
+		if err := sb.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
-	sbs = append(sbs, sb)
+	sbs = sbs[2:]
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		time.Sleep(300 * time.Millisecond) // past the guard's sampling interval
+		sb, err := c.Create(ctx, client.CreateOptions{})
+		if err == nil {
+			sbs = append(sbs, sb)
+			break
+		}
+		if !client.IsResourceExhausted(err) || time.Now().After(deadline) {
+			t.Fatalf("create after three sandboxes were deleted: %v", err)
+		}
+	}
 }
 
 func waitServing(ctx context.Context, t *testing.T, sock string, exited <-chan error) *client.Client {
