@@ -102,6 +102,20 @@ func openFds() (int64, error) {
 	return int64(len(names)) - 1, nil // less the directory's own fd
 }
 
+// ownThreads is the daemon's thread count.
+func ownThreads() (int64, error) {
+	b, err := os.ReadFile(filepath.Join(procRoot, "self/status"))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no Threads in %s/self/status", procRoot)
+}
+
 // loopLimit is how many loop devices the kernel can number: 2^20 minors
 // divided among each device's partitions (max_part).
 func loopLimit() int64 {
