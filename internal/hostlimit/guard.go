@@ -2,8 +2,8 @@
 // it reads what bounds how many sandboxes a node can hold — host PIDs
 // (kernel.pid_max, kernel.threads-max, pids cgroups above the sandboxes),
 // memory, the daemon's own file descriptors, disk and inodes of the data
-// dir; loop devices and inotify are reported — raises what it may (with a log line), and
-// keeps a reserve of each for the host and the node itself. A create that
+// dir (loop devices and inotify are only reported) — raises what it may
+// (with a log line), and keeps a reserve of each for the host and the node itself. A create that
 // would cross a limit is refused with ResourceExhausted naming the
 // resource, its limit and its use, before anything of the sandbox is made;
 // the sandboxes' parent pids cgroup is capped below the host's PID limit,
@@ -58,9 +58,7 @@ var DefaultCosts = map[string]Cost{
 
 // Targets of raising.
 const (
-	raisePidMax          = 4194304 // the kernel's maximum on 64-bit hosts
-	raiseInotifyInstance = 8192    // each sandbox's watchers count against root's
-	raiseInotifyWatches  = 1 << 20
+	raisePidMax = 4194304 // the kernel's maximum on 64-bit hosts
 )
 
 // sampleEvery is how stale the kernel's figures may be for a decision;
@@ -166,8 +164,6 @@ func (g *Guard) raise() {
 		g.log.Info("host limit raised (--no-raise-limits leaves it)", "sysctl", name, "from", cur, "to", to)
 	}
 	raiseSysctl("kernel.pid_max", raisePidMax)
-	raiseSysctl("fs.inotify.max_user_instances", raiseInotifyInstance)
-	raiseSysctl("fs.inotify.max_user_watches", raiseInotifyWatches)
 	var rl unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Cur < rl.Max {
 		from := rl.Cur
@@ -295,9 +291,10 @@ func (g *Guard) addDisk() error {
 	return nil
 }
 
-// logInotify reports the inotify limits: per user, and every sandbox's
-// instances count against root's in the initial user namespace. Their use
-// cannot be read cheaply, so they are reported, not admitted on.
+// logInotify reports the inotify limits. They are per user, and each
+// sandbox's user namespace belongs to a uid of its own, so they bound each
+// sandbox alone, not how many fit: reported, not admitted on, and not
+// raised (that would give every sandbox more kernel objects).
 func (g *Guard) logInotify() {
 	inst, err1 := readInt(filepath.Join(procRoot, "sys/fs/inotify/max_user_instances"))
 	watches, err2 := readInt(filepath.Join(procRoot, "sys/fs/inotify/max_user_watches"))

@@ -70,7 +70,7 @@ type Config struct {
 	// CleanupOnExit deletes every sandbox and unmounts the disk pool on
 	// shutdown instead of leaving sandboxes running for the next start.
 	CleanupOnExit bool
-	// NoRaiseLimits leaves the host's limits (kernel.pid_max, inotify,
+	// NoRaiseLimits leaves the host's limits (kernel.pid_max, the node's
 	// RLIMIT_NOFILE) as they are; see internal/hostlimit.
 	NoRaiseLimits bool
 	Defaults      node.Defaults
