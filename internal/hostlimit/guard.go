@@ -92,6 +92,10 @@ type resource struct {
 	need    func(Cost) int64
 	used    int64
 	readErr error // of the last reading; the resource is skipped while set
+	// everyTime: read at every decision, not only every sampleEvery.
+	// PIDs are (a counter file each, microseconds): sandboxes already
+	// running can take hundreds between two readings.
+	everyTime bool
 }
 
 // Guard admits creates against the host's limits.
@@ -188,7 +192,7 @@ func (g *Guard) addPIDs() error {
 			return fmt.Errorf("host limit %s: %w", k.sysctl, err)
 		}
 		g.res = append(g.res, &resource{name: "host PIDs (" + k.sysctl + ")", limit: limit,
-			reserve: reserveOf(limit, 1024), use: tasks, need: pidsNeed})
+			reserve: reserveOf(limit, 1024), use: tasks, need: pidsNeed, everyTime: true})
 	}
 	h, err := cgroup.Detect()
 	if err != nil {
@@ -215,7 +219,7 @@ func (g *Guard) addPIDs() error {
 			}
 			dir := d
 			g.res = append(g.res, &resource{name: "PIDs of cgroup " + strings.TrimPrefix(d, root) + " (pids.max)",
-				limit: limit, reserve: reserveOf(limit, 64), need: pidsNeed,
+				limit: limit, reserve: reserveOf(limit, 64), need: pidsNeed, everyTime: true,
 				use: func() (int64, error) { return readInt(filepath.Join(dir, "pids.current")) }})
 		}
 	}
@@ -306,11 +310,7 @@ func (g *Guard) logInotify() {
 // sample reads every resource's use; the caller holds g.mu.
 func (g *Guard) sample() {
 	for _, r := range g.res {
-		used, err := r.use()
-		if err != nil && r.readErr == nil {
-			g.log.Warn("host limit: cannot read use; not admitting on it", "resource", r.name, "err", err)
-		}
-		r.used, r.readErr = used, err
+		r.read(g.log)
 	}
 	g.inCgroups = 0
 	for _, d := range g.pidsDirs {
@@ -347,6 +347,15 @@ func (g *Guard) topUpThreads() {
 
 func isPIDs(r *resource) bool { return r.need(Cost{PIDs: 1}) == 1 }
 
+// read takes the resource's use from the kernel.
+func (r *resource) read(log *slog.Logger) {
+	used, err := r.use()
+	if err != nil && r.readErr == nil {
+		log.Warn("host limit: cannot read use; not admitting on it", "resource", r.name, "err", err)
+	}
+	r.used, r.readErr = used, err
+}
+
 // applyCap writes the parent's pids.max once the parent exists (the
 // backend makes it with its first sandbox). The node owns its parents
 // (they are claimed at start), so a cap left by an earlier run under other
@@ -382,7 +391,8 @@ func (g *Guard) cost(backend string) Cost {
 // holds now (for tracking the PIDs each takes), creating how many of them
 // are still being made. A sandbox being made is counted at its full cost
 // on top of the kernel's figures (its init has not started all its threads
-// yet), and so is every create admitted since they were read.
+// yet), and so is, for the figures read every sampleEvery, every create
+// admitted since they were read.
 func (g *Guard) Admit(backend string, sandboxes, creating int) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -398,12 +408,28 @@ func (g *Guard) Admit(backend string, sandboxes, creating int) error {
 		}
 	}
 	c := g.cost(backend)
+	var inflight Cost
+	for range creating {
+		inflight = inflight.add(c)
+	}
 	for _, r := range g.res {
 		need := r.need(c)
-		if need == 0 || r.readErr != nil {
+		if need == 0 {
 			continue
 		}
-		used := r.used + r.need(g.since)
+		if r.everyTime {
+			r.read(g.log)
+		}
+		if r.readErr != nil {
+			continue
+		}
+		// A fresh reading misses only the sandboxes still being made;
+		// a sampled one also those admitted since.
+		pending := g.since
+		if r.everyTime {
+			pending = inflight
+		}
+		used := r.used + r.need(pending)
 		if used+need > r.limit-r.reserve {
 			return errdefs.ResourceExhausted("node at a host limit: %s: limit %s, in use %s, %s kept for the host and the node; a %s sandbox needs %s",
 				r.name, r.format(r.limit), r.format(used), r.format(r.reserve), backend, r.format(need))

@@ -108,6 +108,17 @@ func TestAdmitTracksPIDsPerSandbox(t *testing.T) {
 	if want := int64(4 * 21); pidsNeed(g.since) != want {
 		t.Fatalf("counted %d PIDs since the reading, want %d (3 creating and this one)", pidsNeed(g.since), want)
 	}
+	// Read at every decision, PIDs count only the creates in flight: 958
+	// used + 21 in flight leave room for exactly one more of 21, 980 none.
+	g.res[0].everyTime = true
+	used = 958
+	if err := g.Admit("container", 20, 1); err != nil {
+		t.Fatalf("958 used + 21 in flight + 21 of 1000: %v", err)
+	}
+	used = 980
+	if err := g.Admit("container", 20, 0); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("980 used + 21 of 1000: got %v, want resource exhausted", err)
+	}
 	if c := g.cost("container"); c.PIDs != 20 {
 		t.Fatalf("tracked cost %d PIDs, want 20", c.PIDs)
 	}
