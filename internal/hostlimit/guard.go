@@ -438,25 +438,3 @@ func (g *Guard) Admit(backend string, sandboxes, creating int) error {
 	g.since = g.since.add(c)
 	return nil
 }
-
-// Status is one resource as last read.
-type Status struct {
-	Name     string
-	Limit    int64
-	Used     int64
-	Reserved int64
-}
-
-// Status returns every resource as last read, refreshed if stale.
-func (g *Guard) Status() []Status {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if time.Since(g.sampledAt) >= sampleEvery {
-		g.sample()
-	}
-	out := make([]Status, 0, len(g.res))
-	for _, r := range g.res {
-		out = append(out, Status{Name: r.name, Limit: r.limit, Used: r.used, Reserved: r.reserve})
-	}
-	return out
-}

@@ -33,7 +33,7 @@ func TestReadKernelFigures(t *testing.T) {
 	fakeProc(t, map[string]string{
 		"loadavg":     "0.50 0.40 0.30 3/1234 999\n",
 		"meminfo":     "MemTotal:       24000000 kB\nMemFree:  1 kB\nMemAvailable:   20000000 kB\n",
-		"self/cgroup": "12:pids:/a/b\n4:cpu,cpuacct:/c\n0::/u\n",
+		"self/status": "Name:\tcorral\nThreads:\t38\n",
 	})
 	if n, err := tasks(); err != nil || n != 1234 {
 		t.Fatalf("tasks = %d, %v; want 1234", n, err)
@@ -42,10 +42,8 @@ func TestReadKernelFigures(t *testing.T) {
 	if err != nil || total != 24000000<<10 || avail != 20000000<<10 {
 		t.Fatalf("memInfo = %d, %d, %v", total, avail, err)
 	}
-	for c, want := range map[string]string{"pids": "/a/b", "cpuacct": "/c", "": "/u"} {
-		if got, err := ownCgroup(c); err != nil || got != want {
-			t.Errorf("ownCgroup(%q) = %q, %v; want %q", c, got, err, want)
-		}
+	if n, err := ownThreads(); err != nil || n != 38 {
+		t.Fatalf("ownThreads = %d, %v; want 38", n, err)
 	}
 }
 

@@ -155,27 +155,3 @@ func statfs(dir string) (bytes, usedBytes, inodes, usedInodes int64, err error) 
 	bs := int64(st.Bsize)
 	return int64(st.Blocks) * bs, int64(st.Blocks-st.Bfree) * bs, int64(st.Files), int64(st.Files - st.Ffree), nil
 }
-
-// ownCgroup returns the daemon's cgroup path in the hierarchy that holds
-// controller (v1), or its v2 path when controller is "".
-func ownCgroup(controller string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, "self/cgroup"))
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if controller == "" && parts[0] == "0" && parts[1] == "" {
-			return parts[2], nil
-		}
-		for _, c := range strings.Split(parts[1], ",") {
-			if controller != "" && c == controller {
-				return parts[2], nil
-			}
-		}
-	}
-	return "", fmt.Errorf("no %q line in %s/self/cgroup", controller, procRoot)
-}
