@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,11 +17,15 @@ import (
 
 // DensityOptions configure Density. Zero fields take the defaults.
 type DensityOptions struct {
-	N           int       // idle sandboxes (default 100)
-	Concurrency int       // default 8
-	Image       string    // default "busybox"
-	MemoryBytes int64     // per-sandbox limit (default 64 MiB)
-	Log         io.Writer // progress lines; nil discards
+	N           int    // idle sandboxes (default 100)
+	Concurrency int    // default 8
+	Image       string // default "busybox"
+	MemoryBytes int64  // per-sandbox limit (default 64 MiB)
+	// ExpectRefusals says N is past what the node admits: the run passes
+	// when the creates beyond are refused with ResourceExhausted (and no
+	// create fails otherwise) while every admitted sandbox answers.
+	ExpectRefusals bool
+	Log            io.Writer // progress lines; nil discards
 }
 
 func (o *DensityOptions) defaults() {
@@ -51,6 +58,22 @@ type DensityResult struct {
 	CreateS      float64 `json:"create_s"`
 	CreatesPerS  float64 `json:"creates_per_s"`
 	FirstErr     string  `json:"first_error,omitempty"`
+	// Refused are the creates refused with ResourceExhausted (the node at
+	// a host or quota limit); CreateErrors counts them too.
+	Refused      int    `json:"refused"`
+	FirstRefusal string `json:"first_refusal,omitempty"`
+
+	// Host PIDs per idle sandbox: the threads of the sandboxes' processes
+	// plus the kernel threads started meanwhile (children of kthreadd),
+	// over Created. The host's whole task count before and with all idle
+	// is reported beside it: on a shared host it also moves with others.
+	HostTasksBefore       int64   `json:"host_tasks_before"`
+	HostTasksIdle         int64   `json:"host_tasks_idle"`
+	KernelThreadsBefore   int64   `json:"kernel_threads_before"`
+	KernelThreadsIdle     int64   `json:"kernel_threads_idle"`
+	HostPIDsPerSandbox    float64 `json:"host_pids_per_sandbox"`
+	KernelPIDsPerSandbox  float64 `json:"kernel_pids_per_sandbox"`
+	HostTasksDeltaPerSbox float64 `json:"host_tasks_delta_per_sandbox"`
 
 	// Host memory: MemAvailable before creating, with all created, after deleting.
 	MemAvailableBeforeMiB float64 `json:"mem_available_before_mib"`
@@ -87,18 +110,24 @@ func Density(ctx context.Context, c *client.Client, o DensityOptions) (res *Dens
 		return res, err
 	}
 	res.MemAvailableBeforeMiB = mib(before)
+	res.HostTasksBefore, res.KernelThreadsBefore = hostTasks(), kernelThreads()
 
 	fmt.Fprintf(o.Log, "creating %d sandboxes (%d at a time, memory %d MiB)\n", o.N, o.Concurrency, o.MemoryBytes>>20)
 	sbs := make([]*client.Sandbox, o.N)
-	var failed atomic.Int64
-	var once sync.Once
+	var failed, refused atomic.Int64
+	var once, onceRefused sync.Once
 	start := time.Now()
 	create := client.CreateOptions{Image: o.Image, Resources: client.Resources{MemoryBytes: o.MemoryBytes}}
 	parallel(ctx, o.N, o.Concurrency, func(ctx context.Context, i int) {
 		sb, err := t.create(ctx, create)
 		if err != nil {
 			failed.Add(1)
-			once.Do(func() { res.FirstErr = err.Error() })
+			if client.IsResourceExhausted(err) {
+				refused.Add(1)
+				onceRefused.Do(func() { res.FirstRefusal = err.Error() })
+			} else {
+				once.Do(func() { res.FirstErr = err.Error() })
+			}
 			return
 		}
 		sbs[i] = sb
@@ -113,7 +142,7 @@ func Density(ctx context.Context, c *client.Client, o DensityOptions) (res *Dens
 			live = append(live, sb)
 		}
 	}
-	res.Created, res.CreateErrors = len(live), int(failed.Load())
+	res.Created, res.CreateErrors, res.Refused = len(live), int(failed.Load()), int(refused.Load())
 	res.CreatesPerS = round(float64(res.Created) / res.CreateS)
 	if ctx.Err() != nil {
 		return res, ctx.Err()
@@ -125,14 +154,20 @@ func Density(ctx context.Context, c *client.Client, o DensityOptions) (res *Dens
 		return res, err
 	}
 	res.MemAvailableIdleMiB = mib(idle)
-	if res.Created > 0 {
-		res.HostMiBPerSandbox = round(mib(before-idle) / float64(res.Created))
-	}
+	res.HostTasksIdle, res.KernelThreadsIdle = hostTasks(), kernelThreads()
 	ids := make([]string, len(live))
 	for i, sb := range live {
 		ids[i] = sb.ID()
 	}
 	res.Procs = sandboxProcMemory(ids)
+	if n := float64(res.Created); n > 0 {
+		res.HostMiBPerSandbox = round(mib(before-idle) / n)
+		res.HostTasksDeltaPerSbox = round(float64(res.HostTasksIdle-res.HostTasksBefore) / n)
+		res.KernelPIDsPerSandbox = round(float64(res.KernelThreadsIdle-res.KernelThreadsBefore) / n)
+		if res.Procs != nil {
+			res.HostPIDsPerSandbox = round(float64(res.Procs.Threads)/n + res.KernelPIDsPerSandbox)
+		}
+	}
 
 	fmt.Fprintf(o.Log, "running true in each of %d sandboxes\n", len(live))
 	lat := make([]time.Duration, len(live))
@@ -145,7 +180,7 @@ func Density(ctx context.Context, c *client.Client, o DensityOptions) (res *Dens
 		}
 	})
 	res.Answered = int(answered.Load())
-	res.AllAnswer = res.Answered == o.N
+	res.AllAnswer = res.Answered == res.Created && (res.Created == o.N || o.ExpectRefusals)
 	ok := lat[:0:0]
 	for _, d := range lat {
 		if d > 0 {
@@ -172,18 +207,84 @@ func Density(ctx context.Context, c *client.Client, o DensityOptions) (res *Dens
 	}
 	res.Targets = []Target{
 		atMost("host_mib_per_sandbox", res.HostMiBPerSandbox, 3),
+		atMost("host_pids_per_sandbox", res.HostPIDsPerSandbox, 4),
 		atLeast("answered", float64(res.Answered), float64(o.N)),
 		atMost("leaked", float64(res.Leaked), 0),
+	}
+	if o.ExpectRefusals {
+		// Past the node's limit: every create either made a sandbox that
+		// answers or was refused cleanly.
+		res.Targets[2] = atLeast("answered", float64(res.Answered), float64(res.Created))
+		res.Targets = append(res.Targets,
+			atLeast("refused", float64(res.Refused), 1),
+			atMost("other_create_errors", float64(res.CreateErrors-res.Refused), 0))
 	}
 	return res, ctx.Err()
 }
 
 func mib(b int64) float64 { return round(float64(b) / (1 << 20)) }
 
+// kernelThreads counts the children of kthreadd (PID 2) but the pooled
+// workqueue workers (kworker/N:N, kworker/uN:N), which the kernel starts
+// and ends with its load: the kernel threads made for something, such as
+// the rescuer of a mounted filesystem's workqueue.
+func kernelThreads() int64 {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return -1
+	}
+	var n int64
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so cut at the last ')'.
+		open, end := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
+		if open < 0 || end < open {
+			continue
+		}
+		if f := strings.Fields(string(b[end+1:])); len(f) < 2 || f[1] != "2" || pooledWorker(string(b[open+1:end])) {
+			continue
+		}
+		n++
+	}
+	return n
+}
+
+func pooledWorker(comm string) bool {
+	rest, ok := strings.CutPrefix(comm, "kworker/")
+	return ok && rest != "" && (rest[0] == 'u' || rest[0] >= '0' && rest[0] <= '9')
+}
+
+// hostTasks is the host's task count (the kernel's nr_threads, in
+// /proc/loadavg): each holds a PID of the host, kernel threads included.
+func hostTasks() int64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 4 {
+		return -1
+	}
+	_, total, _ := strings.Cut(f[3], "/")
+	n, _ := strconv.ParseInt(total, 10, 64)
+	return n
+}
+
 // WriteTable prints the result as a table.
 func (r *DensityResult) WriteTable(w io.Writer) error {
 	rows := []row{
-		{"created", fmt.Sprintf("%d of %d in %ss (%s/s, %d errors)", r.Created, r.N, f3(r.CreateS), f3(r.CreatesPerS), r.CreateErrors), "", ""},
+		{"created", fmt.Sprintf("%d of %d in %ss (%s/s, %d errors, %d of them refused: resource exhausted)", r.Created, r.N, f3(r.CreateS), f3(r.CreatesPerS), r.CreateErrors, r.Refused), "", targetFor(r.Targets, "refused")},
+		{"host PIDs per idle sandbox", f3(r.HostPIDsPerSandbox),
+			fmt.Sprintf("its processes' threads + %s kernel threads (kernel threads %d → %d); host tasks %d → %d (%s per sandbox, others' included)",
+				f3(r.KernelPIDsPerSandbox), r.KernelThreadsBefore, r.KernelThreadsIdle, r.HostTasksBefore, r.HostTasksIdle, f3(r.HostTasksDeltaPerSbox)),
+			targetFor(r.Targets, "host_pids_per_sandbox")},
+		r.threadsRow(),
 		{"host MiB per idle sandbox", f3(r.HostMiBPerSandbox) + " MiB",
 			fmt.Sprintf("MemAvailable %s → %s MiB", f3(r.MemAvailableBeforeMiB), f3(r.MemAvailableIdleMiB)),
 			targetFor(r.Targets, "host_mib_per_sandbox")},
@@ -201,8 +302,11 @@ func (r *DensityResult) WriteTable(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(w, r.Load)
+	if r.FirstRefusal != "" {
+		fmt.Fprintf(w, "first refusal: %s\n", r.FirstRefusal)
+	}
 	if r.FirstErr != "" {
-		fmt.Fprintf(w, "first create error: %s\n", r.FirstErr)
+		fmt.Fprintf(w, "first create error (other than a refusal): %s\n", r.FirstErr)
 	}
 	return nil
 }
@@ -214,4 +318,14 @@ func (r *DensityResult) procRow(name string, f func(*ProcMemory) float64) row {
 	}
 	return row{name, f3(f(r.Procs)/float64(max(1, r.Created))) + " MiB",
 		fmt.Sprintf("%s MiB in %d processes, %d cgroups", f3(f(r.Procs)), r.Procs.Processes, r.Procs.Cgroups), ""}
+}
+
+// threadsRow shows the threads of the sandboxes' own processes per
+// sandbox: the part of their host PIDs that is not a kernel thread.
+func (r *DensityResult) threadsRow() row {
+	if r.Procs == nil {
+		return row{"threads in sandbox cgroups per sandbox", "not found", "", ""}
+	}
+	return row{"threads in sandbox cgroups per sandbox", f3(float64(r.Procs.Threads) / float64(max(1, r.Created))),
+		fmt.Sprintf("%d threads in %d processes", r.Procs.Threads, r.Procs.Processes), ""}
 }

@@ -67,6 +67,7 @@ func settledMemAvailable(ctx context.Context) (int64, error) {
 // this host and sandbox ids in cgroup paths).
 type ProcMemory struct {
 	Processes int     `json:"processes"`
+	Threads   int64   `json:"threads"` // host PIDs the processes hold
 	Cgroups   int     `json:"cgroups"`
 	RSSMiB    float64 `json:"rss_mib"`
 	PSSMiB    float64 `json:"pss_mib"`
@@ -96,6 +97,7 @@ func sandboxProcMemory(ids []string) *ProcMemory {
 			continue
 		}
 		pm.Processes++
+		pm.Threads += statusKB(filepath.Join(dir, "status"), "Threads:")
 		rss += statusKB(filepath.Join(dir, "status"), "VmRSS:") << 10
 		pss += statusKB(filepath.Join(dir, "smaps_rollup"), "Pss:") << 10
 		if p := memoryCgroupUsageFile(cg); p != "" && !cgroups[p] {

@@ -74,6 +74,7 @@ func newBenchDensityCmd(g *globals) *cobra.Command {
 	fl.IntVar(&o.Concurrency, "concurrency", 8, "creates, execs and deletes in flight")
 	fl.StringVar(&o.Image, "image", "busybox", "image to create sandboxes from")
 	fl.StringVar(&memory, "memory", "64Mi", "memory limit of each sandbox")
+	fl.BoolVar(&o.ExpectRefusals, "expect-refusals", false, "N is past what the node admits (e.g. --n 6000 with kernel.pid_max 32768 and serve --no-raise-limits): pass when the creates beyond are refused with resource exhausted and every admitted sandbox answers")
 	return cmd
 }
 

@@ -131,6 +131,7 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&swap, "swap", "", "size of a swap file the node makes under --data-dir (and removes at exit) for pause --reclaim, e.g. 4Gi; none when empty")
 	fl.StringVar(&diskPool, "disk-pool", "64Gi", "size of the sparse XFS filesystem holding all writable layers (--disk-store xfs)")
 	fl.BoolVar(&cfg.CleanupOnExit, "cleanup-on-exit", false, "delete every sandbox when the daemon exits")
+	fl.BoolVar(&cfg.NoRaiseLimits, "no-raise-limits", false, "leave the host's limits as they are (by default the node raises kernel.pid_max to 4194304 and its own RLIMIT_NOFILE soft limit to the hard one)")
 	fl.StringVar(&cfg.ImportRoot, "import-root", "", "directory under which the node administrator (root on the unix socket) may name node paths in layer create --node-path and image import --node-path; default none: every node path is refused (clients stream their content)")
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&logFormat, "log-format", "text", "log lines as text (key=value) or json (one object a line)")

@@ -87,6 +87,7 @@ var rules = []rule{
 	{pkg: "internal/importroot", may: []string{"internal/errdefs", "internal/safefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/state", may: []string{"internal/errdefs"}, never: cat([]string{"internal/backend/..."}, upper)},
 	{pkg: "internal/execlog", may: []string{"internal/errdefs"}, never: cat([]string{"internal/backend/..."}, upper)},
+	{pkg: "internal/hostlimit", may: []string{"internal/errdefs", "internal/runtime/cgroup"}, never: cat(backends, stateful)},
 	{pkg: "internal/swaparea", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 
 	// The network policy drives the kernel; it knows the backend's types only.

@@ -83,6 +83,9 @@ type Config struct {
 	// CleanupOnExit deletes every sandbox and unmounts the disk pool on
 	// shutdown instead of leaving sandboxes running for the next start.
 	CleanupOnExit bool
+	// NoRaiseLimits leaves the host's limits (kernel.pid_max, the node's
+	// RLIMIT_NOFILE) as they are; see internal/hostlimit.
+	NoRaiseLimits bool
 	Defaults      node.Defaults
 	// FnCallPoolFloor and FnCallPoolCeiling bound each fncall pool (per
 	// image and memory limit); zero takes fncall's defaults.
@@ -231,6 +234,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		closeImages()
 		return nil, err
 	}
+	guard, err := openHostLimits(cfg)
+	if err != nil {
+		evlog.Close()
+		st.close(ctx, false)
+		closeImages()
+		return nil, err
+	}
 	swap, err := setupSwap(cfg)
 	if err != nil {
 		evlog.Close()
@@ -249,7 +259,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Logger:   cfg.Logger,
 		Events:   evlog,
 		Metrics:  reg,
-		Admit:    admitWith(iamSvc),
+		Admit:    admitAll(admitWith(iamSvc), hostAdmit(guard)),
 		// A request's I/O limits are bounded by the container backend's.
 		Limits: node.Limits{MaxIO: state.IOLimits(container.DefaultIO)},
 

@@ -171,6 +171,7 @@ func Start(logger *slog.Logger, mutate ...func(*server.Config)) (*Server, error)
 		InitBinary:    filepath.Join(bins, "corral-init"),
 		DiskPoolBytes: 8 << 30,
 		CleanupOnExit: true,
+		NoRaiseLimits: true, // tests leave the shared host's settings alone
 		Logger:        logger,
 	}
 	for _, m := range mutate {

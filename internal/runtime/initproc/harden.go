@@ -144,12 +144,17 @@ func execveat(fd int, argv []string) error {
 		argvp = append(argvp, p)
 	}
 	argvp = append(argvp, nil)
-	envp := []*byte{nil}
+	envp := []*byte{&initEnv[0], nil}
 	empty := []byte{0}
 	_, _, e := unix.Syscall6(unix.SYS_EXECVEAT, uintptr(fd), uintptr(unsafe.Pointer(&empty[0])),
 		uintptr(unsafe.Pointer(&argvp[0])), uintptr(unsafe.Pointer(&envp[0])), unix.AT_EMPTY_PATH, 0)
 	return fmt.Errorf("re-exec corral-init: %w", e)
 }
+
+// initEnv is the serving stage's whole environment: one P from the start,
+// so that the runtime never starts the threads of a second one (an idle
+// init's threads are host PIDs).
+var initEnv = []byte("GOMAXPROCS=1\x00")
 
 func lastCap() (uintptr, error) {
 	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")

@@ -118,8 +118,12 @@ func fail(setup *initproto.Conn, format string, args ...any) {
 // spareThreads is how many OS threads init makes before serving. Go keeps
 // idle threads and reuses them, so init never needs a new one while a fork
 // bomb holds the sandbox's pids limit (a failed thread creation is fatal to
-// a Go program).
-const spareThreads = 6
+// a Go program). Every thread is a host PID of an idle sandbox: with one P
+// from the start (GOMAXPROCS=1 in init's environment) the runtime keeps
+// about five of its own (sysmon, the signal receiver, the poller, idle
+// ones), and two spares on top held the pids-limit fork bomb (an idle init
+// had 11 threads with six).
+const spareThreads = 2
 
 // prewarmThreads makes the runtime start spareThreads threads: each
 // goroutine pins the thread it runs on and parks, so the scheduler must start

@@ -211,8 +211,14 @@ func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err err
 		}
 	}()
 	pid, err = syscall.ForkExec(fmt.Sprintf("/proc/self/fd/%d", initFd), []string{"corral-init"}, &syscall.ProcAttr{
-		Env: []string{}, Files: files, Sys: attr,
+		// One P from the start (init's own setting comes after the
+		// runtime has started threads for every CPU).
+		Env: []string{"GOMAXPROCS=1"}, Files: files, Sys: attr,
 	})
+	if errors.Is(err, unix.EAGAIN) {
+		// No PID to spare: the host's, or the sandboxes' parent cgroup's.
+		return 0, 0, errdefs.ResourceExhausted("start %s: %v: no PID left for a new sandbox", sc.InitPath, err)
+	}
 	if err != nil {
 		return 0, 0, fmt.Errorf("start %s: %w", sc.InitPath, err)
 	}
