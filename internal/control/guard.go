@@ -80,6 +80,9 @@ var rules = map[string]rule{
 	// Uploads carry their content from the client: any member may.
 	corralv1connect.ImageServiceUploadLayerProcedure: {access: accessWrite, audit: true},
 	corralv1connect.ImageServiceUploadImageProcedure: {access: accessWrite, audit: true},
+	// A build runs the recipe as root on the node (mmdebstrap for debian)
+	// and replaces a node-wide image: the node administrator's alone.
+	corralv1connect.ImageServiceBuildImageProcedure: {access: accessNode, audit: true},
 
 	// Stats and events are filtered to the caller's projects by the
 	// handlers; Nodes reports node-wide totals only.
