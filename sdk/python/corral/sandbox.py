@@ -10,6 +10,7 @@ from ._tar import extract, file_messages, tar_tree
 from .errors import InternalError, NotFoundError
 from .images import _SVC as _IMAGE_SVC
 from .images import Packed, packed_from_json
+from .network import Network, NetworkStats, mode_json
 from .types import ExecChunk, ExecResult, FileInfo, SandboxInfo
 from .types import b64decode, b64encode, env_list, format_duration
 
@@ -93,6 +94,25 @@ class AsyncSandbox:
     async def resume(self, *, request_timeout: Optional[float] = None) -> None:
         """Thaw a paused sandbox."""
         await self._c._t.unary("Resume", {"id": self.id}, timeout=request_timeout)
+
+    async def update_network(self, *, mode: Optional[str] = None, allow: Optional[List[str]] = None,
+                             deny: Optional[List[str]] = None, replace: bool = False,
+                             request_timeout: Optional[float] = None) -> Network:
+        """Change the running sandbox's network policy and return the new
+        one: ``mode`` (``"none"``, ``"allowlist"``, ``"open"``; None keeps
+        it), ``allow`` rules added (or, with ``replace``, the whole list),
+        ``deny`` rules removed. New rules apply to connections made after."""
+        msg: Dict[str, Any] = {"id": self.id, "allow": list(allow or []), "deny": list(deny or []),
+                               "replace": replace}
+        if mode is not None:
+            msg["mode"] = mode_json(mode)
+        d = await self._c._t.unary("UpdateNetwork", msg, timeout=request_timeout)
+        return Network._from_json(d.get("network"))
+
+    async def network_stats(self, *, request_timeout: Optional[float] = None) -> NetworkStats:
+        """What the sandbox's network policy refused, most refused first."""
+        d = await self._c._t.unary("NetworkStats", {"id": self.id}, idempotent=True, timeout=request_timeout)
+        return NetworkStats._from_json(d)
 
     async def pack(self, name: str, *, exclude: Optional[List[str]] = None, default_excludes: bool = True,
                    composition: bool = True, request_timeout: Optional[float] = None) -> Packed:

@@ -9,12 +9,13 @@ its connection and makes the server stop the command.
 
 import asyncio
 import threading
-from typing import Any, Awaitable, Dict, Iterator, List, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Dict, Iterator, List, Optional, TypeVar
 
 from .client import AsyncClient
 from .fncall import CallResult
 from .iam import AuditEntry, Identity, Project, Quota, Token
-from .images import Composition, Images, Layer, Packed, Removed
+from .images import BuiltImage, Composition, Images, Imported, ImportProgress, Layer, Packed, Removed
+from .network import Network, NetworkStats
 from .observe import Event, SandboxStats
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
 from .types import ExecChunk, ExecResult, FileInfo, SandboxInfo
@@ -169,6 +170,23 @@ class Client:
         """Remove every layer nothing uses (see :meth:`AsyncClient.collect_garbage`)."""
         return self._run(self._async.collect_garbage(**kw))
 
+    def import_image(self, source: str, name: str, *, insecure: bool = False,
+                     progress: Optional[Callable[[ImportProgress], None]] = None,
+                     request_timeout: Optional[float] = None) -> Imported:
+        """Have the server pull a registry image (see :meth:`AsyncClient.import_image`)."""
+        return self._run(self._async.import_image(source, name, insecure=insecure, progress=progress,
+                                                  request_timeout=request_timeout))
+
+    def pull_layer(self, digest: str, name: str = "", *, request_timeout: Optional[float] = None) -> Layer:
+        """Learn a layer from the shared blob store (see :meth:`AsyncClient.pull_layer`)."""
+        return self._run(self._async.pull_layer(digest, name, request_timeout=request_timeout))
+
+    def build_image(self, name: str, *, rebuild: bool = False, output: Optional[Callable[[str], None]] = None,
+                    request_timeout: Optional[float] = 1800) -> BuiltImage:
+        """Have the server build a built-in image (see :meth:`AsyncClient.build_image`)."""
+        return self._run(self._async.build_image(name, rebuild=rebuild, output=output,
+                                                 request_timeout=request_timeout))
+
     def whoami(self, **kw: Any) -> Identity:
         """Who the server takes the caller for (see :meth:`AsyncClient.whoami`)."""
         return self._run(self._async.whoami(**kw))
@@ -260,6 +278,17 @@ class Sandbox:
     def pack(self, name: str, **kw: Any) -> Packed:
         """Pack the sandbox's writes as a layer (see :meth:`AsyncSandbox.pack`)."""
         return self._c._run(self._a.pack(name, **kw))
+
+    def update_network(self, *, mode: Optional[str] = None, allow: Optional[List[str]] = None,
+                       deny: Optional[List[str]] = None, replace: bool = False,
+                       request_timeout: Optional[float] = None) -> Network:
+        """Change the network policy (see :meth:`AsyncSandbox.update_network`)."""
+        return self._c._run(self._a.update_network(mode=mode, allow=allow, deny=deny, replace=replace,
+                                                   request_timeout=request_timeout))
+
+    def network_stats(self, *, request_timeout: Optional[float] = None) -> NetworkStats:
+        """What the network policy refused (see :meth:`AsyncSandbox.network_stats`)."""
+        return self._c._run(self._a.network_stats(request_timeout=request_timeout))
 
     def run(self, cmd: Command, **kw: Any) -> ExecResult:
         """Run a command; arguments as :meth:`AsyncSandbox.run`."""
