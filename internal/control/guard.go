@@ -67,6 +67,7 @@ var rules = map[string]rule{
 	corralv1connect.SandboxServiceCopyInProcedure:     {access: accessWrite, sandbox: "sandbox_id"},
 	corralv1connect.SandboxServiceCopyOutProcedure:    {access: accessRead, sandbox: "sandbox_id"},
 	corralv1connect.SandboxServiceExecStreamProcedure: {access: accessWrite, audit: true},
+	corralv1connect.SandboxServiceRunStreamProcedure:  {access: accessWrite, audit: true},
 
 	corralv1connect.ImageServiceListImagesProcedure: {access: accessRead},
 	// CreateLayer reads a path on the node: the node administrator's alone.

@@ -3213,7 +3213,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x02\x12\x19\n" +
 	"\x15SANDBOX_STATE_STOPPED\x10\x03\x12\x16\n" +
-	"\x12SANDBOX_STATE_LOST\x10\x042\xb3\n" +
+	"\x12SANDBOX_STATE_LOST\x10\x042\xf8\n" +
 	"\n" +
 	"\x0eSandboxService\x12=\n" +
 	"\x06Create\x12\x18.corral.v1.CreateRequest\x1a\x19.corral.v1.CreateResponse\x124\n" +
@@ -3237,7 +3237,8 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x06CopyIn\x12\x18.corral.v1.CopyInRequest\x1a\x19.corral.v1.CopyInResponse(\x01\x12B\n" +
 	"\aCopyOut\x12\x19.corral.v1.CopyOutRequest\x1a\x1a.corral.v1.CopyOutResponse0\x01\x12G\n" +
 	"\n" +
-	"ExecStream\x12\x1c.corral.v1.ExecStreamRequest\x1a\x17.corral.v1.ExecResponse(\x010\x01B5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"ExecStream\x12\x1c.corral.v1.ExecStreamRequest\x1a\x17.corral.v1.ExecResponse(\x010\x01\x12C\n" +
+	"\tRunStream\x12\x1c.corral.v1.ExecStreamRequest\x1a\x16.corral.v1.RunResponse(\x01B5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_sandbox_proto_rawDescOnce sync.Once
@@ -3361,28 +3362,30 @@ var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	41, // 50: corral.v1.SandboxService.CopyIn:input_type -> corral.v1.CopyInRequest
 	43, // 51: corral.v1.SandboxService.CopyOut:input_type -> corral.v1.CopyOutRequest
 	45, // 52: corral.v1.SandboxService.ExecStream:input_type -> corral.v1.ExecStreamRequest
-	11, // 53: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
-	15, // 54: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
-	17, // 55: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
-	19, // 56: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
-	21, // 57: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
-	23, // 58: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
-	25, // 59: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
-	27, // 60: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
-	30, // 61: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
-	32, // 62: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
-	34, // 63: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
-	36, // 64: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
-	38, // 65: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
-	40, // 66: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
-	4,  // 67: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
-	7,  // 68: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
-	25, // 69: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
-	42, // 70: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
-	44, // 71: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
-	21, // 72: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
-	53, // [53:73] is the sub-list for method output_type
-	33, // [33:53] is the sub-list for method input_type
+	45, // 53: corral.v1.SandboxService.RunStream:input_type -> corral.v1.ExecStreamRequest
+	11, // 54: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
+	15, // 55: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
+	17, // 56: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
+	19, // 57: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
+	21, // 58: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
+	23, // 59: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
+	25, // 60: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
+	27, // 61: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
+	30, // 62: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
+	32, // 63: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
+	34, // 64: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
+	36, // 65: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
+	38, // 66: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
+	40, // 67: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
+	4,  // 68: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
+	7,  // 69: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
+	25, // 70: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
+	42, // 71: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
+	44, // 72: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
+	21, // 73: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
+	23, // 74: corral.v1.SandboxService.RunStream:output_type -> corral.v1.RunResponse
+	54, // [54:75] is the sub-list for method output_type
+	33, // [33:54] is the sub-list for method input_type
 	33, // [33:33] is the sub-list for extension type_name
 	33, // [33:33] is the sub-list for extension extendee
 	0,  // [0:33] is the sub-list for field type_name

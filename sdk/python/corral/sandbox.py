@@ -2,6 +2,7 @@
 (:class:`AsyncFiles`) and streamed command output (:class:`ExecStream`)."""
 
 import asyncio
+import io
 import tempfile
 from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
@@ -27,6 +28,9 @@ WRITE_CHUNK = 4 << 20
 # When a command has no timeout of its own, the client waits this long for
 # it (the server's default exec timeout) plus the client's call timeout.
 SERVER_EXEC_TIMEOUT = 600.0
+# Stdin above this size (or from a file) is streamed (RunStream) instead of
+# sent in the request, whose size the server caps.
+STREAM_STDIN = 4 << 20
 
 
 def exec_request(sandbox_id: str, cmd: Command, *, env: Optional[Dict[str, str]] = None,
@@ -134,7 +138,7 @@ class AsyncSandbox:
         return cmd + self._c._t.timeout
 
     async def run(self, cmd: Command, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
-                  user: Optional[str] = None, stdin: Union[bytes, str, None] = None,
+                  user: Optional[str] = None, stdin: Union[bytes, str, IO[bytes], None] = None,
                   timeout: Optional[float] = None, output_limit: Optional[int] = None,
                   request_timeout: Optional[float] = None) -> ExecResult:
         """Run a command and return its result with the whole output.
@@ -144,7 +148,9 @@ class AsyncSandbox:
             env: variables added to the sandbox's environment.
             cwd: working directory (default: the sandbox's workdir).
             user: user name, ``uid`` or ``uid:gid`` (default: the sandbox's).
-            stdin: bytes (or str, UTF-8) fed to the command.
+            stdin: bytes (or str, UTF-8) fed to the command, or a binary
+                file read to its end; a file or more than 4 MiB is streamed,
+                with no size cap (stdin the command leaves unread is dropped).
             timeout: seconds before the server kills the command's process
                 group (result ``timed_out``); None: the server default.
             output_limit: cap on stdout+stderr bytes (result ``truncated``).
@@ -155,10 +161,24 @@ class AsyncSandbox:
         Cancelling the awaiting task closes the connection, and the server
         then kills the command.
         """
-        req = exec_request(self.id, cmd, env=env, cwd=cwd, user=user, stdin=stdin,
-                           timeout=timeout, output_limit=output_limit)
-        resp = await self._c._t.unary("Run", req, timeout=self._exec_budget(timeout, request_timeout))
+        budget = self._exec_budget(timeout, request_timeout)
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
+            resp = await self._run_streamed(cmd, stdin, budget, env=env, cwd=cwd, user=user,
+                                            timeout=timeout, output_limit=output_limit)
+        elif stdin is not None and len(stdin) > STREAM_STDIN:
+            resp = await self._run_streamed(cmd, io.BytesIO(bytes(stdin)), budget, env=env, cwd=cwd, user=user,
+                                            timeout=timeout, output_limit=output_limit)
+        else:
+            req = exec_request(self.id, cmd, env=env, cwd=cwd, user=user, stdin=stdin,
+                               timeout=timeout, output_limit=output_limit)
+            resp = await self._c._t.unary("Run", req, timeout=budget)
         return ExecResult._from_json(resp.get("result"), b64decode(resp.get("stdout")), b64decode(resp.get("stderr")))
+
+    async def _run_streamed(self, cmd: Command, f: IO[bytes], budget: float, **opts: Any) -> Dict[str, Any]:
+        first = {"exec": exec_request(self.id, cmd, **opts)}
+        return await self._c._t.client_stream("RunStream", file_messages(f, first, "stdin"), timeout=budget)
 
     def exec_stream(self, cmd: Command, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
                     user: Optional[str] = None, stdin: Union[bytes, str, None] = None,

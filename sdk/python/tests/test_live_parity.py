@@ -1,6 +1,9 @@
 """The calls the Python SDK shares with the Go SDK beyond sandboxes and
 files: network policy, image builds, registry imports and blob-store pulls."""
 
+import hashlib
+import io
+import os
 import unittest
 
 import corral
@@ -28,6 +31,20 @@ class NetworkTest(LiveTest):
             with c.sandbox(IMAGE, memory_mb=64, labels=self.labels, network="none") as sb:
                 self.assertEqual(sb.info.network.mode if sb.info else "", "none")
                 self.assertEqual(sb.network_stats().refused_total, 0)
+
+
+class StreamedStdinTest(LiveTest):
+    async def test_run_streamed_stdin(self) -> None:
+        # Above the 16 MiB a request may carry: streamed (RunStream).
+        data = os.urandom(20 << 20)
+        sb = await self.make(disk_mb=256)
+        r = await sb.run("sha256sum", stdin=data)
+        self.assertEqual((r.exit_code, r.text.split()[0]), (0, hashlib.sha256(data).hexdigest()))
+        # A command that stops reading early still answers.
+        r = await sb.run(["head", "-c", "7"], stdin=io.BytesIO(data))
+        self.assertEqual((r.exit_code, r.stdout), (0, data[:7]))
+        r = await sb.run(["wc", "-c"], stdin=io.BytesIO(b""))
+        self.assertEqual(r.text.strip(), "0")
 
 
 class ImageCallsTest(LiveTest):
