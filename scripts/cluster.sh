@@ -125,7 +125,7 @@ C0="--addr unix://$WORK/control0.sock"
 C1="--addr unix://$WORK/control1.sock"
 ready=0
 for _ in $(seq 1 120); do
-  ready=$("$BIN" $C0 nodes --json 2>/dev/null | grep -c '"State": "ready"' || true)
+  ready=$("$BIN" $C0 nodes --json 2>/dev/null | grep -c '"state": "ready"' || true)
   [ "$ready" = 3 ] && break
   sleep 0.5
 done
@@ -145,7 +145,7 @@ say "a project and its token made on control 0, used over TCP on control 1"
 "$BIN" $C0 project create demo --max-sandboxes 5 >/dev/null
 tok=$("$BIN" $C0 token create --project demo 2>/dev/null)
 psb=$(CORRAL_TOKEN=$tok "$BIN" --addr "127.0.0.1:$((BASE + 17))" create --memory 32Mi)
-echo "  $psb in project $("$BIN" $C0 get "$psb" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["Project"])')"
+echo "  $psb in project $("$BIN" $C0 get "$psb" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["project"])')"
 "$BIN" --addr "127.0.0.1:$((BASE + 17))" nodes >/dev/null 2>&1 && { echo "cluster.sh: TCP without a token was served" >&2; exit 1; }
 
 say "a layer made on node 0, a sandbox from it on node 2 (lazy fetch from S3)"
@@ -158,16 +158,16 @@ sb=$("$BIN" $C0 create --image demo@1 --memory 32Mi --node-label rack=r2)
 echo "  $sb (node ${sb%%-*}) reads: $("$BIN" $C1 cp "$sb:/hello.txt" -)"
 
 say "drain node 1, create 6, undrain"
-n1=$("$BIN" $C0 nodes --json | python3 -c 'import json,sys; print([n["ID"] for n in json.load(sys.stdin) if n["Labels"].get("rack")=="r1"][0])')
+n1=$("$BIN" $C0 nodes --json | python3 -c 'import json,sys; print([n["id"] for n in json.load(sys.stdin) if n["labels"].get("rack")=="r1"][0])')
 "$BIN" $C0 node drain "$n1"
 for _ in $(seq 1 6); do "$BIN" $C1 create --memory 32Mi | cut -d- -f1; done | sort | uniq -c | sed 's/^/  while drained: /'
 "$BIN" $C0 node drain --undo "$n1"
 
 say "kill -9 node 2: its sandboxes become lost; back, they answer again"
-victim=$(printf '%s\n' "${ids[@]}" | grep "^$("$BIN" $C0 nodes --json | python3 -c 'import json,sys; print([n["ID"] for n in json.load(sys.stdin) if n["Labels"].get("rack")=="r2"][0])')-" | head -1)
+victim=$(printf '%s\n' "${ids[@]}" | grep "^$("$BIN" $C0 nodes --json | python3 -c 'import json,sys; print([n["id"] for n in json.load(sys.stdin) if n["labels"].get("rack")=="r2"][0])')-" | head -1)
 kill -9 "$(cat "$WORK/node2.pid")"
 for _ in $(seq 1 40); do "$BIN" $C0 get "$victim" --json 2>/dev/null | grep -q '"lost"' && break; sleep 0.25; done
-"$BIN" $C0 get "$victim" --json | grep -E "\"(State|StopReason)\"" | sed "s/^ */  /"
+"$BIN" $C0 get "$victim" --json | grep -E "\"(state|stop_reason)\"" | sed "s/^ */  /"
 "$BIN" $C0 nodes
 start_node 2
 for _ in $(seq 1 120); do "$BIN" $C1 exec "$victim" -- true 2>/dev/null && break; sleep 0.5; done

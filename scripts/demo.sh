@@ -13,7 +13,6 @@ DATA_DIR=${CORRAL_DATA_DIR:-/var/lib/corral}
 EPISODES=${EPISODES:-48}
 ./scripts/deps.sh
 make build
-bin/corral image build debian --data-dir "$DATA_DIR"
 sock="$DATA_DIR/corral.sock"
 bin/corral serve --data-dir "$DATA_DIR" --cleanup-on-exit --log-level warn &
 daemon=$!
@@ -22,6 +21,7 @@ for _ in $(seq 200); do
   bin/corral --addr "unix://$sock" ls >/dev/null 2>&1 && break
   sleep 0.1
 done
+bin/corral --addr "unix://$sock" image build debian
 echo "daemon up; one-off sandbox:"
 bin/corral --addr "unix://$sock" run --image debian -- python3 -c 'import platform; print("hello from", platform.platform())'
 go run ./examples/rollout --addr "unix://$sock" --image debian --episodes "$EPISODES" --concurrency 8

@@ -208,7 +208,9 @@ func buildRoot(fc *agentproto.FileConfig) error {
 			return err
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=/disk/upper,workdir=/disk/work", strings.Join(lower, ":"))
+	// xino=on: EROFS lowers and the ext4 upper are different filesystems;
+	// without it readdir's d_ino and stat's st_ino disagree for directories.
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=/disk/upper,workdir=/disk/work,xino=on", strings.Join(lower, ":"))
 	if err := unix.Mount("overlay", "/newroot", "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mount overlay: %w", err)
 	}

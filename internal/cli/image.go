@@ -24,42 +24,67 @@ composition NAME@VERSION stacks layers (base first) into an environment; a
 built image (busybox, debian) is made on this machine from a recipe. Create a
 sandbox from any of them: --image busybox, --image task@3, --image tool@2.`,
 	}
-	cmd.AddCommand(newImageBuildCmd(), newImageLsCmd(g), newImageImportCmd(g),
+	cmd.AddCommand(newImageBuildCmd(g), newImageLsCmd(g), newImageImportCmd(g),
 		newImageComposeCmd(g), newImageRmCmd(g), newImageGCCmd(g), newImagePullCmd(g))
 	return cmd
 }
 
-func newImageBuildCmd() *cobra.Command {
-	var dataDir string
+func newImageBuildCmd(g *globals) *cobra.Command {
+	var localDir string
 	var rebuild bool
 	build := &cobra.Command{
 		Use:   "build NAME",
-		Short: "Build a built-in image on this machine: busybox (instant) or debian (Debian 12 + python3 + git, about a minute)",
-		Long: `Build a built-in image on this machine: busybox (instant) or debian (Debian 12 +
-python3 + git, about a minute). An image built by an earlier version as one
-EROFS file (no separate data blob) keeps working; --rebuild makes it afresh in
-the split format (only while no sandbox uses it).`,
+		Short: "Have the daemon build a built-in image: busybox (instant) or debian (Debian 12 + python3 + git, about a minute)",
+		Long: `Have the daemon build a built-in image into its own store (whatever its
+--data-dir): busybox (instant) or debian (Debian 12 + python3 + git, about a
+minute), streaming the build's output. Only the node administrator may (root
+on the daemon's unix socket). An image built by an earlier version as one
+EROFS file (no separate data blob) keeps working; --rebuild makes it afresh
+in the split format (only while no sandbox uses it).
+
+--local-data-dir DIR builds offline, with no daemon, straight into the store
+under DIR: only for a daemon that is not running.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			store, err := image.Open(cmd.Context(), filepath.Join(dataDir, "images"))
+			if localDir != "" {
+				return buildLocal(cmd, localDir, args[0], rebuild)
+			}
+			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			build := store.Build
-			if rebuild {
-				build = store.Rebuild
-			}
-			img, err := build(cmd.Context(), args[0], os.Stderr)
+			img, err := c.BuildImage(cmd.Context(), args[0], client.BuildOptions{Rebuild: rebuild, Output: os.Stderr})
 			if err != nil {
 				return err
+			}
+			if g.json {
+				return printJSON(img)
 			}
 			fmt.Println(img.Name)
 			return nil
 		},
 	}
-	build.Flags().StringVar(&dataDir, "data-dir", "/var/lib/corral", "the daemon's data directory")
+	build.Flags().StringVar(&localDir, "local-data-dir", "", "offline: build into this data directory without a daemon (never while one uses it)")
 	build.Flags().BoolVar(&rebuild, "rebuild", false, "build afresh and replace the existing image")
 	return build
+}
+
+// buildLocal builds name into the store under dataDir in this process.
+func buildLocal(cmd *cobra.Command, dataDir, name string, rebuild bool) error {
+	store, err := image.Open(cmd.Context(), filepath.Join(dataDir, "images"))
+	if err != nil {
+		return err
+	}
+	build := store.Build
+	if rebuild {
+		build = store.Rebuild
+	}
+	img, err := build(cmd.Context(), name, os.Stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Println(img.Name)
+	return nil
 }
 
 func newImageLsCmd(g *globals) *cobra.Command {

@@ -103,5 +103,5 @@ func (g *globals) client() (*client.Client, error) { return newClient(g.addr) }
 func printJSON(v any) error {
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	return enc.Encode(jsonView(v)) // the API's field names, [] not null: see jsonview.go
 }

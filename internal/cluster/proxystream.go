@@ -59,6 +59,12 @@ func (p *Proxy) CopyOut(ctx context.Context, req *connect.Request[corralv1.CopyO
 	return serverStream(p, ctx, req.Msg.SandboxId, req, stream, corralv1connect.SandboxServiceClient.CopyOut)
 }
 
+// RunStream is client-streaming, which the node connections carry.
+func (p *Proxy) RunStream(ctx context.Context, in *connect.ClientStream[corralv1.ExecStreamRequest]) (*connect.Response[corralv1.RunResponse], error) {
+	return forwardClientStream(p, ctx, in, func(m *corralv1.ExecStreamRequest) string { return m.GetExec().GetSandboxId() },
+		corralv1connect.SandboxServiceClient.RunStream)
+}
+
 // ExecStream needs HTTP/2 end to end; the control plane's node connections
 // are HTTP/1.1, so a streamed-stdin exec is refused here rather than
 // half-served (Exec with stdin in the request works through the cluster).

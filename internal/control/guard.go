@@ -67,6 +67,7 @@ var rules = map[string]rule{
 	corralv1connect.SandboxServiceCopyInProcedure:     {access: accessWrite, sandbox: "sandbox_id"},
 	corralv1connect.SandboxServiceCopyOutProcedure:    {access: accessRead, sandbox: "sandbox_id"},
 	corralv1connect.SandboxServiceExecStreamProcedure: {access: accessWrite, audit: true},
+	corralv1connect.SandboxServiceRunStreamProcedure:  {access: accessWrite, audit: true},
 
 	corralv1connect.ImageServiceListImagesProcedure: {access: accessRead},
 	// CreateLayer reads a path on the node: the node administrator's alone.
@@ -80,6 +81,9 @@ var rules = map[string]rule{
 	// Uploads carry their content from the client: any member may.
 	corralv1connect.ImageServiceUploadLayerProcedure: {access: accessWrite, audit: true},
 	corralv1connect.ImageServiceUploadImageProcedure: {access: accessWrite, audit: true},
+	// A build runs the recipe as root on the node (mmdebstrap for debian)
+	// and replaces a node-wide image: the node administrator's alone.
+	corralv1connect.ImageServiceBuildImageProcedure: {access: accessNode, audit: true},
 
 	// Stats and events are filtered to the caller's projects by the
 	// handlers; Nodes reports node-wide totals only.

@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"sync"
 
 	"connectrpc.com/connect"
 
@@ -196,4 +197,49 @@ func compositionToProto(c image.Composition) *corralv1.Composition {
 func removedToProto(rm image.Removed) *corralv1.Removed {
 	return &corralv1.Removed{Images: rm.Images, Compositions: rm.Compositions, Layers: layersToProto(rm.Layers),
 		Deleted: rm.Deleted, FreedBytes: rm.FreedBytes}
+}
+
+// BuildImage builds a recipe into this node's store (whatever its
+// --data-dir), streaming the build's output as it comes.
+func (s *ImageService) BuildImage(ctx context.Context, req *connect.Request[corralv1.BuildImageRequest], stream *connect.ServerStream[corralv1.BuildImageResponse]) error {
+	if req.Msg.Name == "" {
+		return errdefs.InvalidArgument("name: required (a recipe: busybox or debian)")
+	}
+	out := &buildOutput{stream: stream}
+	build := s.images.Build
+	if req.Msg.Rebuild {
+		build = s.images.Rebuild
+	}
+	img, err := build(ctx, req.Msg.Name, out)
+	if err != nil {
+		return err
+	}
+	return out.send(&corralv1.BuildImageResponse{Event: &corralv1.BuildImageResponse_Image{Image: &corralv1.BuiltImage{
+		Name: img.Name, Layers: layersToProto(img.Stack), Env: img.Env}}})
+}
+
+// buildOutput sends a build's output as stream messages. The recipe may
+// write from another goroutine (a command's output copier): one Send at a
+// time. A client that went away stops the messages; the build ends with
+// the request's context.
+type buildOutput struct {
+	mu     sync.Mutex
+	stream *connect.ServerStream[corralv1.BuildImageResponse]
+	err    error
+}
+
+func (b *buildOutput) Write(p []byte) (int, error) {
+	if err := b.send(&corralv1.BuildImageResponse{Event: &corralv1.BuildImageResponse_Output{Output: string(p)}}); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (b *buildOutput) send(m *corralv1.BuildImageResponse) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err == nil {
+		b.err = b.stream.Send(m)
+	}
+	return b.err
 }

@@ -2,6 +2,7 @@ package control
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -11,6 +12,7 @@ import (
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/node"
 )
 
 func (s *Service) UploadFile(ctx context.Context, stream *connect.ClientStream[corralv1.WriteFileRequest]) (*connect.Response[corralv1.WriteFileResponse], error) {
@@ -81,38 +83,98 @@ func (f sendWriter) Write(p []byte) (int, error) {
 }
 
 func (s *Service) ExecStream(ctx context.Context, stream *connect.BidiStream[corralv1.ExecStreamRequest, corralv1.ExecResponse]) error {
-	first, err := stream.Receive()
+	n, first, er, stdin, _, err := s.streamedExec(stream.Receive, false)
 	if err != nil {
-		if errors.Is(err, io.EOF) {
-			return errdefs.InvalidArgument("exec: the first message must carry the command")
+		return err
+	}
+	defer stdin.Close() // unblocks the feeder when the command ends first
+	res, err := n.Exec(ctx, first.Exec.SandboxId, er, sendOutput(stream.Send))
+	if err != nil {
+		return err
+	}
+	return stream.Send(&corralv1.ExecResponse{Event: &corralv1.ExecResponse_Result{Result: resultToProto(res)}})
+}
+
+// RunStream is Run with stdin streamed as in ExecStream. Stdin the command
+// left unread is drained before the answer, so that a client sending its
+// whole body first (HTTP/1.1) never sees the stream cut under it.
+func (s *Service) RunStream(ctx context.Context, in *connect.ClientStream[corralv1.ExecStreamRequest]) (*connect.Response[corralv1.RunResponse], error) {
+	receive := func() (*corralv1.ExecStreamRequest, error) {
+		if !in.Receive() {
+			if err := in.Err(); err != nil {
+				return nil, err
+			}
+			return nil, io.EOF
 		}
-		return err
+		return in.Msg(), nil
 	}
-	if first.Exec == nil {
-		return errdefs.InvalidArgument("exec: required in the first message")
-	}
-	if len(first.Exec.Stdin) > 0 {
-		return errdefs.InvalidArgument("exec.stdin: must be empty in ExecStream; send stdin in the stdin field of the messages")
-	}
-	if first.Exec.IdempotencyKey != "" {
-		return errdefs.InvalidArgument("exec.idempotency_key: not allowed on ExecStream (streamed stdin cannot be compared on a repeat); use Exec or Run")
-	}
-	n, err := s.route(first.Exec.SandboxId)
+	n, first, er, stdin, fed, err := s.streamedExec(receive, true)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	er, err := execFromProto(first.Exec)
+	var stdout, stderr bytes.Buffer
+	res, err := n.Exec(ctx, first.Exec.SandboxId, er, func(st backend.Stream, p []byte) error {
+		if st == backend.Stderr {
+			stderr.Write(p)
+		} else {
+			stdout.Write(p)
+		}
+		return nil
+	})
+	stdin.Close()
+	if err == nil {
+		<-fed // the rest of the client's stdin, unread, drained
+	}
 	if err != nil {
-		return err
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.RunResponse{Stdout: stdout.Bytes(), Stderr: stderr.Bytes(), Result: resultToProto(res)}), nil
+}
+
+// streamedExec reads the first message of a streamed-stdin exec, checks
+// it and routes it, and starts feeding the following messages' stdin to
+// the exec request it returns. The caller closes stdin when the command
+// has ended; the feeder then stops, or with drain reads the client's side
+// to its end first. fed is closed when the feeder is done.
+func (s *Service) streamedExec(receive func() (*corralv1.ExecStreamRequest, error), drain bool) (
+	n *node.Node, first *corralv1.ExecStreamRequest, er node.ExecRequest, stdin io.Closer, fed chan struct{}, err error) {
+	first, err = receive()
+	if errors.Is(err, io.EOF) {
+		err = errdefs.InvalidArgument("exec: the first message must carry the command")
+	}
+	switch {
+	case err != nil:
+	case first.Exec == nil:
+		err = errdefs.InvalidArgument("exec: required in the first message")
+	case len(first.Exec.Stdin) > 0:
+		err = errdefs.InvalidArgument("exec.stdin: must be empty in a streamed exec; send stdin in the stdin field of the messages")
+	case first.Exec.IdempotencyKey != "":
+		err = errdefs.InvalidArgument("exec.idempotency_key: not allowed on a streamed exec (streamed stdin cannot be compared on a repeat); use Exec or Run")
+	}
+	if err != nil {
+		return nil, nil, er, nil, nil, err
+	}
+	if n, err = s.route(first.Exec.SandboxId); err != nil {
+		return nil, nil, er, nil, nil, err
+	}
+	if er, err = execFromProto(first.Exec); err != nil {
+		return nil, nil, er, nil, nil, err
 	}
 	pr, pw := io.Pipe()
-	defer pr.Close() // unblocks the feeder when the command ends first
+	fed = make(chan struct{})
 	go func() {
+		defer close(fed)
 		_, err := pw.Write(first.Stdin)
 		for err == nil {
 			var m *corralv1.ExecStreamRequest
-			if m, err = stream.Receive(); err == nil {
+			if m, err = receive(); err == nil {
 				_, err = pw.Write(m.Stdin)
+			}
+		}
+		for drain && errors.Is(err, io.ErrClosedPipe) { // the command ended first
+			_, err = receive()
+			if err == nil {
+				err = io.ErrClosedPipe
 			}
 		}
 		if errors.Is(err, io.EOF) {
@@ -121,9 +183,5 @@ func (s *Service) ExecStream(ctx context.Context, stream *connect.BidiStream[cor
 		pw.CloseWithError(err)
 	}()
 	er.StdinReader = pr
-	res, err := n.Exec(ctx, first.Exec.SandboxId, er, sendOutput(stream.Send))
-	if err != nil {
-		return err
-	}
-	return stream.Send(&corralv1.ExecResponse{Event: &corralv1.ExecResponse_Result{Result: resultToProto(res)}})
+	return n, first, er, pr, fed, nil
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -61,9 +62,6 @@ func (s *Store) make(ctx context.Context, name string, r recipe, progress io.Wri
 		return err
 	}
 	if err := seal(rootfs); err != nil {
-		return err
-	}
-	if err := keepPycValid(rootfs); err != nil {
 		return err
 	}
 	l, err := s.createLayer(ctx, name+"@"+recipeVersion, rootfs, true, mkfsOptions{})
@@ -158,6 +156,21 @@ func writeFiles(root string, files map[string]string, mode fs.FileMode) error {
 		}
 	}
 	return nil
+}
+
+// stampTree sets the mtime and atime of everything under root, root
+// included, to t (symlinks themselves, not their targets).
+func stampTree(root string, t time.Time) error {
+	ts := []unix.Timespec{unix.NsecToTimespec(t.UnixNano()), unix.NsecToTimespec(t.UnixNano())}
+	return filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("stamp %s: %w", p, err)
+		}
+		return nil
+	})
 }
 
 // hostsFile is /etc/hosts for images without a network of their own.

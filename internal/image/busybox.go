@@ -73,11 +73,22 @@ func buildBusybox(ctx context.Context, rootfs string, progress io.Writer) error 
 		return err
 	}
 	fmt.Fprintf(progress, "busybox: %s with %d applets\n", src, n)
-	return writeFiles(rootfs, map[string]string{
+	err = writeFiles(rootfs, map[string]string{
 		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
 		"etc/group":  "root:x:0:\nnogroup:x:65534:\n",
 		"etc/hosts":  hostsFile,
 	}, 0o644)
+	if err != nil {
+		return err
+	}
+	// Everything here is made now, with no mtime of its own to keep: the
+	// busybox binary's mtime makes the recipe reproducible (same digest on
+	// every build) with a date that tools accept (zip needs >= 1980).
+	st, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	return stampTree(rootfs, st.ModTime())
 }
 
 // linkApplets links every applet the busybox at bin reports to

@@ -66,6 +66,18 @@ func TestBusybox(t *testing.T) {
 	if err != nil || string(out) != "hi\n" {
 		t.Fatalf("busybox sh: %q %v", out, err)
 	}
+	// Real dates (zip refuses mtimes before 1980): the host binary's.
+	host, _ := findBusybox()
+	hostSt, err := os.Stat(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{".", "bin/busybox", "etc/passwd"} {
+		st, err := os.Stat(filepath.Join(rootfs, p))
+		if err != nil || !st.ModTime().Equal(hostSt.ModTime()) {
+			t.Fatalf("%s mtime %v, want the host busybox's %v (%v)", p, st.ModTime(), hostSt.ModTime(), err)
+		}
+	}
 	if dst, err := os.Readlink(filepath.Join(rootfs, "bin/sh")); err != nil || dst != "/bin/busybox" {
 		t.Fatalf("bin/sh -> %q %v", dst, err)
 	}

@@ -264,8 +264,8 @@ func (s *Store) Layers(ctx context.Context) ([]Layer, error) {
 }
 
 // CreateLayer builds the layer ref (NAME@VERSION) from src, a directory or
-// a tar file, and returns it. Files keep their owners, modes and xattrs,
-// not their mtimes (all 0, so that the same tree gives the same digest); an overlay whiteout (a 0/0 character device) deletes a lower
+// a tar file, and returns it. Files keep their owners, modes, mtimes and
+// xattrs (the same tree gives the same digest); an overlay whiteout (a 0/0 character device) deletes a lower
 // layer's file, and in a tar the OCI whiteouts .wh.NAME and .wh..wh..opq
 // are converted to overlay ones. Versions are immutable: creating an
 // existing ref with other content fails (errdefs.AlreadyExists), with the
@@ -344,12 +344,11 @@ func (s *Store) addLayer(ctx context.Context, ref, dir string, replace bool, opt
 
 // mkfs builds a split EROFS layer of dir into st (storeFiles moves it into
 // the store): metadata and a blob with the file contents in chunks
-// (--blobdev), and returns it without a Ref. Options make it reproducible: a fixed UUID
-// and every mtime 0 (-T0: this mkfs.erofs, 1.5, either sets all mtimes to
-// one time or stamps the superblock with the build time; see
-// keepPycValid). Owners, modes and xattrs are kept as they are, so the
-// same tree gives the same digest; the blob's path is not recorded in the
-// metadata, so the blob can be served from anywhere.
+// (--blobdev), and returns it without a Ref. Options make it reproducible: a
+// fixed UUID and a fixed build time in the superblock (buildEpoch). Owners,
+// modes, mtimes and xattrs are kept as they are, so the same tree gives the
+// same digest; the blob's path is not recorded in the metadata, so the blob
+// can be served from anywhere.
 func (s *Store) mkfs(ctx context.Context, dir string, st staged, opts mkfsOptions) (Layer, error) {
 	bin, err := exec.LookPath("mkfs.erofs")
 	if err != nil {
@@ -357,13 +356,11 @@ func (s *Store) mkfs(ctx context.Context, dir string, st staged, opts mkfsOption
 	}
 	meta, blob := st.meta, st.blob
 	args := []string{"--quiet", "-U" + erofsUUID, "--chunksize=" + strconv.Itoa(ChunkSize), "--blobdev=" + blob}
-	if !opts.keepMtimes {
-		args = append(args, "-T0")
-	}
 	for _, re := range opts.excludeRegexps {
 		args = append(args, "--exclude-regex="+re)
 	}
 	cmd := exec.CommandContext(ctx, bin, append(args, meta, dir)...)
+	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.Itoa(buildEpoch))
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = cmd.Start()
@@ -436,11 +433,14 @@ func (s *Store) storeFiles(st staged, l Layer) error {
 	return syncfs(s.layers)
 }
 
+// buildEpoch is the build time mkfs.erofs records (SOURCE_DATE_EPOCH),
+// instead of the clock, so that the same tree gives the same image. It
+// also clamps: mkfs 1.5 caps each file's mtime at it, so it lies far ahead
+// (2100-01-01) and every real mtime stays as it is.
+const buildEpoch = 4102444800
+
 // mkfsOptions change how mkfs builds a layer.
 type mkfsOptions struct {
-	// keepMtimes keeps each file's mtime; the image then also records the
-	// build time, so the same tree no longer gives the same digest.
-	keepMtimes bool
 	// excludeRegexps leave out paths (relative to the tree, no leading /)
 	// that match; a directory's whole subtree goes with it.
 	excludeRegexps []string
@@ -481,10 +481,7 @@ func extractTar(ctx context.Context, src, dir string) error {
 	if err := untar(ctx, f, dir, false); err != nil {
 		return errdefs.InvalidArgument("path: %s: %v", src, err)
 	}
-	if err := convertWhiteouts(dir); err != nil {
-		return err
-	}
-	return keepPycValid(dir)
+	return convertWhiteouts(dir)
 }
 
 // convertWhiteouts replaces OCI whiteout files (.wh.NAME deletes NAME,

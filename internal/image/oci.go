@@ -357,9 +357,6 @@ func (s *Store) importLayer(ctx context.Context, ref string, layer v1.Layer, dif
 	if err := convertWhiteouts(tmp); err != nil {
 		return Layer{}, cr.n, err
 	}
-	if err := keepPycValid(tmp); err != nil {
-		return Layer{}, cr.n, err
-	}
 	l, err := s.createLayer(ctx, ref, tmp, false, mkfsOptions{})
 	if err != nil {
 		return Layer{}, cr.n, err

@@ -72,8 +72,8 @@ func (s *Store) CheckFree(ref string) error {
 // directory, read as it is: overlay whiteouts (0/0 character devices) and
 // opaque directories (trusted.overlay.opaque) stay what they are, so the
 // layer stacked on the sandbox's own layers gives back the sandbox's
-// files. Files keep their mtimes (builds depend on them), so packing the
-// same tree twice gives two digests.
+// files. Files keep their mtimes (builds depend on them), as every layer
+// does.
 func (s *Store) Pack(ctx context.Context, upper string, opts PackOptions) (Layer, error) {
 	if err := checkRef(opts.Ref); err != nil {
 		return Layer{}, err
@@ -86,7 +86,7 @@ func (s *Store) Pack(ctx context.Context, upper string, opts PackOptions) (Layer
 	if err != nil {
 		return Layer{}, err
 	}
-	return s.createLayer(ctx, opts.Ref, upper, false, mkfsOptions{keepMtimes: true, excludeRegexps: res,
+	return s.createLayer(ctx, opts.Ref, upper, false, mkfsOptions{excludeRegexps: res,
 		cpuSeconds: packCPUSeconds(apparent)})
 }
 

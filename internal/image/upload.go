@@ -46,10 +46,7 @@ func untarLayer(ctx context.Context, r io.Reader, dir string, untrusted bool) er
 	if err := untar(ctx, r, dir, untrusted); err != nil {
 		return err
 	}
-	if err := convertWhiteouts(dir); err != nil {
-		return err
-	}
-	return keepPycValid(dir)
+	return convertWhiteouts(dir)
 }
 
 // ImportArchive imports an image archive streamed from r as the

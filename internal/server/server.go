@@ -108,6 +108,10 @@ type Config struct {
 	// IAMEtcd, when set, keeps IAM records in this etcd (a cluster node:
 	// the cluster's projects, tokens and quotas) instead of iam.db.
 	IAMEtcd []string
+	// SandboxCACerts is a PEM file or a directory of them whose
+	// certificates container sandboxes trust besides their image's ("":
+	// none); see caImages.
+	SandboxCACerts string
 }
 
 // BlobsConfig configures the blob store layers are shared through.
@@ -227,6 +231,15 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	var nodeImages node.Images = images
 	if share != nil {
 		nodeImages = lazyImages{Store: images, share: share, parent: cgroupParent(cfg), log: cfg.Logger}
+	}
+	if cfg.SandboxCACerts != "" {
+		ca, err := newCAImages(nodeImages, cfg.SandboxCACerts, cfg.DataDir)
+		if err != nil {
+			st.close(ctx, false)
+			closeImages()
+			return nil, err
+		}
+		nodeImages = ca
 	}
 	evlog, err := events.Open(filepath.Join(cfg.DataDir, "events"), cfg.Logger)
 	if err != nil {

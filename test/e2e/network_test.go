@@ -284,9 +284,13 @@ func TestNetworkCLI(t *testing.T) {
 		t.Errorf("npm after the update: %v %s", err, out)
 	}
 	out, err = corral("--json", "net", id)
-	var js struct {
-		Network struct{ Mode string }
-		Stats   struct{ RefusedTotal uint64 }
+	var js struct { // the CLI's JSON: the API's field names
+		Network struct {
+			Mode string `json:"mode"`
+		} `json:"network"`
+		Stats struct {
+			RefusedTotal uint64 `json:"refused_total"`
+		} `json:"stats"`
 	}
 	if err != nil || json.Unmarshal([]byte(out), &js) != nil || js.Network.Mode != "allowlist" || js.Stats.RefusedTotal == 0 {
 		t.Errorf("corral --json net: %v %+v\n%s", err, js, out)

@@ -148,7 +148,14 @@ func TestStatsCLIMatchesMemoryCgroup(t *testing.T) {
 		t.Fatalf("corral stats: %v", err)
 	}
 	cg := cgroupMemory(t, srv.Config.CgroupParent, sb.ID())
-	var list []client.SandboxStats
+	var list []struct { // the CLI's JSON: the API's field names
+		State            string `json:"state"`
+		MemoryLimitBytes int64  `json:"memory_limit_bytes"`
+		Current          struct {
+			MemoryBytes int64 `json:"memory_bytes"`
+			Pids        int64 `json:"pids"`
+		} `json:"current"`
+	}
 	if err := json.Unmarshal(out, &list); err != nil || len(list) != 1 {
 		t.Fatalf("corral stats --json: %v\n%s", err, out)
 	}

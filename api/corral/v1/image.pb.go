@@ -1568,6 +1568,144 @@ func (x *UploadImageRequest) GetData() []byte {
 	return nil
 }
 
+type BuildImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A recipe: busybox or debian.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Build afresh and replace an existing image (only while no sandbox
+	// uses it); otherwise an existing image is returned as it is.
+	Rebuild       bool `protobuf:"varint,2,opt,name=rebuild,proto3" json:"rebuild,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildImageRequest) Reset() {
+	*x = BuildImageRequest{}
+	mi := &file_corral_v1_image_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildImageRequest) ProtoMessage() {}
+
+func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_image_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildImageRequest.ProtoReflect.Descriptor instead.
+func (*BuildImageRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *BuildImageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetRebuild() bool {
+	if x != nil {
+		return x.Rebuild
+	}
+	return false
+}
+
+type BuildImageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*BuildImageResponse_Output
+	//	*BuildImageResponse_Image
+	Event         isBuildImageResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildImageResponse) Reset() {
+	*x = BuildImageResponse{}
+	mi := &file_corral_v1_image_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildImageResponse) ProtoMessage() {}
+
+func (x *BuildImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_image_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildImageResponse.ProtoReflect.Descriptor instead.
+func (*BuildImageResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_image_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *BuildImageResponse) GetEvent() isBuildImageResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *BuildImageResponse) GetOutput() string {
+	if x != nil {
+		if x, ok := x.Event.(*BuildImageResponse_Output); ok {
+			return x.Output
+		}
+	}
+	return ""
+}
+
+func (x *BuildImageResponse) GetImage() *BuiltImage {
+	if x != nil {
+		if x, ok := x.Event.(*BuildImageResponse_Image); ok {
+			return x.Image
+		}
+	}
+	return nil
+}
+
+type isBuildImageResponse_Event interface {
+	isBuildImageResponse_Event()
+}
+
+type BuildImageResponse_Output struct {
+	// Output of the build as it runs (mmdebstrap's, for debian).
+	Output string `protobuf:"bytes,1,opt,name=output,proto3,oneof"`
+}
+
+type BuildImageResponse_Image struct {
+	Image *BuiltImage `protobuf:"bytes,2,opt,name=image,proto3,oneof"`
+}
+
+func (*BuildImageResponse_Output) isBuildImageResponse_Event() {}
+
+func (*BuildImageResponse_Image) isBuildImageResponse_Event() {}
+
 var File_corral_v1_image_proto protoreflect.FileDescriptor
 
 const file_corral_v1_image_proto_rawDesc = "" +
@@ -1669,11 +1807,18 @@ const file_corral_v1_image_proto_rawDesc = "" +
 	"\x06format\x18\x01 \x01(\x0e2\x18.corral.v1.ArchiveFormatR\x06format\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
-	"\x04data\x18\x04 \x01(\fR\x04data*q\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\"A\n" +
+	"\x11BuildImageRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\arebuild\x18\x02 \x01(\bR\arebuild\"f\n" +
+	"\x12BuildImageResponse\x12\x18\n" +
+	"\x06output\x18\x01 \x01(\tH\x00R\x06output\x12-\n" +
+	"\x05image\x18\x02 \x01(\v2\x15.corral.v1.BuiltImageH\x00R\x05imageB\a\n" +
+	"\x05event*q\n" +
 	"\rArchiveFormat\x12\x1e\n" +
 	"\x1aARCHIVE_FORMAT_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19ARCHIVE_FORMAT_OCI_LAYOUT\x10\x01\x12!\n" +
-	"\x1dARCHIVE_FORMAT_DOCKER_ARCHIVE\x10\x022\x96\x06\n" +
+	"\x1dARCHIVE_FORMAT_DOCKER_ARCHIVE\x10\x022\xe3\x06\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.corral.v1.ListImagesRequest\x1a\x1d.corral.v1.ListImagesResponse\x12L\n" +
@@ -1685,7 +1830,9 @@ const file_corral_v1_image_proto_rawDesc = "" +
 	"\x04Pack\x12\x16.corral.v1.PackRequest\x1a\x17.corral.v1.PackResponse\x12F\n" +
 	"\tPullLayer\x12\x1b.corral.v1.PullLayerRequest\x1a\x1c.corral.v1.PullLayerResponse\x12N\n" +
 	"\vUploadLayer\x12\x1d.corral.v1.UploadLayerRequest\x1a\x1e.corral.v1.CreateLayerResponse(\x01\x12G\n" +
-	"\vUploadImage\x12\x1d.corral.v1.UploadImageRequest\x1a\x17.corral.v1.ImportResult(\x01B5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"\vUploadImage\x12\x1d.corral.v1.UploadImageRequest\x1a\x17.corral.v1.ImportResult(\x01\x12K\n" +
+	"\n" +
+	"BuildImage\x12\x1c.corral.v1.BuildImageRequest\x1a\x1d.corral.v1.BuildImageResponse0\x01B5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_image_proto_rawDescOnce sync.Once
@@ -1700,7 +1847,7 @@ func file_corral_v1_image_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_v1_image_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_corral_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_corral_v1_image_proto_goTypes = []any{
 	(ArchiveFormat)(0),                // 0: corral.v1.ArchiveFormat
 	(*Layer)(nil),                     // 1: corral.v1.Layer
@@ -1728,6 +1875,8 @@ var file_corral_v1_image_proto_goTypes = []any{
 	(*PullLayerResponse)(nil),         // 23: corral.v1.PullLayerResponse
 	(*UploadLayerRequest)(nil),        // 24: corral.v1.UploadLayerRequest
 	(*UploadImageRequest)(nil),        // 25: corral.v1.UploadImageRequest
+	(*BuildImageRequest)(nil),         // 26: corral.v1.BuildImageRequest
+	(*BuildImageResponse)(nil),        // 27: corral.v1.BuildImageResponse
 }
 var file_corral_v1_image_proto_depIdxs = []int32{
 	2,  // 0: corral.v1.Layer.lazy:type_name -> corral.v1.LazyBlobStats
@@ -1749,31 +1898,34 @@ var file_corral_v1_image_proto_depIdxs = []int32{
 	3,  // 16: corral.v1.PackResponse.composition:type_name -> corral.v1.Composition
 	1,  // 17: corral.v1.PullLayerResponse.layer:type_name -> corral.v1.Layer
 	0,  // 18: corral.v1.UploadImageRequest.format:type_name -> corral.v1.ArchiveFormat
-	5,  // 19: corral.v1.ImageService.ListImages:input_type -> corral.v1.ListImagesRequest
-	7,  // 20: corral.v1.ImageService.CreateLayer:input_type -> corral.v1.CreateLayerRequest
-	9,  // 21: corral.v1.ImageService.CreateComposition:input_type -> corral.v1.CreateCompositionRequest
-	11, // 22: corral.v1.ImageService.ImportImage:input_type -> corral.v1.ImportImageRequest
-	15, // 23: corral.v1.ImageService.RemoveImage:input_type -> corral.v1.RemoveImageRequest
-	18, // 24: corral.v1.ImageService.CollectGarbage:input_type -> corral.v1.CollectGarbageRequest
-	20, // 25: corral.v1.ImageService.Pack:input_type -> corral.v1.PackRequest
-	22, // 26: corral.v1.ImageService.PullLayer:input_type -> corral.v1.PullLayerRequest
-	24, // 27: corral.v1.ImageService.UploadLayer:input_type -> corral.v1.UploadLayerRequest
-	25, // 28: corral.v1.ImageService.UploadImage:input_type -> corral.v1.UploadImageRequest
-	6,  // 29: corral.v1.ImageService.ListImages:output_type -> corral.v1.ListImagesResponse
-	8,  // 30: corral.v1.ImageService.CreateLayer:output_type -> corral.v1.CreateLayerResponse
-	10, // 31: corral.v1.ImageService.CreateComposition:output_type -> corral.v1.CreateCompositionResponse
-	14, // 32: corral.v1.ImageService.ImportImage:output_type -> corral.v1.ImportImageResponse
-	17, // 33: corral.v1.ImageService.RemoveImage:output_type -> corral.v1.RemoveImageResponse
-	19, // 34: corral.v1.ImageService.CollectGarbage:output_type -> corral.v1.CollectGarbageResponse
-	21, // 35: corral.v1.ImageService.Pack:output_type -> corral.v1.PackResponse
-	23, // 36: corral.v1.ImageService.PullLayer:output_type -> corral.v1.PullLayerResponse
-	8,  // 37: corral.v1.ImageService.UploadLayer:output_type -> corral.v1.CreateLayerResponse
-	13, // 38: corral.v1.ImageService.UploadImage:output_type -> corral.v1.ImportResult
-	29, // [29:39] is the sub-list for method output_type
-	19, // [19:29] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	4,  // 19: corral.v1.BuildImageResponse.image:type_name -> corral.v1.BuiltImage
+	5,  // 20: corral.v1.ImageService.ListImages:input_type -> corral.v1.ListImagesRequest
+	7,  // 21: corral.v1.ImageService.CreateLayer:input_type -> corral.v1.CreateLayerRequest
+	9,  // 22: corral.v1.ImageService.CreateComposition:input_type -> corral.v1.CreateCompositionRequest
+	11, // 23: corral.v1.ImageService.ImportImage:input_type -> corral.v1.ImportImageRequest
+	15, // 24: corral.v1.ImageService.RemoveImage:input_type -> corral.v1.RemoveImageRequest
+	18, // 25: corral.v1.ImageService.CollectGarbage:input_type -> corral.v1.CollectGarbageRequest
+	20, // 26: corral.v1.ImageService.Pack:input_type -> corral.v1.PackRequest
+	22, // 27: corral.v1.ImageService.PullLayer:input_type -> corral.v1.PullLayerRequest
+	24, // 28: corral.v1.ImageService.UploadLayer:input_type -> corral.v1.UploadLayerRequest
+	25, // 29: corral.v1.ImageService.UploadImage:input_type -> corral.v1.UploadImageRequest
+	26, // 30: corral.v1.ImageService.BuildImage:input_type -> corral.v1.BuildImageRequest
+	6,  // 31: corral.v1.ImageService.ListImages:output_type -> corral.v1.ListImagesResponse
+	8,  // 32: corral.v1.ImageService.CreateLayer:output_type -> corral.v1.CreateLayerResponse
+	10, // 33: corral.v1.ImageService.CreateComposition:output_type -> corral.v1.CreateCompositionResponse
+	14, // 34: corral.v1.ImageService.ImportImage:output_type -> corral.v1.ImportImageResponse
+	17, // 35: corral.v1.ImageService.RemoveImage:output_type -> corral.v1.RemoveImageResponse
+	19, // 36: corral.v1.ImageService.CollectGarbage:output_type -> corral.v1.CollectGarbageResponse
+	21, // 37: corral.v1.ImageService.Pack:output_type -> corral.v1.PackResponse
+	23, // 38: corral.v1.ImageService.PullLayer:output_type -> corral.v1.PullLayerResponse
+	8,  // 39: corral.v1.ImageService.UploadLayer:output_type -> corral.v1.CreateLayerResponse
+	13, // 40: corral.v1.ImageService.UploadImage:output_type -> corral.v1.ImportResult
+	27, // 41: corral.v1.ImageService.BuildImage:output_type -> corral.v1.BuildImageResponse
+	31, // [31:42] is the sub-list for method output_type
+	20, // [20:31] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_image_proto_init() }
@@ -1785,13 +1937,17 @@ func file_corral_v1_image_proto_init() {
 		(*ImportImageResponse_Progress)(nil),
 		(*ImportImageResponse_Result)(nil),
 	}
+	file_corral_v1_image_proto_msgTypes[26].OneofWrappers = []any{
+		(*BuildImageResponse_Output)(nil),
+		(*BuildImageResponse_Image)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_image_proto_rawDesc), len(file_corral_v1_image_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

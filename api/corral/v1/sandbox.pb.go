@@ -3487,7 +3487,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x02\x12\x19\n" +
 	"\x15SANDBOX_STATE_STOPPED\x10\x03\x12\x16\n" +
-	"\x12SANDBOX_STATE_LOST\x10\x042\xb3\n" +
+	"\x12SANDBOX_STATE_LOST\x10\x042\xf8\n" +
 	"\n" +
 	"\x0eSandboxService\x12=\n" +
 	"\x06Create\x12\x18.corral.v1.CreateRequest\x1a\x19.corral.v1.CreateResponse\x124\n" +
@@ -3511,7 +3511,8 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x06CopyIn\x12\x18.corral.v1.CopyInRequest\x1a\x19.corral.v1.CopyInResponse(\x01\x12B\n" +
 	"\aCopyOut\x12\x19.corral.v1.CopyOutRequest\x1a\x1a.corral.v1.CopyOutResponse0\x01\x12G\n" +
 	"\n" +
-	"ExecStream\x12\x1c.corral.v1.ExecStreamRequest\x1a\x17.corral.v1.ExecResponse(\x010\x01B5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"ExecStream\x12\x1c.corral.v1.ExecStreamRequest\x1a\x17.corral.v1.ExecResponse(\x010\x01\x12C\n" +
+	"\tRunStream\x12\x1c.corral.v1.ExecStreamRequest\x1a\x16.corral.v1.RunResponse(\x01B5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_sandbox_proto_rawDescOnce sync.Once
@@ -3639,28 +3640,30 @@ var file_corral_v1_sandbox_proto_depIdxs = []int32{
 	43, // 52: corral.v1.SandboxService.CopyIn:input_type -> corral.v1.CopyInRequest
 	45, // 53: corral.v1.SandboxService.CopyOut:input_type -> corral.v1.CopyOutRequest
 	47, // 54: corral.v1.SandboxService.ExecStream:input_type -> corral.v1.ExecStreamRequest
-	12, // 55: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
-	16, // 56: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
-	18, // 57: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
-	20, // 58: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
-	22, // 59: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
-	24, // 60: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
-	26, // 61: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
-	28, // 62: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
-	31, // 63: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
-	33, // 64: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
-	35, // 65: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
-	37, // 66: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
-	39, // 67: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
-	42, // 68: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
-	4,  // 69: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
-	7,  // 70: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
-	26, // 71: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
-	44, // 72: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
-	46, // 73: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
-	22, // 74: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
-	55, // [55:75] is the sub-list for method output_type
-	35, // [35:55] is the sub-list for method input_type
+	47, // 55: corral.v1.SandboxService.RunStream:input_type -> corral.v1.ExecStreamRequest
+	12, // 56: corral.v1.SandboxService.Create:output_type -> corral.v1.CreateResponse
+	16, // 57: corral.v1.SandboxService.Get:output_type -> corral.v1.GetResponse
+	18, // 58: corral.v1.SandboxService.List:output_type -> corral.v1.ListResponse
+	20, // 59: corral.v1.SandboxService.Delete:output_type -> corral.v1.DeleteResponse
+	22, // 60: corral.v1.SandboxService.Exec:output_type -> corral.v1.ExecResponse
+	24, // 61: corral.v1.SandboxService.Run:output_type -> corral.v1.RunResponse
+	26, // 62: corral.v1.SandboxService.WriteFile:output_type -> corral.v1.WriteFileResponse
+	28, // 63: corral.v1.SandboxService.ReadFile:output_type -> corral.v1.ReadFileResponse
+	31, // 64: corral.v1.SandboxService.ListDir:output_type -> corral.v1.ListDirResponse
+	33, // 65: corral.v1.SandboxService.Stat:output_type -> corral.v1.StatResponse
+	35, // 66: corral.v1.SandboxService.Remove:output_type -> corral.v1.RemoveResponse
+	37, // 67: corral.v1.SandboxService.MakeDir:output_type -> corral.v1.MakeDirResponse
+	39, // 68: corral.v1.SandboxService.Pause:output_type -> corral.v1.PauseResponse
+	42, // 69: corral.v1.SandboxService.Resume:output_type -> corral.v1.ResumeResponse
+	4,  // 70: corral.v1.SandboxService.UpdateNetwork:output_type -> corral.v1.UpdateNetworkResponse
+	7,  // 71: corral.v1.SandboxService.NetworkStats:output_type -> corral.v1.NetworkStatsResponse
+	26, // 72: corral.v1.SandboxService.UploadFile:output_type -> corral.v1.WriteFileResponse
+	44, // 73: corral.v1.SandboxService.CopyIn:output_type -> corral.v1.CopyInResponse
+	46, // 74: corral.v1.SandboxService.CopyOut:output_type -> corral.v1.CopyOutResponse
+	22, // 75: corral.v1.SandboxService.ExecStream:output_type -> corral.v1.ExecResponse
+	24, // 76: corral.v1.SandboxService.RunStream:output_type -> corral.v1.RunResponse
+	56, // [56:77] is the sub-list for method output_type
+	35, // [35:56] is the sub-list for method input_type
 	35, // [35:35] is the sub-list for extension type_name
 	35, // [35:35] is the sub-list for extension extendee
 	0,  // [0:35] is the sub-list for field type_name

@@ -221,13 +221,12 @@ func (c *creation) waitReady(ctx context.Context) error {
 	defer c.layer.Close()
 	defer closeAll(c.mounts)
 	cfg := initproto.Config{
-		Mounts:        len(c.mounts),
-		Hostname:      c.spec.Hostname,
-		Seccomp:       c.b.seccomp,
-		NoSeccomp:     c.b.cfg.NoSeccomp,
-		FileSizeBytes: fileSizeLimit(c.spec.Resources.DiskBytes),
-		Shell:         c.b.cfg.Shell,
-		BestEffort:    c.spec.Resources.BestEffort,
+		Mounts:     len(c.mounts),
+		Hostname:   c.spec.Hostname,
+		Seccomp:    c.b.seccomp,
+		NoSeccomp:  c.b.cfg.NoSeccomp,
+		Shell:      c.b.cfg.Shell,
+		BestEffort: c.spec.Resources.BestEffort,
 	}
 	cfg.ResolvConf = c.net != nil && !c.spec.Resettable
 	cfg.Sysfs = cfg.ResolvConf
@@ -245,15 +244,4 @@ func (c *creation) waitReady(ctx context.Context) error {
 		fds[i] = int(m.Fd())
 	}
 	return c.proc.Setup(ctx, c.setup, cfg, fds...)
-}
-
-// fileSizeLimit is RLIMIT_FSIZE for a sandbox with a writable layer of
-// disk bytes: a backstop a little above the disk limit, so that a full disk
-// still ends in ENOSPC (what a program expects) and the rlimit only bites if
-// the disk limit did not hold.
-func fileSizeLimit(disk int64) int64 {
-	if disk <= 0 {
-		return 0
-	}
-	return disk + max(disk/16, 16<<20)
 }

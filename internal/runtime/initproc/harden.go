@@ -26,7 +26,7 @@ const serveStage = "serve"
 const poolMode = "pool"
 
 // hardenAndExec applies the containment baseline — capabilities,
-// no_new_privs, RLIMIT_CORE and RLIMIT_FSIZE, seccomp — to this one OS thread and then
+// no_new_privs, RLIMIT_CORE, seccomp — to this one OS thread and then
 // re-executes corral-init from it (exe is an fd of the init binary, opened
 // before pivot_root). The new program starts single-threaded with exactly
 // these credentials and the filter, and every thread or process it makes
@@ -69,11 +69,6 @@ func hardenAndExec(cfg *initproto.Config, exe int) error {
 	if cfg.BestEffort {
 		if err := schedIdle(); err != nil {
 			return err
-		}
-	}
-	if n := uint64(cfg.FileSizeBytes); n > 0 {
-		if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: n, Max: n}); err != nil {
-			return fmt.Errorf("rlimit fsize: %w", err)
 		}
 	}
 	if !cfg.NoSeccomp {

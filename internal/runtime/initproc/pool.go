@@ -175,8 +175,9 @@ func mountView(pc *poolConfig) error {
 	// redirect markers in user.overlay.* on the tmpfs upper (without it,
 	// removing a directory of a lower layer fails with EIO). The flip
 	// side: lower layers' trusted.overlay.opaque markers are not seen
-	// here (see the closing note of issue 8).
-	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s/u,workdir=%s/w,userxattr", strings.Join(lower, ":"), poolUpper, poolUpper)
+	// here (see the closing note of issue 8). xino=on: directory inode
+	// numbers from stat match readdir's (see userns.Overlay).
+	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s/u,workdir=%s/w,userxattr,xino=on", strings.Join(lower, ":"), poolUpper, poolUpper)
 	if err := unix.Mount("overlay", poolView, "overlay", 0, ovl); err != nil {
 		return fmt.Errorf("view: mount overlay: %w", err)
 	}

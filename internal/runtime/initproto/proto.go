@@ -35,6 +35,8 @@
 //	9 (2026-12-01): ExecRequest.Tty: the command starts as a session
 //	  leader with its stdin (a terminal the node made) as controlling
 //	  terminal.
+//	10 (2026-12-01): Config.FileSizeBytes is gone: sandboxes get no
+//	  RLIMIT_FSIZE (the disk quota bounds writes, as under Docker).
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
@@ -43,7 +45,7 @@ package initproto
 const ShellPath = "/.corral/sh"
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 9
+const Version = 10
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -101,11 +103,8 @@ type Config struct {
 	// sandbox's network namespace. The kernel mounts a sysfs only for a
 	// holder of CAP_SYS_ADMIN over the owner of the mounter's network
 	// namespace, and a pooled one belongs to the node, not to init.
-	Sysfs bool `json:"sysfs,omitempty"`
-	// FileSizeBytes is RLIMIT_FSIZE for every process (0: unlimited): no
-	// single file outgrows the writable layer's limit.
-	FileSizeBytes int64 `json:"fsize,omitempty"`
-	NoSeccomp     bool  `json:"no_seccomp,omitempty"`
+	Sysfs     bool `json:"sysfs,omitempty"`
+	NoSeccomp bool `json:"no_seccomp,omitempty"`
 	// BestEffort: init and every process of the sandbox run under
 	// SCHED_IDLE, with RLIMIT_NICE 0 so that none can leave it.
 	BestEffort bool `json:"best_effort,omitempty"`

@@ -111,6 +111,13 @@ func Overlay(lowers []*os.File, upper, work *os.File, r Range) (*os.File, error)
 				return fsError(fsfd, "lowerdir+ "+l.Name(), err)
 			}
 		}
+		// Lowers (EROFS) and upper (ext4) are different filesystems:
+		// without xino, stat gives a directory an overlay inode number
+		// that readdir's d_ino does not match, and st_dev differs across
+		// layers. xino=on packs the layer's number into the high bits.
+		if err := unix.FsconfigSetString(fsfd, "xino", "on"); err != nil {
+			return fsError(fsfd, "xino", err)
+		}
 		if err := unix.FsconfigSetFd(fsfd, "upperdir", int(upper.Fd())); err != nil {
 			return fsError(fsfd, "upperdir", err)
 		}

@@ -34,7 +34,8 @@ from .errors import (
 )
 from .fncall import CallResult
 from .iam import AuditEntry, Identity, Project, Quota, Token, Usage
-from .images import Composition, Images, Layer, Packed, Removed
+from .images import BuiltImage, Composition, Images, Imported, ImportProgress, LazyBlob, Layer, Packed, Removed
+from .network import Network, NetworkRefusal, NetworkStats
 from .observe import EVENT_TYPES, Event, SandboxStats, StatsSample
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream, exec_key
 from .sync import Client, Files, Sandbox, SyncExecStream
@@ -48,7 +49,8 @@ __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncFiles", "ExecStream", "Command", "exec_key", "ExecLogEntry",
     "Client", "Sandbox", "Files", "SyncExecStream",
     "AuditEntry", "Identity", "Project", "Quota", "Token", "Usage",
-    "CallResult", "Composition", "Images", "Layer", "Packed", "Removed", "ExecChunk", "ExecResult", "FileInfo", "Resources", "SandboxInfo", "State",
+    "CallResult", "Composition", "Images", "Layer", "Packed", "Removed",
+    "BuiltImage", "Imported", "ImportProgress", "LazyBlob", "Network", "NetworkRefusal", "NetworkStats", "ExecChunk", "ExecResult", "FileInfo", "Resources", "SandboxInfo", "State",
     "CorralError", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError",
     "FailedPreconditionError", "ResourceExhaustedError", "UnavailableError",
     "PermissionDeniedError", "UnauthenticatedError", "UnimplementedError",

@@ -5,15 +5,17 @@ returns."""
 import asyncio
 import os
 import ssl as _ssl
-from typing import Any, AsyncIterator, Dict, List, Optional, Set, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set, Union
 
 from ._connect import Transport
 from ._http import default_address
 from ._tar import file_messages, tar_tree
-from .errors import NotFoundError, UnimplementedError
+from .errors import InternalError, NotFoundError
 from .fncall import _BATCH, _CALL, CallResult, call_request
 from .iam import IAMMixin
-from .images import _SVC, Composition, Images, Layer, Removed, images_from_json
+from .images import _SVC, BuiltImage, Composition, Images, Imported, ImportProgress, Layer, Removed
+from .images import images_from_json
+from .network import NetworkArg, network_json
 from .observe import _SVC as _OBS, WATCH_TIMEOUT, Event, SandboxStats, event_from_json, stats_from_json
 from .observe import watch_request
 from .sandbox import AsyncSandbox
@@ -74,7 +76,7 @@ class AsyncClient(IAMMixin):
                      disk_mb: float = 0, pids: int = 0, env: Optional[Dict[str, str]] = None,
                      workdir: str = "", user: str = "", labels: Optional[Dict[str, str]] = None,
                      idle_timeout: Optional[float] = None, max_lifetime: Optional[float] = None,
-                     network: Any = None, request_timeout: Optional[float] = None) -> AsyncSandbox:
+                     network: NetworkArg = None, request_timeout: Optional[float] = None) -> AsyncSandbox:
         """Create a sandbox and return once it is ready for commands.
 
         Args:
@@ -90,13 +92,12 @@ class AsyncClient(IAMMixin):
             idle_timeout: stop after this many seconds without a request
                 (None: server default; 0: never).
             max_lifetime: stop this many seconds after creation.
-            network: reserved for network policy, which the API does not
-                have yet: anything but None raises UnimplementedError.
+            network: what the sandbox may reach: None or ``"none"``
+                (loopback only, the default), ``"open"``, a list of allow
+                rules (``["pypi", "example.org:443"]``) or a
+                :class:`Network`; see :mod:`corral.network`. A bad rule
+                raises InvalidArgumentError naming it.
         """
-        if network is not None:
-            raise UnimplementedError(
-                "network: the corral API has no network policy yet (sandboxes have loopback only); "
-                "pass network=None")
         resources: Dict[str, str] = {}
         for key, value, scale in (("cpuMillis", cpu, 1), ("memoryBytes", memory_mb, _MIB),
                                   ("diskBytes", disk_mb, _MIB), ("pids", pids, 1)):
@@ -118,6 +119,9 @@ class AsyncClient(IAMMixin):
             req["idleTimeout"] = format_duration(idle_timeout, "idle_timeout")
         if max_lifetime is not None:
             req["maxLifetime"] = format_duration(max_lifetime, "max_lifetime")
+        policy = network_json(network)
+        if policy is not None:
+            req["network"] = policy
         resp = await self._t.unary("Create", req, timeout=request_timeout)
         info = SandboxInfo._from_json(resp.get("sandbox") or {})
         return AsyncSandbox(self, info.id, info)
@@ -194,6 +198,53 @@ class AsyncClient(IAMMixin):
         first = {"format": fmt, "image": which, "name": name}
         d = await self._t.client_stream(_SVC + "UploadImage", file_messages(f, first, "data"), timeout=request_timeout)
         return Composition._from_json(d.get("composition", {}))
+
+    async def import_image(self, source: str, name: str, *, insecure: bool = False,
+                           progress: Optional[Callable[[ImportProgress], None]] = None,
+                           request_timeout: Optional[float] = None) -> Imported:
+        """Have the server pull the registry image ``source``
+        (``host/repo:tag``) and record it as the composition ``name``
+        (NAME@VERSION); ``progress`` is called as layers convert. For an
+        OCI layout or ``docker save`` file on this machine use
+        :meth:`upload_image`; ``insecure`` allows a registry over plain HTTP."""
+        msg = {"source": source, "name": name, "insecure": insecure}
+        stream = self._t.stream(_SVC + "ImportImage", msg, timeout=request_timeout)
+        try:
+            async for m in stream:
+                if "progress" in m and progress is not None:
+                    progress(ImportProgress._from_json(m["progress"]))
+                elif "result" in m:
+                    return Imported._from_json(m["result"])
+        finally:
+            stream.close()
+        raise InternalError(f"import {source}: the stream ended without a result")
+
+    async def pull_layer(self, digest: str, name: str = "", *,
+                         request_timeout: Optional[float] = None) -> Layer:
+        """Learn the layer ``digest`` another node published to the shared
+        blob store, as ``name`` (NAME@VERSION; empty: the publisher's):
+        only its metadata becomes local, file data is fetched on first
+        read. FailedPreconditionError when the node has no blob store."""
+        d = await self._t.unary(_SVC + "PullLayer", {"digest": digest, "name": name}, timeout=request_timeout)
+        return Layer._from_json(d.get("layer", {}))
+
+    async def build_image(self, name: str, *, rebuild: bool = False,
+                          output: Optional[Callable[[str], None]] = None,
+                          request_timeout: Optional[float] = 1800) -> BuiltImage:
+        """Have the server build a built-in image (``"busybox"``,
+        ``"debian"``) into its own store; ``output`` gets the build's output
+        as it streams. Only the node administrator may (root on the unix
+        socket); ``rebuild`` replaces an existing image no sandbox uses."""
+        stream = self._t.stream(_SVC + "BuildImage", {"name": name, "rebuild": rebuild}, timeout=request_timeout)
+        try:
+            async for m in stream:
+                if "output" in m and output is not None:
+                    output(m["output"])
+                elif "image" in m:
+                    return BuiltImage._from_json(m["image"])
+        finally:
+            stream.close()
+        raise InternalError(f"build {name}: the stream ended without a result")
 
     async def create_composition(self, ref: str, layers: List[str], *, env: Optional[Dict[str, str]] = None,
                                  request_timeout: Optional[float] = None) -> Composition:

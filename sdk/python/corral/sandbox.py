@@ -4,6 +4,7 @@
 import asyncio
 import hashlib
 import itertools
+import io
 import tempfile
 from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
@@ -12,6 +13,7 @@ from ._tar import extract, file_messages, tar_tree
 from .errors import InternalError, NotFoundError
 from .images import _SVC as _IMAGE_SVC
 from .images import Packed, packed_from_json
+from .network import Network, NetworkStats, mode_json
 from .types import ExecChunk, ExecLogEntry, ExecResult, FileInfo, SandboxInfo
 from .types import b64decode, b64encode, env_list, format_duration
 
@@ -30,6 +32,9 @@ WRITE_CHUNK = 4 << 20
 # When a command has no timeout of its own, the client waits this long for
 # it (the server's default exec timeout) plus the client's call timeout.
 SERVER_EXEC_TIMEOUT = 600.0
+# Stdin above this size (or from a file) is streamed (RunStream) instead of
+# sent in the request, whose size the server caps.
+STREAM_STDIN = 4 << 20
 
 
 def exec_request(sandbox_id: str, cmd: Command, *, env: Optional[Dict[str, str]] = None,
@@ -126,6 +131,25 @@ class AsyncSandbox:
         """Thaw a paused sandbox."""
         await self._c._t.unary("Resume", {"id": self.id}, timeout=request_timeout)
 
+    async def update_network(self, *, mode: Optional[str] = None, allow: Optional[List[str]] = None,
+                             deny: Optional[List[str]] = None, replace: bool = False,
+                             request_timeout: Optional[float] = None) -> Network:
+        """Change the running sandbox's network policy and return the new
+        one: ``mode`` (``"none"``, ``"allowlist"``, ``"open"``; None keeps
+        it), ``allow`` rules added (or, with ``replace``, the whole list),
+        ``deny`` rules removed. New rules apply to connections made after."""
+        msg: Dict[str, Any] = {"id": self.id, "allow": list(allow or []), "deny": list(deny or []),
+                               "replace": replace}
+        if mode is not None:
+            msg["mode"] = mode_json(mode)
+        d = await self._c._t.unary("UpdateNetwork", msg, timeout=request_timeout)
+        return Network._from_json(d.get("network"))
+
+    async def network_stats(self, *, request_timeout: Optional[float] = None) -> NetworkStats:
+        """What the sandbox's network policy refused, most refused first."""
+        d = await self._c._t.unary("NetworkStats", {"id": self.id}, idempotent=True, timeout=request_timeout)
+        return NetworkStats._from_json(d)
+
     async def pack(self, name: str, *, exclude: Optional[List[str]] = None, default_excludes: bool = True,
                    composition: bool = True, request_timeout: Optional[float] = None) -> Packed:
         """Turn the sandbox's writes into the layer ``name`` (NAME@VERSION)
@@ -160,7 +184,7 @@ class AsyncSandbox:
         return cmd + self._c._t.timeout
 
     async def run(self, cmd: Command, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
-                  user: Optional[str] = None, stdin: Union[bytes, str, None] = None,
+                  user: Optional[str] = None, stdin: Union[bytes, str, IO[bytes], None] = None,
                   timeout: Optional[float] = None, output_limit: Optional[int] = None,
                   request_timeout: Optional[float] = None, idempotent: bool = False,
                   step: Optional[str] = None, idempotency_key: Optional[str] = None) -> ExecResult:
@@ -171,7 +195,9 @@ class AsyncSandbox:
             env: variables added to the sandbox's environment.
             cwd: working directory (default: the sandbox's workdir).
             user: user name, ``uid`` or ``uid:gid`` (default: the sandbox's).
-            stdin: bytes (or str, UTF-8) fed to the command.
+            stdin: bytes (or str, UTF-8) fed to the command, or a binary
+                file read to its end; a file or more than 4 MiB is streamed,
+                with no size cap (stdin the command leaves unread is dropped).
             timeout: seconds before the server kills the command's process
                 group (result ``timed_out``); None: the server default.
             output_limit: cap on stdout+stderr bytes (result ``truncated``).
@@ -191,11 +217,27 @@ class AsyncSandbox:
         Cancelling the awaiting task closes the connection, and the server
         then kills the command (unless it carries a key).
         """
-        req = exec_request(self.id, cmd, env=env, cwd=cwd, user=user, stdin=stdin,
-                           timeout=timeout, output_limit=output_limit,
-                           idempotency_key=self._key(idempotency_key, step, idempotent))
-        resp = await self._c._t.unary("Run", req, timeout=self._exec_budget(timeout, request_timeout))
+        budget = self._exec_budget(timeout, request_timeout)
+        key = self._key(idempotency_key, step, idempotent)
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        streamed = stdin is not None and (not isinstance(stdin, (bytes, bytearray, memoryview)) or len(stdin) > STREAM_STDIN)
+        if streamed and key:
+            # A keyed command is compared with its repeat, so its stdin goes whole in the request.
+            raise ValueError("idempotency: a keyed command takes stdin as bytes of at most %d bytes, not a stream" % STREAM_STDIN)
+        if streamed:
+            src = stdin if not isinstance(stdin, (bytes, bytearray, memoryview)) else io.BytesIO(bytes(stdin))
+            resp = await self._run_streamed(cmd, src, budget, env=env, cwd=cwd, user=user,
+                                            timeout=timeout, output_limit=output_limit)
+        else:
+            req = exec_request(self.id, cmd, env=env, cwd=cwd, user=user, stdin=stdin,
+                               timeout=timeout, output_limit=output_limit, idempotency_key=key)
+            resp = await self._c._t.unary("Run", req, timeout=budget)
         return ExecResult._from_json(resp.get("result"), b64decode(resp.get("stdout")), b64decode(resp.get("stderr")))
+
+    async def _run_streamed(self, cmd: Command, f: IO[bytes], budget: float, **opts: Any) -> Dict[str, Any]:
+        first = {"exec": exec_request(self.id, cmd, **opts)}
+        return await self._c._t.client_stream("RunStream", file_messages(f, first, "stdin"), timeout=budget)
 
     def exec_stream(self, cmd: Command, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
                     user: Optional[str] = None, stdin: Union[bytes, str, None] = None,

@@ -9,15 +9,16 @@ its connection and makes the server stop the command.
 
 import asyncio
 import threading
-from typing import Any, Awaitable, Dict, Iterator, List, Optional, TypeVar
+from typing import IO, Any, Awaitable, Callable, Dict, Iterator, List, Optional, TypeVar, Union
 
 from .client import AsyncClient
 from .fncall import CallResult
 from .iam import AuditEntry, Identity, Project, Quota, Token
-from .images import Composition, Images, Layer, Packed, Removed
+from .images import BuiltImage, Composition, Images, Imported, ImportProgress, Layer, Packed, Removed
+from .network import Network, NetworkArg, NetworkStats
 from .observe import Event, SandboxStats
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
-from .types import ExecChunk, ExecLogEntry, ExecResult, FileInfo, SandboxInfo
+from .types import ExecChunk, ExecLogEntry, ExecResult, FileInfo, SandboxInfo, State
 
 __all__ = ["Client", "Sandbox", "Files", "SyncExecStream"]
 
@@ -91,9 +92,18 @@ class Client:
     def _run(self, aw: Awaitable[T]) -> T:
         return self._lt.run(aw)
 
-    def create(self, image: str = "", **create_args: Any) -> "Sandbox":
+    def create(self, image: str = "", *, backend: str = "", cpu: int = 0, memory_mb: float = 0,
+               disk_mb: float = 0, pids: int = 0, env: Optional[Dict[str, str]] = None, workdir: str = "",
+               user: str = "", labels: Optional[Dict[str, str]] = None, idle_timeout: Optional[float] = None,
+               max_lifetime: Optional[float] = None, network: NetworkArg = None,
+               request_timeout: Optional[float] = None) -> "Sandbox":
         """Create a sandbox; arguments as :meth:`AsyncClient.create`."""
-        return Sandbox(self, self._run(self._async.create(image, **create_args)))
+        return Sandbox(self, self._run(self._async.create(image, backend=backend, cpu=cpu,
+                                                          memory_mb=memory_mb, disk_mb=disk_mb, pids=pids,
+                                                          env=env, workdir=workdir, user=user, labels=labels,
+                                                          idle_timeout=idle_timeout,
+                                                          max_lifetime=max_lifetime, network=network,
+                                                          request_timeout=request_timeout)))
 
     def sandbox(self, image: str = "", **create_args: Any) -> "Sandbox":
         """``with c.sandbox(image=...) as sb:`` creates a sandbox and deletes
@@ -104,29 +114,33 @@ class Client:
         """Run one stateless call (see :meth:`AsyncClient.call`)."""
         return self._run(self._async.call(source, **kw))
 
-    def call_batch(self, calls: List[Dict[str, Any]], **kw: Any) -> List[CallResult]:
+    def call_batch(self, calls: List[Dict[str, Any]], *,
+                   request_timeout: Optional[float] = None) -> List[CallResult]:
         """Run many calls in one request (see :meth:`AsyncClient.call_batch`)."""
-        return self._run(self._async.call_batch(calls, **kw))
+        return self._run(self._async.call_batch(calls, request_timeout=request_timeout))
 
     def attach(self, sandbox_id: str) -> "Sandbox":
         """A handle on an existing sandbox, without a call."""
         return Sandbox(self, self._async.attach(sandbox_id))
 
-    def get(self, sandbox_id: str, **kw: Any) -> SandboxInfo:
+    def get(self, sandbox_id: str, *, request_timeout: Optional[float] = None) -> SandboxInfo:
         """Describe a sandbox; see :meth:`AsyncClient.get`."""
-        return self._run(self._async.get(sandbox_id, **kw))
+        return self._run(self._async.get(sandbox_id, request_timeout=request_timeout))
 
-    def list(self, **filters: Any) -> List[SandboxInfo]:
+    def list(self, *, labels: Optional[Dict[str, str]] = None, state: Union[State, str, None] = None,
+             page_size: int = 0, request_timeout: Optional[float] = None) -> List[SandboxInfo]:
         """Sandboxes by labels / state, all pages; see :meth:`AsyncClient.list`."""
-        return self._run(self._async.list(**filters))
+        return self._run(self._async.list(labels=labels, state=state, page_size=page_size,
+                                          request_timeout=request_timeout))
 
-    def delete(self, sandbox_id: str, **kw: Any) -> bool:
+    def delete(self, sandbox_id: str, *, request_timeout: Optional[float] = None) -> bool:
         """Delete a sandbox; False if it did not exist."""
-        return self._run(self._async.delete(sandbox_id, **kw))
+        return self._run(self._async.delete(sandbox_id, request_timeout=request_timeout))
 
-    def stats(self, ids: Optional[List[str]] = None, **kw: Any) -> List[SandboxStats]:
+    def stats(self, ids: Optional[List[str]] = None, *, history: bool = False,
+              request_timeout: Optional[float] = None) -> List[SandboxStats]:
         """See :meth:`AsyncClient.stats`."""
-        return self._run(self._async.stats(ids, **kw))
+        return self._run(self._async.stats(ids, history=history, request_timeout=request_timeout))
 
     def events(self, **kw: Any) -> Iterator[Event]:
         """Blocking iterator over :meth:`AsyncClient.events`; close it (or
@@ -141,77 +155,105 @@ class Client:
         finally:
             self._run(agen.aclose())
 
-    def list_images(self, **kw: Any) -> Images:
+    def list_images(self, *, request_timeout: Optional[float] = None) -> Images:
         """The node's built images, compositions and layers."""
-        return self._run(self._async.list_images(**kw))
+        return self._run(self._async.list_images(request_timeout=request_timeout))
 
-    def create_layer(self, path: str, name: str, **kw: Any) -> Layer:
+    def create_layer(self, path: str, name: str, *, request_timeout: Optional[float] = None) -> Layer:
         """Build a layer from a directory or tar file on this machine, streamed."""
-        return self._run(self._async.create_layer(path, name, **kw))
+        return self._run(self._async.create_layer(path, name, request_timeout=request_timeout))
 
-    def create_layer_from_node(self, path: str, name: str, **kw: Any) -> Layer:
+    def create_layer_from_node(self, path: str, name: str, *,
+                               request_timeout: Optional[float] = None) -> Layer:
         """Build a layer from a path on the server's machine (node administrator only)."""
-        return self._run(self._async.create_layer_from_node(path, name, **kw))
+        return self._run(self._async.create_layer_from_node(path, name, request_timeout=request_timeout))
 
-    def upload_image(self, source: str, name: str, **kw: Any) -> Composition:
+    def upload_image(self, source: str, name: str, *, request_timeout: Optional[float] = None) -> Composition:
         """Import an OCI layout or docker archive from this machine (see :meth:`AsyncClient.upload_image`)."""
-        return self._run(self._async.upload_image(source, name, **kw))
+        return self._run(self._async.upload_image(source, name, request_timeout=request_timeout))
 
-    def create_composition(self, ref: str, layers: List[str], **kw: Any) -> Composition:
+    def create_composition(self, ref: str, layers: List[str], *, env: Optional[Dict[str, str]] = None,
+                           request_timeout: Optional[float] = None) -> Composition:
         """Record a composition (see :meth:`AsyncClient.create_composition`)."""
-        return self._run(self._async.create_composition(ref, layers, **kw))
+        return self._run(self._async.create_composition(ref, layers, env=env,
+                                                        request_timeout=request_timeout))
 
-    def remove_image(self, name: str, **kw: Any) -> Removed:
+    def remove_image(self, name: str, *, request_timeout: Optional[float] = None) -> Removed:
         """Remove an image, composition or layer (see :meth:`AsyncClient.remove_image`)."""
-        return self._run(self._async.remove_image(name, **kw))
+        return self._run(self._async.remove_image(name, request_timeout=request_timeout))
 
-    def collect_garbage(self, **kw: Any) -> Removed:
+    def collect_garbage(self, *, request_timeout: Optional[float] = None) -> Removed:
         """Remove every layer nothing uses (see :meth:`AsyncClient.collect_garbage`)."""
-        return self._run(self._async.collect_garbage(**kw))
+        return self._run(self._async.collect_garbage(request_timeout=request_timeout))
 
-    def whoami(self, **kw: Any) -> Identity:
+    def import_image(self, source: str, name: str, *, insecure: bool = False,
+                     progress: Optional[Callable[[ImportProgress], None]] = None,
+                     request_timeout: Optional[float] = None) -> Imported:
+        """Have the server pull a registry image (see :meth:`AsyncClient.import_image`)."""
+        return self._run(self._async.import_image(source, name, insecure=insecure, progress=progress,
+                                                  request_timeout=request_timeout))
+
+    def pull_layer(self, digest: str, name: str = "", *, request_timeout: Optional[float] = None) -> Layer:
+        """Learn a layer from the shared blob store (see :meth:`AsyncClient.pull_layer`)."""
+        return self._run(self._async.pull_layer(digest, name, request_timeout=request_timeout))
+
+    def build_image(self, name: str, *, rebuild: bool = False, output: Optional[Callable[[str], None]] = None,
+                    request_timeout: Optional[float] = 1800) -> BuiltImage:
+        """Have the server build a built-in image (see :meth:`AsyncClient.build_image`)."""
+        return self._run(self._async.build_image(name, rebuild=rebuild, output=output,
+                                                 request_timeout=request_timeout))
+
+    def whoami(self, *, request_timeout: Optional[float] = None) -> Identity:
         """Who the server takes the caller for (see :meth:`AsyncClient.whoami`)."""
-        return self._run(self._async.whoami(**kw))
+        return self._run(self._async.whoami(request_timeout=request_timeout))
 
-    def create_token(self, project: str, **kw: Any) -> "tuple[Token, str]":
+    def create_token(self, project: str, *, role: str = "member", ttl: float = 0, description: str = "",
+                     request_timeout: Optional[float] = None) -> "tuple[Token, str]":
         """Make a token; returns (token, secret) (see :meth:`AsyncClient.create_token`)."""
-        return self._run(self._async.create_token(project, **kw))
+        return self._run(self._async.create_token(project, role=role, ttl=ttl, description=description,
+                                                  request_timeout=request_timeout))
 
-    def list_tokens(self, project: str = "", **kw: Any) -> List[Token]:
+    def list_tokens(self, project: str = "", *, request_timeout: Optional[float] = None) -> List[Token]:
         """The tokens the caller administers."""
-        return self._run(self._async.list_tokens(project, **kw))
+        return self._run(self._async.list_tokens(project, request_timeout=request_timeout))
 
-    def revoke_token(self, token_id: str, **kw: Any) -> None:
+    def revoke_token(self, token_id: str, *, request_timeout: Optional[float] = None) -> None:
         """Revoke a token."""
-        return self._run(self._async.revoke_token(token_id, **kw))
+        return self._run(self._async.revoke_token(token_id, request_timeout=request_timeout))
 
-    def create_project(self, path: str, quota: Optional[Quota] = None, **kw: Any) -> Project:
+    def create_project(self, path: str, quota: Optional[Quota] = None, *,
+                       request_timeout: Optional[float] = None) -> Project:
         """Make a (sub)project (see :meth:`AsyncClient.create_project`)."""
-        return self._run(self._async.create_project(path, quota, **kw))
+        return self._run(self._async.create_project(path, quota, request_timeout=request_timeout))
 
-    def list_projects(self, **kw: Any) -> List[Project]:
+    def list_projects(self, *, request_timeout: Optional[float] = None) -> List[Project]:
         """The projects the caller sees."""
-        return self._run(self._async.list_projects(**kw))
+        return self._run(self._async.list_projects(request_timeout=request_timeout))
 
-    def get_project(self, path: str, **kw: Any) -> Project:
+    def get_project(self, path: str, *, request_timeout: Optional[float] = None) -> Project:
         """One project with quota and usage."""
-        return self._run(self._async.get_project(path, **kw))
+        return self._run(self._async.get_project(path, request_timeout=request_timeout))
 
-    def set_quota(self, path: str, quota: Quota, **kw: Any) -> Project:
+    def set_quota(self, path: str, quota: Quota, *, request_timeout: Optional[float] = None) -> Project:
         """Replace a (sub)project's quota."""
-        return self._run(self._async.set_quota(path, quota, **kw))
+        return self._run(self._async.set_quota(path, quota, request_timeout=request_timeout))
 
-    def delete_project(self, path: str, **kw: Any) -> None:
+    def delete_project(self, path: str, *, keep: bool = False,
+                       request_timeout: Optional[float] = None) -> None:
         """Delete a project and what it holds (see :meth:`AsyncClient.delete_project`)."""
-        return self._run(self._async.delete_project(path, **kw))
+        return self._run(self._async.delete_project(path, keep=keep, request_timeout=request_timeout))
 
-    def share_image(self, name: str, project: str, **kw: Any) -> None:
+    def share_image(self, name: str, project: str, *, unshare: bool = False,
+                    request_timeout: Optional[float] = None) -> None:
         """Share an image name with a project (see :meth:`AsyncClient.share_image`)."""
-        return self._run(self._async.share_image(name, project, **kw))
+        return self._run(self._async.share_image(name, project, unshare=unshare,
+                                                 request_timeout=request_timeout))
 
-    def audit(self, project: str = "", **kw: Any) -> List[AuditEntry]:
+    def audit(self, project: str = "", *, after: str = "", limit: int = 0,
+              request_timeout: Optional[float] = None) -> List[AuditEntry]:
         """Audit entries, oldest first (see :meth:`AsyncClient.audit`)."""
-        return self._run(self._async.audit(project, **kw))
+        return self._run(self._async.audit(project, after=after, limit=limit,
+                                           request_timeout=request_timeout))
 
 
 class Sandbox:
@@ -241,33 +283,55 @@ class Sandbox:
             if exc_type is None:
                 raise
 
-    def refresh(self, **kw: Any) -> SandboxInfo:
+    def refresh(self, *, request_timeout: Optional[float] = None) -> SandboxInfo:
         """Fetch the current description."""
-        return self._c._run(self._a.refresh(**kw))
+        return self._c._run(self._a.refresh(request_timeout=request_timeout))
 
-    def delete(self, **kw: Any) -> bool:
+    def delete(self, *, request_timeout: Optional[float] = None) -> bool:
         """Delete the sandbox; False if it was already gone."""
-        return self._c._run(self._a.delete(**kw))
+        return self._c._run(self._a.delete(request_timeout=request_timeout))
 
-    def pause(self, **kw: Any) -> Dict[str, int]:
+    def pause(self, *, reclaim: bool = False, request_timeout: Optional[float] = None) -> Dict[str, int]:
         """Freeze every process in the sandbox (``reclaim=True``: see :meth:`AsyncSandbox.pause`)."""
-        return self._c._run(self._a.pause(**kw))
+        return self._c._run(self._a.pause(reclaim=reclaim, request_timeout=request_timeout))
 
-    def resume(self, **kw: Any) -> None:
+    def resume(self, *, request_timeout: Optional[float] = None) -> None:
         """Thaw a paused sandbox."""
-        self._c._run(self._a.resume(**kw))
+        self._c._run(self._a.resume(request_timeout=request_timeout))
 
-    def pack(self, name: str, **kw: Any) -> Packed:
+    def pack(self, name: str, *, exclude: Optional[List[str]] = None, default_excludes: bool = True,
+             composition: bool = True, request_timeout: Optional[float] = None) -> Packed:
         """Pack the sandbox's writes as a layer (see :meth:`AsyncSandbox.pack`)."""
-        return self._c._run(self._a.pack(name, **kw))
+        return self._c._run(self._a.pack(name, exclude=exclude, default_excludes=default_excludes,
+                                         composition=composition, request_timeout=request_timeout))
 
-    def run(self, cmd: Command, **kw: Any) -> ExecResult:
+    def update_network(self, *, mode: Optional[str] = None, allow: Optional[List[str]] = None,
+                       deny: Optional[List[str]] = None, replace: bool = False,
+                       request_timeout: Optional[float] = None) -> Network:
+        """Change the network policy (see :meth:`AsyncSandbox.update_network`)."""
+        return self._c._run(self._a.update_network(mode=mode, allow=allow, deny=deny, replace=replace,
+                                                   request_timeout=request_timeout))
+
+    def network_stats(self, *, request_timeout: Optional[float] = None) -> NetworkStats:
+        """What the network policy refused (see :meth:`AsyncSandbox.network_stats`)."""
+        return self._c._run(self._a.network_stats(request_timeout=request_timeout))
+
+    def run(self, cmd: Command, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+            user: Optional[str] = None, stdin: Union[bytes, str, IO[bytes], None] = None,
+            timeout: Optional[float] = None, output_limit: Optional[int] = None,
+            request_timeout: Optional[float] = None) -> ExecResult:
         """Run a command; arguments as :meth:`AsyncSandbox.run`."""
-        return self._c._run(self._a.run(cmd, **kw))
+        return self._c._run(self._a.run(cmd, env=env, cwd=cwd, user=user, stdin=stdin, timeout=timeout,
+                                        output_limit=output_limit, request_timeout=request_timeout))
 
-    def exec_stream(self, cmd: Command, **kw: Any) -> "SyncExecStream":
+    def exec_stream(self, cmd: Command, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+                    user: Optional[str] = None, stdin: Union[bytes, str, None] = None,
+                    timeout: Optional[float] = None, output_limit: Optional[int] = None,
+                    request_timeout: Optional[float] = None) -> "SyncExecStream":
         """Run a command, iterating its output chunks then the result chunk."""
-        return SyncExecStream(self._c, self._a.exec_stream(cmd, **kw))
+        return SyncExecStream(self._c, self._a.exec_stream(cmd, env=env, cwd=cwd, user=user, stdin=stdin,
+                                                           timeout=timeout, output_limit=output_limit,
+                                                           request_timeout=request_timeout))
 
     def list_execs(self, since_seq: int = 0, **kw: Any) -> List[ExecLogEntry]:
         """The sandbox's exec log above since_seq (see :meth:`AsyncSandbox.list_execs`)."""
@@ -318,47 +382,54 @@ class Files:
         self._c = client
         self._a = inner
 
-    def write(self, path: str, data: Any, **kw: Any) -> int:
+    def write(self, path: str, data: Any, *, mode: Optional[int] = None, append: bool = False,
+              make_parents: bool = True, request_timeout: Optional[float] = None) -> int:
         """Create, replace or append to a file; returns its size."""
-        return self._c._run(self._a.write(path, data, **kw))
+        return self._c._run(self._a.write(path, data, mode=mode, append=append, make_parents=make_parents,
+                                          request_timeout=request_timeout))
 
-    def write_from(self, path: str, f: Any, **kw: Any) -> int:
+    def write_from(self, path: str, f: Any, *, mode: Optional[int] = None, make_parents: bool = True,
+                   request_timeout: Optional[float] = None) -> int:
         """Stream an open binary file into path (no size cap)."""
-        return self._c._run(self._a.write_from(path, f, **kw))
+        return self._c._run(self._a.write_from(path, f, mode=mode, make_parents=make_parents,
+                                               request_timeout=request_timeout))
 
-    def upload_dir(self, local: str, dest: str, **kw: Any) -> int:
+    def upload_dir(self, local: str, dest: str, *, request_timeout: Optional[float] = None) -> int:
         """Copy a local directory tree into the sandbox (see :meth:`AsyncFiles.upload_dir`)."""
-        return self._c._run(self._a.upload_dir(local, dest, **kw))
+        return self._c._run(self._a.upload_dir(local, dest, request_timeout=request_timeout))
 
-    def download_dir(self, path: str, local: str, **kw: Any) -> None:
+    def download_dir(self, path: str, local: str, *, request_timeout: Optional[float] = None) -> None:
         """Copy a sandbox directory tree to a local directory."""
-        self._c._run(self._a.download_dir(path, local, **kw))
+        self._c._run(self._a.download_dir(path, local, request_timeout=request_timeout))
 
-    def read(self, path: str, **kw: Any) -> bytes:
+    def read(self, path: str, *, offset: int = 0, limit: int = 0,
+             request_timeout: Optional[float] = None) -> bytes:
         """The file's bytes (offset= and limit= select a range)."""
-        return self._c._run(self._a.read(path, **kw))
+        return self._c._run(self._a.read(path, offset=offset, limit=limit, request_timeout=request_timeout))
 
-    def read_text(self, path: str, **kw: Any) -> str:
+    def read_text(self, path: str, *, encoding: str = "utf-8",
+                  request_timeout: Optional[float] = None) -> str:
         """The file decoded as text."""
-        return self._c._run(self._a.read_text(path, **kw))
+        return self._c._run(self._a.read_text(path, encoding=encoding, request_timeout=request_timeout))
 
-    def list(self, path: str, **kw: Any) -> List[FileInfo]:
+    def list(self, path: str, *, request_timeout: Optional[float] = None) -> List[FileInfo]:
         """The entries of a directory."""
-        return self._c._run(self._a.list(path, **kw))
+        return self._c._run(self._a.list(path, request_timeout=request_timeout))
 
-    def stat(self, path: str, **kw: Any) -> FileInfo:
+    def stat(self, path: str, *, request_timeout: Optional[float] = None) -> FileInfo:
         """Describe a file."""
-        return self._c._run(self._a.stat(path, **kw))
+        return self._c._run(self._a.stat(path, request_timeout=request_timeout))
 
-    def exists(self, path: str, **kw: Any) -> bool:
+    def exists(self, path: str, *, request_timeout: Optional[float] = None) -> bool:
         """Whether path exists."""
-        return self._c._run(self._a.exists(path, **kw))
+        return self._c._run(self._a.exists(path, request_timeout=request_timeout))
 
-    def remove(self, path: str, **kw: Any) -> None:
+    def remove(self, path: str, *, recursive: bool = False, request_timeout: Optional[float] = None) -> None:
         """Remove a file or directory (recursive=True for a tree)."""
-        self._c._run(self._a.remove(path, **kw))
+        self._c._run(self._a.remove(path, recursive=recursive, request_timeout=request_timeout))
 
-    def mkdir(self, path: str, **kw: Any) -> None:
+    def mkdir(self, path: str, *, parents: bool = False, mode: Optional[int] = None,
+              request_timeout: Optional[float] = None) -> None:
         """Create a directory (parents=True for missing parents)."""
-        self._c._run(self._a.mkdir(path, **kw))
+        self._c._run(self._a.mkdir(path, parents=parents, mode=mode, request_timeout=request_timeout))
 

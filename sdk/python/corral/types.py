@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from .network import Network
+
 __all__ = ["State", "Resources", "SandboxInfo", "ExecResult", "ExecChunk", "FileInfo"]
 
 _MIB = 1 << 20
@@ -89,6 +91,10 @@ class SandboxInfo:
     last_active_at: Optional[_dt.datetime]
     stop_reason: str  # why it stopped, when state is STOPPED
     project: str = ""  # its project ("": the node administrator's)
+    network: Network = Network()  # its network policy (default none: loopback only)
+    # Why a layer cannot be read (its blob store is unreachable; reads of
+    # unfetched files fail with EIO); empty when healthy.
+    degraded: str = ""
 
     @classmethod
     def _from_json(cls, d: Dict[str, Any]) -> "SandboxInfo":
@@ -113,6 +119,8 @@ class SandboxInfo:
             last_active_at=parse_timestamp(d.get("lastActiveAt")),
             stop_reason=d.get("stopReason", ""),
             project=d.get("project", ""),
+            network=Network._from_json(d.get("network")),
+            degraded=d.get("degraded", ""),
         )
 
 

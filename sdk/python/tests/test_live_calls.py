@@ -169,8 +169,9 @@ class ErrorMappingTest(LiveTest):
             await self.make(backend="bogus")
         with self.assertRaises(corral.InvalidArgumentError):
             await self.make(cpu=10_000_000)
-        with self.assertRaises(corral.UnimplementedError):
-            await self.make(network={"allow": ["pypi"]})
+        with self.assertRaises(corral.InvalidArgumentError) as bad_rule:
+            await self.make(network=["*.org"])
+        self.assertIn("network.allow[0]", bad_rule.exception.message)
         sb = await self.make()
         with self.assertRaises(corral.InvalidArgumentError):
             await sb.run(["true"], cwd="relative")

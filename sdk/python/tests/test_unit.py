@@ -265,11 +265,20 @@ class TransportTest(unittest.IsolatedAsyncioTestCase):
             await c.close()
             server.close()
 
-    async def test_network_option_is_unimplemented(self) -> None:
-        c = corral.AsyncClient("127.0.0.1:1")
-        with self.assertRaises(corral.UnimplementedError):
-            await c.create(image="busybox", network={"allow": ["pypi"]})
-        await c.close()
+    def test_network_argument(self) -> None:
+        from corral.network import network_json
+        allow = {"mode": "NETWORK_MODE_ALLOWLIST", "allow": ["pypi", "example.org:443"]}
+        self.assertIsNone(network_json(None))
+        self.assertEqual(network_json("none"), {"mode": "NETWORK_MODE_NONE"})
+        self.assertEqual(network_json("open"), {"mode": "NETWORK_MODE_OPEN"})
+        self.assertEqual(network_json(["pypi", "example.org:443"]), allow)
+        self.assertEqual(network_json({"allow": ["pypi", "example.org:443"]}), allow)
+        self.assertEqual(network_json(corral.Network("allowlist", ["pypi", "example.org:443"])), allow)
+        with self.assertRaises(ValueError):
+            network_json("everything")
+        with self.assertRaises(ValueError):
+            network_json({"allowed": ["pypi"]})
+        self.assertEqual(corral.Network._from_json({"mode": "NETWORK_MODE_OPEN"}), corral.Network("open"))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,8 @@ const (
 	// ImageServiceUploadImageProcedure is the fully-qualified name of the ImageService's UploadImage
 	// RPC.
 	ImageServiceUploadImageProcedure = "/corral.v1.ImageService/UploadImage"
+	// ImageServiceBuildImageProcedure is the fully-qualified name of the ImageService's BuildImage RPC.
+	ImageServiceBuildImageProcedure = "/corral.v1.ImageService/BuildImage"
 )
 
 // ImageServiceClient is a client for the corral.v1.ImageService service.
@@ -91,6 +93,10 @@ type ImageServiceClient interface {
 	// directory as a tar stream, or a `docker save` archive, in the data of
 	// the messages after the first (which says what it is).
 	UploadImage(context.Context) *connect.ClientStreamForClient[v1.UploadImageRequest, v1.ImportResult]
+	// BuildImage builds a built-in image (busybox, debian) from its recipe
+	// into this node's own store, streaming the build's output, then one
+	// final message with the image. The node administrator's alone.
+	BuildImage(context.Context, *connect.Request[v1.BuildImageRequest]) (*connect.ServerStreamForClient[v1.BuildImageResponse], error)
 }
 
 // NewImageServiceClient constructs a client for the corral.v1.ImageService service. By default, it
@@ -164,6 +170,12 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(imageServiceMethods.ByName("UploadImage")),
 			connect.WithClientOptions(opts...),
 		),
+		buildImage: connect.NewClient[v1.BuildImageRequest, v1.BuildImageResponse](
+			httpClient,
+			baseURL+ImageServiceBuildImageProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("BuildImage")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -179,6 +191,7 @@ type imageServiceClient struct {
 	pullLayer         *connect.Client[v1.PullLayerRequest, v1.PullLayerResponse]
 	uploadLayer       *connect.Client[v1.UploadLayerRequest, v1.CreateLayerResponse]
 	uploadImage       *connect.Client[v1.UploadImageRequest, v1.ImportResult]
+	buildImage        *connect.Client[v1.BuildImageRequest, v1.BuildImageResponse]
 }
 
 // ListImages calls corral.v1.ImageService.ListImages.
@@ -231,6 +244,11 @@ func (c *imageServiceClient) UploadImage(ctx context.Context) *connect.ClientStr
 	return c.uploadImage.CallClientStream(ctx)
 }
 
+// BuildImage calls corral.v1.ImageService.BuildImage.
+func (c *imageServiceClient) BuildImage(ctx context.Context, req *connect.Request[v1.BuildImageRequest]) (*connect.ServerStreamForClient[v1.BuildImageResponse], error) {
+	return c.buildImage.CallServerStream(ctx, req)
+}
+
 // ImageServiceHandler is an implementation of the corral.v1.ImageService service.
 type ImageServiceHandler interface {
 	// ListImages lists built images, compositions and layers.
@@ -260,6 +278,10 @@ type ImageServiceHandler interface {
 	// directory as a tar stream, or a `docker save` archive, in the data of
 	// the messages after the first (which says what it is).
 	UploadImage(context.Context, *connect.ClientStream[v1.UploadImageRequest]) (*connect.Response[v1.ImportResult], error)
+	// BuildImage builds a built-in image (busybox, debian) from its recipe
+	// into this node's own store, streaming the build's output, then one
+	// final message with the image. The node administrator's alone.
+	BuildImage(context.Context, *connect.Request[v1.BuildImageRequest], *connect.ServerStream[v1.BuildImageResponse]) error
 }
 
 // NewImageServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -329,6 +351,12 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(imageServiceMethods.ByName("UploadImage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	imageServiceBuildImageHandler := connect.NewServerStreamHandler(
+		ImageServiceBuildImageProcedure,
+		svc.BuildImage,
+		connect.WithSchema(imageServiceMethods.ByName("BuildImage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/corral.v1.ImageService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ImageServiceListImagesProcedure:
@@ -351,6 +379,8 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 			imageServiceUploadLayerHandler.ServeHTTP(w, r)
 		case ImageServiceUploadImageProcedure:
 			imageServiceUploadImageHandler.ServeHTTP(w, r)
+		case ImageServiceBuildImageProcedure:
+			imageServiceBuildImageHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -398,4 +428,8 @@ func (UnimplementedImageServiceHandler) UploadLayer(context.Context, *connect.Cl
 
 func (UnimplementedImageServiceHandler) UploadImage(context.Context, *connect.ClientStream[v1.UploadImageRequest]) (*connect.Response[v1.ImportResult], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.ImageService.UploadImage is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) BuildImage(context.Context, *connect.Request[v1.BuildImageRequest], *connect.ServerStream[v1.BuildImageResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.ImageService.BuildImage is not implemented"))
 }

@@ -80,6 +80,9 @@ const (
 	// SandboxServiceExecStreamProcedure is the fully-qualified name of the SandboxService's ExecStream
 	// RPC.
 	SandboxServiceExecStreamProcedure = "/corral.v1.SandboxService/ExecStream"
+	// SandboxServiceRunStreamProcedure is the fully-qualified name of the SandboxService's RunStream
+	// RPC.
+	SandboxServiceRunStreamProcedure = "/corral.v1.SandboxService/RunStream"
 )
 
 // SandboxServiceClient is a client for the corral.v1.SandboxService service.
@@ -125,6 +128,11 @@ type SandboxServiceClient interface {
 	// command, the following ones its stdin until the client closes its side
 	// (bidirectional: needs HTTP/2).
 	ExecStream(context.Context) *connect.BidiStreamForClient[v1.ExecStreamRequest, v1.ExecResponse]
+	// RunStream is Run with stdin streamed, as in ExecStream (first message
+	// the command, then stdin until the client closes its side), answered
+	// once the command has ended: client-streaming, so it works over
+	// HTTP/1.1 too. Stdin the command did not read is discarded.
+	RunStream(context.Context) *connect.ClientStreamForClient[v1.ExecStreamRequest, v1.RunResponse]
 }
 
 // NewSandboxServiceClient constructs a client for the corral.v1.SandboxService service. By default,
@@ -258,6 +266,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("ExecStream")),
 			connect.WithClientOptions(opts...),
 		),
+		runStream: connect.NewClient[v1.ExecStreamRequest, v1.RunResponse](
+			httpClient,
+			baseURL+SandboxServiceRunStreamProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RunStream")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -283,6 +297,7 @@ type sandboxServiceClient struct {
 	copyIn        *connect.Client[v1.CopyInRequest, v1.CopyInResponse]
 	copyOut       *connect.Client[v1.CopyOutRequest, v1.CopyOutResponse]
 	execStream    *connect.Client[v1.ExecStreamRequest, v1.ExecResponse]
+	runStream     *connect.Client[v1.ExecStreamRequest, v1.RunResponse]
 }
 
 // Create calls corral.v1.SandboxService.Create.
@@ -385,6 +400,11 @@ func (c *sandboxServiceClient) ExecStream(ctx context.Context) *connect.BidiStre
 	return c.execStream.CallBidiStream(ctx)
 }
 
+// RunStream calls corral.v1.SandboxService.RunStream.
+func (c *sandboxServiceClient) RunStream(ctx context.Context) *connect.ClientStreamForClient[v1.ExecStreamRequest, v1.RunResponse] {
+	return c.runStream.CallClientStream(ctx)
+}
+
 // SandboxServiceHandler is an implementation of the corral.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v1.CreateResponse], error)
@@ -428,6 +448,11 @@ type SandboxServiceHandler interface {
 	// command, the following ones its stdin until the client closes its side
 	// (bidirectional: needs HTTP/2).
 	ExecStream(context.Context, *connect.BidiStream[v1.ExecStreamRequest, v1.ExecResponse]) error
+	// RunStream is Run with stdin streamed, as in ExecStream (first message
+	// the command, then stdin until the client closes its side), answered
+	// once the command has ended: client-streaming, so it works over
+	// HTTP/1.1 too. Stdin the command did not read is discarded.
+	RunStream(context.Context, *connect.ClientStream[v1.ExecStreamRequest]) (*connect.Response[v1.RunResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -557,6 +582,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("ExecStream")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceRunStreamHandler := connect.NewClientStreamHandler(
+		SandboxServiceRunStreamProcedure,
+		svc.RunStream,
+		connect.WithSchema(sandboxServiceMethods.ByName("RunStream")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/corral.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -599,6 +630,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceCopyOutHandler.ServeHTTP(w, r)
 		case SandboxServiceExecStreamProcedure:
 			sandboxServiceExecStreamHandler.ServeHTTP(w, r)
+		case SandboxServiceRunStreamProcedure:
+			sandboxServiceRunStreamHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -686,4 +719,8 @@ func (UnimplementedSandboxServiceHandler) CopyOut(context.Context, *connect.Requ
 
 func (UnimplementedSandboxServiceHandler) ExecStream(context.Context, *connect.BidiStream[v1.ExecStreamRequest, v1.ExecResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.SandboxService.ExecStream is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RunStream(context.Context, *connect.ClientStream[v1.ExecStreamRequest]) (*connect.Response[v1.RunResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.SandboxService.RunStream is not implemented"))
 }

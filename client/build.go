@@ -1,0 +1,47 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"connectrpc.com/connect"
+
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
+)
+
+// BuildOptions configure BuildImage.
+type BuildOptions struct {
+	// Rebuild builds afresh and replaces an existing image (only while no
+	// sandbox uses it); otherwise an existing image is returned as it is.
+	Rebuild bool
+	// Output receives the build's output as the server streams it (nil:
+	// dropped).
+	Output io.Writer
+}
+
+// BuildImage has the server build a built-in image (busybox, debian) from
+// its recipe into its own store. Only the node administrator may (root on
+// the server's unix socket); a debian build takes about a minute.
+func (c *Client) BuildImage(ctx context.Context, name string, o BuildOptions) (*BuiltImage, error) {
+	stream, err := c.img.BuildImage(ctx, connect.NewRequest(&corralv1.BuildImageRequest{Name: name, Rebuild: o.Rebuild}))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		switch ev := stream.Msg().Event.(type) {
+		case *corralv1.BuildImageResponse_Output:
+			if o.Output != nil {
+				_, _ = io.WriteString(o.Output, ev.Output) // a progress display only
+			}
+		case *corralv1.BuildImageResponse_Image:
+			b := ev.Image
+			return &BuiltImage{Name: b.Name, Layers: layersFromProto(b.Layers), Env: b.Env}, nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, wrapErr(err)
+	}
+	return nil, fmt.Errorf("corral client: build %s: the stream ended without a result", name)
+}

@@ -1,0 +1,126 @@
+package e2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/server"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// testPKI writes a test CA's certificate, and a server certificate for
+// name signed by it with its key, into dir.
+func testPKI(t *testing.T, dir, name string) (caFile, certFile, keyFile string) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "corral test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalPKCS8PrivateKey(key)
+	caFile, certFile, keyFile = filepath.Join(dir, "ca.pem"), filepath.Join(dir, "server.pem"), filepath.Join(dir, "server.key")
+	for f, blk := range map[string]*pem.Block{caFile: {Type: "CERTIFICATE", Bytes: caDER},
+		certFile: {Type: "CERTIFICATE", Bytes: der}, keyFile: {Type: "PRIVATE KEY", Bytes: keyDER}} {
+		if err := os.WriteFile(f, pem.EncodeToMemory(blk), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return caFile, certFile, keyFile
+}
+
+// TestSandboxCACerts: with --sandbox-ca-certs, a program in a sandbox that
+// trusts only the system's roots verifies a server certificate signed by
+// the node's extra CA (here a TLS server on the sandbox's own loopback,
+// as a TLS-intercepting proxy would present); the bundle is the image's
+// trust store followed by the node's certificates, named by SSL_CERT_FILE.
+func TestSandboxCACerts(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	caFile, certFile, keyFile := testPKI(t, dir, "registry.test")
+	bin := filepath.Join(dir, "tlscheck")
+	build := exec.Command("go", "build", "-o", bin, "./testdata/tlscheck")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build tlscheck: %v\n%s", err, out)
+	}
+	srv := testenv.StartServer(t, func(c *server.Config) { c.SandboxCACerts = caFile })
+	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
+	ctx := context.Background()
+	for local, remote := range map[string]string{bin: "/tmp/tlscheck", certFile: "/tmp/server.pem", keyFile: "/tmp/server.key"} {
+		f, err := os.Open(local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = sb.Files().WriteFrom(ctx, remote, f, 0o755)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(env map[string]string) string {
+		res := testenv.Run(t, sb, client.Command{Args: []string{"/tmp/tlscheck", "/tmp/server.pem", "/tmp/server.key", "registry.test"}, Env: env})
+		return strings.TrimSpace(string(res.Stdout) + string(res.Stderr))
+	}
+	if out := check(nil); out != "verified" {
+		t.Errorf("with the node's CA: %s", out)
+	}
+	// Without the bundle the same check fails: it is the bundle that
+	// makes the certificate trusted.
+	if out := check(map[string]string{"SSL_CERT_FILE": "/nonexistent", "SSL_CERT_DIR": "/nonexistent"}); !strings.Contains(out, "unknown authority") {
+		t.Errorf("without the bundle: %s", out)
+	}
+	ca, _ := os.ReadFile(caFile)
+	got := testenv.Sh(t, sb, "echo $SSL_CERT_FILE; cat /etc/ssl/certs/ca-certificates.crt; stat -c '%U %a' /etc/ssl/certs/ca-certificates.crt")
+	if !strings.Contains(got, "/etc/ssl/certs/ca-certificates.crt\n") || !strings.Contains(got, strings.TrimSpace(string(ca))) || !strings.Contains(got, "root 444") {
+		t.Errorf("bundle in the sandbox:\n%s", got)
+	}
+}
+
+// TestSandboxCACertsRefusesBadInput: a file with no certificate, or with a
+// private key, stops the server from starting, naming the flag.
+func TestSandboxCACertsRefusesBadInput(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	_, _, keyFile := testPKI(t, dir, "x.test")
+	empty := filepath.Join(dir, "empty.pem")
+	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for file, want := range map[string]string{keyFile: "PRIVATE KEY block", empty: "no certificate", filepath.Join(dir, "missing"): "no such file"} {
+		srv, err := testenv.Start(nil, func(c *server.Config) { c.SandboxCACerts = file })
+		if err == nil {
+			srv.Stop()
+			os.RemoveAll(srv.Config.DataDir)
+			t.Errorf("%s: server started", file)
+			continue
+		}
+		if !strings.Contains(err.Error(), "sandbox-ca-certs") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", file, err, want)
+		}
+	}
+}
