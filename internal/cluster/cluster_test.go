@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,8 +26,15 @@ import (
 	"github.com/corral-dev/corral/internal/server"
 )
 
-// Ports 17502-17509 of this engineer's range: etcd 17502-17503, the
-// simulated nodes 17504, control instances 17505-17506.
+// Ports 17502-17509 (CORRAL_CLUSTER_UNIT_PORT moves them): etcd +0 and +1,
+// the simulated nodes +2, control instances +3 and +4.
+var portBase = func() int {
+	if n, err := strconv.Atoi(os.Getenv("CORRAL_CLUSTER_UNIT_PORT")); err == nil {
+		return n
+	}
+	return 17502
+}()
+
 var secret = cluster.Secret("test-cluster-secret-0123456789")
 
 type rig struct {
@@ -43,12 +52,12 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func startRig(t *testing.T, specs []simnode.Spec, n int, pc cluster.PlacerConfig) *rig {
 	t.Helper()
 	ctx := context.Background()
-	e, err := etcdembed.StartCluster(ctx, t.TempDir(), 1, 17502, true)
+	e, err := etcdembed.StartCluster(ctx, t.TempDir(), 1, portBase, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
-	f, err := simnode.Start(ctx, "127.0.0.1:17504", e.Endpoints(), secret, specs, 2*time.Second, 200*time.Millisecond, quiet())
+	f, err := simnode.Start(ctx, fmt.Sprintf("127.0.0.1:%d", portBase+2), e.Endpoints(), secret, specs, 2*time.Second, 200*time.Millisecond, quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +67,7 @@ func startRig(t *testing.T, specs []simnode.Spec, n int, pc cluster.PlacerConfig
 		// The socket's caller is the cluster administrator (TCP wants a token).
 		sock := filepath.Join(t.TempDir(), "control.sock")
 		c, err := server.StartControl(ctx, server.ControlConfig{Etcd: e.Endpoints(), Secret: secret,
-			Listen: fmt.Sprintf("127.0.0.1:%d", 17505+i), Socket: sock, Placer: pc, Logger: quiet()})
+			Listen: fmt.Sprintf("127.0.0.1:%d", portBase+3+i), Socket: sock, Placer: pc, Logger: quiet()})
 		if err != nil {
 			t.Fatal(err)
 		}

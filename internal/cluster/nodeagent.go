@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
 )
 
 // AgentConfig configures a node's side of the cluster.
@@ -86,6 +88,7 @@ func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
 	start := time.Now()
 	l := Load{Backends: map[string]int64{}}
 	labels := map[string]int64{}
+	projects := map[string]iam.Usage{}
 	ids := map[string]made{}
 	tok := ""
 	for {
@@ -104,6 +107,9 @@ func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
 			l.CPUMillis += sb.GetResources().GetCpuMillis()
 			l.MemoryBytes += sb.GetResources().GetMemoryBytes()
 			l.Backends[sb.Backend]++
+			if sb.Project != "" {
+				projects[sb.Project] = projects[sb.Project].Add(usageOf(sb))
+			}
 			for k, v := range sb.Labels {
 				if k != RequestIDLabel {
 					labels[k+"="+v]++
@@ -115,6 +121,9 @@ func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
 		}
 	}
 	l.Labels = topCounts(labels, maxLabelCounts)
+	if len(projects) > 0 {
+		l.Projects = projects
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	// Sandboxes made while listing may be missing from the list: keep them.
@@ -263,8 +272,35 @@ func (a *NodeAgent) Delete(ctx context.Context, req *connect.Request[corralv1.De
 		a.mu.Lock()
 		a.delta.add(Load{Sandboxes: 1, CPUMillis: sb.GetResources().GetCpuMillis(), MemoryBytes: sb.GetResources().GetMemoryBytes()}, -1)
 		a.mu.Unlock()
+		if sb.Project != "" {
+			// The control instance credits the project at once.
+			resp.Header().Set(freedHeader, marshal(freed{Project: sb.Project, Usage: usageOf(sb)}))
+		}
 	}
 	return resp, err
+}
+
+// freedHeader on a Delete's answer says what the deleted sandbox's project
+// got back.
+const freedHeader = "Corral-Cluster-Freed"
+
+type freed struct {
+	Project string    `json:"project"`
+	Usage   iam.Usage `json:"usage"`
+}
+
+func decodeFreed(h string) (freed, bool) {
+	var f freed
+	if h == "" || json.Unmarshal([]byte(h), &f) != nil || f.Project == "" {
+		return f, false
+	}
+	return f, true
+}
+
+// usageOf is what sb counts against its project's quota.
+func usageOf(sb *corralv1.Sandbox) iam.Usage {
+	r := sb.GetResources()
+	return iam.Usage{Sandboxes: 1, CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), DiskBytes: r.GetDiskBytes()}
 }
 
 // topCounts keeps the n largest counts of m.

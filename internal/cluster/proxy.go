@@ -32,7 +32,10 @@ type ProxyConfig struct {
 	// OnPlace, when set, is told how long each placement decision took
 	// (benchmarks).
 	OnPlace func(time.Duration)
-	Logger  *slog.Logger
+	// Quotas, when set, returns a project's quota and its ancestors'
+	// (project first), which placement checks against the cluster's usage.
+	Quotas func(ctx context.Context, project string) ([]ProjectQuota, error)
+	Logger *slog.Logger
 }
 
 // Proxy is the SandboxService of a control instance: Create places the
@@ -158,6 +161,19 @@ func (p *Proxy) Create(ctx context.Context, req *connect.Request[corralv1.Create
 		MemoryBytes: m.GetResources().GetMemoryBytes(),
 		NodeLabels:  m.Placement.NodeLabels,
 		BurstOK:     m.Placement.BurstOk,
+		DiskBytes:   m.GetResources().GetDiskBytes(),
+	}
+	if project := principalOf(ctx).Project; project != "" && p.cfg.Quotas != nil {
+		qs, err := p.cfg.Quotas(ctx, project)
+		if err != nil {
+			return nil, err
+		}
+		for _, q := range qs {
+			if q.Quota.Limits() {
+				want.Project, want.Quotas = project, qs
+				break
+			}
+		}
 	}
 	if k := m.Placement.SpreadByLabel; k != "" {
 		v, ok := m.Labels[k]
@@ -273,6 +289,11 @@ func (p *Proxy) Delete(ctx context.Context, req *connect.Request[corralv1.Delete
 		return nil, err
 	}
 	resp, err := c.Delete(ctx, connect.NewRequest(req.Msg))
+	if err == nil {
+		if f, ok := decodeFreed(resp.Header().Get(freedHeader)); ok {
+			p.cfg.Placer.Freed(v.ID, f.Project, f.Usage)
+		}
+	}
 	return resp, unreachable(v, err)
 }
 

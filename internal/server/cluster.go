@@ -262,7 +262,8 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 		return nil, err
 	}
 	placer := cluster.NewPlacer(cc.Placer, c.watcher.Snapshot)
-	c.proxy = cluster.NewProxy(cluster.ProxyConfig{Watcher: c.watcher, Placer: placer, Secret: cc.Secret, OnPlace: cc.OnPlace, Logger: cc.Logger})
+	c.proxy = cluster.NewProxy(cluster.ProxyConfig{Watcher: c.watcher, Placer: placer, Secret: cc.Secret, OnPlace: cc.OnPlace, Logger: cc.Logger,
+		Quotas: c.quotaChain})
 	// IAM is the cluster's, in etcd: a token made through one control
 	// instance (or a node) works through every other.
 	c.iam = iam.New(iam.Config{Store: etcdstore.New(cli, etcdstore.DefaultPrefix), Logger: cc.Logger})
@@ -313,6 +314,20 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 	}
 	cc.Logger.Info("corral control serving", "listen", cc.Listen, "socket", cc.Socket, "etcd", cc.Etcd)
 	return c, nil
+}
+
+// quotaChain is the quotas placement checks a create of project against,
+// over the whole cluster.
+func (c *Control) quotaChain(ctx context.Context, project string) ([]cluster.ProjectQuota, error) {
+	paths, quotas, err := c.iam.QuotaChain(ctx, project)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]cluster.ProjectQuota, len(paths))
+	for i := range paths {
+		out[i] = cluster.ProjectQuota{Path: paths[i], Quota: quotas[i]}
+	}
+	return out, nil
 }
 
 // Addr is the TCP listener's address ("" without one).
