@@ -1,7 +1,10 @@
 package cluster_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -211,6 +214,8 @@ func TestDrainLostAndPagination(t *testing.T) {
 		t.Fatal("undrained node got no placements")
 	}
 
+	// sim002's summary in etcd lists every sandbox it has before it dies.
+	waitSummary(t, r, "sim002", r.fleet.Nodes()[2].Live())
 	// Page through (page size 7) and kill sim002 half way.
 	seen := map[string]bool{}
 	var lostID string
@@ -271,14 +276,38 @@ func TestDrainLostAndPagination(t *testing.T) {
 			t.Fatal("placed on a lost node")
 		}
 	}
-	list, err := r.cli[1].ListCluster(ctx, client.ListOptions{})
+	// List names the lost node unavailable and shows its sandboxes, as its
+	// last summary had them, lost with the reason; a page token crosses
+	// into and out of the lost node (page size 3).
+	list, err := r.cli[1].ListCluster(ctx, client.ListOptions{PageSize: 3})
 	if err != nil || len(list.UnavailableNodes) != 1 || !strings.Contains(list.UnavailableNodes[0], "sim002") {
 		t.Fatalf("List with a lost node: %+v, %v; want sim002 named unavailable", list, err)
 	}
+	lost := 0
 	for _, in := range list.Sandboxes {
 		if nodeOf(in.ID) == "sim002" {
-			t.Fatalf("List shows %s of the lost node", in.ID)
+			if in.State != client.StateLost || !strings.Contains(in.StopReason, "sim002") {
+				t.Fatalf("List shows %s of the lost node as %s (%q), want lost naming the node", in.ID, in.State, in.StopReason)
+			}
+			lost++
 		}
+	}
+	if want := r.fleet.Nodes()[2].Live(); lost != want || want == 0 {
+		t.Fatalf("List shows %d sandboxes of the lost node, which had %d", lost, want)
+	}
+	if len(list.Sandboxes) != r.fleet.Nodes()[0].Live()+r.fleet.Nodes()[1].Live()+lost {
+		t.Fatalf("List has %d sandboxes, the nodes %d", len(list.Sandboxes), r.fleet.Nodes()[0].Live()+r.fleet.Nodes()[1].Live()+lost)
+	}
+	onlyLost, err := r.cli[0].List(ctx, client.ListOptions{State: client.StateLost})
+	if err != nil || len(onlyLost) != lost {
+		t.Fatalf("List state=lost: %d, %v; want %d", len(onlyLost), err, lost)
+	}
+	running, err := r.cli[0].List(ctx, client.ListOptions{State: client.StateRunning})
+	if err != nil || len(running) != len(list.Sandboxes)-lost {
+		t.Fatalf("List state=running: %d, %v; want %d", len(running), err, len(list.Sandboxes)-lost)
+	}
+	if in, err := r.cli[0].Get(ctx, onlyLost[0].ID); err != nil || in.State != client.StateLost || in.CreatedAt.IsZero() {
+		t.Fatalf("get of a lost sandbox: %+v, %v; want lost with its creation time from the summary", in, err)
 	}
 	nodes, err := r.cli[0].ClusterNodes(ctx)
 	if err != nil {
@@ -287,6 +316,32 @@ func TestDrainLostAndPagination(t *testing.T) {
 	if nodes[2].State != "lost" || nodes[0].State != "ready" {
 		t.Fatalf("nodes: %+v", nodes)
 	}
+}
+
+// waitSummary waits until node's sandbox summary in etcd lists n
+// sandboxes.
+func waitSummary(t *testing.T, r *rig, node string, n int) {
+	t.Helper()
+	cli, err := cluster.Dial(r.etcd.Endpoints())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	got := -1
+	for time.Now().Before(deadline) {
+		resp, err := cli.Get(context.Background(), "/corral/sandboxes/"+node)
+		if err == nil && len(resp.Kvs) == 1 {
+			var s struct{ Sandboxes []json.RawMessage }
+			if zr, err := gzip.NewReader(bytes.NewReader(resp.Kvs[0].Value)); err == nil && json.NewDecoder(zr).Decode(&s) == nil {
+				if got = len(s.Sandboxes); got == n {
+					return
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("node %s's summary lists %d sandboxes, want %d", node, got, n)
 }
 
 // listPage asks for one page (the SDK's List fetches them all).

@@ -49,6 +49,11 @@ type NodeAgent struct {
 	measured, delta, inflight Load
 	pending                   map[string]*pendingCreate // request id -> create in progress
 	done                      map[string]made           // request id -> its sandbox
+	// listed is every sandbox at the last Measure; listedGen changes
+	// when the set does (see Summary).
+	listed    []*corralv1.Sandbox
+	listedFP  uint64
+	listedGen uint64
 }
 
 type made struct {
@@ -90,12 +95,14 @@ func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
 	labels := map[string]int64{}
 	projects := map[string]iam.Usage{}
 	ids := map[string]made{}
+	var all []*corralv1.Sandbox
 	tok := ""
 	for {
 		resp, err := a.SandboxServiceHandler.List(ctx, connect.NewRequest(&corralv1.ListRequest{PageSize: 1000, PageToken: tok}))
 		if err != nil {
 			return Load{}, fmt.Errorf("measure node load: %w", err)
 		}
+		all = append(all, resp.Msg.Sandboxes...)
 		for _, sb := range resp.Msg.Sandboxes {
 			if rid := sb.Labels[RequestIDLabel]; rid != "" {
 				ids[rid] = made{id: sb.Id}
@@ -134,9 +141,23 @@ func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
 	}
 	a.done = ids
 	a.measured, a.delta = l, Load{}
+	if fp := fingerprint(all); fp != a.listedFP || a.listedGen == 0 {
+		a.listedFP = fp
+		a.listedGen++
+	}
+	a.listed = all
 	out := a.measured
 	out.add(a.inflight, 1)
 	return out, nil
+}
+
+// Summary is the node's sandboxes at the last Measure, and a generation
+// that changes whenever that set does (the Registrar rewrites the node's
+// summary in etcd only then).
+func (a *NodeAgent) Summary() (uint64, []*corralv1.Sandbox) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.listedGen, a.listed
 }
 
 func (a *NodeAgent) cost(m *corralv1.CreateRequest) Load {

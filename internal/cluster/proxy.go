@@ -271,7 +271,7 @@ func lostSandbox(id string, v *NodeView) *corralv1.Sandbox {
 func (p *Proxy) Get(ctx context.Context, req *connect.Request[corralv1.GetRequest]) (*connect.Response[corralv1.GetResponse], error) {
 	v, c, err := p.nodeFor(req.Msg.Id)
 	if v != nil && v.State == NodeLost {
-		return connect.NewResponse(&corralv1.GetResponse{Sandbox: lostSandbox(req.Msg.Id, v)}), nil
+		return connect.NewResponse(&corralv1.GetResponse{Sandbox: p.lostSandbox(ctx, req.Msg.Id, v)}), nil
 	}
 	if err != nil {
 		return nil, err
@@ -315,15 +315,7 @@ func (p *Proxy) List(ctx context.Context, req *connect.Request[corralv1.ListRequ
 		return nil, err
 	}
 	out := &corralv1.ListResponse{}
-	if m.State == corralv1.SandboxState_SANDBOX_STATE_LOST {
-		// Lost nodes cannot be asked which sandboxes they had.
-		for _, v := range p.cfg.Watcher.Snapshot().Nodes {
-			if v.State == NodeLost {
-				out.UnavailableNodes = append(out.UnavailableNodes, v.Reason)
-			}
-		}
-		return connect.NewResponse(out), nil
-	}
+	onlyLost := m.State == corralv1.SandboxState_SANDBOX_STATE_LOST
 	for _, v := range p.cfg.Watcher.Snapshot().Nodes {
 		if v.ID < startNode {
 			continue
@@ -333,8 +325,31 @@ func (p *Proxy) List(ctx context.Context, req *connect.Request[corralv1.ListRequ
 			tok = nodeTok
 		}
 		if v.State == NodeLost {
+			// It cannot be asked: its sandboxes, as its last summary
+			// lists them, are lost (with any state filter but LOST,
+			// none match).
 			out.UnavailableNodes = append(out.UnavailableNodes, v.Reason)
+			if m.State != corralv1.SandboxState_SANDBOX_STATE_UNSPECIFIED && !onlyLost {
+				continue
+			}
+			if next := p.listLost(ctx, v, m.Labels, lostCursor(tok), size, out); next != "" {
+				out.NextPageToken = encodeListToken(v.ID, lostTokenMark+next)
+				return connect.NewResponse(out), nil
+			}
+			if len(out.Sandboxes) == size {
+				out.NextPageToken = encodeListToken(v.ID+"\x00", "")
+				return connect.NewResponse(out), nil
+			}
 			continue
+		}
+		if onlyLost {
+			continue // a live node has no lost sandboxes
+		}
+		if strings.HasPrefix(tok, lostTokenMark) {
+			// The node came back since the previous page: its own
+			// order differs, so it is listed from its start (a
+			// sandbox may repeat, none is left out).
+			tok = ""
 		}
 		for {
 			resp, err := p.client(v).List(ctx, connect.NewRequest(&corralv1.ListRequest{

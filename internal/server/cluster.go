@@ -162,7 +162,8 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 			l.MemoryUsed, l.LoadAverage = hostMemory()-memAvailable(), loadAverage()
 			return l, err
 		},
-		TTL: cc.LeaseTTL, Interval: cc.ReportInterval, Logger: log,
+		Summary: agent.Summary,
+		TTL:     cc.LeaseTTL, Interval: cc.ReportInterval, Logger: log,
 	})
 	if err != nil {
 		return err

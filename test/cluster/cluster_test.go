@@ -241,6 +241,27 @@ func nodeCrash(t *testing.T, r *rig, ids []string) {
 	if _, err := c.Sandbox(mine[0]).Run(ctx, client.Command{Args: []string{"true"}}); !client.IsUnavailable(err) || !strings.Contains(err.Error(), victimID) {
 		t.Fatalf("run on a lost node's sandbox: %v; want unavailable naming %s", err, victimID)
 	}
+	// List shows them, from the node's last summary in etcd, lost with
+	// the reason.
+	listed, err := c.ListCluster(ctx, client.ListOptions{Labels: map[string]string{"phase": "spread"}})
+	if err != nil || len(listed.UnavailableNodes) != 1 {
+		t.Fatalf("List with node %s lost: %+v, %v", victimID, listed, err)
+	}
+	lost := map[string]bool{}
+	for _, in := range listed.Sandboxes {
+		if nodeOf(in.ID) != victimID {
+			continue
+		}
+		if in.State != client.StateLost || !strings.Contains(in.StopReason, victimID) {
+			t.Fatalf("List shows %s of the lost node as %s (%q); want lost naming %s", in.ID, in.State, in.StopReason, victimID)
+		}
+		lost[in.ID] = true
+	}
+	for _, id := range mine {
+		if !lost[id] {
+			t.Fatalf("List does not show %s of the lost node", id)
+		}
+	}
 	r.cli = r.cli[1:] // control 0 was killed above
 	for _, id := range createMany(t, r, 20, func(int) client.CreateOptions { return client.CreateOptions{Resources: small} }) {
 		if nodeOf(id) == victimID {

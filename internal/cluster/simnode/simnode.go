@@ -100,7 +100,7 @@ func Start(ctx context.Context, listen string, endpoints []string, secret cluste
 			Etcd: cli,
 			Record: cluster.NodeRecord{ID: n.ID, Address: f.addr + "/" + n.ID, Version: "simulated",
 				Labels: n.Labels, Backends: []string{"container"}, Capacity: n.Capacity},
-			LoadFunc: n.agent.Measure, TTL: ttl, Interval: report, Logger: log,
+			LoadFunc: n.agent.Measure, Summary: n.agent.Summary, TTL: ttl, Interval: report, Logger: log,
 		})
 		if err != nil {
 			f.Close(ctx)
