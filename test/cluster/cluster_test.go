@@ -105,6 +105,11 @@ func TestCluster(t *testing.T) {
 		}
 	}
 
+	// Streamed stdin through either control instance.
+	for i := range 2 {
+		execStream(t, r.cli[i], ids[i])
+	}
+
 	t.Run("control killed mid-burst", func(t *testing.T) { controlCrash(t, r) })
 	t.Run("node killed", func(t *testing.T) { nodeCrash(t, r, ids) })
 	t.Run("control restarted", func(t *testing.T) { controlRestart(t, r, ids) })
