@@ -133,7 +133,7 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	path, h = corralv1connect.NewFnCallServiceHandler(control.NewFnCallService(cn.fncall),
 		connect.WithInterceptors(control.ErrorInterceptor{}), connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
-	path, h = corralv1connect.NewImageServiceHandler(nodePack{inner: control.NewImageService(cn.sandboxes, cn.images, cn.share), ci: ci},
+	path, h = corralv1connect.NewImageServiceHandler(nodeImages{inner: control.NewImageService(cn.sandboxes, cn.images, cn.share), ci: ci},
 		connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
 	protocols := new(http.Protocols)
