@@ -32,6 +32,9 @@ type ProxyConfig struct {
 	// OnPlace, when set, is told how long each placement decision took
 	// (benchmarks).
 	OnPlace func(time.Duration)
+	// Claims, when set, dedupes creates carrying a client request id
+	// across control instances.
+	Claims *Claims
 	// Quotas, when set, returns a project's quota and its ancestors'
 	// (project first), which placement checks against the cluster's usage.
 	Quotas func(ctx context.Context, project string) ([]ProjectQuota, error)
@@ -142,7 +145,8 @@ func (p *Proxy) Create(ctx context.Context, req *connect.Request[corralv1.Create
 	if m.Placement == nil {
 		m.Placement = &corralv1.Placement{}
 	}
-	if m.Placement.RequestId == "" {
+	given := m.Placement.RequestId != ""
+	if !given {
 		m.Placement.RequestId = newRequestID()
 	} else if len(m.Placement.RequestId) > 128 {
 		return nil, errdefs.InvalidArgument("placement.request_id: %d bytes, at most 128", len(m.Placement.RequestId))
@@ -182,13 +186,12 @@ func (p *Proxy) Create(ctx context.Context, req *connect.Request[corralv1.Create
 		}
 		want.Spread = k + "=" + v
 	}
+	if given && p.cfg.Claims != nil {
+		return p.createClaimed(ctx, m, want)
+	}
 	refused := map[string]string{}
 	for range p.cfg.MaxAttempts {
-		start := time.Now()
-		pl, err := p.cfg.Placer.Place(want, refused)
-		if p.cfg.OnPlace != nil {
-			p.cfg.OnPlace(time.Since(start))
-		}
+		pl, err := p.place(want, refused)
 		if err != nil {
 			return nil, err
 		}
@@ -201,13 +204,29 @@ func (p *Proxy) Create(ctx context.Context, req *connect.Request[corralv1.Create
 		// or it could not be reached at all. A call that broke half way
 		// may have made the sandbox: the client retries with its request
 		// id instead.
-		if connect.CodeOf(err) == connect.CodeResourceExhausted || errors.Is(err, syscall.ECONNREFUSED) {
+		if surelyNothing(err) {
 			refused[pl.Node.ID] = connectMessage(err)
 			continue
 		}
 		return nil, unreachable(pl.Node, err)
 	}
 	return nil, noNode(refused)
+}
+
+// place is one placement decision, timed for OnPlace.
+func (p *Proxy) place(want Want, refused map[string]string) (*Placement, error) {
+	start := time.Now()
+	pl, err := p.cfg.Placer.Place(want, refused)
+	if p.cfg.OnPlace != nil {
+		p.cfg.OnPlace(time.Since(start))
+	}
+	return pl, err
+}
+
+// surelyNothing reports whether a node's create error means it made
+// nothing: it refused, or it could not be reached at all.
+func surelyNothing(err error) bool {
+	return connect.CodeOf(err) == connect.CodeResourceExhausted || errors.Is(err, syscall.ECONNREFUSED)
 }
 
 func connectMessage(err error) string {

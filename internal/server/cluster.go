@@ -238,6 +238,7 @@ type ControlConfig struct {
 type Control struct {
 	etcd      *clientv3.Client
 	watcher   *cluster.Watcher
+	claims    *cluster.Claims
 	proxy     *cluster.Proxy
 	iam       *iam.Service
 	http      *http.Server
@@ -262,9 +263,14 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 		cli.Close()
 		return nil, err
 	}
+	if c.claims, err = cluster.StartClaims(ctx, cli); err != nil {
+		c.watcher.Close()
+		cli.Close()
+		return nil, err
+	}
 	placer := cluster.NewPlacer(cc.Placer, c.watcher.Snapshot)
 	c.proxy = cluster.NewProxy(cluster.ProxyConfig{Watcher: c.watcher, Placer: placer, Secret: cc.Secret, OnPlace: cc.OnPlace, Logger: cc.Logger,
-		Quotas: c.quotaChain})
+		Quotas: c.quotaChain, Claims: c.claims})
 	// IAM is the cluster's, in etcd: a token made through one control
 	// instance (or a node) works through every other.
 	c.iam = iam.New(iam.Config{Store: etcdstore.New(cli, etcdstore.DefaultPrefix), Logger: cc.Logger})
@@ -363,6 +369,7 @@ func (c *Control) Stop(ctx context.Context) error {
 	defer cancel()
 	err := c.http.Shutdown(shut)
 	c.proxy.Close()
+	c.claims.Close()
 	c.watcher.Close()
 	return errors.Join(err, c.iam.Close(), c.etcd.Close())
 }

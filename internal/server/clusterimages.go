@@ -245,6 +245,9 @@ func (s ClusterImageService) UploadImage(ctx context.Context, in *connect.Client
 }
 
 func (s ClusterImageService) ImportImage(ctx context.Context, req *connect.Request[corralv1.ImportImageRequest], out *connect.ServerStream[corralv1.ImportImageResponse]) error {
+	if src := req.Msg.Source; strings.HasPrefix(src, image.SourceOCILayout) || strings.HasPrefix(src, image.SourceDockerArchive) {
+		return errdefs.InvalidArgument("source: %q names a path on a node, which a control instance does not read; send the archive from the client instead (the CLI and SDKs stream it)", src)
+	}
 	v, c, err := s.anyNode()
 	if err != nil {
 		return err
