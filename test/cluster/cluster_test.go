@@ -110,6 +110,7 @@ func TestCluster(t *testing.T) {
 		execStream(t, r.cli[i], ids[i])
 	}
 
+	t.Run("project quota over the nodes", func(t *testing.T) { clusterQuota(t, r) })
 	t.Run("control killed mid-burst", func(t *testing.T) { controlCrash(t, r) })
 	t.Run("node killed", func(t *testing.T) { nodeCrash(t, r, ids) })
 	t.Run("control restarted", func(t *testing.T) { controlRestart(t, r, ids) })
