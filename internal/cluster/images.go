@@ -12,7 +12,7 @@ import (
 // NodeImages is an ImageService client of node v (the image calls a node
 // serves control instances).
 func (p *Proxy) NodeImages(v *NodeView) corralv1connect.ImageServiceClient {
-	return corralv1connect.NewImageServiceClient(p.http, "http://"+v.Address,
+	return corralv1connect.NewImageServiceClient(p.http, p.url(v),
 		connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret}))
 }
 

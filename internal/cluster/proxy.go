@@ -27,6 +27,9 @@ type ProxyConfig struct {
 	Watcher *Watcher
 	Placer  *Placer
 	Secret  Secret
+	// TLS, when set, is mutual TLS to the nodes (HTTP/2 over TLS instead
+	// of h2c).
+	TLS *TLS
 	// MaxAttempts bounds the nodes one create is offered to (default 3).
 	MaxAttempts int
 	// OnPlace, when set, is told how long each placement decision took
@@ -47,6 +50,8 @@ type ProxyConfig struct {
 type Proxy struct {
 	cfg  ProxyConfig
 	http *http.Client
+	// scheme is "http://" (h2c) or "https://" (mutual TLS).
+	scheme string
 
 	mu      sync.Mutex
 	clients map[string]nodeClient // node id -> client for its current address
@@ -75,8 +80,18 @@ func NewProxy(cfg ProxyConfig) *Proxy {
 		MaxIdleConnsPerHost: 16,
 		HTTP2:               &http.HTTP2Config{PingTimeout: 5 * time.Second, SendPingTimeout: 5 * time.Second},
 	}
-	return &Proxy{cfg: cfg, http: &http.Client{Transport: tr}, clients: map[string]nodeClient{}}
+	scheme := "http://"
+	if cfg.TLS != nil {
+		protocols = new(http.Protocols)
+		protocols.SetHTTP2(true)
+		tr.Protocols, tr.TLSClientConfig = protocols, cfg.TLS.ClientConfig()
+		scheme = "https://"
+	}
+	return &Proxy{cfg: cfg, http: &http.Client{Transport: tr}, scheme: scheme, clients: map[string]nodeClient{}}
 }
+
+// url is node v's base URL.
+func (p *Proxy) url(v *NodeView) string { return p.scheme + v.Address }
 
 // Close drops the connections to nodes.
 func (p *Proxy) Close() { p.http.CloseIdleConnections() }
@@ -86,7 +101,7 @@ func (p *Proxy) client(v *NodeView) corralv1connect.SandboxServiceClient {
 	defer p.mu.Unlock()
 	c, ok := p.clients[v.ID]
 	if !ok || c.addr != v.Address {
-		c = nodeClient{addr: v.Address, SandboxServiceClient: corralv1connect.NewSandboxServiceClient(p.http, "http://"+v.Address,
+		c = nodeClient{addr: v.Address, SandboxServiceClient: corralv1connect.NewSandboxServiceClient(p.http, p.url(v),
 			connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret}))}
 		p.clients[v.ID] = c
 	}
@@ -500,6 +515,6 @@ func (p *Proxy) ImagesFor(id string) (corralv1connect.ImageServiceClient, error)
 	if err != nil {
 		return nil, err
 	}
-	return corralv1connect.NewImageServiceClient(p.http, "http://"+v.Address,
+	return corralv1connect.NewImageServiceClient(p.http, p.url(v),
 		connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret})), nil
 }

@@ -30,6 +30,9 @@ import (
 type ClusterNodeConfig struct {
 	Etcd   []string
 	Secret cluster.Secret
+	// TLS, when set, makes the cluster listener serve mutual TLS (with
+	// no Secret, the client certificate alone authenticates a call).
+	TLS *cluster.TLS
 	// Advertise is the address control instances reach the node's cluster
 	// listener at; the node listens there (a node-network address, which
 	// sandboxes cannot reach: the node's own addresses are always denied
@@ -77,6 +80,9 @@ func StartClusterNode(ctx context.Context, cfg Config, cc ClusterNodeConfig) (*C
 	}
 	if cc.Advertise == "" {
 		return nil, fmt.Errorf("--advertise: required with --role node")
+	}
+	if len(cc.Secret) == 0 && cc.TLS == nil {
+		return nil, fmt.Errorf("--cluster-secret-file or --cluster-tls-cert: required with --role node (control calls must be authenticated)")
 	}
 	if cc.Capacity.MemoryBytes == 0 {
 		cc.Capacity.MemoryBytes = hostMemory()
@@ -145,7 +151,14 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	}
 	cn.addr = ln.Addr().String()
 	cn.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
-	go func() { cn.served <- cn.http.Serve(ln) }()
+	if cc.TLS != nil {
+		protocols = new(http.Protocols)
+		protocols.SetHTTP2(true)
+		cn.http.Protocols, cn.http.TLSConfig = protocols, cc.TLS.ServerConfig()
+		go func() { cn.served <- cn.http.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { cn.served <- cn.http.Serve(ln) }()
+	}
 
 	var backends []string
 	for _, b := range cn.stack.backends {
@@ -225,6 +238,8 @@ func loadAverage() float64 {
 type ControlConfig struct {
 	Etcd   []string
 	Secret cluster.Secret
+	// TLS, when set, is mutual TLS towards the nodes.
+	TLS *cluster.TLS
 	// Listen is the public API's TCP address; Socket a unix socket ("":
 	// none).
 	Listen, Socket string
@@ -269,7 +284,7 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 		return nil, err
 	}
 	placer := cluster.NewPlacer(cc.Placer, c.watcher.Snapshot)
-	c.proxy = cluster.NewProxy(cluster.ProxyConfig{Watcher: c.watcher, Placer: placer, Secret: cc.Secret, OnPlace: cc.OnPlace, Logger: cc.Logger,
+	c.proxy = cluster.NewProxy(cluster.ProxyConfig{Watcher: c.watcher, Placer: placer, Secret: cc.Secret, TLS: cc.TLS, OnPlace: cc.OnPlace, Logger: cc.Logger,
 		Quotas: c.quotaChain, Claims: c.claims})
 	// IAM is the cluster's, in etcd: a token made through one control
 	// instance (or a node) works through every other.
