@@ -27,7 +27,7 @@ type RegistrarConfig struct {
 	Interval time.Duration
 	// Summary, when set, is the node's sandboxes and their generation
 	// (NodeAgent.Summary): a new generation is written to the node's
-	// summary record at most every SummaryInterval (default 5 Intervals),
+	// summary record at most every SummaryInterval (default 10 Intervals),
 	// so that a lost node's sandboxes can be listed.
 	Summary         func() (uint64, []*corralv1.Sandbox)
 	SummaryInterval time.Duration
@@ -60,7 +60,7 @@ func StartRegistrar(ctx context.Context, cfg RegistrarConfig) (*Registrar, error
 		cfg.Interval = time.Second
 	}
 	if cfg.SummaryInterval <= 0 {
-		cfg.SummaryInterval = 5 * cfg.Interval
+		cfg.SummaryInterval = 10 * cfg.Interval
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -75,7 +75,7 @@ func encodeSummary(node string, asOf time.Time, sbs []*corralv1.Sandbox) ([]byte
 			}
 		}
 		var buf bytes.Buffer
-		zw := gzip.NewWriter(&buf)
+		zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed) // the level is valid; ids compress well at any level
 		if err := json.NewEncoder(zw).Encode(s); err != nil {
 			return nil, err
 		}
