@@ -197,10 +197,9 @@ const claimPoll = 50 * time.Millisecond
 func (p *Proxy) createClaimed(ctx context.Context, m *corralv1.CreateRequest, want Want) (*connect.Response[corralv1.CreateResponse], error) {
 	c := p.cfg.Claims
 	rid := m.Placement.RequestId
-	cl, rev, err := c.get(ctx, rid)
-	if err != nil {
-		return nil, errdefs.Unavailable("%v", err)
-	}
+	// Assume no claim: the first claim attempt returns the one there is.
+	var cl *claim
+	var rev int64
 	refused := map[string]string{}
 	var target *NodeView
 	var pl *Placement
