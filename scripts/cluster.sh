@@ -140,6 +140,7 @@ for n in $(seq 1 30); do
 done
 printf '%s\n' "${ids[@]}" | cut -d- -f1 | sort | uniq -c | sed 's/^/  sandboxes on node: /'
 "$BIN" $C1 exec "${ids[0]}" -- echo "exec through the other control instance works"
+echo "  streamed stdin (exec -i) through a control instance works" | "$BIN" $C1 exec -i "${ids[0]}" -- cat
 
 say "a project and its token made on control 0, used over TCP on control 1"
 "$BIN" $C0 project create demo --max-sandboxes 5 >/dev/null
@@ -168,6 +169,7 @@ victim=$(printf '%s\n' "${ids[@]}" | grep "^$("$BIN" $C0 nodes --json | python3 
 kill -9 "$(cat "$WORK/node2.pid")"
 for _ in $(seq 1 40); do "$BIN" $C0 get "$victim" --json 2>/dev/null | grep -q '"lost"' && break; sleep 0.25; done
 "$BIN" $C0 get "$victim" --json | grep -E "\"(state|stop_reason)\"" | sed "s/^ */  /"
+echo "  listed lost (from the node's summary in etcd): $("$BIN" $C0 ls --state lost | grep -c -- "-")"
 "$BIN" $C0 nodes
 start_node 2
 for _ in $(seq 1 120); do "$BIN" $C1 exec "$victim" -- true 2>/dev/null && break; sleep 0.5; done

@@ -21,6 +21,7 @@ import (
 // clusterFlags are `corral serve`'s cluster flags.
 type clusterFlags struct {
 	role, secretFile, advertise, capMemory string
+	tlsCert, tlsKey, tlsCA                 string
 	etcd, labels                           []string
 	capSandboxes, capCPU                   int64
 	leaseTTL, report                       time.Duration
@@ -32,6 +33,9 @@ func (f *clusterFlags) add(fl *pflag.FlagSet) {
 	fl.StringVar(&f.role, "role", "all", "all (API and node in this process, no etcd), node (a cluster node) or control (a cluster's stateless API)")
 	fl.StringSliceVar(&f.etcd, "etcd", nil, "etcd client URLs of the cluster (--role node|control)")
 	fl.StringVar(&f.secretFile, "cluster-secret-file", "", "file holding the cluster secret (at least 16 bytes) that signs control→node calls (--role node|control)")
+	fl.StringVar(&f.tlsCert, "cluster-tls-cert", "", "PEM certificate for mutual TLS between control instances and nodes, beside or instead of the secret (with --cluster-tls-key, --cluster-ca; --role node|control)")
+	fl.StringVar(&f.tlsKey, "cluster-tls-key", "", "PEM key of --cluster-tls-cert")
+	fl.StringVar(&f.tlsCA, "cluster-ca", "", "PEM CA certificate that signs the other side's --cluster-tls-cert")
 	fl.StringVar(&f.advertise, "advertise", "", "host:port of the node's cluster listener, on the node network (--role node)")
 	fl.StringArrayVar(&f.labels, "node-label", nil, "a node label KEY=VALUE for placement, e.g. gpu=true, pool=burst (repeatable; --role node)")
 	fl.Int64Var(&f.capSandboxes, "capacity-sandboxes", 0, "most sandboxes the node admits (default 3200; --role node)")
@@ -43,15 +47,31 @@ func (f *clusterFlags) add(fl *pflag.FlagSet) {
 	fl.Float64Var(&f.burst, "burst-threshold", 0.8, "primary pool utilisation above which burst-ok creates may use pool=burst nodes (--role control)")
 }
 
-func (f *clusterFlags) secret() (cluster.Secret, error) {
-	if f.secretFile == "" {
-		return nil, fmt.Errorf("--cluster-secret-file: required with --role %s", f.role)
+// auth is how control→node calls are authenticated: the secret, mutual
+// TLS, or both; at least one is required.
+func (f *clusterFlags) auth() (cluster.Secret, *cluster.TLS, error) {
+	var t *cluster.TLS
+	if f.tlsCert != "" || f.tlsKey != "" || f.tlsCA != "" {
+		if f.tlsCert == "" || f.tlsKey == "" || f.tlsCA == "" {
+			return nil, nil, fmt.Errorf("--cluster-tls-cert, --cluster-tls-key and --cluster-ca: give all three for mutual TLS")
+		}
+		var err error
+		if t, err = cluster.LoadTLS(f.tlsCert, f.tlsKey, f.tlsCA); err != nil {
+			return nil, nil, err
+		}
 	}
-	return cluster.LoadSecret(f.secretFile)
+	if f.secretFile == "" {
+		if t == nil {
+			return nil, nil, fmt.Errorf("--cluster-secret-file (or --cluster-tls-cert, --cluster-tls-key, --cluster-ca): required with --role %s", f.role)
+		}
+		return nil, t, nil
+	}
+	sec, err := cluster.LoadSecret(f.secretFile)
+	return sec, t, err
 }
 
 func (f *clusterFlags) nodeConfig() (server.ClusterNodeConfig, error) {
-	sec, err := f.secret()
+	sec, tlsc, err := f.auth()
 	if err != nil {
 		return server.ClusterNodeConfig{}, err
 	}
@@ -68,7 +88,7 @@ func (f *clusterFlags) nodeConfig() (server.ClusterNodeConfig, error) {
 		return server.ClusterNodeConfig{}, err
 	}
 	return server.ClusterNodeConfig{
-		Etcd: f.etcd, Secret: sec, Advertise: f.advertise, Labels: labels,
+		Etcd: f.etcd, Secret: sec, TLS: tlsc, Advertise: f.advertise, Labels: labels,
 		Capacity: cluster.Capacity{Sandboxes: f.capSandboxes, CPUMillis: f.capCPU, MemoryBytes: mem},
 		LeaseTTL: f.leaseTTL, ReportInterval: f.report,
 	}, nil
@@ -76,14 +96,14 @@ func (f *clusterFlags) nodeConfig() (server.ClusterNodeConfig, error) {
 
 // runControl serves a control instance until ctx ends.
 func (f *clusterFlags) runControl(ctx context.Context, listen, socket string, log *slog.Logger) error {
-	sec, err := f.secret()
+	sec, tlsc, err := f.auth()
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	c, err := server.StartControl(ctx, server.ControlConfig{
-		Etcd: f.etcd, Secret: sec, Listen: listen, Socket: socket, Logger: log,
+		Etcd: f.etcd, Secret: sec, TLS: tlsc, Listen: listen, Socket: socket, Logger: log,
 		Placer: cluster.PlacerConfig{K: f.k, BurstThreshold: f.burst},
 	})
 	if err != nil {

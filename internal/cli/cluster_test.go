@@ -29,6 +29,8 @@ func TestClusterFlags(t *testing.T) {
 		{clusterFlags{role: "node", secretFile: secret}, "at least 16"},
 		{clusterFlags{role: "node", secretFile: good, labels: []string{"novalue"}}, "--node-label"},
 		{clusterFlags{role: "node", secretFile: good, capMemory: "lots"}, "capacity-memory"},
+		{clusterFlags{role: "node", tlsCert: good}, "give all three"},
+		{clusterFlags{role: "node", tlsCert: good, tlsKey: good, tlsCA: good}, "cluster TLS certificate"},
 	} {
 		if _, err := c.f.nodeConfig(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an error naming %q", c.f, err, c.want)

@@ -273,7 +273,8 @@ func newLsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			for _, u := range list.UnavailableNodes {
-				fmt.Fprintln(os.Stderr, "corral: not listed:", u)
+				// A lost node's sandboxes are listed from its last summary.
+				fmt.Fprintln(os.Stderr, "corral: could not ask:", u)
 			}
 			infos := list.Sandboxes
 			if g.json {
@@ -289,7 +290,7 @@ func newLsCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with label KEY=VALUE (repeatable)")
-	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: running, paused, stopped (lost: list a cluster's lost nodes)")
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: running, paused, stopped (lost: a cluster's lost nodes' sandboxes)")
 	return cmd
 }
 

@@ -62,9 +62,18 @@ func (s Secret) sign(h http.Header, method string, p iam.Principal) {
 }
 
 // verify checks a call's headers and returns the principal they carry.
-func (s Secret) verify(h http.Header, method string) (iam.Principal, error) {
+// With no secret (mutual TLS alone) the principal is taken from a caller
+// whose client certificate the cluster's CA verified.
+func (s Secret) verify(r *http.Request, method string) (iam.Principal, error) {
 	var p iam.Principal
+	h := r.Header
 	enc, ts, mac := h.Get(principalHeader), h.Get(timeHeader), h.Get(macHeader)
+	if len(s) == 0 {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+			return p, errdefs.PermissionDenied("cluster call %s: no client certificate of the cluster's CA", method)
+		}
+		return decodePrincipal(enc, method)
+	}
 	if mac == "" {
 		return p, errdefs.PermissionDenied("cluster call %s: not signed with the cluster secret", method)
 	}
@@ -75,6 +84,11 @@ func (s Secret) verify(h http.Header, method string) (iam.Principal, error) {
 	if err != nil || time.Since(time.Unix(sec, 0)).Abs() > maxSkew {
 		return p, errdefs.PermissionDenied("cluster call %s: signed at %q, outside the %s window", method, ts, maxSkew)
 	}
+	return decodePrincipal(enc, method)
+}
+
+func decodePrincipal(enc, method string) (iam.Principal, error) {
+	var p iam.Principal
 	raw, err := base64.RawURLEncoding.DecodeString(enc)
 	if err == nil {
 		err = json.Unmarshal(raw, &p)
@@ -115,12 +129,13 @@ func (ClientInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc)
 	return next
 }
 
-// RequireSigned serves only calls signed with the secret, with the
-// principal they carry in the request's context (the node then scopes
-// the call as the control instance's caller).
+// RequireSigned serves only calls signed with the secret (with no secret:
+// only calls over mutual TLS), with the principal they carry in the
+// request's context (the node then scopes the call as the control
+// instance's caller).
 func RequireSigned(s Secret, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, err := s.verify(r.Header, r.URL.Path)
+		p, err := s.verify(r, r.URL.Path)
 		if err != nil {
 			// Connect clients read the code from this JSON body.
 			w.Header().Set("Content-Type", "application/json")

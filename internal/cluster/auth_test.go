@@ -45,7 +45,11 @@ func TestSignedPrincipal(t *testing.T) {
 			t.Errorf("%s: %d (handler reached: %v), want 403", name, code, ok)
 		}
 	}
-	if _, err := secret.verify(http.Header{}, "/x"); !errdefs.IsPermissionDenied(err) {
+	if _, err := secret.verify(httptest.NewRequest("POST", "/x", nil), "/x"); !errdefs.IsPermissionDenied(err) {
 		t.Errorf("verify of no headers: %v", err)
+	}
+	// With no secret, only a verified client certificate admits a call.
+	if _, err := Secret(nil).verify(httptest.NewRequest("POST", "/x", nil), "/x"); !errdefs.IsPermissionDenied(err) {
+		t.Errorf("no secret, no client certificate: %v", err)
 	}
 }

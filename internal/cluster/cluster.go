@@ -19,6 +19,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/corral-dev/corral/internal/iam"
 )
 
 // Key layout in etcd (all under clusterPrefix, which the watcher watches).
@@ -60,6 +62,9 @@ type Load struct {
 	// Labels counts live sandboxes per "key=value" label (the most
 	// common maxLabelCounts), for anti-affinity.
 	Labels map[string]int64 `json:"labels,omitempty"`
+	// Projects is what each project's live sandboxes on the node use
+	// (the project itself, not its subprojects), for cluster-wide quotas.
+	Projects map[string]iam.Usage `json:"projects,omitempty"`
 	// MemoryUsed and LoadAverage are the host's, as measured.
 	MemoryUsed  int64   `json:"memory_used,omitempty"`
 	LoadAverage float64 `json:"load_average,omitempty"`

@@ -1,13 +1,18 @@
 package cluster_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,8 +29,15 @@ import (
 	"github.com/corral-dev/corral/internal/server"
 )
 
-// Ports 17502-17509 of this engineer's range: etcd 17502-17503, the
-// simulated nodes 17504, control instances 17505-17506.
+// Ports 17502-17509 (CORRAL_CLUSTER_UNIT_PORT moves them): etcd +0 and +1,
+// the simulated nodes +2, control instances +3 and +4.
+var portBase = func() int {
+	if n, err := strconv.Atoi(os.Getenv("CORRAL_CLUSTER_UNIT_PORT")); err == nil {
+		return n
+	}
+	return 17502
+}()
+
 var secret = cluster.Secret("test-cluster-secret-0123456789")
 
 type rig struct {
@@ -43,12 +55,12 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func startRig(t *testing.T, specs []simnode.Spec, n int, pc cluster.PlacerConfig) *rig {
 	t.Helper()
 	ctx := context.Background()
-	e, err := etcdembed.StartCluster(ctx, t.TempDir(), 1, 17502, true)
+	e, err := etcdembed.StartCluster(ctx, t.TempDir(), 1, portBase, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
-	f, err := simnode.Start(ctx, "127.0.0.1:17504", e.Endpoints(), secret, specs, 2*time.Second, 200*time.Millisecond, quiet())
+	f, err := simnode.Start(ctx, fmt.Sprintf("127.0.0.1:%d", portBase+2), e.Endpoints(), secret, specs, 2*time.Second, 200*time.Millisecond, quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +70,7 @@ func startRig(t *testing.T, specs []simnode.Spec, n int, pc cluster.PlacerConfig
 		// The socket's caller is the cluster administrator (TCP wants a token).
 		sock := filepath.Join(t.TempDir(), "control.sock")
 		c, err := server.StartControl(ctx, server.ControlConfig{Etcd: e.Endpoints(), Secret: secret,
-			Listen: fmt.Sprintf("127.0.0.1:%d", 17505+i), Socket: sock, Placer: pc, Logger: quiet()})
+			Listen: fmt.Sprintf("127.0.0.1:%d", portBase+3+i), Socket: sock, Placer: pc, Logger: quiet()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,6 +214,8 @@ func TestDrainLostAndPagination(t *testing.T) {
 		t.Fatal("undrained node got no placements")
 	}
 
+	// sim002's summary in etcd lists every sandbox it has before it dies.
+	waitSummary(t, r, "sim002", r.fleet.Nodes()[2].Live())
 	// Page through (page size 7) and kill sim002 half way.
 	seen := map[string]bool{}
 	var lostID string
@@ -262,14 +276,38 @@ func TestDrainLostAndPagination(t *testing.T) {
 			t.Fatal("placed on a lost node")
 		}
 	}
-	list, err := r.cli[1].ListCluster(ctx, client.ListOptions{})
+	// List names the lost node unavailable and shows its sandboxes, as its
+	// last summary had them, lost with the reason; a page token crosses
+	// into and out of the lost node (page size 3).
+	list, err := r.cli[1].ListCluster(ctx, client.ListOptions{PageSize: 3})
 	if err != nil || len(list.UnavailableNodes) != 1 || !strings.Contains(list.UnavailableNodes[0], "sim002") {
 		t.Fatalf("List with a lost node: %+v, %v; want sim002 named unavailable", list, err)
 	}
+	lost := 0
 	for _, in := range list.Sandboxes {
 		if nodeOf(in.ID) == "sim002" {
-			t.Fatalf("List shows %s of the lost node", in.ID)
+			if in.State != client.StateLost || !strings.Contains(in.StopReason, "sim002") {
+				t.Fatalf("List shows %s of the lost node as %s (%q), want lost naming the node", in.ID, in.State, in.StopReason)
+			}
+			lost++
 		}
+	}
+	if want := r.fleet.Nodes()[2].Live(); lost != want || want == 0 {
+		t.Fatalf("List shows %d sandboxes of the lost node, which had %d", lost, want)
+	}
+	if len(list.Sandboxes) != r.fleet.Nodes()[0].Live()+r.fleet.Nodes()[1].Live()+lost {
+		t.Fatalf("List has %d sandboxes, the nodes %d", len(list.Sandboxes), r.fleet.Nodes()[0].Live()+r.fleet.Nodes()[1].Live()+lost)
+	}
+	onlyLost, err := r.cli[0].List(ctx, client.ListOptions{State: client.StateLost})
+	if err != nil || len(onlyLost) != lost {
+		t.Fatalf("List state=lost: %d, %v; want %d", len(onlyLost), err, lost)
+	}
+	running, err := r.cli[0].List(ctx, client.ListOptions{State: client.StateRunning})
+	if err != nil || len(running) != len(list.Sandboxes)-lost {
+		t.Fatalf("List state=running: %d, %v; want %d", len(running), err, len(list.Sandboxes)-lost)
+	}
+	if in, err := r.cli[0].Get(ctx, onlyLost[0].ID); err != nil || in.State != client.StateLost || in.CreatedAt.IsZero() {
+		t.Fatalf("get of a lost sandbox: %+v, %v; want lost with its creation time from the summary", in, err)
 	}
 	nodes, err := r.cli[0].ClusterNodes(ctx)
 	if err != nil {
@@ -278,6 +316,32 @@ func TestDrainLostAndPagination(t *testing.T) {
 	if nodes[2].State != "lost" || nodes[0].State != "ready" {
 		t.Fatalf("nodes: %+v", nodes)
 	}
+}
+
+// waitSummary waits until node's sandbox summary in etcd lists n
+// sandboxes.
+func waitSummary(t *testing.T, r *rig, node string, n int) {
+	t.Helper()
+	cli, err := cluster.Dial(r.etcd.Endpoints())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	got := -1
+	for time.Now().Before(deadline) {
+		resp, err := cli.Get(context.Background(), "/corral/sandboxes/"+node)
+		if err == nil && len(resp.Kvs) == 1 {
+			var s struct{ Sandboxes []json.RawMessage }
+			if zr, err := gzip.NewReader(bytes.NewReader(resp.Kvs[0].Value)); err == nil && json.NewDecoder(zr).Decode(&s) == nil {
+				if got = len(s.Sandboxes); got == n {
+					return
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("node %s's summary lists %d sandboxes, want %d", node, got, n)
 }
 
 // listPage asks for one page (the SDK's List fetches them all).

@@ -19,7 +19,7 @@ type FnCalls struct{ P *Proxy }
 var _ corralv1connect.FnCallServiceHandler = FnCalls{}
 
 func (f FnCalls) client(v *NodeView) corralv1connect.FnCallServiceClient {
-	return corralv1connect.NewFnCallServiceClient(f.P.http, "http://"+v.Address,
+	return corralv1connect.NewFnCallServiceClient(f.P.http, f.P.url(v),
 		connect.WithInterceptors(ClientInterceptor{Secret: f.P.cfg.Secret}))
 }
 

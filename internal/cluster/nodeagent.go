@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
 )
 
 // AgentConfig configures a node's side of the cluster.
@@ -47,6 +49,11 @@ type NodeAgent struct {
 	measured, delta, inflight Load
 	pending                   map[string]*pendingCreate // request id -> create in progress
 	done                      map[string]made           // request id -> its sandbox
+	// listed is every sandbox at the last Measure; listedGen changes
+	// when the set does (see Summary).
+	listed    []*corralv1.Sandbox
+	listedFP  uint64
+	listedGen uint64
 }
 
 type made struct {
@@ -86,13 +93,16 @@ func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
 	start := time.Now()
 	l := Load{Backends: map[string]int64{}}
 	labels := map[string]int64{}
+	projects := map[string]iam.Usage{}
 	ids := map[string]made{}
+	var all []*corralv1.Sandbox
 	tok := ""
 	for {
 		resp, err := a.SandboxServiceHandler.List(ctx, connect.NewRequest(&corralv1.ListRequest{PageSize: 1000, PageToken: tok}))
 		if err != nil {
 			return Load{}, fmt.Errorf("measure node load: %w", err)
 		}
+		all = append(all, resp.Msg.Sandboxes...)
 		for _, sb := range resp.Msg.Sandboxes {
 			if rid := sb.Labels[RequestIDLabel]; rid != "" {
 				ids[rid] = made{id: sb.Id}
@@ -104,6 +114,9 @@ func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
 			l.CPUMillis += sb.GetResources().GetCpuMillis()
 			l.MemoryBytes += sb.GetResources().GetMemoryBytes()
 			l.Backends[sb.Backend]++
+			if sb.Project != "" {
+				projects[sb.Project] = projects[sb.Project].Add(usageOf(sb))
+			}
 			for k, v := range sb.Labels {
 				if k != RequestIDLabel {
 					labels[k+"="+v]++
@@ -115,6 +128,9 @@ func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
 		}
 	}
 	l.Labels = topCounts(labels, maxLabelCounts)
+	if len(projects) > 0 {
+		l.Projects = projects
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	// Sandboxes made while listing may be missing from the list: keep them.
@@ -125,9 +141,23 @@ func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
 	}
 	a.done = ids
 	a.measured, a.delta = l, Load{}
+	if fp := fingerprint(all); fp != a.listedFP || a.listedGen == 0 {
+		a.listedFP = fp
+		a.listedGen++
+	}
+	a.listed = all
 	out := a.measured
 	out.add(a.inflight, 1)
 	return out, nil
+}
+
+// Summary is the node's sandboxes at the last Measure, and a generation
+// that changes whenever that set does (the Registrar rewrites the node's
+// summary in etcd only then).
+func (a *NodeAgent) Summary() (uint64, []*corralv1.Sandbox) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.listedGen, a.listed
 }
 
 func (a *NodeAgent) cost(m *corralv1.CreateRequest) Load {
@@ -263,8 +293,35 @@ func (a *NodeAgent) Delete(ctx context.Context, req *connect.Request[corralv1.De
 		a.mu.Lock()
 		a.delta.add(Load{Sandboxes: 1, CPUMillis: sb.GetResources().GetCpuMillis(), MemoryBytes: sb.GetResources().GetMemoryBytes()}, -1)
 		a.mu.Unlock()
+		if sb.Project != "" {
+			// The control instance credits the project at once.
+			resp.Header().Set(freedHeader, marshal(freed{Project: sb.Project, Usage: usageOf(sb)}))
+		}
 	}
 	return resp, err
+}
+
+// freedHeader on a Delete's answer says what the deleted sandbox's project
+// got back.
+const freedHeader = "Corral-Cluster-Freed"
+
+type freed struct {
+	Project string    `json:"project"`
+	Usage   iam.Usage `json:"usage"`
+}
+
+func decodeFreed(h string) (freed, bool) {
+	var f freed
+	if h == "" || json.Unmarshal([]byte(h), &f) != nil || f.Project == "" {
+		return f, false
+	}
+	return f, true
+}
+
+// usageOf is what sb counts against its project's quota.
+func usageOf(sb *corralv1.Sandbox) iam.Usage {
+	r := sb.GetResources()
+	return iam.Usage{Sandboxes: 1, CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), DiskBytes: r.GetDiskBytes()}
 }
 
 // topCounts keeps the n largest counts of m.

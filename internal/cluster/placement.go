@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
 )
 
 // Want is what a create asks of its node.
@@ -21,6 +22,19 @@ type Want struct {
 	// Spread is a "key=value" label: the candidate with the fewest
 	// sandboxes carrying it wins (anti-affinity), every candidate compared.
 	Spread string
+	// Project is the create's project; Quotas its own quota and its
+	// ancestors' (project first), set when one of them limits
+	// concurrent use: the create is refused when it would take one past
+	// its limit, counting usage over the whole cluster.
+	Project   string
+	Quotas    []ProjectQuota
+	DiskBytes int64
+}
+
+// ProjectQuota is one project's quota.
+type ProjectQuota struct {
+	Path  string
+	Quota iam.Quota
 }
 
 // PlacerConfig configures placement.
@@ -52,13 +66,19 @@ type overlay struct {
 	inflight Load
 	// inflightSpread counts in-flight placements per spread label.
 	inflightSpread map[string]int64
-	recent         []placed
+	// inflightProjects is what in-flight placements use per project.
+	inflightProjects map[string]iam.Usage
+	recent           []placed
 }
 
+// placed is a create answered by the node (or, with negative res and
+// usage, a delete) that the node's report may not cover yet.
 type placed struct {
-	at     time.Time
-	res    Load
-	spread string
+	at      time.Time
+	res     Load
+	spread  string
+	project string
+	usage   iam.Usage
 }
 
 // NewPlacer places on the nodes of snapshot().
@@ -113,10 +133,12 @@ func (p *Placer) estimateLocked(v *NodeView) Load {
 
 // Placement is one chosen node; Done must be called with the node's answer.
 type Placement struct {
-	Node   *NodeView
-	p      *Placer
-	cost   Load
-	spread string
+	Node    *NodeView
+	p       *Placer
+	cost    Load
+	spread  string
+	project string
+	usage   iam.Usage
 }
 
 // Done records the outcome: an admitted create stays in the overlay until
@@ -130,9 +152,84 @@ func (pl *Placement) Done(admitted bool) {
 	if pl.spread != "" {
 		o.inflightSpread[pl.spread]--
 	}
-	if admitted {
-		o.recent = append(o.recent, placed{at: time.Now(), res: pl.cost, spread: pl.spread})
+	if pl.project != "" {
+		o.inflightProjects[pl.project] = o.inflightProjects[pl.project].Add(neg(pl.usage))
 	}
+	if admitted {
+		o.recent = append(o.recent, placed{at: time.Now(), res: pl.cost, spread: pl.spread, project: pl.project, usage: pl.usage})
+	}
+}
+
+func neg(u iam.Usage) iam.Usage {
+	return iam.Usage{Sandboxes: -u.Sandboxes, CPUMillis: -u.CPUMillis, MemoryBytes: -u.MemoryBytes, DiskBytes: -u.DiskBytes}
+}
+
+// Freed tells the placer that node gave back what a deleted sandbox of
+// project used, so a create right after the delete is not refused on the
+// node's older report.
+func (p *Placer) Freed(node, project string, u iam.Usage) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o := p.overlayLocked(node)
+	res := Load{Sandboxes: -u.Sandboxes, CPUMillis: -u.CPUMillis, MemoryBytes: -u.MemoryBytes}
+	o.recent = append(o.recent, placed{at: time.Now(), res: res, project: project, usage: neg(u)})
+}
+
+func (p *Placer) overlayLocked(node string) *overlay {
+	o := p.overlay[node]
+	if o == nil {
+		o = &overlay{inflightSpread: map[string]int64{}, inflightProjects: map[string]iam.Usage{}}
+		p.overlay[node] = o
+	}
+	return o
+}
+
+// projectUsageLocked is what path and its subprojects use over the
+// cluster's live nodes: their reports plus this instance's placements and
+// deletes that the reports do not cover yet. A lost node's sandboxes do
+// not count (they may never come back).
+func (p *Placer) projectUsageLocked(snap *Snapshot, path string) iam.Usage {
+	var u iam.Usage
+	for _, v := range snap.Nodes {
+		if v.State == NodeLost {
+			continue
+		}
+		for proj, pu := range v.Load.Projects {
+			if iam.Within(proj, path) {
+				u = u.Add(pu)
+			}
+		}
+		o := p.overlay[v.ID]
+		if o == nil {
+			continue
+		}
+		for proj, pu := range o.inflightProjects {
+			if iam.Within(proj, path) {
+				u = u.Add(pu)
+			}
+		}
+		for _, r := range o.recent {
+			if r.project != "" && r.at.After(v.AsOf) && iam.Within(r.project, path) {
+				u = u.Add(r.usage)
+			}
+		}
+	}
+	return u
+}
+
+// admitQuotaLocked refuses w when it would take its project, or an
+// ancestor, past a quota counted over the cluster.
+func (p *Placer) admitQuotaLocked(snap *Snapshot, w Want, cost Load) error {
+	want := iam.Usage{Sandboxes: 1, CPUMillis: cost.CPUMillis, MemoryBytes: cost.MemoryBytes, DiskBytes: w.DiskBytes}
+	for _, q := range w.Quotas {
+		if !q.Quota.Limits() {
+			continue
+		}
+		if err := iam.CheckUsage(q.Path, q.Quota, p.projectUsageLocked(snap, q.Path), want); err != nil {
+			return fmt.Errorf("placement: %w (counted over the cluster's nodes)", err)
+		}
+	}
+	return nil
 }
 
 // Place picks a node for w, skipping the nodes in exclude (ids that
@@ -160,6 +257,9 @@ func (p *Placer) Place(w Want, exclude map[string]string) (*Placement, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err := p.admitQuotaLocked(snap, w, cost); err != nil {
+		return nil, err
+	}
 	cands := primary
 	if len(burst) > 0 {
 		switch u := p.primaryUtilisationLocked(snap); {
@@ -187,19 +287,18 @@ func (p *Placer) Place(w Want, exclude map[string]string) (*Placement, error) {
 		}
 		return nil, noNode(why)
 	}
-	o := p.overlay[best.ID]
-	if o == nil {
-		o = &overlay{}
-		p.overlay[best.ID] = o
-	}
+	o := p.overlayLocked(best.ID)
 	o.inflight.add(cost, 1)
 	if w.Spread != "" {
-		if o.inflightSpread == nil {
-			o.inflightSpread = map[string]int64{}
-		}
 		o.inflightSpread[w.Spread]++
 	}
-	return &Placement{Node: best, p: p, cost: cost, spread: w.Spread}, nil
+	pl := &Placement{Node: best, p: p, cost: cost, spread: w.Spread}
+	if len(w.Quotas) > 0 {
+		pl.project = w.Project
+		pl.usage = iam.Usage{Sandboxes: 1, CPUMillis: cost.CPUMillis, MemoryBytes: cost.MemoryBytes, DiskBytes: w.DiskBytes}
+		o.inflightProjects[w.Project] = o.inflightProjects[w.Project].Add(pl.usage)
+	}
+	return pl, nil
 }
 
 // spreadLocked compares every candidate that can take the create: the

@@ -27,12 +27,21 @@ type ProxyConfig struct {
 	Watcher *Watcher
 	Placer  *Placer
 	Secret  Secret
+	// TLS, when set, is mutual TLS to the nodes (HTTP/2 over TLS instead
+	// of h2c).
+	TLS *TLS
 	// MaxAttempts bounds the nodes one create is offered to (default 3).
 	MaxAttempts int
 	// OnPlace, when set, is told how long each placement decision took
 	// (benchmarks).
 	OnPlace func(time.Duration)
-	Logger  *slog.Logger
+	// Claims, when set, dedupes creates carrying a client request id
+	// across control instances.
+	Claims *Claims
+	// Quotas, when set, returns a project's quota and its ancestors'
+	// (project first), which placement checks against the cluster's usage.
+	Quotas func(ctx context.Context, project string) ([]ProjectQuota, error)
+	Logger *slog.Logger
 }
 
 // Proxy is the SandboxService of a control instance: Create places the
@@ -41,6 +50,8 @@ type ProxyConfig struct {
 type Proxy struct {
 	cfg  ProxyConfig
 	http *http.Client
+	// scheme is "http://" (h2c) or "https://" (mutual TLS).
+	scheme string
 
 	mu      sync.Mutex
 	clients map[string]nodeClient // node id -> client for its current address
@@ -69,8 +80,18 @@ func NewProxy(cfg ProxyConfig) *Proxy {
 		MaxIdleConnsPerHost: 16,
 		HTTP2:               &http.HTTP2Config{PingTimeout: 5 * time.Second, SendPingTimeout: 5 * time.Second},
 	}
-	return &Proxy{cfg: cfg, http: &http.Client{Transport: tr}, clients: map[string]nodeClient{}}
+	scheme := "http://"
+	if cfg.TLS != nil {
+		protocols = new(http.Protocols)
+		protocols.SetHTTP2(true)
+		tr.Protocols, tr.TLSClientConfig = protocols, cfg.TLS.ClientConfig()
+		scheme = "https://"
+	}
+	return &Proxy{cfg: cfg, http: &http.Client{Transport: tr}, scheme: scheme, clients: map[string]nodeClient{}}
 }
+
+// url is node v's base URL.
+func (p *Proxy) url(v *NodeView) string { return p.scheme + v.Address }
 
 // Close drops the connections to nodes.
 func (p *Proxy) Close() { p.http.CloseIdleConnections() }
@@ -80,7 +101,7 @@ func (p *Proxy) client(v *NodeView) corralv1connect.SandboxServiceClient {
 	defer p.mu.Unlock()
 	c, ok := p.clients[v.ID]
 	if !ok || c.addr != v.Address {
-		c = nodeClient{addr: v.Address, SandboxServiceClient: corralv1connect.NewSandboxServiceClient(p.http, "http://"+v.Address,
+		c = nodeClient{addr: v.Address, SandboxServiceClient: corralv1connect.NewSandboxServiceClient(p.http, p.url(v),
 			connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret}))}
 		p.clients[v.ID] = c
 	}
@@ -139,7 +160,8 @@ func (p *Proxy) Create(ctx context.Context, req *connect.Request[corralv1.Create
 	if m.Placement == nil {
 		m.Placement = &corralv1.Placement{}
 	}
-	if m.Placement.RequestId == "" {
+	given := m.Placement.RequestId != ""
+	if !given {
 		m.Placement.RequestId = newRequestID()
 	} else if len(m.Placement.RequestId) > 128 {
 		return nil, errdefs.InvalidArgument("placement.request_id: %d bytes, at most 128", len(m.Placement.RequestId))
@@ -158,6 +180,19 @@ func (p *Proxy) Create(ctx context.Context, req *connect.Request[corralv1.Create
 		MemoryBytes: m.GetResources().GetMemoryBytes(),
 		NodeLabels:  m.Placement.NodeLabels,
 		BurstOK:     m.Placement.BurstOk,
+		DiskBytes:   m.GetResources().GetDiskBytes(),
+	}
+	if project := principalOf(ctx).Project; project != "" && p.cfg.Quotas != nil {
+		qs, err := p.cfg.Quotas(ctx, project)
+		if err != nil {
+			return nil, err
+		}
+		for _, q := range qs {
+			if q.Quota.Limits() {
+				want.Project, want.Quotas = project, qs
+				break
+			}
+		}
 	}
 	if k := m.Placement.SpreadByLabel; k != "" {
 		v, ok := m.Labels[k]
@@ -166,13 +201,12 @@ func (p *Proxy) Create(ctx context.Context, req *connect.Request[corralv1.Create
 		}
 		want.Spread = k + "=" + v
 	}
+	if given && p.cfg.Claims != nil {
+		return p.createClaimed(ctx, m, want)
+	}
 	refused := map[string]string{}
 	for range p.cfg.MaxAttempts {
-		start := time.Now()
-		pl, err := p.cfg.Placer.Place(want, refused)
-		if p.cfg.OnPlace != nil {
-			p.cfg.OnPlace(time.Since(start))
-		}
+		pl, err := p.place(want, refused)
 		if err != nil {
 			return nil, err
 		}
@@ -185,13 +219,29 @@ func (p *Proxy) Create(ctx context.Context, req *connect.Request[corralv1.Create
 		// or it could not be reached at all. A call that broke half way
 		// may have made the sandbox: the client retries with its request
 		// id instead.
-		if connect.CodeOf(err) == connect.CodeResourceExhausted || errors.Is(err, syscall.ECONNREFUSED) {
+		if surelyNothing(err) {
 			refused[pl.Node.ID] = connectMessage(err)
 			continue
 		}
 		return nil, unreachable(pl.Node, err)
 	}
 	return nil, noNode(refused)
+}
+
+// place is one placement decision, timed for OnPlace.
+func (p *Proxy) place(want Want, refused map[string]string) (*Placement, error) {
+	start := time.Now()
+	pl, err := p.cfg.Placer.Place(want, refused)
+	if p.cfg.OnPlace != nil {
+		p.cfg.OnPlace(time.Since(start))
+	}
+	return pl, err
+}
+
+// surelyNothing reports whether a node's create error means it made
+// nothing: it refused, or it could not be reached at all.
+func surelyNothing(err error) bool {
+	return connect.CodeOf(err) == connect.CodeResourceExhausted || errors.Is(err, syscall.ECONNREFUSED)
 }
 
 func connectMessage(err error) string {
@@ -255,7 +305,7 @@ func lostSandbox(id string, v *NodeView) *corralv1.Sandbox {
 func (p *Proxy) Get(ctx context.Context, req *connect.Request[corralv1.GetRequest]) (*connect.Response[corralv1.GetResponse], error) {
 	v, c, err := p.nodeFor(req.Msg.Id)
 	if v != nil && v.State == NodeLost {
-		return connect.NewResponse(&corralv1.GetResponse{Sandbox: lostSandbox(req.Msg.Id, v)}), nil
+		return connect.NewResponse(&corralv1.GetResponse{Sandbox: p.lostSandbox(ctx, req.Msg.Id, v)}), nil
 	}
 	if err != nil {
 		return nil, err
@@ -273,6 +323,11 @@ func (p *Proxy) Delete(ctx context.Context, req *connect.Request[corralv1.Delete
 		return nil, err
 	}
 	resp, err := c.Delete(ctx, connect.NewRequest(req.Msg))
+	if err == nil {
+		if f, ok := decodeFreed(resp.Header().Get(freedHeader)); ok {
+			p.cfg.Placer.Freed(v.ID, f.Project, f.Usage)
+		}
+	}
 	return resp, unreachable(v, err)
 }
 
@@ -294,15 +349,7 @@ func (p *Proxy) List(ctx context.Context, req *connect.Request[corralv1.ListRequ
 		return nil, err
 	}
 	out := &corralv1.ListResponse{}
-	if m.State == corralv1.SandboxState_SANDBOX_STATE_LOST {
-		// Lost nodes cannot be asked which sandboxes they had.
-		for _, v := range p.cfg.Watcher.Snapshot().Nodes {
-			if v.State == NodeLost {
-				out.UnavailableNodes = append(out.UnavailableNodes, v.Reason)
-			}
-		}
-		return connect.NewResponse(out), nil
-	}
+	onlyLost := m.State == corralv1.SandboxState_SANDBOX_STATE_LOST
 	for _, v := range p.cfg.Watcher.Snapshot().Nodes {
 		if v.ID < startNode {
 			continue
@@ -312,8 +359,31 @@ func (p *Proxy) List(ctx context.Context, req *connect.Request[corralv1.ListRequ
 			tok = nodeTok
 		}
 		if v.State == NodeLost {
+			// It cannot be asked: its sandboxes, as its last summary
+			// lists them, are lost (with any state filter but LOST,
+			// none match).
 			out.UnavailableNodes = append(out.UnavailableNodes, v.Reason)
+			if m.State != corralv1.SandboxState_SANDBOX_STATE_UNSPECIFIED && !onlyLost {
+				continue
+			}
+			if next := p.listLost(ctx, v, m.Labels, lostCursor(tok), size, out); next != "" {
+				out.NextPageToken = encodeListToken(v.ID, lostTokenMark+next)
+				return connect.NewResponse(out), nil
+			}
+			if len(out.Sandboxes) == size {
+				out.NextPageToken = encodeListToken(v.ID+"\x00", "")
+				return connect.NewResponse(out), nil
+			}
 			continue
+		}
+		if onlyLost {
+			continue // a live node has no lost sandboxes
+		}
+		if strings.HasPrefix(tok, lostTokenMark) {
+			// The node came back since the previous page: its own
+			// order differs, so it is listed from its start (a
+			// sandbox may repeat, none is left out).
+			tok = ""
 		}
 		for {
 			resp, err := p.client(v).List(ctx, connect.NewRequest(&corralv1.ListRequest{
@@ -445,6 +515,6 @@ func (p *Proxy) ImagesFor(id string) (corralv1connect.ImageServiceClient, error)
 	if err != nil {
 		return nil, err
 	}
-	return corralv1connect.NewImageServiceClient(p.http, "http://"+v.Address,
+	return corralv1connect.NewImageServiceClient(p.http, p.url(v),
 		connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret})), nil
 }

@@ -65,9 +65,69 @@ func (p *Proxy) RunStream(ctx context.Context, in *connect.ClientStream[corralv1
 		corralv1connect.SandboxServiceClient.RunStream)
 }
 
-// ExecStream needs HTTP/2 end to end; the control plane's node connections
-// are HTTP/1.1, so a streamed-stdin exec is refused here rather than
-// half-served (Exec with stdin in the request works through the cluster).
-func (p *Proxy) ExecStream(context.Context, *connect.BidiStream[corralv1.ExecStreamRequest, corralv1.ExecResponse]) error {
-	return errdefs.NotSupported("exec with streamed stdin is not routed by the cluster's control plane yet: send stdin in the request, or call the node")
+// ExecStream relays a bidirectional exec (streamed stdin) to the sandbox's
+// node over the control plane's HTTP/2 node connections: stdin messages
+// go up as they arrive, output comes back as the node sends it.
+func (p *Proxy) ExecStream(ctx context.Context, in *connect.BidiStream[corralv1.ExecStreamRequest, corralv1.ExecResponse]) error {
+	first, err := in.Receive()
+	if errors.Is(err, io.EOF) {
+		return errdefs.InvalidArgument("exec stream: no first message naming the sandbox")
+	}
+	if err != nil {
+		return err
+	}
+	v, c, err := p.nodeFor(first.GetExec().GetSandboxId())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the node's stream, and so the stdin relay, on any return
+	out := c.ExecStream(ctx)
+	if err := out.Send(first); err != nil && !errors.Is(err, io.EOF) {
+		return unreachable(v, err)
+	}
+	up := make(chan error, 1)
+	go func() {
+		for {
+			msg, err := in.Receive()
+			if errors.Is(err, io.EOF) {
+				up <- out.CloseRequest()
+				return
+			}
+			if err != nil {
+				up <- err
+				cancel()
+				return
+			}
+			if err := out.Send(msg); err != nil {
+				// io.EOF: the node ended the stream; its answer
+				// comes through Receive below.
+				up <- nil
+				return
+			}
+		}
+	}()
+	for {
+		msg, err := out.Receive()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return unreachable(v, err)
+		}
+		if err := in.Send(msg); err != nil {
+			return err
+		}
+	}
+	if err := out.CloseResponse(); err != nil {
+		return unreachable(v, err)
+	}
+	select {
+	case err := <-up:
+		if err != nil && !errors.Is(err, io.EOF) && ctx.Err() == nil {
+			return err
+		}
+	default: // the command finished before its stdin did
+	}
+	return nil
 }

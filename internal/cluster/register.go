@@ -8,6 +8,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 )
 
 // RegistrarConfig configures a node's registration.
@@ -23,7 +25,13 @@ type RegistrarConfig struct {
 	TTL time.Duration
 	// Interval is how often the load is reported (default 1s).
 	Interval time.Duration
-	Logger   *slog.Logger
+	// Summary, when set, is the node's sandboxes and their generation
+	// (NodeAgent.Summary): a new generation is written to the node's
+	// summary record at most every SummaryInterval (default 10 Intervals),
+	// so that a lost node's sandboxes can be listed.
+	Summary         func() (uint64, []*corralv1.Sandbox)
+	SummaryInterval time.Duration
+	Logger          *slog.Logger
 }
 
 // Registrar keeps a node registered under a lease and its load reported.
@@ -36,6 +44,10 @@ type Registrar struct {
 	// lease is the current lease (read only by run's goroutine and Stop
 	// after run ended).
 	lease clientv3.LeaseID
+	// summaryGen and summaryAt are the last summary written (run's
+	// goroutine only, like lease).
+	summaryGen uint64
+	summaryAt  time.Time
 }
 
 // StartRegistrar registers the node and keeps it registered until Stop.
@@ -46,6 +58,9 @@ func StartRegistrar(ctx context.Context, cfg RegistrarConfig) (*Registrar, error
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second
+	}
+	if cfg.SummaryInterval <= 0 {
+		cfg.SummaryInterval = 10 * cfg.Interval
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -103,6 +118,33 @@ func (r *Registrar) report(ctx context.Context) error {
 	if _, err := r.cfg.Etcd.Put(ctx, nodesPrefix+rec.ID, marshal(rec), clientv3.WithLease(r.lease)); err != nil {
 		return fmt.Errorf("node %s: report: %w", rec.ID, err)
 	}
+	// The summary is for listing a lost node; failing to write it must
+	// not fail the registration.
+	if err := r.writeSummary(ctx, rec.AsOf); err != nil {
+		r.cfg.Logger.Warn("node sandbox summary", "err", err)
+	}
+	return nil
+}
+
+// writeSummary rewrites the node's sandbox summary when the set of
+// sandboxes changed and the last write is SummaryInterval old.
+func (r *Registrar) writeSummary(ctx context.Context, asOf time.Time) error {
+	if r.cfg.Summary == nil {
+		return nil
+	}
+	gen, sbs := r.cfg.Summary()
+	if gen == r.summaryGen || time.Since(r.summaryAt) < r.cfg.SummaryInterval {
+		return nil
+	}
+	id := r.cfg.Record.ID
+	b, err := encodeSummary(id, asOf, sbs)
+	if err != nil {
+		return err
+	}
+	if _, err := r.cfg.Etcd.Put(ctx, summaryPrefix+id, string(b)); err != nil {
+		return fmt.Errorf("node %s: sandbox summary: %w", id, err)
+	}
+	r.summaryGen, r.summaryAt = gen, time.Now()
 	return nil
 }
 
@@ -163,6 +205,9 @@ func (r *Registrar) Stop(ctx context.Context, forget bool) error {
 	if forget {
 		if _, err := r.cfg.Etcd.Delete(ctx, membersPrefix+r.cfg.Record.ID); err != nil {
 			errs = append(errs, fmt.Errorf("forget member: %w", err))
+		}
+		if _, err := r.cfg.Etcd.Delete(ctx, summaryPrefix+r.cfg.Record.ID); err != nil {
+			errs = append(errs, fmt.Errorf("forget sandbox summary: %w", err))
 		}
 	}
 	return errors.Join(errs...)

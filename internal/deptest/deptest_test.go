@@ -118,7 +118,7 @@ var rules = []rule{
 	{pkg: "internal/iam/storetest", may: []string{"internal/errdefs", "internal/iam"}, never: cat([]string{"internal/node", "internal/backend/..."}, upper)},
 	{pkg: "internal/cluster", may: []string{"api/...", "internal/errdefs", "internal/iam"},
 		never: []string{"internal/node", "internal/backend/...", "internal/server", "internal/cli", "internal/control"}},
-	{pkg: "internal/cluster/simnode", may: []string{"api/...", "internal/cluster", "internal/errdefs"},
+	{pkg: "internal/cluster/simnode", may: []string{"api/...", "internal/cluster", "internal/errdefs", "internal/iam"},
 		never: []string{"internal/node", "internal/backend/...", "internal/server", "internal/cli", "internal/control"}},
 
 	// The API layer.

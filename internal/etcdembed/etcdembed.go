@@ -49,6 +49,9 @@ func Start(ctx context.Context, c Config) (*Member, error) {
 	// logs errors when closed, which are noise here).
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cfg.UnsafeNoFsync = c.NoFsync
+	// Nodes rewrite their load records every report interval and their
+	// sandbox summaries on change: keep 5 minutes of history, not all of it.
+	cfg.AutoCompactionMode, cfg.AutoCompactionRetention = "periodic", "5m"
 	cu, err := url.Parse(c.ClientURL)
 	if err != nil {
 		return nil, fmt.Errorf("etcd client url %q: %w", c.ClientURL, err)

@@ -28,35 +28,60 @@ func (u Usage) Add(v Usage) Usage {
 // AdmitSandbox and recording the sandbox, so the check is atomic with the
 // create. Project "" (the node administrator's own) has no quota.
 func (s *Service) AdmitSandbox(ctx context.Context, project string, want Usage, usage func(path string) Usage) error {
+	paths, quotas, err := s.QuotaChain(ctx, project)
+	if err != nil {
+		return err
+	}
+	for i, path := range paths {
+		if err := CheckUsage(path, quotas[i], usage(path), want); err != nil {
+			return err
+		}
+	}
+	return s.take(paths, quotas, "creates_per_sec", func(q Quota) float64 { return q.CreatesPerSec }, 1)
+}
+
+// QuotaChain returns project and every ancestor (project first) with
+// their quotas. Project "" has none.
+func (s *Service) QuotaChain(ctx context.Context, project string) ([]string, []Quota, error) {
 	paths := Ancestors(project)
 	quotas := make([]Quota, len(paths))
 	for i, path := range paths {
 		proj, _, err := s.getProject(ctx, path)
 		if errdefs.IsNotFound(err) {
-			return errdefs.NotFound("project %s: not found (deleted?)", path)
+			return nil, nil, errdefs.NotFound("project %s: not found (deleted?)", path)
 		}
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		quotas[i] = proj.Quota
-		used := usage(path)
-		checks := []struct {
-			name              string
-			limit, used, want int64
-		}{
-			{"max_sandboxes", proj.Quota.MaxSandboxes, used.Sandboxes, 1},
-			{"cpu_millis", proj.Quota.CPUMillis, used.CPUMillis, want.CPUMillis},
-			{"memory_bytes", proj.Quota.MemoryBytes, used.MemoryBytes, want.MemoryBytes},
-			{"disk_bytes", proj.Quota.DiskBytes, used.DiskBytes, want.DiskBytes},
-		}
-		for _, c := range checks {
-			if c.limit > 0 && c.used+c.want > c.limit {
-				return errdefs.ResourceExhausted("project %s: quota %s: limit %d, in use %d, this sandbox asks %d",
-					path, c.name, c.limit, c.used, c.want)
-			}
+	}
+	return paths, quotas, nil
+}
+
+// CheckUsage refuses a sandbox using want when project path, with q, already
+// uses used: ResourceExhausted naming the project, quota, limit and use.
+func CheckUsage(path string, q Quota, used, want Usage) error {
+	checks := []struct {
+		name              string
+		limit, used, want int64
+	}{
+		{"max_sandboxes", q.MaxSandboxes, used.Sandboxes, 1},
+		{"cpu_millis", q.CPUMillis, used.CPUMillis, want.CPUMillis},
+		{"memory_bytes", q.MemoryBytes, used.MemoryBytes, want.MemoryBytes},
+		{"disk_bytes", q.DiskBytes, used.DiskBytes, want.DiskBytes},
+	}
+	for _, c := range checks {
+		if c.limit > 0 && c.used+c.want > c.limit {
+			return errdefs.ResourceExhausted("project %s: quota %s: limit %d, in use %d, this sandbox asks %d",
+				path, c.name, c.limit, c.used, c.want)
 		}
 	}
-	return s.take(paths, quotas, "creates_per_sec", func(q Quota) float64 { return q.CreatesPerSec }, 1)
+	return nil
+}
+
+// Limits reports whether q bounds any concurrent resource (not rates).
+func (q Quota) Limits() bool {
+	return q.MaxSandboxes > 0 || q.CPUMillis > 0 || q.MemoryBytes > 0 || q.DiskBytes > 0
 }
 
 // AdmitCalls takes n fncall calls from the calls_per_sec buckets of

@@ -30,6 +30,9 @@ import (
 type ClusterNodeConfig struct {
 	Etcd   []string
 	Secret cluster.Secret
+	// TLS, when set, makes the cluster listener serve mutual TLS (with
+	// no Secret, the client certificate alone authenticates a call).
+	TLS *cluster.TLS
 	// Advertise is the address control instances reach the node's cluster
 	// listener at; the node listens there (a node-network address, which
 	// sandboxes cannot reach: the node's own addresses are always denied
@@ -77,6 +80,9 @@ func StartClusterNode(ctx context.Context, cfg Config, cc ClusterNodeConfig) (*C
 	}
 	if cc.Advertise == "" {
 		return nil, fmt.Errorf("--advertise: required with --role node")
+	}
+	if len(cc.Secret) == 0 && cc.TLS == nil {
+		return nil, fmt.Errorf("--cluster-secret-file or --cluster-tls-cert: required with --role node (control calls must be authenticated)")
 	}
 	if cc.Capacity.MemoryBytes == 0 {
 		cc.Capacity.MemoryBytes = hostMemory()
@@ -133,7 +139,7 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	path, h = corralv1connect.NewFnCallServiceHandler(control.NewFnCallService(cn.fncall),
 		connect.WithInterceptors(control.ErrorInterceptor{}), connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
-	path, h = corralv1connect.NewImageServiceHandler(nodePack{inner: control.NewImageService(cn.sandboxes, cn.images, cn.share), ci: ci},
+	path, h = corralv1connect.NewImageServiceHandler(nodeImages{inner: control.NewImageService(cn.sandboxes, cn.images, cn.share), ci: ci},
 		connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
 	protocols := new(http.Protocols)
@@ -145,7 +151,14 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	}
 	cn.addr = ln.Addr().String()
 	cn.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
-	go func() { cn.served <- cn.http.Serve(ln) }()
+	if cc.TLS != nil {
+		protocols = new(http.Protocols)
+		protocols.SetHTTP2(true)
+		cn.http.Protocols, cn.http.TLSConfig = protocols, cc.TLS.ServerConfig()
+		go func() { cn.served <- cn.http.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { cn.served <- cn.http.Serve(ln) }()
+	}
 
 	var backends []string
 	for _, b := range cn.stack.backends {
@@ -162,7 +175,8 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 			l.MemoryUsed, l.LoadAverage = hostMemory()-memAvailable(), loadAverage()
 			return l, err
 		},
-		TTL: cc.LeaseTTL, Interval: cc.ReportInterval, Logger: log,
+		Summary: agent.Summary,
+		TTL:     cc.LeaseTTL, Interval: cc.ReportInterval, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -224,6 +238,8 @@ func loadAverage() float64 {
 type ControlConfig struct {
 	Etcd   []string
 	Secret cluster.Secret
+	// TLS, when set, is mutual TLS towards the nodes.
+	TLS *cluster.TLS
 	// Listen is the public API's TCP address; Socket a unix socket ("":
 	// none).
 	Listen, Socket string
@@ -237,6 +253,7 @@ type ControlConfig struct {
 type Control struct {
 	etcd      *clientv3.Client
 	watcher   *cluster.Watcher
+	claims    *cluster.Claims
 	proxy     *cluster.Proxy
 	iam       *iam.Service
 	http      *http.Server
@@ -261,8 +278,14 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 		cli.Close()
 		return nil, err
 	}
+	if c.claims, err = cluster.StartClaims(ctx, cli); err != nil {
+		c.watcher.Close()
+		cli.Close()
+		return nil, err
+	}
 	placer := cluster.NewPlacer(cc.Placer, c.watcher.Snapshot)
-	c.proxy = cluster.NewProxy(cluster.ProxyConfig{Watcher: c.watcher, Placer: placer, Secret: cc.Secret, OnPlace: cc.OnPlace, Logger: cc.Logger})
+	c.proxy = cluster.NewProxy(cluster.ProxyConfig{Watcher: c.watcher, Placer: placer, Secret: cc.Secret, TLS: cc.TLS, OnPlace: cc.OnPlace, Logger: cc.Logger,
+		Quotas: c.quotaChain, Claims: c.claims})
 	// IAM is the cluster's, in etcd: a token made through one control
 	// instance (or a node) works through every other.
 	c.iam = iam.New(iam.Config{Store: etcdstore.New(cli, etcdstore.DefaultPrefix), Logger: cc.Logger})
@@ -315,6 +338,20 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 	return c, nil
 }
 
+// quotaChain is the quotas placement checks a create of project against,
+// over the whole cluster.
+func (c *Control) quotaChain(ctx context.Context, project string) ([]cluster.ProjectQuota, error) {
+	paths, quotas, err := c.iam.QuotaChain(ctx, project)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]cluster.ProjectQuota, len(paths))
+	for i := range paths {
+		out[i] = cluster.ProjectQuota{Path: paths[i], Quota: quotas[i]}
+	}
+	return out, nil
+}
+
 // Addr is the TCP listener's address ("" without one).
 func (c *Control) Addr() string {
 	for _, ln := range c.listeners {
@@ -347,6 +384,7 @@ func (c *Control) Stop(ctx context.Context) error {
 	defer cancel()
 	err := c.http.Shutdown(shut)
 	c.proxy.Close()
+	c.claims.Close()
 	c.watcher.Close()
 	return errors.Join(err, c.iam.Close(), c.etcd.Close())
 }

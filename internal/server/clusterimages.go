@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -108,26 +109,19 @@ func (ci *clusterImages) run(ctx context.Context, every time.Duration) {
 	}
 }
 
-// prepare makes the image a create names available on this node: a
-// composition or layer another node recorded is pulled (metadata only; the
-// blob is read lazily) before the create goes on.
-func (ci *clusterImages) prepare(ctx context.Context, req *corralv1.CreateRequest) error {
-	name := req.Image
-	if name == "" || !strings.Contains(name, "@") {
-		return nil // defaults and built images are the node's own
-	}
-	if _, err := ci.images.Get(ctx, name); !errdefs.IsNotFound(err) {
-		return nil // here (or failing for another reason the create reports)
-	}
+// puller returns a function that pulls a layer another node recorded
+// (metadata only; the blob is read lazily) unless the node has it; name
+// is the image it is pulled for, in errors.
+func (ci *clusterImages) puller(ctx context.Context, name string) (func(ref string) error, error) {
 	local := map[string]bool{}
 	layers, err := ci.images.Layers(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, l := range layers {
 		local[l.Ref] = true
 	}
-	pull := func(ref string) error {
+	return func(ref string) error {
 		if local[ref] {
 			return nil
 		}
@@ -144,6 +138,26 @@ func (ci *clusterImages) prepare(ctx context.Context, req *corralv1.CreateReques
 		}
 		ci.log.Info("pulling a layer recorded by another node", "ref", ref, "digest", rec.Digest, "from", rec.Node)
 		_, err = ci.share.Pull(ctx, ci.images, rec.Digest, ref)
+		if err == nil {
+			local[ref] = true
+		}
+		return err
+	}, nil
+}
+
+// prepare makes the image a create names available on this node: a
+// composition or layer another node recorded is pulled (metadata only; the
+// blob is read lazily) before the create goes on.
+func (ci *clusterImages) prepare(ctx context.Context, req *corralv1.CreateRequest) error {
+	name := req.Image
+	if name == "" || !strings.Contains(name, "@") {
+		return nil // defaults and built images are the node's own
+	}
+	if _, err := ci.images.Get(ctx, name); !errdefs.IsNotFound(err) {
+		return nil // here (or failing for another reason the create reports)
+	}
+	pull, err := ci.puller(ctx, name)
+	if err != nil {
 		return err
 	}
 	resp, err := ci.etcd.Get(ctx, compositionRecords+name)
@@ -173,9 +187,12 @@ func (ci *clusterImages) prepare(ctx context.Context, req *corralv1.CreateReques
 }
 
 // ClusterImageService is a control instance's ImageService: the cluster's
-// layers and compositions from etcd, and Pack, sent to the sandbox's node.
-// The methods that read node paths or change one node's store answer
-// Unimplemented: run them on a node.
+// layers and compositions from etcd; Pack on the sandbox's node; builds
+// from a stream (UploadLayer, UploadImage), registry imports and new
+// compositions on any ready node, which records the result for the
+// cluster; RemoveImage on every node and in etcd. The calls that read a
+// node's paths or manage one node's store (CreateLayer from a path,
+// PullLayer, CollectGarbage) are refused: run them on that node.
 type ClusterImageService struct {
 	corralv1connect.UnimplementedImageServiceHandler
 	etcd  *clientv3.Client
@@ -190,23 +207,242 @@ func (s ClusterImageService) Pack(ctx context.Context, req *connect.Request[corr
 	return c.Pack(ctx, connect.NewRequest(req.Msg))
 }
 
-// nodePack is the ImageService a node serves control instances: Pack only
-// (the other methods read node paths or manage the node's own store, which
-// only its administrator does, on its socket). The packed layer and
-// composition are recorded for the cluster at once.
-type nodePack struct {
+// anyNode is the node a build or import runs on, with an ImageService
+// client of it.
+func (s ClusterImageService) anyNode() (*cluster.NodeView, corralv1connect.ImageServiceClient, error) {
+	v, err := s.proxy.AnyNode()
+	if err != nil {
+		return nil, nil, err
+	}
+	return v, s.proxy.NodeImages(v), nil
+}
+
+func (s ClusterImageService) CreateComposition(ctx context.Context, req *connect.Request[corralv1.CreateCompositionRequest]) (*connect.Response[corralv1.CreateCompositionResponse], error) {
+	v, c, err := s.anyNode()
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.CreateComposition(ctx, connect.NewRequest(req.Msg))
+	return resp, onNode(v, err)
+}
+
+func (s ClusterImageService) UploadLayer(ctx context.Context, in *connect.ClientStream[corralv1.UploadLayerRequest]) (*connect.Response[corralv1.CreateLayerResponse], error) {
+	v, c, err := s.anyNode()
+	if err != nil {
+		return nil, err
+	}
+	resp, err := relayUpload(in, c.UploadLayer(ctx))
+	return resp, onNode(v, err)
+}
+
+func (s ClusterImageService) UploadImage(ctx context.Context, in *connect.ClientStream[corralv1.UploadImageRequest]) (*connect.Response[corralv1.ImportResult], error) {
+	v, c, err := s.anyNode()
+	if err != nil {
+		return nil, err
+	}
+	resp, err := relayUpload(in, c.UploadImage(ctx))
+	return resp, onNode(v, err)
+}
+
+func (s ClusterImageService) ImportImage(ctx context.Context, req *connect.Request[corralv1.ImportImageRequest], out *connect.ServerStream[corralv1.ImportImageResponse]) error {
+	if src := req.Msg.Source; strings.HasPrefix(src, image.SourceOCILayout) || strings.HasPrefix(src, image.SourceDockerArchive) {
+		return errdefs.InvalidArgument("source: %q names a path on a node, which a control instance does not read; send the archive from the client instead (the CLI and SDKs stream it)", src)
+	}
+	v, c, err := s.anyNode()
+	if err != nil {
+		return err
+	}
+	in, err := c.ImportImage(ctx, connect.NewRequest(req.Msg))
+	if err != nil {
+		return onNode(v, err)
+	}
+	defer in.Close()
+	for in.Receive() {
+		if err := out.Send(in.Msg()); err != nil {
+			return err
+		}
+	}
+	return onNode(v, in.Err())
+}
+
+// RemoveImage removes NAME@VERSION (a composition and/or a layer) from
+// every node that has it, then the cluster's records of it, so no node
+// pulls it again. A lost node might still have it: nothing is removed
+// while one is. A layer in use on a node fails there (FailedPrecondition
+// naming the node); the nodes before it have removed theirs, and the
+// records stay until a repeat succeeds everywhere.
+func (s ClusterImageService) RemoveImage(ctx context.Context, req *connect.Request[corralv1.RemoveImageRequest]) (*connect.Response[corralv1.RemoveImageResponse], error) {
+	name := req.Msg.Name
+	if !strings.Contains(name, "@") {
+		return nil, errdefs.InvalidArgument("name: %q: the cluster's images are NAME@VERSION (a built image NAME is one node's: remove it there)", name)
+	}
+	snap := s.proxy.Nodes()
+	for _, v := range snap.Nodes {
+		if v.State == cluster.NodeLost {
+			return nil, errdefs.Unavailable("remove %s: %s, and may have it", name, v.Reason)
+		}
+	}
+	removed := &corralv1.Removed{}
+	found := false
+	for _, v := range snap.Nodes {
+		resp, err := s.proxy.NodeImages(v).RemoveImage(ctx, connect.NewRequest(req.Msg))
+		if connect.CodeOf(err) == connect.CodeNotFound {
+			continue
+		}
+		if err != nil {
+			return nil, onNode(v, err)
+		}
+		found = true
+		r := resp.Msg.Removed
+		removed.Images = append(removed.Images, r.GetImages()...)
+		removed.Compositions = append(removed.Compositions, r.GetCompositions()...)
+		removed.Layers = append(removed.Layers, r.GetLayers()...)
+		removed.Deleted = append(removed.Deleted, r.GetDeleted()...)
+		removed.FreedBytes += r.GetFreedBytes()
+	}
+	del, err := s.etcd.Txn(ctx).Then(clientv3.OpDelete(layerRecords+name), clientv3.OpDelete(compositionRecords+name)).Commit()
+	if err != nil {
+		return nil, errdefs.Unavailable("remove %s: cluster records: %v", name, err)
+	}
+	for _, r := range del.Responses {
+		found = found || r.GetResponseDeleteRange().GetDeleted() > 0
+	}
+	if !found {
+		return nil, errdefs.NotFound("image %s: on no node of the cluster", name)
+	}
+	return connect.NewResponse(&corralv1.RemoveImageResponse{Removed: removed}), nil
+}
+
+func (ClusterImageService) CreateLayer(context.Context, *connect.Request[corralv1.CreateLayerRequest]) (*connect.Response[corralv1.CreateLayerResponse], error) {
+	return nil, errdefs.NotSupported("create layer: path names a directory on a node; at a control instance send the tree instead (corral layer create streams it) or run it on that node")
+}
+
+func (ClusterImageService) PullLayer(context.Context, *connect.Request[corralv1.PullLayerRequest]) (*connect.Response[corralv1.PullLayerResponse], error) {
+	return nil, errdefs.NotSupported("pull layer: the cluster's layers are pulled by each node when a create needs them; run it on a node to pull one ahead")
+}
+
+func (ClusterImageService) CollectGarbage(context.Context, *connect.Request[corralv1.CollectGarbageRequest]) (*connect.Response[corralv1.CollectGarbageResponse], error) {
+	return nil, errdefs.NotSupported("collect garbage: each node collects its own store; run it on the node's socket")
+}
+
+// onNode names the node a routed image call failed on.
+func onNode(v *cluster.NodeView, err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return connect.NewError(ce.Code(), fmt.Errorf("node %s: %s", v.ID, ce.Message()))
+	}
+	return fmt.Errorf("node %s: %w", v.ID, err)
+}
+
+// relayUpload forwards a client stream to a node message by message and
+// returns the node's answer.
+func relayUpload[Req, Resp any](in *connect.ClientStream[Req], out *connect.ClientStreamForClient[Req, Resp]) (*connect.Response[Resp], error) {
+	for in.Receive() {
+		if err := out.Send(in.Msg()); err != nil {
+			break // the node answered early: CloseAndReceive has its answer
+		}
+	}
+	if err := in.Err(); err != nil {
+		_, _ = out.CloseAndReceive()
+		return nil, err
+	}
+	resp, err := out.CloseAndReceive()
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp.Msg), nil
+}
+
+// nodeImages is the ImageService a node serves control instances: Pack,
+// builds from a stream, registry imports, compositions and removal, each
+// recorded for the cluster (or its record dropped) at once. The calls that
+// read node paths or manage the node's whole store are its administrator's,
+// on its socket. Without a blob store nothing built here could travel:
+// only Pack and RemoveImage are served then.
+type nodeImages struct {
 	corralv1connect.UnimplementedImageServiceHandler
 	inner *control.ImageService
 	ci    *clusterImages // nil without a blob store
 }
 
-func (n nodePack) Pack(ctx context.Context, req *connect.Request[corralv1.PackRequest]) (*connect.Response[corralv1.PackResponse], error) {
-	resp, err := n.inner.Pack(ctx, req)
+// recorded syncs the node's images to the cluster's records after a
+// successful change.
+func (n nodeImages) recorded(ctx context.Context, err error) {
 	if err == nil && n.ci != nil {
 		if serr := n.ci.sync(ctx); serr != nil {
-			n.ci.log.Warn("record the packed layer for the cluster (retried)", "err", serr)
+			n.ci.log.Warn("record images for the cluster (retried)", "err", serr)
 		}
 	}
+}
+
+func (n nodeImages) shared(what string) error {
+	if n.ci == nil {
+		return errdefs.FailedPrecondition("%s: this node has no shared blob store (--blob-store): what it built would be usable only here", what)
+	}
+	return nil
+}
+
+func (n nodeImages) Pack(ctx context.Context, req *connect.Request[corralv1.PackRequest]) (*connect.Response[corralv1.PackResponse], error) {
+	resp, err := n.inner.Pack(ctx, req)
+	n.recorded(ctx, err)
+	return resp, err
+}
+
+func (n nodeImages) RemoveImage(ctx context.Context, req *connect.Request[corralv1.RemoveImageRequest]) (*connect.Response[corralv1.RemoveImageResponse], error) {
+	return n.inner.RemoveImage(ctx, req)
+}
+
+func (n nodeImages) UploadLayer(ctx context.Context, in *connect.ClientStream[corralv1.UploadLayerRequest]) (*connect.Response[corralv1.CreateLayerResponse], error) {
+	if err := n.shared("upload layer"); err != nil {
+		return nil, err
+	}
+	resp, err := n.inner.UploadLayer(ctx, in)
+	n.recorded(ctx, err)
+	return resp, err
+}
+
+func (n nodeImages) UploadImage(ctx context.Context, in *connect.ClientStream[corralv1.UploadImageRequest]) (*connect.Response[corralv1.ImportResult], error) {
+	if err := n.shared("upload image"); err != nil {
+		return nil, err
+	}
+	resp, err := n.inner.UploadImage(ctx, in)
+	n.recorded(ctx, err)
+	return resp, err
+}
+
+func (n nodeImages) ImportImage(ctx context.Context, req *connect.Request[corralv1.ImportImageRequest], out *connect.ServerStream[corralv1.ImportImageResponse]) error {
+	if err := n.shared("import image"); err != nil {
+		return err
+	}
+	err := n.inner.ImportImage(ctx, req, out)
+	n.recorded(ctx, err)
+	return err
+}
+
+// CreateComposition pulls the layers the composition names that other
+// nodes recorded, then records it here and for the cluster.
+func (n nodeImages) CreateComposition(ctx context.Context, req *connect.Request[corralv1.CreateCompositionRequest]) (*connect.Response[corralv1.CreateCompositionResponse], error) {
+	if err := n.shared("create composition"); err != nil {
+		return nil, err
+	}
+	c := req.Msg.GetComposition()
+	pull, err := n.ci.puller(ctx, c.GetRef())
+	if err != nil {
+		return nil, err
+	}
+	for i, ref := range c.GetLayers() {
+		if !strings.Contains(ref, "@") {
+			return nil, errdefs.InvalidArgument("composition.layers[%d]: %q must pin a version (NAME@VERSION) to be usable on every node", i, ref)
+		}
+		if err := pull(ref); err != nil {
+			return nil, fmt.Errorf("composition.layers[%d]: %w", i, err)
+		}
+	}
+	resp, err := n.inner.CreateComposition(ctx, req)
+	n.recorded(ctx, err)
 	return resp, err
 }
 

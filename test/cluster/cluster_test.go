@@ -105,6 +105,12 @@ func TestCluster(t *testing.T) {
 		}
 	}
 
+	// Streamed stdin through either control instance.
+	for i := range 2 {
+		execStream(t, r.cli[i], ids[i])
+	}
+
+	t.Run("project quota over the nodes", func(t *testing.T) { clusterQuota(t, r) })
 	t.Run("control killed mid-burst", func(t *testing.T) { controlCrash(t, r) })
 	t.Run("node killed", func(t *testing.T) { nodeCrash(t, r, ids) })
 	t.Run("control restarted", func(t *testing.T) { controlRestart(t, r, ids) })
@@ -136,39 +142,42 @@ func controlRestart(t *testing.T, r *rig, ids []string) {
 	}
 }
 
-// controlCrash: control 0 is killed with SIGKILL during a burst of creates;
-// each failed create is retried on control 1 with the same request id.
-// Every request id ends with exactly one sandbox.
+// controlCrash: control 0 is killed with SIGKILL during a burst of
+// creates, each sent at once to both control instances with the same
+// client request id and no retry flag (as a client racing two instances
+// would). Every request id ends with exactly one sandbox, and every answer
+// names it: control 1 waits while control 0 places a request, and takes
+// the request over on the node control 0 chose once control 0 is gone.
 func controlCrash(t *testing.T, r *rig) {
 	ctx := context.Background()
 	const n = 80
 	var wg sync.WaitGroup
-	var retried atomic.Int32
-	made := make([]string, n)
+	var cut atomic.Int32
+	made := make([][2]string, n)
 	errs := make(chan error, n)
 	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if i == n/2 {
-				r.kill9(r.control[0])
-			}
-			o := client.CreateOptions{Resources: small, Labels: map[string]string{"phase": "crash"},
-				Placement: client.Placement{RequestID: fmt.Sprintf("burst-%d", i)}}
-			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			sb, err := r.cli[0].Create(cctx, o)
-			cancel()
-			if err != nil {
-				retried.Add(1)
-				o.Placement.Retry = true
-				sb, err = r.cli[1].Create(ctx, o)
-			}
-			if err != nil {
-				errs <- fmt.Errorf("request %d: %w", i, err)
-				return
-			}
-			made[i] = sb.ID()
-		}()
+		if i == n/2 {
+			r.kill9(r.control[0])
+		}
+		for j := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				o := client.CreateOptions{Resources: small, Labels: map[string]string{"phase": "crash"},
+					Placement: client.Placement{RequestID: fmt.Sprintf("burst-%d", i)}}
+				cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+				defer cancel()
+				sb, err := r.cli[j].Create(cctx, o)
+				switch {
+				case err == nil:
+					made[i][j] = sb.ID()
+				case j == 0 && client.IsUnavailable(err):
+					cut.Add(1) // control 0 was killed: its answers are lost
+				default:
+					errs <- fmt.Errorf("request %d through control %d: %w", i, j, err)
+				}
+			}()
+		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	wg.Wait()
@@ -188,13 +197,14 @@ func controlCrash(t *testing.T, r *rig) {
 	if len(listed) != n || len(byReq) != n {
 		t.Fatalf("%d sandboxes for %d request ids after the crash (want %d each): %v", len(listed), len(byReq), n, byReq)
 	}
-	t.Logf("%d of %d creates retried on the other instance", retried.Load(), n)
-	if retried.Load() == 0 {
+	t.Logf("%d of %d creates through control 0 cut off by the kill", cut.Load(), n)
+	if cut.Load() == 0 {
 		t.Fatal("no create was cut off by the crash: the test did not test it")
 	}
-	for i, id := range made {
-		if got := byReq[fmt.Sprintf("burst-%d", i)]; len(got) != 1 || got[0] != id {
-			t.Fatalf("request %d: returned %s, cluster has %v", i, id, got)
+	for i, ids := range made {
+		got := byReq[fmt.Sprintf("burst-%d", i)]
+		if len(got) != 1 || got[0] != ids[1] || (ids[0] != "" && ids[0] != ids[1]) {
+			t.Fatalf("request %d: answered %v, cluster has %v", i, ids, got)
 		}
 	}
 }
@@ -240,6 +250,27 @@ func nodeCrash(t *testing.T, r *rig, ids []string) {
 	}
 	if _, err := c.Sandbox(mine[0]).Run(ctx, client.Command{Args: []string{"true"}}); !client.IsUnavailable(err) || !strings.Contains(err.Error(), victimID) {
 		t.Fatalf("run on a lost node's sandbox: %v; want unavailable naming %s", err, victimID)
+	}
+	// List shows them, from the node's last summary in etcd, lost with
+	// the reason.
+	listed, err := c.ListCluster(ctx, client.ListOptions{Labels: map[string]string{"phase": "spread"}})
+	if err != nil || len(listed.UnavailableNodes) != 1 {
+		t.Fatalf("List with node %s lost: %+v, %v", victimID, listed, err)
+	}
+	lost := map[string]bool{}
+	for _, in := range listed.Sandboxes {
+		if nodeOf(in.ID) != victimID {
+			continue
+		}
+		if in.State != client.StateLost || !strings.Contains(in.StopReason, victimID) {
+			t.Fatalf("List shows %s of the lost node as %s (%q); want lost naming %s", in.ID, in.State, in.StopReason, victimID)
+		}
+		lost[in.ID] = true
+	}
+	for _, id := range mine {
+		if !lost[id] {
+			t.Fatalf("List does not show %s of the lost node", id)
+		}
 	}
 	r.cli = r.cli[1:] // control 0 was killed above
 	for _, id := range createMany(t, r, 20, func(int) client.CreateOptions { return client.CreateOptions{Resources: small} }) {

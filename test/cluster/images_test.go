@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,6 +110,73 @@ func TestLayerTravels(t *testing.T) {
 	}
 	if got, err := sb1.Files().Read(ctx, "/payload"); err != nil || string(got) != string(data) {
 		t.Fatalf("base layer's file on node 1: %d bytes, %v", len(got), err)
+	}
+	imageCalls(t, r)
+}
+
+// imageCalls: image calls through the control plane. A tree uploaded
+// there is built into a layer on some node and recorded for the cluster;
+// a composition of it made there starts on node 2; removing it there
+// removes it from every node and from the cluster's records; the calls
+// that are one node's are refused saying where to run them.
+func imageCalls(t *testing.T, r *rig) {
+	ctx := context.Background()
+	c := r.cli[0]
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "hello"), []byte("uploaded through the control plane"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateLayer(ctx, src, "uploaded@1"); err != nil {
+		t.Fatalf("layer upload through the control plane: %v", err)
+	}
+	comp, err := c.CreateComposition(ctx, client.Composition{Ref: "upstack@1", Layers: []string{"travel@1", "uploaded@1"}})
+	if err != nil || comp.Ref != "upstack@1" {
+		t.Fatalf("composition through the control plane: %+v, %v", comp, err)
+	}
+	sb, err := c.Create(ctx, client.CreateOptions{Image: "upstack@1", Resources: small,
+		Placement: client.Placement{NodeLabels: map[string]string{"rack": "r2"}}})
+	if err != nil {
+		t.Fatalf("create from the composition made through the control plane: %v", err)
+	}
+	if got, err := sb.Files().Read(ctx, "/hello"); err != nil || string(got) != "uploaded through the control plane" {
+		t.Fatalf("uploaded file on node 2: %q, %v", got, err)
+	}
+	if err := c.Delete(ctx, sb.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RemoveImage(ctx, "upstack@1"); err != nil {
+		t.Fatalf("remove through the control plane: %v", err)
+	}
+	imgs, err := c.ListImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cp := range imgs.Compositions {
+		if cp.Ref == "upstack@1" {
+			t.Fatal("control image ls still shows upstack@1 after its removal")
+		}
+	}
+	for i := range r.nodes {
+		n, err := client.New("unix://" + filepath.Join(r.nodeDir[i], "corral.sock"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		imgs, err := n.ListImages(ctx)
+		n.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cp := range imgs.Compositions {
+			if cp.Ref == "upstack@1" {
+				t.Fatalf("node %d still has upstack@1 after its removal through the control plane", i)
+			}
+		}
+	}
+	if _, err := c.RemoveImage(ctx, "upstack@1"); !client.IsNotFound(err) {
+		t.Fatalf("second removal: %v, want not found", err)
+	}
+	if _, err := c.CollectGarbage(ctx); !client.IsUnimplemented(err) || !strings.Contains(err.Error(), "run it on the node") {
+		t.Fatalf("collect garbage through the control plane: %v, want a refusal saying where to run it", err)
 	}
 }
 

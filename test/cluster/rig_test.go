@@ -193,6 +193,22 @@ func (r *rig) nodeAddr(i int) string {
 // startRig starts 3 etcd members, nControl control instances and nNode
 // nodes, and waits until the first control instance sees every node.
 func startRig(t *testing.T, netns bool, nControl, nNode int, nodeArgs ...string) *rig {
+	return startRigOpts(t, rigOpts{netns: netns, nControl: nControl, nNode: nNode, nodeArgs: nodeArgs})
+}
+
+// rigOpts are startRig's, and: arguments for every control instance, and
+// whether nodes and control instances go without the cluster secret (their
+// arguments must then authenticate them).
+type rigOpts struct {
+	netns           bool
+	nControl, nNode int
+	nodeArgs        []string
+	controlArgs     []string
+	noSecret        bool
+}
+
+func startRigOpts(t *testing.T, o rigOpts) *rig {
+	netns, nControl, nNode, nodeArgs := o.netns, o.nControl, o.nNode, o.nodeArgs
 	testenv.RequireRoot(t)
 	r := &rig{t: t, netns: netns, host: "127.0.0.1", bin: filepath.Join(testenv.Binaries(t), "corral"), dir: t.TempDir(), secret: "cluster-test-secret-" + testenv.UniqueName("s")}
 	if netns {
@@ -234,6 +250,9 @@ func startRig(t *testing.T, netns bool, nControl, nNode int, nodeArgs ...string)
 			"--report-interval", "500ms", "--cleanup-on-exit", "--log-level", "warn",
 			"--node-label", fmt.Sprintf("rack=r%d", i)}}
 		p.args = append(p.args, nodeArgs...)
+		if o.noSecret {
+			p.args = withoutSecret(p.args)
+		}
 		if netns {
 			// nsenter, not `ip netns exec`, which remounts /sys and so
 			// hides the cgroup hierarchies; it execs corral in place, so
@@ -251,6 +270,10 @@ func startRig(t *testing.T, netns bool, nControl, nNode int, nodeArgs ...string)
 		sock := r.controlSocket(i)
 		p := &proc{name: fmt.Sprintf("control %d", i), log: filepath.Join(r.dir, fmt.Sprintf("control%d.log", i)), args: []string{"serve",
 			"--role", "control", "--etcd", r.endpoints(), "--cluster-secret-file", sf, "--listen", addr, "--socket", sock, "--log-level", "warn"}}
+		p.args = append(p.args, o.controlArgs...)
+		if o.noSecret {
+			p.args = withoutSecret(p.args)
+		}
 		r.start(p)
 		r.control = append(r.control, p)
 		waitPort(t, addr, p)
@@ -265,6 +288,19 @@ func startRig(t *testing.T, netns bool, nControl, nNode int, nodeArgs ...string)
 	}
 	r.waitNodes(nNode, "ready")
 	return r
+}
+
+// withoutSecret drops --cluster-secret-file and its value from args.
+func withoutSecret(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		if args[i] == "--cluster-secret-file" {
+			i++
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out
 }
 
 // controlSocket is control instance i's unix socket.

@@ -3,7 +3,7 @@
 // dedupe, load measurement) and Registrar over an in-memory sandbox table
 // with a modelled create latency, served over the real node API (many
 // nodes on one listener, each under its own path). No sandbox is real. It
-// imports cluster and the API; it must not import node, backend or server.
+// imports cluster, iam and the API; it must not import node, backend or server.
 package simnode
 
 import (
@@ -27,6 +27,7 @@ import (
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
 )
 
 // Spec describes one simulated node.
@@ -99,7 +100,7 @@ func Start(ctx context.Context, listen string, endpoints []string, secret cluste
 			Etcd: cli,
 			Record: cluster.NodeRecord{ID: n.ID, Address: f.addr + "/" + n.ID, Version: "simulated",
 				Labels: n.Labels, Backends: []string{"container"}, Capacity: n.Capacity},
-			LoadFunc: n.agent.Measure, TTL: ttl, Interval: report, Logger: log,
+			LoadFunc: n.agent.Measure, Summary: n.agent.Summary, TTL: ttl, Interval: report, Logger: log,
 		})
 		if err != nil {
 			f.Close(ctx)
@@ -230,7 +231,8 @@ func (t *table) Create(ctx context.Context, req *connect.Request[corralv1.Create
 	if backend == "" {
 		backend = "container"
 	}
-	sb := &corralv1.Sandbox{Id: t.node + "-" + hex.EncodeToString(b), NodeId: t.node, Backend: backend, Image: m.Image,
+	caller, _ := iam.FromContext(ctx) // the control instance's caller, as a real node scopes it
+	sb := &corralv1.Sandbox{Id: t.node + "-" + hex.EncodeToString(b), NodeId: t.node, Backend: backend, Image: m.Image, Project: caller.Project,
 		State: corralv1.SandboxState_SANDBOX_STATE_RUNNING, Resources: m.Resources, Labels: m.Labels, CreatedAt: timestamppb.Now()}
 	t.mu.Lock()
 	t.sandboxes[sb.Id] = sb
