@@ -104,9 +104,12 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		return nil, err
 	}
 	defer n.unreserve(rec)
-	img, err := n.cfg.Images.Acquire(ctx, rec.Image, rec.ID)
-	if err != nil {
-		return nil, fmt.Errorf("image: %w", err)
+	var img image.Image
+	// A backend with its own images (vm disks) resolves the name itself.
+	if _, own := b.(backend.ImageOwner); !own {
+		if img, err = n.cfg.Images.Acquire(ctx, rec.Image, rec.ID); err != nil {
+			return nil, fmt.Errorf("image: %w", err)
+		}
 	}
 	rec.Env = mergeEnv(img.Env, rec.Env)
 	rec.Layers = stateLayers(img.Stack)
@@ -122,6 +125,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		LayerDisks: img.Disks,
 		Hostname:   "sandbox",
 		Network:    backend.Network{Mode: rec.NetworkMode, Allow: rec.NetworkAllow},
+		Image:      rec.Image,
 		Resources: backend.Resources{
 			CPUMillis:   rec.CPUMillis,
 			MemoryBytes: rec.MemoryBytes,

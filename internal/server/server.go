@@ -286,6 +286,7 @@ func (s *Server) listen() error {
 		connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
 	s.serveIAM(mux, g.Images, guard)
+	s.serveVM(mux, sandboxes, guard)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
