@@ -136,8 +136,9 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 		if res.ExitCode == 127 && bytes.HasPrefix(stderr, []byte("/usr/bin/timeout: failed to run command")) {
 			return res, errdefs.NotFound("exec: %s: %s", spec.Argv[0], strings.TrimSpace(string(stderr)))
 		}
-		// timeout killed its group with SIGKILL, itself included.
-		if spec.Timeout > 0 && res.ExitCode == 128+9 && res.Duration >= spec.Timeout-time.Second {
+		// timeout killed its group with SIGKILL, itself included (the
+		// agent reports the signal, or a shell's 128+9).
+		if spec.Timeout > 0 && (res.Signal == 9 || res.ExitCode == 128+9) && res.Duration >= spec.Timeout-time.Second {
 			res.ExitCode, res.Signal, res.TimedOut = -1, 9, true
 		}
 	}
