@@ -81,12 +81,34 @@ func VM(ctx context.Context, c *client.Client, o VMOptions) (res *VMResult, err 
 	ctrOpts := client.CreateOptions{Image: o.PeerImage, Resources: r}
 
 	fmt.Fprintf(o.Log, "create→first exec: %d vm, %d microvm, %d container\n", o.Boots, o.PeerBoots, o.PeerBoots)
+	// The last VM booted stays for the exec, screenshot and memory
+	// figures: a boot under TCG takes minutes.
+	var vm *client.Sandbox
+	var vmReady []time.Duration
+	for i := range o.Boots {
+		start := time.Now()
+		sb, err := t.create(ctx, vmOpts)
+		if err != nil {
+			return res, fmt.Errorf("create vm: %w", err)
+		}
+		if err := runTrue(ctx, sb); err != nil {
+			return res, err
+		}
+		vmReady = append(vmReady, time.Since(start))
+		if i < o.Boots-1 {
+			if err := t.delete(ctx, sb); err != nil {
+				return res, err
+			}
+		} else {
+			vm = sb
+		}
+	}
+	res.BootReadyP50Ms = Summarise(vmReady).P50
 	for _, p := range []struct {
 		opts client.CreateOptions
-		n    int
 		out  *float64
-	}{{vmOpts, o.Boots, &res.BootReadyP50Ms}, {mvOpts, o.PeerBoots, &res.MicroVMBootReadyP50Ms}, {ctrOpts, o.PeerBoots, &res.ContainerReadyP50Ms}} {
-		d, err := readySamples(ctx, t, p.opts, p.n, nil)
+	}{{mvOpts, &res.MicroVMBootReadyP50Ms}, {ctrOpts, &res.ContainerReadyP50Ms}} {
+		d, err := readySamples(ctx, t, p.opts, o.PeerBoots, nil)
 		if err != nil {
 			return res, err
 		}
@@ -95,10 +117,6 @@ func VM(ctx context.Context, c *client.Client, o VMOptions) (res *VMResult, err 
 	res.RatioBootVsMicroVM = ratio(res.BootReadyP50Ms, res.MicroVMBootReadyP50Ms)
 
 	fmt.Fprintf(o.Log, "exec: %d samples in each; screenshots: %d\n", o.Execs, o.Shots)
-	vm, err := t.create(ctx, vmOpts)
-	if err != nil {
-		return res, fmt.Errorf("create vm: %w", err)
-	}
 	mv, err := t.create(ctx, mvOpts)
 	if err != nil {
 		return res, fmt.Errorf("create microvm: %w", err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/netpolicy/netlab"
 )
 
 // The tests boot real guests (under TCG here: slow), so they share one
@@ -84,15 +87,37 @@ func testSpec() backend.Spec {
 	}
 }
 
-// shared is the one booted VM the tests share, made on first use.
+// shared is the one booted VM the tests share, made on first use. It is
+// networked (allowlist: pypi) on a lab internet.
 var shared struct {
-	once sync.Once
-	dir  string
-	b    *Backend
-	sb   *sandbox
-	spec backend.Spec
-	boot time.Duration
-	err  error
+	once   sync.Once
+	dir    string
+	b      *Backend
+	sb     *sandbox
+	spec   backend.Spec
+	boot   time.Duration
+	err    error
+	lab    *netlab.Lab
+	netCfg netpolicy.Config
+	net    *netpolicy.Manager
+}
+
+// sharedNetwork makes the lab internet and a network manager on it.
+func sharedNetwork() error {
+	lab, err := netlab.New()
+	if err != nil {
+		return fmt.Errorf("lab network: %w", err)
+	}
+	shared.lab = lab
+	shared.netCfg = netpolicy.Config{
+		Bridge:    fmt.Sprintf("cw%x", time.Now().UnixNano()&0xffffffff),
+		NodeNetns: lab.NodePath,
+		Upstreams: []string{netip.AddrPortFrom(netlab.DNS4, 53).String()},
+		Presets:   map[string][]string{"pypi": {"pypi.test:80"}},
+		PoolSize:  1,
+	}
+	shared.net, err = netpolicy.NewManager(shared.netCfg)
+	return err
 }
 
 func sharedVM(t *testing.T) (*Backend, *sandbox) {
@@ -106,7 +131,10 @@ func sharedVM(t *testing.T) (*Backend, *sandbox) {
 			shared.err = err
 			return
 		}
-		b, err := New(Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images")})
+		if shared.err = sharedNetwork(); shared.err != nil {
+			return
+		}
+		b, err := New(Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images"), Network: shared.net})
 		if err != nil {
 			shared.err = err
 			return
@@ -116,6 +144,7 @@ func sharedVM(t *testing.T) (*Backend, *sandbox) {
 			return
 		}
 		shared.dir, shared.b, shared.spec = dir, b, testSpec()
+		shared.spec.Network = backend.Network{Mode: "allowlist", Allow: []string{"pypi"}}
 		ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 		defer cancel()
 		start := time.Now()
@@ -142,13 +171,18 @@ func sharedVM(t *testing.T) (*Backend, *sandbox) {
 
 // stopShared deletes the shared VM if a test has not.
 func stopShared() {
-	if shared.sb == nil {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_ = shared.sb.Stop(ctx)
-	_ = shared.b.Cleanup(ctx, shared.spec.ID, nil)
+	if shared.sb != nil {
+		_ = shared.sb.Stop(ctx)
+		_ = shared.b.Cleanup(ctx, shared.spec.ID, nil)
+	}
+	if shared.net != nil {
+		_ = shared.net.Close()
+	}
+	if shared.lab != nil {
+		shared.lab.Close()
+	}
 }
 
 // run executes argv and returns the result and output.

@@ -15,8 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/netpolicy"
 )
 
 // The tests on the shared VM run in this file's order; TestVMDelete,
@@ -335,6 +339,70 @@ func TestVMImages(t *testing.T) {
 	}
 }
 
+// TestVMNetwork: the guest reaches an allowed name through the node's
+// DNS proxy and the slot's tap, and not a denied address.
+func TestVMNetwork(t *testing.T) {
+	_, sb := sharedVM(t)
+	out := sh(t, sb, `python3 - <<'EOF'
+import socket
+def get(addr):
+    try:
+        s = socket.create_connection((addr, 80), timeout=6)
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+        return data.decode(errors="replace").strip().splitlines()[-1]
+    except OSError:
+        return "unreachable"
+try:
+    print("dns", socket.gethostbyname("pypi.test"))
+except OSError:
+    print("dns failed")
+print("allowed", get("198.18.1.10"))
+print("denied", get("198.18.1.30"))
+EOF`)
+	t.Logf("guest:\n%s", out)
+	for _, want := range []string{"dns 198.18.1.10", "allowed lab host 198.18.1.10", "denied unreachable"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("guest output lacks %q", want)
+		}
+	}
+	st, err := sb.NetworkStats(context.Background())
+	if err != nil || st.Total == 0 {
+		t.Errorf("refusals: %+v, %v; want the denied address counted", st, err)
+	}
+}
+
+// TestVMRecover: a restarted daemon (new backend, new network manager)
+// re-attaches to the running VM and its guest agent.
+func TestVMRecover(t *testing.T) {
+	b, sb := sharedVM(t)
+	sb.qga.close()
+	if err := shared.net.Close(); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := netpolicy.NewManager(shared.netCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared.net = m2
+	b2, err := New(Config{RunDir: b.cfg.RunDir, ImageDir: b.cfg.ImageDir, Network: m2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	got, err := b2.Recover(ctx, sb.m.id, sb.Record())
+	if err != nil {
+		t.Fatalf("recover: %v", err)
+	}
+	shared.b, shared.sb = b2, got.(*sandbox)
+	if out := sh(t, shared.sb, "cat /tmp/typed 2>/dev/null; uname -s"); !strings.Contains(out, "Linux") {
+		t.Errorf("after recovery: %q", out)
+	}
+}
+
 // TestVMDelete runs last: deleting the shared VM leaves no QEMU and no
 // run dir (overlay, sockets) behind.
 func TestVMDelete(t *testing.T) {
@@ -342,6 +410,7 @@ func TestVMDelete(t *testing.T) {
 	ctx := context.Background()
 	dir := sb.m.dir
 	pid := sb.m.Pid
+	hostVeth := sb.m.Net.HostVeth
 	if err := sb.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -360,5 +429,13 @@ func TestVMDelete(t *testing.T) {
 	}
 	if err := b.images.Remove(testRef); err != nil {
 		t.Errorf("rm of the image once unused: %v", err)
+	}
+	h, err := netlink.NewHandleAt(netns.NsHandle(int(shared.lab.Node.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if _, err := h.LinkByName(hostVeth); err == nil {
+		t.Errorf("veth %s (and so the namespace and tap) still exists after delete", hostVeth)
 	}
 }
