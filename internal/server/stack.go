@@ -119,6 +119,8 @@ func (s *stack) addFullVM(cfg Config, network *netpolicy.Manager) error {
 		ImageDir: filepath.Join(cfg.DataDir, "vm-images"),
 		Network:  network,
 		Logger:   cfg.Logger,
+		// Paused full VMs go to disk on the microVMs' schedule.
+		SnapshotAfter: cfg.MicroVMSnapshotAfter,
 	})
 	switch {
 	case errdefs.IsNotSupported(err):

@@ -48,6 +48,11 @@ type Config struct {
 	// BootTimeout bounds create → guest agent ready (default 30 s on KVM,
 	// 5 min under TCG).
 	BootTimeout time.Duration
+	// SnapshotAfter: a paused VM is stopped at once (its RAM stays
+	// allocated); once it has been paused this long its memory and device
+	// state go to a file and QEMU exits; resume restores it. Zero
+	// snapshots at pause; negative never.
+	SnapshotAfter time.Duration
 }
 
 // Backend implements backend.Backend.
@@ -62,11 +67,12 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend     = (*Backend)(nil)
-	_ backend.ImageOwner  = (*Backend)(nil)
-	_ backend.Screener    = (*sandbox)(nil)
-	_ backend.Networker   = (*sandbox)(nil)
-	_ backend.StatsReader = (*sandbox)(nil)
+	_ backend.Backend      = (*Backend)(nil)
+	_ backend.ImageOwner   = (*Backend)(nil)
+	_ backend.Screener     = (*sandbox)(nil)
+	_ backend.Networker    = (*sandbox)(nil)
+	_ backend.StatsReader  = (*sandbox)(nil)
+	_ backend.Checkpointer = (*sandbox)(nil)
 )
 
 // New checks the host (QEMU, qemu-img) and opens the image store.
@@ -342,6 +348,9 @@ func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (_ backend.S
 				_ = m.net.Close()
 			}
 		}()
+	}
+	if m.Snapshotted {
+		return b.newSnapshotted(m), nil
 	}
 	proc, err := launch.Attach(m.Pid, m.StartTime)
 	if err != nil {

@@ -12,14 +12,15 @@ import (
 // Files of a sandbox's run dir (<RunDir>/<id>, 0700). Nothing of a sandbox
 // lives anywhere else, so Cleanup removes the directory and is done.
 const (
-	stateFile   = "vm.json"     // machineState
-	overlayFile = "disk.qcow2"  // copy-on-write overlay over the image
-	varsFile    = "efivars.fd"  // UEFI variables (uefi images)
-	consoleFile = "console.log" // the guest's serial console
-	logFile     = "qemu.log"    // QEMU's stderr
-	qmpSock     = "qmp.sock"    // QEMU machine protocol
-	qgaSock     = "qga.sock"    // virtio-serial org.qemu.guest_agent.0
-	qgaPortName = "org.qemu.guest_agent.0"
+	stateFile    = "vm.json"     // machineState
+	overlayFile  = "disk.qcow2"  // copy-on-write overlay over the image
+	varsFile     = "efivars.fd"  // UEFI variables (uefi images)
+	consoleFile  = "console.log" // the guest's serial console
+	logFile      = "qemu.log"    // QEMU's stderr
+	snapshotFile = "memory.snap" // memory + device state of a snapshotted VM
+	qmpSock      = "qmp.sock"    // QEMU machine protocol
+	qgaSock      = "qga.sock"    // virtio-serial org.qemu.guest_agent.0
+	qgaPortName  = "org.qemu.guest_agent.0"
 )
 
 // machineState is vm.json: what Recover, Cleanup, Sweep and the image
@@ -35,6 +36,8 @@ type machineState struct {
 	KVM       bool   `json:"kvm"`
 	Pid       int    `json:"pid,omitempty"`
 	StartTime uint64 `json:"start_time,omitempty"`
+	// Snapshotted: the VM's state is in snapshotFile and no QEMU runs.
+	Snapshotted bool `json:"snapshotted,omitempty"`
 	// OS is the guest agent's os id ("debian", "mswindows", ...); Linux
 	// whether commands may be wrapped by a POSIX shell.
 	OS    string `json:"os,omitempty"`

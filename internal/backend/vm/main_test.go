@@ -147,6 +147,9 @@ func sharedVM(t *testing.T) (*Backend, *sandbox) {
 		shared.spec.Network = backend.Network{Mode: "allowlist", Allow: []string{"pypi"}}
 		ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 		defer cancel()
+		// The plain VM boots beside it (each TCG vCPU takes one core).
+		plain.done = make(chan struct{})
+		go bootPlain(ctx, filepath.Join(dir, "plain"))
 		start := time.Now()
 		sb, err := b.Create(ctx, shared.spec)
 		shared.boot = time.Since(start)
@@ -169,10 +172,57 @@ func sharedVM(t *testing.T) (*Backend, *sandbox) {
 	return shared.b, shared.sb
 }
 
+// plain is a second VM without network, snapshotted to disk at pause
+// (a networked VM stays in memory), for the snapshot test.
+var plain struct {
+	done chan struct{} // closed once booted (or failed)
+	b    *Backend
+	sb   *sandbox
+	err  error
+}
+
+func bootPlain(ctx context.Context, dir string) {
+	defer close(plain.done)
+	b, err := New(Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images")})
+	if err != nil {
+		plain.err = err
+		return
+	}
+	b.cfg.SnapshotAfter = 0
+	if _, err := b.images.Adopt(cacheDir, testRef); err != nil {
+		plain.err = err
+		return
+	}
+	sb, err := b.Create(ctx, testSpec())
+	if err != nil {
+		plain.err = err
+		return
+	}
+	plain.b, plain.sb = b, sb.(*sandbox)
+}
+
+// plainVM waits for the plain VM (booting beside the shared one).
+func plainVM(t *testing.T) (*Backend, *sandbox) {
+	t.Helper()
+	sharedVM(t)
+	<-plain.done
+	if plain.err != nil {
+		t.Fatalf("boot plain vm: %v", plain.err)
+	}
+	return plain.b, plain.sb
+}
+
 // stopShared deletes the shared VM if a test has not.
 func stopShared() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	if plain.done != nil {
+		<-plain.done
+	}
+	if plain.sb != nil {
+		_ = plain.sb.Stop(ctx)
+		_ = plain.b.Cleanup(ctx, plain.sb.m.id, nil)
+	}
 	if shared.sb != nil {
 		_ = shared.sb.Stop(ctx)
 		_ = shared.b.Cleanup(ctx, shared.spec.ID, nil)

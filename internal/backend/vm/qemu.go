@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -101,7 +102,99 @@ func qemuEscape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 // restart) and, when networked, inside the sandbox's network namespace
 // with the tap as fd 3; it returns once QMP answers.
 func startQEMU(ctx context.Context, bin string, m *machine) (*launch.Process, error) {
-	args := qemuArgs(bin, m)
+	return launchQEMU(ctx, bin, m, qemuArgs(bin, m))
+}
+
+// restoreQEMU starts QEMU loading the VM's state from snapshotFile and
+// continues it once loaded.
+func restoreQEMU(ctx context.Context, bin string, m *machine) (*launch.Process, error) {
+	args := append(qemuArgs(bin, m), "-incoming", "exec:cat "+shellQuote(m.path(snapshotFile)))
+	proc, err := launchQEMU(ctx, bin, m, args)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*launch.Process, error) {
+		_ = proc.Kill()
+		<-proc.Done()
+		return nil, err
+	}
+	qc, err := dialQMP(ctx, m, proc)
+	if err != nil {
+		return fail(err)
+	}
+	defer qc.Close()
+	for {
+		st, err := qc.Status(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		if st != "inmigrate" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if _, err := qc.Run(ctx, "cont", nil); err != nil {
+		return fail(err)
+	}
+	return proc, nil
+}
+
+// saveState streams the stopped VM's RAM and device state through a pipe
+// to snapshotFile (QEMU 7.2 has no file: migration target), then quits.
+func saveState(ctx context.Context, m *machine) error {
+	qc, err := dialQMP(ctx, m, nil)
+	if err != nil {
+		return err
+	}
+	defer qc.Close()
+	// The default bandwidth cap (32 MiB/s) is for live migration over a
+	// network; a stopped VM to a local file should go at disk speed.
+	if _, err := qc.Run(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}); err != nil {
+		return err
+	}
+	tmp := m.path(snapshotFile + ".tmp")
+	if _, err := qc.Run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(tmp)}); err != nil {
+		return err
+	}
+	for {
+		raw, err := qc.Run(ctx, "query-migrate", nil)
+		if err != nil {
+			return err
+		}
+		var st struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		if err := json.Unmarshal(raw, &st); err != nil {
+			return fmt.Errorf("query-migrate: %w", err)
+		}
+		if st.Status == "completed" {
+			break
+		}
+		if st.Status == "failed" || st.Status == "cancelled" {
+			os.Remove(tmp)
+			return fmt.Errorf("migration %s: %s", st.Status, st.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err := os.Rename(tmp, m.path(snapshotFile)); err != nil {
+		return err
+	}
+	_, _ = qc.Run(ctx, "quit", nil) // the connection may drop before the reply
+	return nil
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+func launchQEMU(ctx context.Context, bin string, m *machine, args []string) (*launch.Process, error) {
 	logf, err := os.OpenFile(m.path(logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err

@@ -26,27 +26,49 @@ type sandbox struct {
 	done     chan struct{}
 	doneOnce sync.Once
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// proc is QEMU; nil while the VM's state is in its snapshot file.
 	proc    *launch.Process
 	paused  bool
 	stopped bool
 	reason  string
+	// quitProc is the QEMU whose exit the sandbox asked for (snapshot,
+	// stop): that exit does not end the sandbox.
+	quitProc *launch.Process
+	timer    *time.Timer // pending snapshot of a paused VM
 }
 
 func (b *Backend) newSandbox(m *machine, proc *launch.Process) *sandbox {
-	s := &sandbox{b: b, m: m, qga: &qga{path: m.path(qgaSock)}, done: make(chan struct{}), proc: proc}
+	s := &sandbox{b: b, m: m, qga: &qga{path: m.path(qgaSock)}, done: make(chan struct{})}
+	s.setProc(proc)
+	return s
+}
+
+// newSnapshotted is a sandbox whose VM is in its snapshot file.
+func (b *Backend) newSnapshotted(m *machine) *sandbox {
+	return &sandbox{b: b, m: m, qga: &qga{path: m.path(qgaSock)}, done: make(chan struct{}), paused: true}
+}
+
+// setProc installs a QEMU process and watches it: an exit nobody asked
+// for ends the sandbox.
+func (s *sandbox) setProc(proc *launch.Process) {
+	s.proc = proc
 	go func() {
 		<-proc.Done()
 		s.mu.Lock()
-		if !s.stopped {
+		expected := s.quitProc == proc
+		if !expected && !s.stopped {
 			s.reason = s.exitReason()
 		}
 		s.mu.Unlock()
-		s.qga.close()
-		s.doneOnce.Do(func() { close(s.done) })
+		if !expected {
+			s.qga.close()
+			s.end()
+		}
 	}()
-	return s
 }
+
+func (s *sandbox) end() { s.doneOnce.Do(func() { close(s.done) }) }
 
 // exitReason reads why the VM ended from its serial console and QEMU's
 // log (a guest that powers off, reboots or panics ends QEMU).
@@ -176,17 +198,80 @@ echo "nameserver $7" > /etc/resolv.conf`
 }
 
 // Pause implements backend.Sandbox: QMP stop halts the vCPUs (and the
-// guest's clocks); memory stays allocated.
+// guest's clocks); memory stays allocated until Config.SnapshotAfter has
+// passed (at once when zero), when the VM's state goes to a file and QEMU
+// exits.
 func (s *sandbox) Pause(ctx context.Context) error {
-	return s.setRunning(ctx, false)
+	select {
+	case <-s.done:
+		return errdefs.FailedPrecondition("sandbox %s: not running", s.m.id)
+	default:
+	}
+	s.mu.Lock()
+	if s.paused {
+		s.mu.Unlock()
+		return nil
+	}
+	if _, err := qmpRun(ctx, s.m, "stop", nil); err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("sandbox %s: stop: %w", s.m.id, err)
+	}
+	s.paused = true
+	after := s.b.cfg.SnapshotAfter
+	if after > 0 {
+		s.timer = time.AfterFunc(after, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			if err := s.Snapshot(ctx); err != nil {
+				s.b.log.Warn("snapshot of paused vm failed; it stays paused in memory", "sandbox", s.m.id, "err", err)
+			}
+		})
+	}
+	s.mu.Unlock()
+	if after == 0 {
+		return s.Snapshot(ctx)
+	}
+	return nil
 }
 
-// Resume implements backend.Sandbox with QMP cont.
+// Snapshot saves a paused VM's memory and device state to its run dir and
+// ends QEMU; the disk needs nothing (the overlay is consistent once QEMU
+// stopped). A networked VM stays in memory: its QEMU holds the network
+// namespace. It is a no-op unless the VM is paused and in memory.
+func (s *sandbox) Snapshot(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.paused || s.proc == nil || s.stopped || s.m.Net != nil {
+		return nil
+	}
+	s.qga.close()
+	proc := s.proc
+	s.quitProc = proc
+	if err := saveState(ctx, s.m); err != nil {
+		s.quitProc = nil
+		return fmt.Errorf("sandbox %s: snapshot: %w", s.m.id, err)
+	}
+	select {
+	case <-proc.Done():
+	case <-ctx.Done():
+		return fmt.Errorf("sandbox %s: snapshot: qemu did not exit: %w", s.m.id, ctx.Err())
+	}
+	proc.Release()
+	s.proc = nil
+	s.m.Snapshotted, s.m.Pid, s.m.StartTime = true, 0, 0
+	return s.m.save()
+}
+
+// Checkpointed implements backend.Checkpointer.
+func (s *sandbox) Checkpointed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proc == nil && !s.stopped
+}
+
+// Resume implements backend.Sandbox: QMP cont, or a new QEMU restoring
+// the snapshot, then the guest agent again.
 func (s *sandbox) Resume(ctx context.Context) error {
-	return s.setRunning(ctx, true)
-}
-
-func (s *sandbox) setRunning(ctx context.Context, run bool) error {
 	select {
 	case <-s.done:
 		return errdefs.FailedPrecondition("sandbox %s: not running", s.m.id)
@@ -194,40 +279,68 @@ func (s *sandbox) setRunning(ctx context.Context, run bool) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.paused == !run {
+	if !s.paused {
 		return nil
 	}
-	cmd := "stop"
-	if run {
-		cmd = "cont"
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
 	}
-	if _, err := qmpRun(ctx, s.m, cmd, nil); err != nil {
-		return fmt.Errorf("sandbox %s: %s: %w", s.m.id, cmd, err)
+	if s.proc != nil {
+		if _, err := qmpRun(ctx, s.m, "cont", nil); err != nil {
+			return fmt.Errorf("sandbox %s: cont: %w", s.m.id, err)
+		}
+		s.paused = false
+		return nil
 	}
-	s.paused = !run
+	proc, err := restoreQEMU(ctx, s.b.qemu, s.m)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: restore: %w", s.m.id, err)
+	}
+	s.setProc(proc)
+	s.paused = false
+	s.m.Snapshotted = false
+	if err := s.m.save(); err != nil {
+		return err
+	}
+	_ = os.Remove(s.m.path(snapshotFile))
+	s.mu.Unlock()
+	err = s.waitAgent(ctx, time.Minute)
+	s.mu.Lock()
+	if err != nil {
+		return fmt.Errorf("sandbox %s: restore: %w", s.m.id, err)
+	}
 	return nil
 }
 
 // Stop kills QEMU; the run dir stays until Backend.Cleanup.
 func (s *sandbox) Stop(ctx context.Context) error {
 	s.mu.Lock()
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
+	}
 	s.stopped = true
 	proc := s.proc
+	s.quitProc = proc
 	s.mu.Unlock()
 	s.qga.close()
-	if err := proc.Kill(); err != nil {
-		return fmt.Errorf("sandbox %s: stop: %w", s.m.id, err)
-	}
-	select {
-	case <-proc.Done():
-	case <-ctx.Done():
-		return fmt.Errorf("sandbox %s: stop: %w", s.m.id, ctx.Err())
+	if proc != nil {
+		if err := proc.Kill(); err != nil {
+			return fmt.Errorf("sandbox %s: stop: %w", s.m.id, err)
+		}
+		select {
+		case <-proc.Done():
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox %s: stop: %w", s.m.id, ctx.Err())
+		}
 	}
 	if s.m.net != nil {
 		if err := s.m.net.Close(); err != nil {
 			return fmt.Errorf("sandbox %s: stop: %w", s.m.id, err)
 		}
 	}
+	s.end()
 	return nil
 }
 
@@ -270,7 +383,13 @@ func (s *sandbox) Stats(_ context.Context) (backend.Stats, error) {
 	if err := syscall.Stat(s.m.path(overlayFile), &fi); err == nil {
 		st.DiskBytes = fi.Blocks * 512
 	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.proc.Pid))
+	s.mu.Lock()
+	proc := s.proc
+	s.mu.Unlock()
+	if proc == nil { // snapshotted: no QEMU
+		return st, nil
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", proc.Pid))
 	if err != nil {
 		return st, fmt.Errorf("sandbox %s: stats: %w", s.m.id, err)
 	}

@@ -30,6 +30,9 @@ func (s *sandbox) Screenshot(ctx context.Context, scale float64) (backend.Screen
 		return shot, errdefs.FailedPrecondition("sandbox %s: not running", s.m.id)
 	default:
 	}
+	if s.Checkpointed() {
+		return shot, errdefs.FailedPrecondition("sandbox %s: paused to a snapshot on disk: resume it first", s.m.id)
+	}
 	raw, err := s.screendump(ctx)
 	if err != nil {
 		return shot, err

@@ -254,6 +254,52 @@ func TestVMPause(t *testing.T) {
 	}
 }
 
+// TestVMSnapshot: pausing to disk ends QEMU and frees its memory; resume
+// restores the VM with its processes running and its files in place.
+func TestVMSnapshot(t *testing.T) {
+	b, sb := plainVM(t)
+	ctx := context.Background()
+	pid := strings.TrimSpace(sh(t, sb, "setsid sleep 10000 </dev/null >/dev/null 2>&1 & echo $!; echo kept > /root/kept"))
+	qemu := sb.m.Pid
+	start := time.Now()
+	if err := sb.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pause to snapshot: %v", time.Since(start).Round(time.Millisecond))
+	if !sb.Checkpointed() {
+		t.Fatal("not checkpointed after a pause with SnapshotAfter 0")
+	}
+	fi, err := os.Stat(sb.m.path(snapshotFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(qemu)); err == nil {
+		t.Errorf("qemu %d still runs while snapshotted", qemu)
+	}
+	// A restarted daemon finds the snapshotted VM as it was.
+	b2, err := New(b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := b2.Recover(ctx, sb.m.id, sb.Record())
+	if err != nil {
+		t.Fatalf("recover a snapshotted vm: %v", err)
+	}
+	sb = got.(*sandbox)
+	plain.b, plain.sb = b2, sb
+	start = time.Now()
+	if err := sb.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restore from a %d MiB snapshot: %v", fi.Size()>>20, time.Since(start).Round(time.Millisecond))
+	if out := sh(t, sb, "kill -0 "+pid+" && cat /root/kept"); out != "kept\n" {
+		t.Errorf("after restore: %q, want the process alive and the file kept", out)
+	}
+	if _, err := os.Stat(sb.m.path(snapshotFile)); !os.IsNotExist(err) {
+		t.Errorf("snapshot file left after restore: %v", err)
+	}
+}
+
 // TestVMResources: the memory limit is the guest's RAM, the disk limit
 // the overlay's size (the root file system grew into it).
 func TestVMResources(t *testing.T) {
