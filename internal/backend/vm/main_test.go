@@ -18,8 +18,9 @@ import (
 )
 
 // The tests boot real guests (under TCG here: slow), so they share one
-// booted VM (shared) and build the Debian image once into a cache that
-// later runs reuse (keyed by DebianRecipe).
+// booted, networked VM (shared; a second one without network, plain, boots
+// beside it for the snapshot test) and build the Debian image once into a
+// cache that later runs reuse (keyed by DebianRecipe).
 
 var (
 	tmpRoot  string

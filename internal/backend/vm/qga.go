@@ -92,11 +92,11 @@ func (g *qga) connectLocked(ctx context.Context) error {
 	for {
 		// Everything before the 0xFF the guest sends ahead of its sync
 		// reply is a stale reply.
-		if _, err := g.rd.ReadBytes(0xff); err != nil {
+		if err := g.skipTo(0xff); err != nil {
 			g.dropLocked()
 			return errdefs.Unavailable("guest agent: sync: %v", ctxOr(ctx, err))
 		}
-		line, err := g.rd.ReadBytes('\n')
+		line, err := g.readLine()
 		if err != nil {
 			g.dropLocked()
 			return errdefs.Unavailable("guest agent: sync: %v", ctxOr(ctx, err))
@@ -139,7 +139,7 @@ func (g *qga) roundTripLocked(ctx context.Context, cmd string, args any) (json.R
 	if err := g.send(cmd, args); err != nil {
 		return nil, errdefs.Unavailable("guest agent %s: %v", cmd, ctxOr(ctx, err))
 	}
-	line, err := g.rd.ReadBytes('\n')
+	line, err := g.readLine()
 	if err != nil {
 		return nil, errdefs.Unavailable("guest agent %s: %v", cmd, ctxOr(ctx, err))
 	}
@@ -157,6 +157,40 @@ func (g *qga) roundTripLocked(ctx context.Context, cmd string, args any) (json.R
 		return nil, &qgaError{Cmd: cmd, Class: r.Error.Class, Desc: r.Error.Desc}
 	}
 	return r.Return, nil
+}
+
+// maxReply bounds one reply of the guest, which the guest controls: two
+// streams of captured output (qemu-ga caps each at 16 MiB) in base64.
+// A variable for the test of a guest exceeding it.
+var maxReply = 48 << 20
+
+// readLine reads one reply line of at most maxReply bytes.
+func (g *qga) readLine() ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := g.rd.ReadSlice('\n')
+		if len(line)+len(frag) > maxReply {
+			return nil, fmt.Errorf("reply over %d MiB", maxReply>>20)
+		}
+		line = append(line, frag...)
+		if err != bufio.ErrBufferFull {
+			return line, err
+		}
+	}
+}
+
+// skipTo discards input up to and including delim, at most maxReply bytes.
+func (g *qga) skipTo(delim byte) error {
+	for n := 0; n < maxReply; n++ {
+		b, err := g.rd.ReadByte()
+		if err != nil {
+			return err
+		}
+		if b == delim {
+			return nil
+		}
+	}
+	return fmt.Errorf("no sync marker in %d MiB", maxReply>>20)
 }
 
 func ctxOr(ctx context.Context, err error) error {
