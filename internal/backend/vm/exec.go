@@ -41,12 +41,13 @@ func linuxArgv(spec backend.ExecSpec) []string {
 	if spec.Timeout > 0 {
 		secs = int64(math.Ceil(spec.Timeout.Seconds()))
 	}
-	cwd := spec.Cwd
-	if cwd == "" {
-		cwd = "/"
+	var argv []string
+	// qemu-ga runs commands in its own working directory, / (every exec
+	// costs much under emulation: the shell only when it must cd).
+	if cwd := spec.Cwd; cwd != "" && cwd != "/" {
+		argv = []string{"/bin/sh", "-c", `cd "$1" || exit 126; shift; exec "$@"`, "corral-exec", cwd}
 	}
-	argv := []string{"/bin/sh", "-c", `cd "$1" || exit 126; shift; exec "$@"`, "corral-exec", cwd,
-		"/usr/bin/timeout", "-s", "KILL", strconv.FormatInt(secs, 10)}
+	argv = append(argv, "/usr/bin/timeout", "-s", "KILL", strconv.FormatInt(secs, 10))
 	switch u := spec.User; {
 	case u == "" || u == "root" || u == "0" || u == "0:0":
 	case isNumericUser(u):
