@@ -23,8 +23,8 @@ var (
 
 // qemuArgs is the command line of a q35 machine: PCI virtio devices, a
 // standard VGA screen (screendump), the PS/2 keyboard of the board and a
-// virtio tablet (absolute pointer, so clicks land where asked), the guest
-// agent's virtio-serial port, the overlay disk.
+// virtio one, a virtio tablet (absolute pointer, so clicks land where
+// asked), the guest agent's virtio-serial port, the overlay disk.
 func qemuArgs(bin string, m *machine) []string {
 	accel := []string{"-accel", "tcg,thread=multi,tb-size=64", "-cpu", "max"}
 	if m.KVM {
@@ -48,6 +48,11 @@ func qemuArgs(bin string, m *machine) []string {
 		"-device", "virtio-serial-pci",
 		"-chardev", "socket,id=qga0,path="+qemuEscape(m.path(qgaSock))+",server=on,wait=off",
 		"-device", "virtserialport,chardev=qga0,name="+qgaPortName,
+		// A virtio keyboard beside the board's PS/2 one: QEMU sends keys
+		// to it once the guest drives it, and its queue of 64 events
+		// does not drop keys the way PS/2's 16 bytes do when an emulated
+		// guest is slow to read them.
+		"-device", "virtio-keyboard-pci",
 		"-device", "virtio-tablet-pci",
 		"-device", "virtio-balloon-pci,free-page-reporting=on",
 		"-drive", "id=disk,file="+qemuEscape(m.path(overlayFile))+",format=qcow2,if=none,discard=unmap",

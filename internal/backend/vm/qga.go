@@ -207,10 +207,11 @@ func truncate(b []byte, n int) []byte {
 	return b
 }
 
-// ping waits until the agent answers guest-ping (each attempt short:
-// bytes sent before the guest opened its port are lost).
-func (g *qga) ping(ctx context.Context) error {
-	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+// ping asks the agent for guest-ping within wait: attempts are short
+// while the guest boots (bytes sent before it opened its port are lost),
+// and the caller lengthens them, as a loaded host may answer slowly.
+func (g *qga) ping(ctx context.Context, wait time.Duration) error {
+	actx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	err := g.call(actx, "guest-ping", nil, nil)
 	if err != nil {

@@ -133,8 +133,8 @@ func (s *sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
 		case <-ctx.Done():
 		}
 	}()
-	for {
-		err := s.qga.ping(ctx)
+	for wait := 2 * time.Second; ; wait = min(2*wait, 30*time.Second) {
+		err := s.qga.ping(ctx, wait)
 		if err == nil {
 			break
 		}

@@ -270,7 +270,7 @@ func (s *sandbox) SendInput(ctx context.Context, events []backend.InputEvent) er
 			}
 			// The guest's keyboard buffer is small: a slow (emulated)
 			// guest drains it between keys.
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(15 * time.Millisecond)
 		}
 	}
 	return nil

@@ -27,7 +27,8 @@ class TestVM(LiveTest):
     async def test_vm_screen_and_input(self) -> None:
         if not VM_IMAGE:
             self.skipTest("CORRAL_TEST_VM_IMAGE is not set: no VM image to boot")
-        sb = await self.make(backend="vm", image=VM_IMAGE, memory_mb=512)
+        # Under TCG a boot takes minutes.
+        sb = await self.make(backend="vm", image=VM_IMAGE, memory_mb=512, request_timeout=600)
         png = await sb.screenshot(scale=0.5)
         self.assertTrue(png.startswith(b"\x89PNG\r\n\x1a\n"))
         await sb.send_input({"text": "echo corral > /tmp/py"}, {"keys": "enter"})
