@@ -31,6 +31,11 @@ class TestVM(LiveTest):
         sb = await self.make(backend="vm", image=VM_IMAGE, memory_mb=512, request_timeout=600)
         png = await sb.screenshot(scale=0.5)
         self.assertTrue(png.startswith(b"\x89PNG\r\n\x1a\n"))
+        # Keys typed before the autologin shell runs on tty1 are flushed.
+        for _ in range(60):
+            if b"tty1" in (await sb.run("who")).stdout:
+                break
+            await asyncio.sleep(1)
         await sb.send_input({"text": "echo corral > /tmp/py"}, {"keys": "enter"})
         for _ in range(60):
             r = await sb.run("cat /tmp/py 2>/dev/null || true")
