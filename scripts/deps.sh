@@ -9,6 +9,9 @@ pkgs=(busybox-static mmdebstrap erofs-utils runc xfsprogs iproute2 ca-certificat
   e2fsprogs qemu-system-x86)
 # chromium (headless) loads the dashboard in its test.
 pkgs+=(chromium)
+# The vm backend: qemu-img makes sandbox overlays, seabios and ovmf boot
+# bios and uefi images; mmdebstrap (above) builds the Debian VM image.
+pkgs+=(qemu-utils seabios ovmf)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

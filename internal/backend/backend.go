@@ -54,6 +54,9 @@ type Spec struct {
 	// Network is the network policy; the zero value is mode none
 	// (loopback only).
 	Network Network
+	// Image is the image name as requested, for backends implementing
+	// ImageOwner (Layers and LayerDisks are empty then).
+	Image string
 }
 
 // Network is a sandbox's network policy: Mode "none", "allowlist" or

@@ -24,7 +24,7 @@ Benchmarks create sandboxes labelled corral-bench=<random> and delete them all
 at the end, also on error or Ctrl-C. The density and runc figures read this
 host (/proc/meminfo, runc), so run them on the server's machine.`,
 	}
-	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g), newBenchFnCallCmd(g), newBenchNetCmd(g), newBenchImageCmd(g), newBenchLazyCmd(g), newBenchMicroVMCmd(g), newBenchTransferCmd(g), newBenchE2BCmd(g), newBenchClusterCmd(g), newBenchPauseCmd(g))
+	cmd.AddCommand(newBenchContainerCmd(g), newBenchDensityCmd(g), newBenchSDKCmd(g), newBenchFnCallCmd(g), newBenchNetCmd(g), newBenchImageCmd(g), newBenchLazyCmd(g), newBenchMicroVMCmd(g), newBenchVMCmd(g), newBenchTransferCmd(g), newBenchE2BCmd(g), newBenchClusterCmd(g), newBenchPauseCmd(g))
 	return cmd
 }
 

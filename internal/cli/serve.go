@@ -126,7 +126,7 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&cfg.InitBinary, "init-binary", "", "path of corral-init (default: beside this binary)")
 	fl.StringVar(&cfg.AgentBinary, "agent-binary", "", "path of the static corral-agent, init of microVM guests (default: beside this binary)")
 	fl.DurationVar(&cfg.MicroVMSnapshotAfter, "microvm-snapshot-after", time.Minute,
-		"how long a paused microVM keeps its RAM before its memory and device state go to disk and its VMM exits (0: at pause; negative: never)")
+		"how long a paused microVM (or vm sandbox without network) keeps its RAM before its memory and device state go to disk and its VMM exits (0: at pause; negative: never)")
 	fl.StringVar(&cfg.DiskStore, "disk-store", server.DiskStoreAuto, "how sandbox disks are limited: auto (xfs when the kernel has XFS quota, else ext4-image), xfs or ext4-image")
 	fl.StringVar(&swap, "swap", "", "size of a swap file the node makes under --data-dir (and removes at exit) for pause --reclaim, e.g. 4Gi; none when empty")
 	fl.StringVar(&diskPool, "disk-pool", "64Gi", "size of the sparse XFS filesystem holding all writable layers (--disk-store xfs)")

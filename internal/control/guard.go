@@ -69,6 +69,16 @@ var rules = map[string]rule{
 	corralv1connect.SandboxServiceExecStreamProcedure: {access: accessWrite, audit: true},
 	corralv1connect.SandboxServiceRunStreamProcedure:  {access: accessWrite, audit: true},
 
+	// VM images are node-wide, as layers are; a build runs mmdebstrap
+	// on the node, so it is the node administrator's.
+	corralv1connect.VMServiceListVMImagesProcedure:  {access: accessRead},
+	corralv1connect.VMServiceImportVMImageProcedure: {access: accessWrite, audit: true},
+	corralv1connect.VMServiceBuildVMImageProcedure:  {access: accessNode, audit: true},
+	corralv1connect.VMServiceRemoveVMImageProcedure: {access: accessWrite, audit: true},
+	// The screen is read like a file; input drives the sandbox like exec.
+	corralv1connect.VMServiceScreenshotProcedure: {access: accessRead, sandbox: "sandbox_id"},
+	corralv1connect.VMServiceSendInputProcedure:  {access: accessWrite, sandbox: "sandbox_id", audit: true},
+
 	corralv1connect.ImageServiceListImagesProcedure: {access: accessRead},
 	// CreateLayer reads a path on the node: the node administrator's alone.
 	corralv1connect.ImageServiceCreateLayerProcedure:       {access: accessNode, audit: true},

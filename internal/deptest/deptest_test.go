@@ -100,11 +100,11 @@ var rules = []rule{
 	{pkg: "internal/backend/container", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev", "internal/netpolicy", "internal/safefs",
 		"internal/runtime/cgroup", "internal/runtime/initproto", "internal/runtime/launch", "internal/runtime/seccomp", "internal/runtime/userns"},
 		never: cat([]string{"internal/image", "internal/blob", "internal/lazyblob", "internal/quota", "internal/diskimg"}, stateful)},
-	{pkg: "internal/backend/microvm", may: []string{"internal/agentproto", "internal/backend", "internal/errdefs", "internal/netpolicy", "internal/runtime/launch"},
+	{pkg: "internal/backend/microvm", may: []string{"internal/agentproto", "internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
 		never: cat([]string{"internal/image", "internal/blob", "internal/lazyblob", "internal/quota", "internal/diskimg"}, stateful)},
-	// The full-VM backend (being written): the microvm row's shape until
-	// it lands; widen it here if it needs more.
-	{pkg: "internal/backend/vm/...", may: []string{"internal/agentproto", "internal/backend", "internal/errdefs", "internal/netpolicy", "internal/runtime/launch", "internal/safefs"},
+	// The QEMU machine protocol client both QEMU backends drive.
+	{pkg: "internal/qmp", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
+	{pkg: "internal/backend/vm/...", may: []string{"internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
 		never: cat([]string{"internal/image", "internal/blob", "internal/lazyblob", "internal/quota", "internal/diskimg"}, stateful)},
 	{pkg: "internal/fncall", may: []string{"internal/backend", "internal/errdefs", "internal/image"}, never: stateful},
 

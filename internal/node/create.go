@@ -107,13 +107,16 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		return nil, err
 	}
 	defer n.unreserve(rec)
-	scope := ""
-	if n.cfg.PerProjectLayerMounts {
-		scope = image.MountScope(rec.Project)
-	}
-	img, err := n.cfg.Images.AcquireIn(ctx, rec.Image, rec.ID, scope)
-	if err != nil {
-		return nil, fmt.Errorf("image: %w", err)
+	var img image.Image
+	// A backend with its own images (vm disks) resolves the name itself.
+	if _, own := b.(backend.ImageOwner); !own {
+		scope := ""
+		if n.cfg.PerProjectLayerMounts {
+			scope = image.MountScope(rec.Project)
+		}
+		if img, err = n.cfg.Images.AcquireIn(ctx, rec.Image, rec.ID, scope); err != nil {
+			return nil, fmt.Errorf("image: %w", err)
+		}
 	}
 	rec.Env = mergeEnv(img.Env, rec.Env)
 	rec.Layers = stateLayers(img.Stack)
@@ -129,6 +132,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		LayerDisks: img.Disks,
 		Hostname:   "sandbox",
 		Network:    backend.Network{Mode: rec.NetworkMode, Allow: rec.NetworkAllow},
+		Image:      rec.Image,
 		Resources: backend.Resources{
 			CPUMillis:   rec.CPUMillis,
 			MemoryBytes: rec.MemoryBytes,

@@ -68,8 +68,9 @@ type Config struct {
 	// AgentBinary is the static corral-agent, the microVM guest's init
 	// (default: beside this executable).
 	AgentBinary string
-	// MicroVMSnapshotAfter is how long a paused microVM keeps its RAM
-	// before its state goes to disk (0: at once; negative: never).
+	// MicroVMSnapshotAfter is how long a paused microVM (or vm sandbox
+	// without network) keeps its RAM before its state goes to disk (0: at
+	// once; negative: never).
 	MicroVMSnapshotAfter time.Duration
 	// DiskStore says how writable layers get disk limits: DiskStoreAuto
 	// (default), DiskStoreXFS or DiskStoreExt4Image.
@@ -351,6 +352,7 @@ func (s *Server) listen() error {
 		connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
 	s.serveIAM(mux, g.Images, guard)
+	s.serveVM(mux, sandboxes, guard)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)

@@ -9,6 +9,7 @@ import (
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/backend/container"
 	"github.com/corral-dev/corral/internal/backend/microvm"
+	fullvm "github.com/corral-dev/corral/internal/backend/vm"
 	"github.com/corral-dev/corral/internal/diskimg"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
@@ -39,6 +40,7 @@ type stack struct {
 	container *container.Backend
 	network   *netpolicy.Manager
 	backends  []backend.Backend
+	fullVM    *fullvm.Backend // nil: no vm backend on this host
 }
 
 // newStack builds the backends; db (the node's state) persists the
@@ -100,7 +102,37 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 		cfg.Logger.Info("microvm backend", "vmm", vm.Driver(), "kvm", vm.KVM())
 		st.backends = append(st.backends, vm)
 	}
+	if err := st.addFullVM(cfg, network); err != nil {
+		if pool != nil {
+			pool.Close(ctx, false)
+		}
+		return nil, err
+	}
 	return st, nil
+}
+
+// addFullVM adds the vm backend (full virtual machines) when the host has
+// QEMU; its VM images live beside the layers.
+func (s *stack) addFullVM(cfg Config, network *netpolicy.Manager) error {
+	b, err := fullvm.New(fullvm.Config{
+		RunDir:   filepath.Join(cfg.DataDir, "vms"),
+		ImageDir: filepath.Join(cfg.DataDir, "vm-images"),
+		Network:  network,
+		Logger:   cfg.Logger,
+		// Paused full VMs go to disk on the microVMs' schedule.
+		SnapshotAfter: cfg.MicroVMSnapshotAfter,
+	})
+	switch {
+	case errdefs.IsNotSupported(err):
+		cfg.Logger.Warn("vm backend unavailable", "err", err)
+		return nil
+	case err != nil:
+		return err
+	}
+	cfg.Logger.Info("vm backend", "kvm", b.KVM())
+	s.fullVM = b
+	s.backends = append(s.backends, b)
+	return nil
 }
 
 // openDiskStore opens the store cfg.DiskStore names. With auto, the XFS

@@ -24,6 +24,8 @@ __all__ = ["AsyncSandbox", "AsyncFiles", "ExecStream", "Command", "exec_key"]
 
 _ROLLOUT_SVC = "/corral.v1.RolloutService/"
 
+_VM_SVC = "/corral.v1.VMService/"
+
 Command = Union[str, Sequence[str]]
 """A command: a list is run as argv (no shell), a str with ``sh -c``."""
 
@@ -149,6 +151,27 @@ class AsyncSandbox:
         """What the sandbox's network policy refused, most refused first."""
         d = await self._c._t.unary("NetworkStats", {"id": self.id}, idempotent=True, timeout=request_timeout)
         return NetworkStats._from_json(d)
+
+    async def screenshot(self, *, scale: float = 0.0, request_timeout: Optional[float] = None) -> bytes:
+        """The screen of a ``vm`` sandbox as PNG bytes; ``0 < scale <= 1`` shrinks it.
+
+        Other backends have no screen: :class:`corral.errors.UnimplementedError`."""
+        r = await self._c._t.unary(_VM_SVC + "Screenshot", {"sandboxId": self.id, "scale": scale},
+                                   timeout=request_timeout)
+        return b64decode(r.get("png"))
+
+    async def send_input(self, *events: Dict[str, Any], request_timeout: Optional[float] = None) -> None:
+        """Keyboard and mouse events for a ``vm`` sandbox, in order. Each is one of
+        ``{"text": "echo hi"}``, ``{"keys": "ctrl-alt-t"}``, ``{"click": True, "x": 10, "y": 20}``
+        (``"button": "right"``), ``{"move": True, "x": .., "y": ..}`` or
+        ``{"scroll": True, "x": .., "y": .., "scroll_delta": 3}``."""
+        evs = []
+        for e in events:
+            ev = dict(e)
+            if "scroll_delta" in ev:
+                ev["scrollDelta"] = ev.pop("scroll_delta")
+            evs.append(ev)
+        await self._c._t.unary(_VM_SVC + "SendInput", {"sandboxId": self.id, "events": evs}, timeout=request_timeout)
 
     async def pack(self, name: str, *, exclude: Optional[List[str]] = None, default_excludes: bool = True,
                    composition: bool = True, request_timeout: Optional[float] = None) -> Packed:

@@ -299,6 +299,14 @@ class Sandbox:
         """Thaw a paused sandbox."""
         self._c._run(self._a.resume(request_timeout=request_timeout))
 
+    def screenshot(self, **kw: Any) -> bytes:
+        """The screen of a ``vm`` sandbox as PNG bytes (see AsyncSandbox.screenshot)."""
+        return self._c._run(self._a.screenshot(**kw))
+
+    def send_input(self, *events: Dict[str, Any], **kw: Any) -> None:
+        """Keyboard and mouse events for a ``vm`` sandbox (see AsyncSandbox.send_input)."""
+        self._c._run(self._a.send_input(*events, **kw))
+
     def pack(self, name: str, *, exclude: Optional[List[str]] = None, default_excludes: bool = True,
              composition: bool = True, request_timeout: Optional[float] = None) -> Packed:
         """Pack the sandbox's writes as a layer (see :meth:`AsyncSandbox.pack`)."""

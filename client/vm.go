@@ -1,0 +1,137 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"connectrpc.com/connect"
+
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
+)
+
+// VMImage is a disk image that sandboxes of backend "vm" boot.
+type VMImage struct {
+	Ref string // NAME@VERSION
+	// Format is qcow2 or raw; Firmware bios, uefi or direct.
+	Format, Firmware string
+	VirtualSize      int64
+	FileSize         int64
+	Source           string
+	Created          time.Time
+}
+
+func vmImageFromProto(p *corralv1.VMImage) VMImage {
+	if p == nil {
+		return VMImage{}
+	}
+	return VMImage{Ref: p.Ref, Format: p.Format, Firmware: p.Firmware, VirtualSize: p.VirtualSizeBytes,
+		FileSize: p.FileSizeBytes, Source: p.Source, Created: time.Unix(p.CreatedUnix, 0)}
+}
+
+// ListVMImages lists the node's VM images.
+func (c *Client) ListVMImages(ctx context.Context) ([]VMImage, error) {
+	resp, err := c.vm.ListVMImages(ctx, connect.NewRequest(&corralv1.ListVMImagesRequest{}))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	out := make([]VMImage, len(resp.Msg.Images))
+	for i, p := range resp.Msg.Images {
+		out[i] = vmImageFromProto(p)
+	}
+	return out, nil
+}
+
+// ImportVMImage streams a qcow2 or raw disk from r to the node as name
+// (NAME@VERSION); firmware is "bios" or "uefi".
+func (c *Client) ImportVMImage(ctx context.Context, r io.Reader, name, firmware string) (VMImage, error) {
+	resp, err := upload(ctx, func(ctx context.Context) clientStream[corralv1.ImportVMImageRequest, corralv1.ImportVMImageResponse] {
+		return c.vm.ImportVMImage(ctx)
+	}, &corralv1.ImportVMImageRequest{Name: name, Firmware: firmware}, r,
+		func(m *corralv1.ImportVMImageRequest, p []byte) *corralv1.ImportVMImageRequest {
+			if m == nil {
+				m = &corralv1.ImportVMImageRequest{}
+			}
+			m.Data = p
+			return m
+		})
+	if err != nil {
+		return VMImage{}, err
+	}
+	return vmImageFromProto(resp.Image), nil
+}
+
+// BuildVMImage builds recipe ("debian") on the node as name (empty:
+// debian@12); progress, when set, gets each progress line.
+func (c *Client) BuildVMImage(ctx context.Context, recipe, name string, progress func(string)) (VMImage, error) {
+	stream, err := c.vm.BuildVMImage(ctx, connect.NewRequest(&corralv1.BuildVMImageRequest{Recipe: recipe, Name: name}))
+	if err != nil {
+		return VMImage{}, wrapErr(err)
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		m := stream.Msg()
+		if m.Image != nil {
+			return vmImageFromProto(m.Image), nil
+		}
+		if progress != nil {
+			progress(m.Progress)
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return VMImage{}, wrapErr(err)
+	}
+	return VMImage{}, fmt.Errorf("build vm image: the stream ended without a result")
+}
+
+// RemoveVMImage removes a VM image no sandbox uses.
+func (c *Client) RemoveVMImage(ctx context.Context, ref string) error {
+	_, err := c.vm.RemoveVMImage(ctx, connect.NewRequest(&corralv1.RemoveVMImageRequest{Ref: ref}))
+	return wrapErr(err)
+}
+
+// Screenshot is a PNG of a vm sandbox's screen.
+type Screenshot struct {
+	PNG           []byte
+	Width, Height int
+}
+
+// Screenshot captures a vm sandbox's screen; scale in (0, 1] shrinks it
+// (0 keeps the full size).
+func (c *Client) Screenshot(ctx context.Context, sandboxID string, scale float64) (Screenshot, error) {
+	resp, err := c.vm.Screenshot(ctx, connect.NewRequest(&corralv1.ScreenshotRequest{SandboxId: sandboxID, Scale: scale}))
+	if err != nil {
+		return Screenshot{}, wrapErr(err)
+	}
+	return Screenshot{PNG: resp.Msg.Png, Width: int(resp.Msg.Width), Height: int(resp.Msg.Height)}, nil
+}
+
+// InputEvent is one keyboard or mouse action; set exactly one of Text,
+// Keys, Move, Click or Scroll.
+type InputEvent struct {
+	Text string // characters to type (US layout)
+	Keys string // a combination such as "ctrl-alt-t" or "enter"
+	// Move, Click and Scroll act at X, Y (screen pixels); Button is left
+	// (default), right or middle; ScrollDelta notches, positive down.
+	Move, Click, Scroll bool
+	X, Y                int
+	Button              string
+	ScrollDelta         int
+}
+
+// TypeText, PressKeys and ClickAt are the common events.
+func TypeText(s string) InputEvent      { return InputEvent{Text: s} }
+func PressKeys(combo string) InputEvent { return InputEvent{Keys: combo} }
+func ClickAt(x, y int) InputEvent       { return InputEvent{Click: true, X: x, Y: y} }
+
+// SendInput delivers events to a vm sandbox in order.
+func (c *Client) SendInput(ctx context.Context, sandboxID string, events ...InputEvent) error {
+	req := &corralv1.SendInputRequest{SandboxId: sandboxID}
+	for _, e := range events {
+		req.Events = append(req.Events, &corralv1.InputEvent{Text: e.Text, Keys: e.Keys, Move: e.Move, Click: e.Click,
+			Scroll: e.Scroll, X: int32(e.X), Y: int32(e.Y), Button: e.Button, ScrollDelta: int32(e.ScrollDelta)})
+	}
+	_, err := c.vm.SendInput(ctx, connect.NewRequest(req))
+	return wrapErr(err)
+}

@@ -1,0 +1,462 @@
+// Package vm is the "vm" backend: each sandbox is a full virtual machine
+// (QEMU q35; KVM when usable, TCG otherwise) booting a VM image of any
+// operating system from a per-sandbox qcow2 overlay. Exec and files go
+// through the QEMU guest agent protocol (qemu-ga, which Linux and the
+// virtio-win Windows agent both speak), the screen through QMP screendump
+// and the keyboard and mouse through QMP input-send-event. The package
+// also owns the node's VM image store (import, build, list, remove).
+//
+// It imports backend, errdefs, netpolicy, qmp and runtime/launch; never
+// the node, control, state or API layers.
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/runtime/launch"
+)
+
+// MinMemoryBytes is the smallest guest RAM: a systemd Debian boots in it.
+const MinMemoryBytes = 256 << 20
+
+// Config configures the backend.
+type Config struct {
+	// RunDir holds one 0700 directory per sandbox; ImageDir the VM
+	// images. Both required.
+	RunDir   string
+	ImageDir string
+	// QEMU is qemu-system-x86_64 (default: from PATH).
+	QEMU string
+	// Network wires sandboxes with a network mode other than none; nil:
+	// only mode none.
+	Network *netpolicy.Manager
+	Logger  *slog.Logger
+	// BootTimeout bounds create → guest agent ready (default 30 s on KVM,
+	// 5 min under TCG).
+	BootTimeout time.Duration
+	// SnapshotAfter: a paused VM is stopped at once (its RAM stays
+	// allocated); once it has been paused this long its memory and device
+	// state go to a file and QEMU exits; resume restores it. Zero
+	// snapshots at pause; negative never.
+	SnapshotAfter time.Duration
+}
+
+// Backend implements backend.Backend.
+type Backend struct {
+	cfg    Config
+	qemu   string
+	kvm    bool
+	images *Images
+	log    *slog.Logger
+	// failAt, in tests, fails Create at the named step.
+	failAt string
+}
+
+var (
+	_ backend.Backend      = (*Backend)(nil)
+	_ backend.ImageOwner   = (*Backend)(nil)
+	_ backend.Screener     = (*sandbox)(nil)
+	_ backend.Networker    = (*sandbox)(nil)
+	_ backend.StatsReader  = (*sandbox)(nil)
+	_ backend.Checkpointer = (*sandbox)(nil)
+)
+
+// New checks the host (QEMU, qemu-img) and opens the image store.
+func New(cfg Config) (*Backend, error) {
+	if cfg.RunDir == "" || cfg.ImageDir == "" {
+		return nil, errdefs.InvalidArgument("vm backend: RunDir and ImageDir are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	bin := cfg.QEMU
+	if bin == "" {
+		var err error
+		if bin, err = exec.LookPath("qemu-system-x86_64"); err != nil {
+			return nil, errdefs.NotSupported("vm backend: needs qemu-system-x86_64 (package qemu-system-x86)")
+		}
+	}
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		return nil, errdefs.NotSupported("vm backend: needs qemu-img (package qemu-utils)")
+	}
+	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
+		return nil, fmt.Errorf("vm backend: run dir: %w", err)
+	}
+	b := &Backend{cfg: cfg, qemu: bin, kvm: kvmAvailable(), log: cfg.Logger.With("backend", "vm")}
+	imgs, err := openImages(cfg.ImageDir, b.usersOf)
+	if err != nil {
+		return nil, err
+	}
+	b.images = imgs
+	return b, nil
+}
+
+// kvmAvailable: /dev/kvm opens and the CPU has vmx or svm (a /dev/kvm
+// without them boots nothing; see microvm.KVMAvailable).
+func kvmAvailable() bool {
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	f.Close()
+	cpuinfo, _ := os.ReadFile("/proc/cpuinfo")
+	for _, line := range strings.Split(string(cpuinfo), "\n") {
+		if name, flags, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(name) == "flags" {
+			return strings.Contains(" "+flags+" ", " vmx ") || strings.Contains(" "+flags+" ", " svm ")
+		}
+	}
+	return false
+}
+
+// Name implements backend.Backend.
+func (b *Backend) Name() string { return "vm" }
+
+// KVM reports whether guests run on KVM (else TCG emulation).
+func (b *Backend) KVM() bool { return b.kvm }
+
+// Images is the node's VM image store.
+func (b *Backend) Images() *Images { return b.images }
+
+// OwnsImages implements backend.ImageOwner: Spec.Image names a VM image
+// of this backend's store, not a layer composition.
+func (b *Backend) OwnsImages() {}
+
+func (b *Backend) runDir(id string) string { return filepath.Join(b.cfg.RunDir, id) }
+
+func (b *Backend) bootTimeout() time.Duration {
+	switch {
+	case b.cfg.BootTimeout > 0:
+		return b.cfg.BootTimeout
+	case b.kvm:
+		return 30 * time.Second
+	}
+	return 5 * time.Minute
+}
+
+// usersOf lists the sandboxes whose overlays are backed by image ref.
+func (b *Backend) usersOf(ref string) []string {
+	ents, _ := os.ReadDir(b.cfg.RunDir)
+	var out []string
+	for _, e := range ents {
+		if m, err := loadMachine(b.runDir(e.Name()), e.Name()); err == nil && m.Image == ref {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// step is one undoable part of Create: do returns the undo of what it
+// made (nil: nothing to undo).
+type step struct {
+	name string
+	do   func(ctx context.Context, c *creation) (undo func(context.Context), err error)
+}
+
+// creation is what Create's steps share.
+type creation struct {
+	b     *Backend
+	spec  backend.Spec
+	img   Image
+	m     *machine
+	proc  *launch.Process
+	s     *sandbox
+	netOn netpolicy.Mode
+}
+
+// createSteps are Create in order; a failure undoes the steps done, in
+// reverse, once, even when ctx is cancelled.
+var createSteps = []step{
+	{"run dir", func(_ context.Context, c *creation) (func(context.Context), error) {
+		if err := os.Mkdir(c.m.dir, 0o700); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				return nil, errdefs.AlreadyExists("sandbox %s: run dir exists", c.spec.ID)
+			}
+			return nil, fmt.Errorf("run dir: %w", err)
+		}
+		return func(context.Context) { _ = os.RemoveAll(c.m.dir) }, nil
+	}},
+	{"overlay", func(ctx context.Context, c *creation) (func(context.Context), error) {
+		// The overlay's virtual size is the disk limit; the image's file
+		// system grows into it at boot.
+		out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2",
+			"-b", c.img.Path(c.img.Disk), "-F", c.img.Format, c.m.path(overlayFile),
+			strconv.FormatInt(c.spec.Resources.DiskBytes, 10)).CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("overlay: qemu-img create: %v: %s", err, strings.TrimSpace(string(out)))
+		}
+		return nil, nil // inside the run dir
+	}},
+	{"firmware", func(_ context.Context, c *creation) (func(context.Context), error) {
+		switch c.img.Firmware {
+		case FirmwareDirect:
+			c.m.Kernel, c.m.Initrd, c.m.Cmdline = c.img.Path(imageKernel), c.img.Path(imageInitrd), c.img.Cmdline
+		case FirmwareUEFI:
+			// The VM writes its variables: its own copy, not a hard link.
+			if err := runCmd(context.Background(), "cp", ovmfVars, c.m.path(varsFile)); err != nil {
+				return nil, errdefs.NotSupported("firmware uefi: needs OVMF (apt-get install ovmf): %v", err)
+			}
+		}
+		return nil, nil
+	}},
+	{"network", func(ctx context.Context, c *creation) (func(context.Context), error) {
+		if c.netOn == netpolicy.ModeNone {
+			return nil, nil
+		}
+		ns, err := c.b.cfg.Network.AttachVM(ctx, c.spec.ID, netpolicy.Policy{Mode: c.netOn, Allow: c.spec.Network.Allow})
+		if err != nil {
+			return nil, err
+		}
+		c.m.net = ns
+		rec := ns.Record()
+		c.m.Net, c.m.MAC = &rec, ns.Guest().MAC.String()
+		return func(context.Context) { _ = ns.Close(); _ = c.b.cfg.Network.Remove(rec) }, nil
+	}},
+	{"state", func(_ context.Context, c *creation) (func(context.Context), error) {
+		return nil, c.m.save()
+	}},
+	{"qemu", func(ctx context.Context, c *creation) (func(context.Context), error) {
+		proc, err := startQEMU(ctx, c.b.qemu, c.m)
+		if err != nil {
+			return nil, err
+		}
+		c.proc = proc
+		undo := func(ctx context.Context) {
+			_ = proc.Kill()
+			select {
+			case <-proc.Done():
+			case <-ctx.Done():
+			}
+		}
+		if err := c.m.save(); err != nil {
+			return undo, err
+		}
+		return undo, nil
+	}},
+	{"guest agent", func(ctx context.Context, c *creation) (func(context.Context), error) {
+		c.s = c.b.newSandbox(c.m, c.proc)
+		return func(context.Context) { c.s.qga.close() }, c.s.waitAgent(ctx, c.b.bootTimeout())
+	}},
+	{"guest setup", func(ctx context.Context, c *creation) (func(context.Context), error) {
+		return nil, c.s.setupGuest(ctx, c.spec.Hostname)
+	}},
+}
+
+// Create implements backend.Backend as createSteps.
+func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sandbox, err error) {
+	c, err := b.validate(spec)
+	if err != nil {
+		return nil, err
+	}
+	var undos []func(context.Context)
+	defer func() {
+		if err != nil {
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			for i := len(undos) - 1; i >= 0; i-- {
+				undos[i](uctx)
+			}
+		}
+	}()
+	for _, st := range createSteps {
+		if b.failAt == st.name {
+			return nil, fmt.Errorf("sandbox %s: %s: injected failure", spec.ID, st.name)
+		}
+		undo, err := st.do(ctx, c)
+		if undo != nil {
+			undos = append(undos, undo)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: %s: %w", spec.ID, st.name, err)
+		}
+	}
+	return c.s, nil
+}
+
+// validate checks a spec before anything is made.
+func (b *Backend) validate(spec backend.Spec) (*creation, error) {
+	if err := backend.CheckID(spec.ID); err != nil {
+		return nil, err
+	}
+	if spec.Resettable {
+		return nil, errdefs.NotSupported("vm backend: resettable sandboxes (fncall pools) are container-only")
+	}
+	mode, err := netpolicy.ParseMode(spec.Network.Mode)
+	if err != nil {
+		return nil, err
+	}
+	if mode == netpolicy.ModeNone && len(spec.Network.Allow) > 0 {
+		return nil, errdefs.InvalidArgument("network.allow: mode none takes no rules (use allowlist)")
+	}
+	if mode != netpolicy.ModeNone && b.cfg.Network == nil {
+		return nil, errdefs.NotSupported("network.mode: %s needs the node's network manager (this node runs without one)", mode)
+	}
+	r := spec.Resources
+	if r.MemoryBytes < MinMemoryBytes {
+		return nil, errdefs.InvalidArgument("resources.memory_bytes: %d is below the vm minimum of %d MiB (guest RAM for its kernel and init)", r.MemoryBytes, MinMemoryBytes>>20)
+	}
+	if spec.Image == "" {
+		return nil, errdefs.InvalidArgument("image: a vm sandbox needs a VM image (corral vm-image ls)")
+	}
+	img, err := b.images.Get(spec.Image)
+	if err != nil {
+		return nil, err
+	}
+	if r.DiskBytes < img.VirtualSize {
+		return nil, errdefs.InvalidArgument("resources.disk_bytes: %d is below the size of VM image %s's disk (%d MiB): the overlay cannot be smaller than the disk it covers", r.DiskBytes, img.Ref, (img.VirtualSize+1<<20-1)>>20)
+	}
+	m := &machine{id: spec.ID, dir: b.runDir(spec.ID), machineState: machineState{
+		Image: img.Ref, Firmware: img.Firmware,
+		VCPUs:     int(max(1, (r.CPUMillis+999)/1000)),
+		MemoryMiB: r.MemoryBytes >> 20,
+		KVM:       b.kvm,
+	}}
+	return &creation{b: b, spec: spec, img: img, m: m, netOn: mode}, nil
+}
+
+// Recover implements backend.Backend from the run dir's vm.json.
+func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (_ backend.Sandbox, err error) {
+	if err := backend.CheckID(id); err != nil {
+		return nil, err
+	}
+	m, err := loadMachine(b.runDir(id), id)
+	if err != nil {
+		return nil, errdefs.NotFound("sandbox %s: no vm state: %v", id, err)
+	}
+	if m.Net != nil {
+		if b.cfg.Network == nil {
+			return nil, errdefs.NotFound("sandbox %s: networked, but this node runs without a network manager", id)
+		}
+		if m.net, err = b.cfg.Network.Recover(ctx, id, "", *m.Net); err != nil {
+			return nil, errdefs.NotFound("sandbox %s: %v", id, err)
+		}
+		defer func() {
+			if err != nil {
+				_ = m.net.Close()
+			}
+		}()
+	}
+	if m.Snapshotted {
+		return b.newSnapshotted(m), nil
+	}
+	proc, err := launch.Attach(m.Pid, m.StartTime)
+	if err != nil {
+		return nil, errdefs.NotFound("sandbox %s: qemu is gone: %v", id, err)
+	}
+	s := b.newSandbox(m, proc)
+	// A stopped VM cannot answer: continue it (the node pauses it again
+	// when its record says paused).
+	if _, err := qmpRun(ctx, m, "cont", nil); err != nil {
+		_ = proc.Kill()
+		return nil, errdefs.NotFound("sandbox %s: qemu does not answer: %v", id, err)
+	}
+	if err := s.waitAgent(ctx, time.Minute); err != nil {
+		_ = proc.Kill()
+		return nil, errdefs.NotFound("sandbox %s: guest agent does not answer: %v", id, err)
+	}
+	return s, nil
+}
+
+// Cleanup implements backend.Backend: kill QEMU (checked by start time
+// against pid reuse, and by command line for one whose state was never
+// written), remove the network slot, then the run dir with the overlay.
+func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
+	if err := backend.CheckID(id); err != nil {
+		return err
+	}
+	dir := b.runDir(id)
+	m, merr := loadMachine(dir, id)
+	if merr == nil && m.Pid > 0 {
+		if proc, err := launch.Attach(m.Pid, m.StartTime); err == nil {
+			_ = proc.Kill()
+			select {
+			case <-proc.Done():
+			case <-ctx.Done():
+			}
+			proc.Release()
+		}
+	}
+	for _, pid := range qemuProcesses(b.cfg.RunDir)[id] {
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	if merr == nil && m.Net != nil && b.cfg.Network != nil {
+		if err := b.cfg.Network.Remove(*m.Net); err != nil {
+			return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
+	}
+	return nil
+}
+
+// Sweep implements backend.Backend: QEMU processes and run dirs of
+// sandboxes without a record are removed.
+func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
+	ids := map[string]bool{}
+	for id := range qemuProcesses(b.cfg.RunDir) {
+		if !keep(id) {
+			ids[id] = true
+		}
+	}
+	ents, err := os.ReadDir(b.cfg.RunDir)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	for _, e := range ents {
+		if backend.CheckID(e.Name()) == nil && !keep(e.Name()) {
+			ids[e.Name()] = true
+		}
+	}
+	var errs []error
+	for id := range ids {
+		b.log.Info("sweeping leftover vm sandbox", "sandbox", id)
+		errs = append(errs, b.Cleanup(ctx, id, nil))
+	}
+	return errors.Join(errs...)
+}
+
+// qemuProcesses finds QEMU processes started for sandboxes under runDir,
+// by sandbox id: their command lines name a file in <runDir>/<id>/.
+func qemuProcesses(runDir string) map[string][]int {
+	out := map[string][]int{}
+	prefix := filepath.Clean(runDir) + "/"
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(raw), "\x00")
+		if len(args) == 0 || !strings.HasPrefix(filepath.Base(args[0]), "qemu-system") {
+			continue
+		}
+		for _, a := range args {
+			if i := strings.Index(a, prefix); i >= 0 {
+				id, _, _ := strings.Cut(a[i+len(prefix):], "/")
+				if backend.CheckID(id) == nil {
+					out[id] = append(out[id], pid)
+					break
+				}
+			}
+		}
+	}
+	return out
+}

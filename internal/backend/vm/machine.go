@@ -1,0 +1,86 @@
+package vm
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/corral-dev/corral/internal/netpolicy"
+)
+
+// Files of a sandbox's run dir (<RunDir>/<id>, 0700). Nothing of a sandbox
+// lives anywhere else, so Cleanup removes the directory and is done.
+const (
+	stateFile    = "vm.json"     // machineState
+	overlayFile  = "disk.qcow2"  // copy-on-write overlay over the image
+	varsFile     = "efivars.fd"  // UEFI variables (uefi images)
+	consoleFile  = "console.log" // the guest's serial console
+	logFile      = "qemu.log"    // QEMU's stderr
+	snapshotFile = "memory.snap" // memory + device state of a snapshotted VM
+	qmpSock      = "qmp.sock"    // QEMU machine protocol
+	qgaSock      = "qga.sock"    // virtio-serial org.qemu.guest_agent.0
+	qgaPortName  = "org.qemu.guest_agent.0"
+)
+
+// machineState is vm.json: what Recover, Cleanup, Sweep and the image
+// store's in-use check need after a daemon restart.
+type machineState struct {
+	Image     string `json:"image"`
+	Firmware  string `json:"firmware"`
+	Kernel    string `json:"kernel,omitempty"`
+	Initrd    string `json:"initrd,omitempty"`
+	Cmdline   string `json:"cmdline,omitempty"`
+	VCPUs     int    `json:"vcpus"`
+	MemoryMiB int64  `json:"memory_mib"`
+	KVM       bool   `json:"kvm"`
+	Pid       int    `json:"pid,omitempty"`
+	StartTime uint64 `json:"start_time,omitempty"`
+	// Snapshotted: the VM's state is in snapshotFile and no QEMU runs.
+	Snapshotted bool `json:"snapshotted,omitempty"`
+	// OS is the guest agent's os id ("debian", "mswindows", ...); Linux
+	// whether commands may be wrapped by a POSIX shell.
+	OS    string `json:"os,omitempty"`
+	Linux bool   `json:"linux,omitempty"`
+	// Net is the network slot of a networked VM (nil: no NIC) and MAC
+	// its NIC's address.
+	Net *netpolicy.Record `json:"net,omitempty"`
+	MAC string            `json:"mac,omitempty"`
+}
+
+// machine is one VM's configuration and run dir.
+type machine struct {
+	id  string
+	dir string
+	machineState
+	net *netpolicy.Sandbox // the live network slot (nil: none)
+}
+
+func (m *machine) path(name string) string { return filepath.Join(m.dir, name) }
+
+func (m *machine) save() error {
+	b, err := json.Marshal(m.machineState)
+	if err != nil {
+		return err
+	}
+	tmp := m.path(stateFile + ".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("save vm state: %w", err)
+	}
+	if err := os.Rename(tmp, m.path(stateFile)); err != nil {
+		return fmt.Errorf("save vm state: %w", err)
+	}
+	return nil
+}
+
+func loadMachine(dir, id string) (*machine, error) {
+	b, err := os.ReadFile(filepath.Join(dir, stateFile))
+	if err != nil {
+		return nil, err
+	}
+	m := &machine{id: id, dir: dir}
+	if err := json.Unmarshal(b, &m.machineState); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", stateFile, err)
+	}
+	return m, nil
+}

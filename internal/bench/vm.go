@@ -1,0 +1,196 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"runtime"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+)
+
+// VMOptions configure VM. Zero fields take the defaults.
+type VMOptions struct {
+	Image       string // VM image (default debian@12)
+	PeerImage   string // microvm and container image (default busybox)
+	Boots       int    // create→first exec samples of vm (default 1: TCG boots take minutes)
+	PeerBoots   int    // the same for microvm and container (default 3)
+	Execs       int    // exec samples per backend (default 20)
+	Shots       int    // screenshots (default 10)
+	MemoryBytes int64  // guest RAM (default 512 MiB)
+	Log         io.Writer
+}
+
+func (o *VMOptions) defaults() {
+	if o.Image == "" {
+		o.Image = "debian@12"
+	}
+	if o.PeerImage == "" {
+		o.PeerImage = "busybox"
+	}
+	o.Boots, o.PeerBoots, o.Execs, o.Shots = max(o.Boots, 1), max(o.PeerBoots, 1), max(o.Execs, 1), max(o.Shots, 1)
+	if o.MemoryBytes <= 0 {
+		o.MemoryBytes = 512 << 20
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+}
+
+// VMResult compares the vm backend with microvm and container sandboxes
+// of the same run. Host figures are read from the QEMU processes on this
+// host, so run it on the server's machine.
+type VMResult struct {
+	Image string `json:"image"`
+	KVM   bool   `json:"kvm"`
+
+	BootReadyP50Ms        float64 `json:"boot_ready_p50_ms"`
+	MicroVMBootReadyP50Ms float64 `json:"microvm_boot_ready_p50_ms"`
+	ContainerReadyP50Ms   float64 `json:"container_ready_p50_ms"`
+	RatioBootVsMicroVM    float64 `json:"ratio_boot_vs_microvm"`
+
+	ExecP50Ms          float64 `json:"exec_p50_ms"` // via qemu-ga
+	MicroVMExecP50Ms   float64 `json:"microvm_exec_p50_ms"`
+	ContainerExecP50Ms float64 `json:"container_exec_p50_ms"`
+	RatioExecVsMicroVM float64 `json:"ratio_exec_vs_microvm"`
+
+	ScreenshotP50Ms float64 `json:"screenshot_p50_ms"`
+	ScreenshotBytes int     `json:"screenshot_bytes"`
+
+	GuestRAMMiB       int64   `json:"guest_ram_mib"`
+	HostMiBPerVM      float64 `json:"host_mib_per_vm"` // QEMU RSS + run dir blocks, idle after boot
+	MicroVMHostMiB    float64 `json:"microvm_host_mib_per_vm"`
+	RatioHostVsMicroV float64 `json:"ratio_host_vs_microvm"`
+
+	Load   Load `json:"load"`
+	Leaked int  `json:"leaked"`
+}
+
+// VM measures boot→first exec, exec and screenshot latency and host memory
+// of an idle full VM, each beside the microvm and container backends.
+func VM(ctx context.Context, c *client.Client, o VMOptions) (res *VMResult, err error) {
+	o.defaults()
+	t := newTracker(c)
+	res = &VMResult{Image: o.Image, GuestRAMMiB: o.MemoryBytes >> 20}
+	defer func() { err = t.finish(ctx, &res.Load, &res.Leaked, err) }()
+	res.Load.Start, res.Load.CPUs = loadAvg(), runtime.NumCPU()
+	r := client.Resources{MemoryBytes: o.MemoryBytes, CPUMillis: 1000}
+	vmOpts := client.CreateOptions{Backend: "vm", Image: o.Image, Resources: r}
+	mvOpts := client.CreateOptions{Backend: "microvm", Image: o.PeerImage, Resources: client.Resources{MemoryBytes: 256 << 20, CPUMillis: 1000}}
+	ctrOpts := client.CreateOptions{Image: o.PeerImage, Resources: r}
+
+	fmt.Fprintf(o.Log, "create→first exec: %d vm, %d microvm, %d container\n", o.Boots, o.PeerBoots, o.PeerBoots)
+	// The last VM booted stays for the exec, screenshot and memory
+	// figures: a boot under TCG takes minutes.
+	var vm *client.Sandbox
+	var vmReady []time.Duration
+	for i := range o.Boots {
+		start := time.Now()
+		sb, err := t.create(ctx, vmOpts)
+		if err != nil {
+			return res, fmt.Errorf("create vm: %w", err)
+		}
+		if err := runTrue(ctx, sb); err != nil {
+			return res, err
+		}
+		vmReady = append(vmReady, time.Since(start))
+		if i < o.Boots-1 {
+			if err := t.delete(ctx, sb); err != nil {
+				return res, err
+			}
+		} else {
+			vm = sb
+		}
+	}
+	res.BootReadyP50Ms = Summarise(vmReady).P50
+	for _, p := range []struct {
+		opts client.CreateOptions
+		out  *float64
+	}{{mvOpts, &res.MicroVMBootReadyP50Ms}, {ctrOpts, &res.ContainerReadyP50Ms}} {
+		d, err := readySamples(ctx, t, p.opts, o.PeerBoots, nil)
+		if err != nil {
+			return res, err
+		}
+		*p.out = Summarise(d).P50
+	}
+	res.RatioBootVsMicroVM = ratio(res.BootReadyP50Ms, res.MicroVMBootReadyP50Ms)
+
+	fmt.Fprintf(o.Log, "exec: %d samples in each; screenshots: %d\n", o.Execs, o.Shots)
+	mv, err := t.create(ctx, mvOpts)
+	if err != nil {
+		return res, fmt.Errorf("create microvm: %w", err)
+	}
+	ctr, err := t.create(ctx, ctrOpts)
+	if err != nil {
+		return res, fmt.Errorf("create container: %w", err)
+	}
+	for _, p := range []struct {
+		sb  *client.Sandbox
+		out *float64
+	}{{vm, &res.ExecP50Ms}, {mv, &res.MicroVMExecP50Ms}, {ctr, &res.ContainerExecP50Ms}} {
+		var d []time.Duration
+		for i := 0; i <= o.Execs; i++ {
+			start := time.Now()
+			if err := runTrue(ctx, p.sb); err != nil {
+				return res, err
+			}
+			if i > 0 { // the first is a warm-up
+				d = append(d, time.Since(start))
+			}
+		}
+		*p.out = Summarise(d).P50
+	}
+	res.RatioExecVsMicroVM = ratio(res.ExecP50Ms, res.MicroVMExecP50Ms)
+	var shots []time.Duration
+	for range o.Shots {
+		start := time.Now()
+		shot, err := c.Screenshot(ctx, vm.ID(), 0)
+		if err != nil {
+			return res, err
+		}
+		shots = append(shots, time.Since(start))
+		res.ScreenshotBytes = len(shot.PNG)
+	}
+	res.ScreenshotP50Ms = Summarise(shots).P50
+
+	host := func(sb *client.Sandbox) (float64, bool, error) {
+		v := findVMM(sb.ID())
+		if v == nil {
+			return 0, false, fmt.Errorf("%s: no QEMU process found on this host (run the benchmark on the server's machine)", sb.ID())
+		}
+		rss := statusKB(fmt.Sprintf("/proc/%d/status", v.pid), "VmRSS:") << 10
+		return round(float64(rss+dirAllocated(v.dir)) / (1 << 20)), v.kvm, nil
+	}
+	if res.HostMiBPerVM, res.KVM, err = host(vm); err != nil {
+		return res, err
+	}
+	if res.MicroVMHostMiB, _, err = host(mv); err != nil {
+		return res, err
+	}
+	res.RatioHostVsMicroV = ratio(res.HostMiBPerVM, res.MicroVMHostMiB)
+	for _, sb := range []*client.Sandbox{vm, mv, ctr} {
+		_ = t.delete(ctx, sb)
+	}
+	return res, ctx.Err()
+}
+
+// WriteTable prints the result.
+func (r *VMResult) WriteTable(w io.Writer) error {
+	accel := "TCG (no KVM)"
+	if r.KVM {
+		accel = "KVM"
+	}
+	rows := []row{
+		{"boot→ready p50 (create→first exec)", f3(r.BootReadyP50Ms) + " ms", fmt.Sprintf("microvm: %s ms (%sx); container: %s ms", f3(r.MicroVMBootReadyP50Ms), f3(r.RatioBootVsMicroVM), f3(r.ContainerReadyP50Ms)), ""},
+		{"exec true p50 (qemu-ga)", f3(r.ExecP50Ms) + " ms", fmt.Sprintf("microvm agent: %s ms (%sx); container: %s ms", f3(r.MicroVMExecP50Ms), f3(r.RatioExecVsMicroVM), f3(r.ContainerExecP50Ms)), ""},
+		{"screenshot p50 (QMP screendump → PNG)", f3(r.ScreenshotP50Ms) + " ms", fmt.Sprintf("%d bytes", r.ScreenshotBytes), ""},
+		{"host MiB per idle VM (QEMU RSS + files)", f3(r.HostMiBPerVM), fmt.Sprintf("microvm: %s (%sx); guest RAM %d MiB", f3(r.MicroVMHostMiB), f3(r.RatioHostVsMicroV), r.GuestRAMMiB), ""},
+		{"leaked sandboxes", fmt.Sprint(r.Leaked), "", "0"},
+	}
+	if err := writeTable(w, fmt.Sprintf("corral bench vm: image %s, %s", r.Image, accel), rows); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, r.Load)
+	return nil
+}
