@@ -71,7 +71,14 @@ type ClusterResult struct {
 	Direct     Percentiles    `json:"create_ready_direct"`
 	OverheadMs float64        `json:"overhead_p50_ms"`
 	RealLoad   Load           `json:"real_nodes_load"`
-	Targets    []Target       `json:"targets"`
+	// GetVia and GetDirect time a Get of one sandbox on node 0, through
+	// the control plane and straight to the node, interleaved: one hop's
+	// cost alone (no sandbox work, no audit), with far less spread than
+	// create→ready; HopMs is their p50 difference.
+	GetVia    Percentiles `json:"get_via_control"`
+	GetDirect Percentiles `json:"get_direct"`
+	HopMs     float64     `json:"hop_overhead_p50_ms"`
+	Targets   []Target    `json:"targets"`
 }
 
 var benchSecret = cluster.Secret("corral-bench-cluster-secret")
@@ -305,6 +312,25 @@ func realNodes(ctx context.Context, o ClusterOptions, eps []string, dir string, 
 		*into = append(*into, d)
 	}
 	res.ViaControl, res.Direct = Summarise(viaLat), Summarise(dirLat)
+	sb, err := direct.Create(ctx, client.CreateOptions{Resources: client.Resources{MemoryBytes: 64 << 20}})
+	if err != nil {
+		return fmt.Errorf("sandbox for the Get samples: %w", err)
+	}
+	defer sb.Delete(context.WithoutCancel(ctx))
+	var getVia, getDirect []time.Duration
+	for i := range 20 * o.Samples {
+		c, into := via, &getVia
+		if i%2 == 1 {
+			c, into = direct, &getDirect
+		}
+		t0 := time.Now()
+		if _, err := c.Get(ctx, sb.ID()); err != nil {
+			return fmt.Errorf("get sample %d: %w", i, err)
+		}
+		*into = append(*into, time.Since(t0))
+	}
+	res.GetVia, res.GetDirect = Summarise(getVia), Summarise(getDirect)
+	res.HopMs = round(res.GetVia.P50 - res.GetDirect.P50)
 	res.OverheadMs = round(res.ViaControl.P50 - res.Direct.P50)
 	res.Targets = append(res.Targets, atMost("overhead_p50_ms", res.OverheadMs, 2))
 	return nil
@@ -325,6 +351,7 @@ func (r *ClusterResult) WriteTable(w io.Writer) error {
 	if r.RealNodes > 0 {
 		rows = append(rows,
 			row{"create→ready p50 via control ms", f3(r.ViaControl.P50), fmt.Sprintf("straight to the node: %s ms (p99 %s vs %s)", f3(r.Direct.P50), f3(r.ViaControl.P99), f3(r.Direct.P99)), ""},
+			row{"one hop (Get) p50 via control ms", f3(r.GetVia.P50), fmt.Sprintf("straight to the node: %s ms; hop overhead %s ms (%d samples each)", f3(r.GetDirect.P50), f3(r.HopMs), r.GetVia.N), ""},
 			row{"control plane overhead p50 ms", f3(r.OverheadMs), fmt.Sprintf("%d real nodes; %s", r.RealNodes, r.RealLoad), targetFor(r.Targets, "overhead_p50_ms")},
 		)
 	}
