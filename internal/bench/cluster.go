@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -53,7 +54,12 @@ type PlacementRun struct {
 	// CPUPerCreate is this process's CPU time (client, control plane,
 	// etcd and the simulated nodes together) per create.
 	CPUPerCreateMs float64 `json:"cpu_ms_per_create"`
-	Failed         int     `json:"failed"`
+	// ImpliedPerSec is the rate that CPU per create allows with every
+	// core of the host to this process.
+	ImpliedPerSec float64 `json:"implied_creates_per_s"`
+	Failed        int     `json:"failed"`
+	// Load is the host's, during this mode's creates.
+	Load Load `json:"load"`
 }
 
 // ClusterResult is the benchmark's output.
@@ -64,7 +70,15 @@ type ClusterResult struct {
 	ViaControl Percentiles    `json:"create_ready_via_control"`
 	Direct     Percentiles    `json:"create_ready_direct"`
 	OverheadMs float64        `json:"overhead_p50_ms"`
-	Targets    []Target       `json:"targets"`
+	RealLoad   Load           `json:"real_nodes_load"`
+	// GetVia and GetDirect time a Get of one sandbox on node 0, through
+	// the control plane and straight to the node, interleaved: one hop's
+	// cost alone (no sandbox work, no audit), with far less spread than
+	// create→ready; HopMs is their p50 difference.
+	GetVia    Percentiles `json:"get_via_control"`
+	GetDirect Percentiles `json:"get_direct"`
+	HopMs     float64     `json:"hop_overhead_p50_ms"`
+	Targets   []Target    `json:"targets"`
 }
 
 var benchSecret = cluster.Secret("corral-bench-cluster-secret")
@@ -162,6 +176,7 @@ func placementRun(ctx context.Context, o ClusterOptions, eps []string, fleet *si
 	lat := make([][]time.Duration, o.Concurrency)
 	var next, failed atomic.Int64
 	var firstErr atomic.Value
+	load := Load{Start: loadAvg(), CPUs: runtime.NumCPU()}
 	start, cpu0 := time.Now(), processCPU()
 	var wg sync.WaitGroup
 	for w := range o.Concurrency {
@@ -182,6 +197,7 @@ func placementRun(ctx context.Context, o ClusterOptions, eps []string, fleet *si
 	}
 	wg.Wait()
 	wall, cpu := time.Since(start), processCPU()-cpu0
+	load.End = loadAvg()
 	if ctx.Err() != nil {
 		return PlacementRun{}, ctx.Err()
 	}
@@ -189,10 +205,13 @@ func placementRun(ctx context.Context, o ClusterOptions, eps []string, fleet *si
 	for _, l := range lat {
 		all = append(all, l...)
 	}
-	run := PlacementRun{Mode: name, K: k, Creates: len(all), Failed: int(failed.Load()),
+	run := PlacementRun{Mode: name, K: k, Creates: len(all), Failed: int(failed.Load()), Load: load,
 		CreatesPerSec: round(float64(len(all)) / wall.Seconds()), Create: Summarise(all)}
 	if len(all) > 0 {
 		run.CPUPerCreateMs = ms(cpu / time.Duration(len(all)))
+		if cpu > 0 {
+			run.ImpliedPerSec = round(float64(load.CPUs) * float64(len(all)) / cpu.Seconds())
+		}
 	}
 	placeMu.Lock()
 	run.Place = Summarise(places)
@@ -226,7 +245,7 @@ func realNodes(ctx context.Context, o ClusterOptions, eps []string, dir string, 
 		ndir := filepath.Join(dir, fmt.Sprintf("node%d", i))
 		fmt.Fprintf(o.Log, "starting real node %d in %s\n", i, ndir)
 		n, err := server.StartClusterNode(ctx, server.Config{
-			DataDir: ndir, Listen: "", CgroupParent: fmt.Sprintf("corral-bench-cluster-%d", i),
+			DataDir: ndir, Listen: "", CgroupParent: fmt.Sprintf("corral-bench-cluster-%d-%d", o.BasePort, i),
 			CleanupOnExit: true, Logger: log, DiskPoolBytes: 4 << 30,
 		}, server.ClusterNodeConfig{Etcd: eps, Secret: benchSecret,
 			Advertise: fmt.Sprintf("127.0.0.1:%d", o.BasePort+4+i), LeaseTTL: 10 * time.Second})
@@ -268,6 +287,8 @@ func realNodes(ctx context.Context, o ClusterOptions, eps []string, dir string, 
 	}
 	defer direct.Close()
 	var viaLat, dirLat []time.Duration
+	res.RealLoad = Load{Start: loadAvg(), CPUs: runtime.NumCPU()}
+	defer func() { res.RealLoad.End = loadAvg() }()
 	sample := func(c *client.Client) (time.Duration, error) {
 		t0 := time.Now()
 		sb, err := c.Create(ctx, client.CreateOptions{Resources: client.Resources{MemoryBytes: 64 << 20}})
@@ -291,6 +312,25 @@ func realNodes(ctx context.Context, o ClusterOptions, eps []string, dir string, 
 		*into = append(*into, d)
 	}
 	res.ViaControl, res.Direct = Summarise(viaLat), Summarise(dirLat)
+	sb, err := direct.Create(ctx, client.CreateOptions{Resources: client.Resources{MemoryBytes: 64 << 20}})
+	if err != nil {
+		return fmt.Errorf("sandbox for the Get samples: %w", err)
+	}
+	defer sb.Delete(context.WithoutCancel(ctx))
+	var getVia, getDirect []time.Duration
+	for i := range 20 * o.Samples {
+		c, into := via, &getVia
+		if i%2 == 1 {
+			c, into = direct, &getDirect
+		}
+		t0 := time.Now()
+		if _, err := c.Get(ctx, sb.ID()); err != nil {
+			return fmt.Errorf("get sample %d: %w", i, err)
+		}
+		*into = append(*into, time.Since(t0))
+	}
+	res.GetVia, res.GetDirect = Summarise(getVia), Summarise(getDirect)
+	res.HopMs = round(res.GetVia.P50 - res.GetDirect.P50)
 	res.OverheadMs = round(res.ViaControl.P50 - res.Direct.P50)
 	res.Targets = append(res.Targets, atMost("overhead_p50_ms", res.OverheadMs, 2))
 	return nil
@@ -302,7 +342,7 @@ func (r *ClusterResult) WriteTable(w io.Writer) error {
 	for _, run := range r.Runs {
 		rows = append(rows,
 			row{run.Mode + " creates/s", f3(run.CreatesPerSec), fmt.Sprintf("%d creates, %d failed", run.Creates, run.Failed), targetIf(run.K == 2, r.Targets, "creates_per_s")},
-			row{run.Mode + " CPU ms per create", f3(run.CPUPerCreateMs), "this process: client, control plane, etcd, simulated nodes", ""},
+			row{run.Mode + " CPU ms per create", f3(run.CPUPerCreateMs), fmt.Sprintf("this process: client, control plane, etcd, simulated nodes (%s/s with its %d cores to itself); %s", f3(run.ImpliedPerSec), run.Load.CPUs, run.Load), ""},
 			row{run.Mode + " create p50/p99 ms", f3(run.Create.P50) + " / " + f3(run.Create.P99), "through the control plane", ""},
 			row{run.Mode + " placement p50/p99 ms", f3(run.Place.P50) + " / " + f3(run.Place.P99), "the placement decision alone", ""},
 			row{run.Mode + " balance max/mean", f3(run.Balance), fmt.Sprintf("max %d, mean %s per node", run.MaxPerNode, f3(run.MeanPerNode)), targetIf(run.K == 2, r.Targets, "balance_max_over_mean")},
@@ -311,7 +351,8 @@ func (r *ClusterResult) WriteTable(w io.Writer) error {
 	if r.RealNodes > 0 {
 		rows = append(rows,
 			row{"create→ready p50 via control ms", f3(r.ViaControl.P50), fmt.Sprintf("straight to the node: %s ms (p99 %s vs %s)", f3(r.Direct.P50), f3(r.ViaControl.P99), f3(r.Direct.P99)), ""},
-			row{"control plane overhead p50 ms", f3(r.OverheadMs), fmt.Sprintf("%d real nodes", r.RealNodes), targetFor(r.Targets, "overhead_p50_ms")},
+			row{"one hop (Get) p50 via control ms", f3(r.GetVia.P50), fmt.Sprintf("straight to the node: %s ms; hop overhead %s ms (%d samples each)", f3(r.GetDirect.P50), f3(r.HopMs), r.GetVia.N), ""},
+			row{"control plane overhead p50 ms", f3(r.OverheadMs), fmt.Sprintf("%d real nodes; %s", r.RealNodes, r.RealLoad), targetFor(r.Targets, "overhead_p50_ms")},
 		)
 	}
 	return writeTable(w, fmt.Sprintf("corral bench cluster (%d simulated nodes, real etcd and control plane)", r.Nodes), rows)

@@ -27,13 +27,22 @@ func TestSignedPrincipal(t *testing.T) {
 		return rec.Code
 	}
 	p := iam.Principal{Project: "job42/agent7", Role: iam.RoleMember, TokenID: "tok1"}
-	if code := call(func(h http.Header) { secret.sign(h, "/corral.v1.SandboxService/Create", p) }); code != http.StatusOK || !ok || seen != p {
-		t.Fatalf("signed call: %d, principal %+v (%v); want 200 and %+v", code, seen, ok, p)
+	for i := range 2 { // the second time from the remembered headers
+		ok = false
+		if code := call(func(h http.Header) { secret.sign(h, "/corral.v1.SandboxService/Create", p) }); code != http.StatusOK || !ok || seen != p {
+			t.Fatalf("signed call %d: %d, principal %+v (%v); want 200 and %+v", i, code, seen, ok, p)
+		}
 	}
 	cases := map[string]func(http.Header){
 		"unsigned":        func(http.Header) {},
 		"other secret":    func(h http.Header) { Secret("another-secret-of-16+").sign(h, "/corral.v1.SandboxService/Create", p) },
 		"other procedure": func(h http.Header) { secret.sign(h, "/corral.v1.SandboxService/Delete", p) },
+		// The first call's headers are remembered as verified: a changed
+		// MAC must not match them.
+		"remembered, other mac": func(h http.Header) {
+			secret.sign(h, "/corral.v1.SandboxService/Create", p)
+			h.Set(macHeader, secret.mac("/corral.v1.SandboxService/Delete", h.Get(principalHeader), h.Get(timeHeader)))
+		},
 		"forged principal": func(h http.Header) {
 			secret.sign(h, "/corral.v1.SandboxService/Create", p)
 			h.Set(principalHeader, "eyJOb2RlQWRtaW4iOnRydWV9") // {"NodeAdmin":true}

@@ -31,7 +31,13 @@ type AgentConfig struct {
 	// Prepare, when set, runs before an admitted create (the node fetches
 	// an image another node made).
 	Prepare func(ctx context.Context, req *corralv1.CreateRequest) error
-	Logger  *slog.Logger
+	// RecountInterval is how often Measure lists every sandbox of the
+	// node (default 10s); in between it adds up the creates and deletes
+	// the agent served. The recount catches what the agent did not see:
+	// sandboxes that stopped by themselves, or were made or deleted on
+	// the node's own socket.
+	RecountInterval time.Duration
+	Logger          *slog.Logger
 }
 
 // NodeAgent is the node's edge towards control instances: it has the final
@@ -44,12 +50,14 @@ type NodeAgent struct {
 	cfg AgentConfig
 
 	mu sync.Mutex
-	// measured is the committed load at the last Measure; delta what this
-	// agent made or deleted since; inflight the creates in progress.
+	// measured is the committed load at the last recount; delta what this
+	// agent made or deleted since (backends and labels included);
+	// inflight the creates in progress.
 	measured, delta, inflight Load
+	recounted                 time.Time
 	pending                   map[string]*pendingCreate // request id -> create in progress
 	done                      map[string]made           // request id -> its sandbox
-	// listed is every sandbox at the last Measure; listedGen changes
+	// listed is every sandbox at the last recount; listedGen changes
 	// when the set does (see Summary).
 	listed    []*corralv1.Sandbox
 	listedFP  uint64
@@ -73,6 +81,9 @@ func NewNodeAgent(ctx context.Context, cfg AgentConfig) (*NodeAgent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.RecountInterval <= 0 {
+		cfg.RecountInterval = 10 * time.Second
+	}
 	a := &NodeAgent{SandboxServiceHandler: cfg.Sandboxes, cfg: cfg, pending: map[string]*pendingCreate{}, done: map[string]made{}}
 	if _, err := a.Measure(ctx); err != nil {
 		return nil, err
@@ -87,10 +98,105 @@ func (a *NodeAgent) Handler(secret Secret, opts ...connect.HandlerOption) (strin
 	return path, RequireSigned(secret, h)
 }
 
-// Measure lists the node's sandboxes and returns its committed load
-// (creates in progress included); it also refreshes the request-id index.
+// Measure returns the node's committed load (creates in progress
+// included): the last recount plus what the agent served since, recounted
+// first when RecountInterval has passed.
 func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
-	start := time.Now()
+	a.mu.Lock()
+	due := time.Since(a.recounted) >= a.cfg.RecountInterval
+	a.mu.Unlock()
+	if due {
+		return a.recount(ctx)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.currentLocked(), nil
+}
+
+// currentLocked is measured + delta + inflight, with its own maps.
+func (a *NodeAgent) currentLocked() Load {
+	out := a.measured
+	out.add(a.delta, 1)
+	out.add(a.inflight, 1)
+	out.Backends = positive(sumCounts(a.measured.Backends, a.delta.Backends))
+	out.Labels = topCounts(positive(sumCounts(a.measured.Labels, a.delta.Labels)), maxLabelCounts)
+	out.Projects = sumUsage(a.measured.Projects, a.delta.Projects, 1)
+	for k, u := range out.Projects {
+		if u.Sandboxes <= 0 { // deleted here, not counted by the last recount
+			delete(out.Projects, k)
+		}
+	}
+	return out
+}
+
+// sumCounts is a + b without the zero counts, in a new map.
+func sumCounts(a, b map[string]int64) map[string]int64 {
+	out := make(map[string]int64, len(a)+len(b))
+	for k, n := range a {
+		out[k] = n
+	}
+	for k, n := range b {
+		if out[k] += n; out[k] == 0 {
+			delete(out, k)
+		}
+	}
+	return out
+}
+
+// positive drops the counts below one (a sandbox the agent saw deleted
+// that the last recount had not counted).
+func positive(m map[string]int64) map[string]int64 {
+	for k, n := range m {
+		if n <= 0 {
+			delete(m, k)
+		}
+	}
+	return m
+}
+
+// count adds sign to the backend and label counts of a sandbox.
+func (l *Load) count(backend string, labels map[string]string, sign int64) {
+	if l.Backends == nil {
+		l.Backends = map[string]int64{}
+	}
+	if backend == "" {
+		backend = "container"
+	}
+	l.Backends[backend] += sign
+	for k, v := range labels {
+		if k == RequestIDLabel {
+			continue
+		}
+		if l.Labels == nil {
+			l.Labels = map[string]int64{}
+		}
+		l.Labels[k+"="+v] += sign
+	}
+}
+
+// countProject adds sign × sb's usage to its project's.
+func (l *Load) countProject(sb *corralv1.Sandbox, sign int64) {
+	if sb.GetProject() == "" {
+		return
+	}
+	u := usageOf(sb)
+	if sign < 0 {
+		u = neg(u)
+	}
+	if l.Projects == nil {
+		l.Projects = map[string]iam.Usage{}
+	}
+	l.Projects[sb.Project] = l.Projects[sb.Project].Add(u)
+}
+
+// recount lists the node's sandboxes and returns its committed load; it
+// also refreshes the request-id index. What the agent served while the
+// list was taken stays in delta: counted twice at worst until the next
+// recount, never missed.
+func (a *NodeAgent) recount(ctx context.Context) (Load, error) {
+	a.mu.Lock()
+	start, before := time.Now(), a.delta.clone()
+	a.mu.Unlock()
 	l := Load{Backends: map[string]int64{}}
 	labels := map[string]int64{}
 	projects := map[string]iam.Usage{}
@@ -140,18 +246,53 @@ func (a *NodeAgent) Measure(ctx context.Context) (Load, error) {
 		}
 	}
 	a.done = ids
-	a.measured, a.delta = l, Load{}
+	a.delta.add(before, -1)
+	a.delta.Backends = sumCounts(a.delta.Backends, negate(before.Backends))
+	a.delta.Labels = sumCounts(a.delta.Labels, negate(before.Labels))
+	a.delta.Projects = sumUsage(a.delta.Projects, before.Projects, -1)
+	a.measured, a.recounted = l, start
 	if fp := fingerprint(all); fp != a.listedFP || a.listedGen == 0 {
 		a.listedFP = fp
 		a.listedGen++
 	}
 	a.listed = all
-	out := a.measured
-	out.add(a.inflight, 1)
-	return out, nil
+	return a.currentLocked(), nil
 }
 
-// Summary is the node's sandboxes at the last Measure, and a generation
+// clone is l with its own maps.
+func (l Load) clone() Load {
+	l.Backends, l.Labels = sumCounts(l.Backends, nil), sumCounts(l.Labels, nil)
+	l.Projects = sumUsage(l.Projects, nil, 1)
+	return l
+}
+
+// sumUsage is a + sign × b per project, in a new map (nil when empty).
+func sumUsage(a, b map[string]iam.Usage, sign int64) map[string]iam.Usage {
+	out := make(map[string]iam.Usage, len(a)+len(b))
+	for k, u := range a {
+		out[k] = u
+	}
+	for k, u := range b {
+		if sign < 0 {
+			u = neg(u)
+		}
+		out[k] = out[k].Add(u)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+func negate(m map[string]int64) map[string]int64 {
+	out := make(map[string]int64, len(m))
+	for k, n := range m {
+		out[k] = -n
+	}
+	return out
+}
+
+// Summary is the node's sandboxes at the last recount, and a generation
 // that changes whenever that set does (the Registrar rewrites the node's
 // summary in etcd only then).
 func (a *NodeAgent) Summary() (uint64, []*corralv1.Sandbox) {
@@ -242,6 +383,8 @@ func (a *NodeAgent) Create(ctx context.Context, req *connect.Request[corralv1.Cr
 	a.inflight.add(cost, -1)
 	if p.err == nil {
 		a.delta.add(cost, 1)
+		a.delta.count(p.resp.Msg.GetSandbox().GetBackend(), p.resp.Msg.GetSandbox().GetLabels(), 1)
+		a.delta.countProject(p.resp.Msg.GetSandbox(), 1)
 	}
 	if rid != "" {
 		delete(a.pending, rid)
@@ -292,6 +435,8 @@ func (a *NodeAgent) Delete(ctx context.Context, req *connect.Request[corralv1.De
 		sb := got.Msg.Sandbox
 		a.mu.Lock()
 		a.delta.add(Load{Sandboxes: 1, CPUMillis: sb.GetResources().GetCpuMillis(), MemoryBytes: sb.GetResources().GetMemoryBytes()}, -1)
+		a.delta.count(sb.Backend, sb.Labels, -1)
+		a.delta.countProject(sb, -1)
 		a.mu.Unlock()
 		if sb.Project != "" {
 			// The control instance credits the project at once.

@@ -2,10 +2,13 @@ package cluster
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -60,6 +63,9 @@ type Placer struct {
 
 	mu      sync.Mutex
 	overlay map[string]*overlay
+	// filtered is the last plain filter's outcome (candidates are shared,
+	// never modified).
+	filtered atomic.Pointer[filtered]
 }
 
 type overlay struct {
@@ -238,23 +244,7 @@ func (p *Placer) admitQuotaLocked(snap *Snapshot, w Want, cost Load) error {
 func (p *Placer) Place(w Want, exclude map[string]string) (*Placement, error) {
 	snap := p.w()
 	cost := p.cost(w)
-	var primary, burst []*NodeView
-	why := map[string]string{}
-	for _, v := range snap.Nodes {
-		if r, ok := exclude[v.ID]; ok {
-			why[v.ID] = r
-			continue
-		}
-		if r := p.unfit(v, w); r != "" {
-			why[v.ID] = r
-			continue
-		}
-		if v.burst {
-			burst = append(burst, v)
-		} else {
-			primary = append(primary, v)
-		}
-	}
+	primary, burst, why := p.filter(snap, w, exclude)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.admitQuotaLocked(snap, w, cost); err != nil {
@@ -299,6 +289,47 @@ func (p *Placer) Place(w Want, exclude map[string]string) (*Placement, error) {
 		o.inflightProjects[w.Project] = o.inflightProjects[w.Project].Add(pl.usage)
 	}
 	return pl, nil
+}
+
+// filtered is the outcome of the filter for one snapshot and backend,
+// with no node labels asked and no node excluded (most creates).
+type filtered struct {
+	snap           *Snapshot
+	backend        string
+	primary, burst []*NodeView
+	why            map[string]string
+}
+
+// filter splits the nodes that can take w into the primary and the burst
+// pool, and says why each other node cannot. The common case is
+// remembered for the snapshot, so that a create does not test every node
+// again until a report changes the snapshot.
+func (p *Placer) filter(snap *Snapshot, w Want, exclude map[string]string) (primary, burst []*NodeView, why map[string]string) {
+	plain := len(exclude) == 0 && len(w.NodeLabels) == 0
+	if f := p.filtered.Load(); plain && f != nil && f.snap == snap && f.backend == w.Backend {
+		return f.primary, f.burst, maps.Clone(f.why)
+	}
+	primary = make([]*NodeView, 0, len(snap.Nodes))
+	why = map[string]string{}
+	for _, v := range snap.Nodes {
+		if r, ok := exclude[v.ID]; ok {
+			why[v.ID] = r
+			continue
+		}
+		if r := p.unfit(v, w); r != "" {
+			why[v.ID] = r
+			continue
+		}
+		if v.burst {
+			burst = append(burst, v)
+		} else {
+			primary = append(primary, v)
+		}
+	}
+	if plain {
+		p.filtered.Store(&filtered{snap: snap, backend: w.Backend, primary: primary, burst: burst, why: maps.Clone(why)})
+	}
+	return primary, burst, why
 }
 
 // spreadLocked compares every candidate that can take the create: the
@@ -354,14 +385,15 @@ func (p *Placer) chooseLocked(cands []*NodeView, cost Load) *NodeView {
 	}
 	// K distinct indexes (Floyd's sampling); a full candidate is skipped
 	// and another drawn, so a nearly full cluster still places.
+	picked := make([]int, 0, p.cfg.K)
 	for tries := 0; best == nil && tries < 4; tries++ {
-		picked := map[int]bool{}
+		picked = picked[:0]
 		for j := n - p.cfg.K; j < n; j++ {
 			i := rand.IntN(j + 1)
-			if picked[i] {
+			if slices.Contains(picked, i) {
 				i = j
 			}
-			picked[i] = true
+			picked = append(picked, i)
 			try(cands[i])
 		}
 	}

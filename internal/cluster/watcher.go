@@ -56,6 +56,12 @@ type Watcher struct {
 	members map[string]MemberRecord
 	drained map[string]bool
 	goneAt  map[string]time.Time // when this instance saw a node's record go
+	// views are the nodes of the last snapshot, by id, in order; dirty
+	// the ids whose records changed since. A report changes one node:
+	// the next snapshot shares every other node's view.
+	views map[string]*NodeView
+	order []string
+	dirty map[string]bool
 
 	snap    atomic.Pointer[Snapshot]
 	changed chan struct{} // closed and replaced on every change
@@ -89,6 +95,11 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 	if w.goneAt == nil {
 		w.goneAt = map[string]time.Time{}
 	}
+	// Every node is rebuilt (one that is gone from etcd too).
+	w.dirty = map[string]bool{}
+	for id := range w.views {
+		w.dirty[id] = true
+	}
 	for _, kv := range resp.Kvs {
 		w.applyLocked(string(kv.Key), kv.Value, false)
 	}
@@ -102,6 +113,7 @@ func (w *Watcher) applyLocked(key string, value []byte, deleted bool) {
 	switch {
 	case strings.HasPrefix(key, nodesPrefix):
 		id := idFromKey(nodesPrefix, key)
+		w.dirty[id] = true
 		var rec NodeRecord
 		if deleted || json.Unmarshal(value, &rec) != nil {
 			if _, ok := w.nodes[id]; ok {
@@ -114,6 +126,7 @@ func (w *Watcher) applyLocked(key string, value []byte, deleted bool) {
 		w.nodes[id] = rec
 	case strings.HasPrefix(key, membersPrefix):
 		id := idFromKey(membersPrefix, key)
+		w.dirty[id] = true
 		var m MemberRecord
 		if deleted || json.Unmarshal(value, &m) != nil {
 			delete(w.members, id)
@@ -122,6 +135,7 @@ func (w *Watcher) applyLocked(key string, value []byte, deleted bool) {
 		w.members[id] = m
 	case strings.HasPrefix(key, drainPrefix):
 		id := idFromKey(drainPrefix, key)
+		w.dirty[id] = true
 		if deleted {
 			delete(w.drained, id)
 		} else {
@@ -131,33 +145,57 @@ func (w *Watcher) applyLocked(key string, value []byte, deleted bool) {
 }
 
 func (w *Watcher) publishLocked() {
-	s := &Snapshot{byID: map[string]*NodeView{}}
-	add := func(v *NodeView) {
-		s.Nodes = append(s.Nodes, v)
-		s.byID[v.ID] = v
+	if w.views == nil {
+		w.views = map[string]*NodeView{}
 	}
-	for id, rec := range w.nodes {
+	reorder := false
+	for id := range w.dirty {
+		v := w.viewLocked(id)
+		_, had := w.views[id]
+		if v == nil {
+			delete(w.views, id)
+		} else {
+			w.views[id] = v
+		}
+		reorder = reorder || had != (v != nil)
+	}
+	clear(w.dirty)
+	if reorder {
+		w.order = w.order[:0]
+		for id := range w.views {
+			w.order = append(w.order, id)
+		}
+		sort.Strings(w.order)
+	}
+	s := &Snapshot{Nodes: make([]*NodeView, len(w.order)), byID: make(map[string]*NodeView, len(w.order))}
+	for i, id := range w.order {
+		s.Nodes[i] = w.views[id]
+		s.byID[id] = s.Nodes[i]
+	}
+	w.snap.Store(s)
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+// viewLocked is node id as its records say now (nil when it has none).
+func (w *Watcher) viewLocked(id string) *NodeView {
+	if rec, ok := w.nodes[id]; ok {
 		v := &NodeView{NodeRecord: rec, Member: w.members[id], State: NodeReady, burst: rec.Labels[PoolLabel] == BurstPool}
 		if w.drained[id] {
 			v.State = NodeDrained
 		}
-		add(v)
+		return v
 	}
-	for id, m := range w.members {
-		if _, live := w.nodes[id]; live {
-			continue
-		}
-		reason := fmt.Sprintf("node %s (%s) has no live lease: it stopped renewing its registration (registered %s)",
-			id, m.Address, m.RegisteredAt.Format(time.RFC3339))
-		if t, ok := w.goneAt[id]; ok {
-			reason = fmt.Sprintf("node %s (%s) lost its lease at %s", id, m.Address, t.UTC().Format(time.RFC3339))
-		}
-		add(&NodeView{NodeRecord: NodeRecord{ID: id, Address: m.Address}, Member: m, State: NodeLost, Reason: reason})
+	m, ok := w.members[id]
+	if !ok {
+		return nil
 	}
-	sort.Slice(s.Nodes, func(i, j int) bool { return s.Nodes[i].ID < s.Nodes[j].ID })
-	w.snap.Store(s)
-	close(w.changed)
-	w.changed = make(chan struct{})
+	reason := fmt.Sprintf("node %s (%s) has no live lease: it stopped renewing its registration (registered %s)",
+		id, m.Address, m.RegisteredAt.Format(time.RFC3339))
+	if t, ok := w.goneAt[id]; ok {
+		reason = fmt.Sprintf("node %s (%s) lost its lease at %s", id, m.Address, t.UTC().Format(time.RFC3339))
+	}
+	return &NodeView{NodeRecord: NodeRecord{ID: id, Address: m.Address}, Member: m, State: NodeLost, Reason: reason}
 }
 
 func (w *Watcher) run(ctx context.Context, rev int64) {

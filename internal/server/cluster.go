@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -115,6 +116,10 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	acfg := cluster.AgentConfig{
 		Sandboxes: cn.sandboxes, Capacity: cc.Capacity,
 		DefaultCPUMillis: defaults.CPUMillis, DefaultMemoryBytes: defaults.MemoryBytes, Logger: log,
+		// A real node lists its sandboxes at every report: its sandbox
+		// summary (a lost node's listing) then misses none made before a
+		// report, and sandboxes that stop by themselves leave its load at once.
+		RecountInterval: cmp.Or(cc.ReportInterval, time.Second),
 	}
 	var ci *clusterImages
 	if cn.share != nil {

@@ -79,7 +79,10 @@ func Start(ctx context.Context, listen string, endpoints []string, secret cluste
 	for _, s := range specs {
 		t := &table{node: s.ID, latency: s.Latency, refuse: s.Refuse, sandboxes: map[string]*corralv1.Sandbox{}}
 		agent, err := cluster.NewNodeAgent(ctx, cluster.AgentConfig{Sandboxes: t, Capacity: s.Capacity,
-			DefaultCPUMillis: 1000, DefaultMemoryBytes: 512 << 20, Logger: log})
+			DefaultCPUMillis: 1000, DefaultMemoryBytes: 512 << 20, Logger: log,
+			// Many agents share one process: listing every table at every
+			// report would be the harness's cost, not the control plane's.
+			RecountInterval: 10 * report})
 		if err != nil {
 			f.Close(ctx)
 			return nil, err
