@@ -2,6 +2,7 @@ package client
 
 import (
 	"errors"
+	"syscall"
 
 	"connectrpc.com/connect"
 )
@@ -42,10 +43,20 @@ func wrapErr(err error) error {
 		return err
 	}
 	code := Code(ce.Code().String())
-	if ce.Code() == connect.CodeUnknown {
+	switch {
+	case ce.Code() == connect.CodeUnknown:
 		code = CodeInternal
+	case ce.Code() == connect.CodeCanceled && connectionLost(err):
+		// Connect calls a reset connection "canceled" (on a server it is
+		// the client going away); here the server went away, and the
+		// caller, who cancelled nothing, may retry elsewhere.
+		code = CodeUnavailable
 	}
 	return &Error{Code: code, Message: ce.Message()}
+}
+
+func connectionLost(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // CodeOf returns the server's code for err, or "" for a local error.
