@@ -77,7 +77,9 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 			switch nodeCgroup {
 			case "none":
 			case "":
-				cfg.NodeCgroup = cfg.CgroupParent + "-node"
+				// Beside the sandboxes' parent at the top of the hierarchy,
+				// also when that parent is nested (a/b: a-b-node).
+				cfg.NodeCgroup = strings.ReplaceAll(cfg.CgroupParent, "/", "-") + "-node"
 			default:
 				cfg.NodeCgroup = nodeCgroup
 			}

@@ -96,8 +96,11 @@ func TestDaemonAtAPidsLimit(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// exited is closed when the daemon has exited (waitErr then says how):
+	// closed, so that waitServing and the cleanup below both see it.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	defer func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -113,7 +116,7 @@ func TestDaemonAtAPidsLimit(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c := waitServing(ctx, t, sock, exited)
+	c := waitServing(ctx, t, sock, exited, &waitErr)
 	defer c.Close()
 
 	var sbs []*client.Sandbox
@@ -166,8 +169,8 @@ func TestDaemonAtAPidsLimit(t *testing.T) {
 	}
 	sbs = sbs[1:]
 	select {
-	case err := <-exited:
-		t.Fatalf("daemon exited: %v", err)
+	case <-exited:
+		t.Fatalf("daemon exited: %v", waitErr)
 	default:
 	}
 	// Its PIDs are back: the others exec, and once two more are deleted
@@ -197,12 +200,12 @@ func TestDaemonAtAPidsLimit(t *testing.T) {
 	}
 }
 
-func waitServing(ctx context.Context, t *testing.T, sock string, exited <-chan error) *client.Client {
+func waitServing(ctx context.Context, t *testing.T, sock string, exited <-chan struct{}, waitErr *error) *client.Client {
 	t.Helper()
 	for {
 		select {
-		case err := <-exited:
-			t.Fatalf("daemon exited at start: %v", err)
+		case <-exited:
+			t.Fatalf("daemon exited at start: %v", *waitErr)
 		case <-ctx.Done():
 			t.Fatal("daemon did not start")
 		case <-time.After(100 * time.Millisecond):
