@@ -167,7 +167,7 @@ func TestExecKeyReplayAttachAndErrors(t *testing.T) {
 	}{
 		{"reused key", client.Command{Shell: "echo other", Step: "count"}, "was used for a different command"},
 		{"long key", client.Command{Args: []string{"true"}, IdempotencyKey: strings.Repeat("k", 257)}, "over the limit of 256"},
-		{"streamed stdin", client.Command{Args: []string{"cat"}, IdempotencyKey: "s", StdinReader: strings.NewReader("x")}, "not allowed on ExecStream"},
+		{"streamed stdin", client.Command{Args: []string{"cat"}, IdempotencyKey: "s", StdinReader: strings.NewReader("x")}, "not allowed on a streamed exec"},
 	} {
 		_, err := sb.Run(ctx, tc.cmd)
 		if !client.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
