@@ -36,6 +36,7 @@ type sandbox struct {
 	// stop): that exit does not end the sandbox.
 	quitProc *launch.Process
 	timer    *time.Timer // pending snapshot of a paused VM
+	oomSeen  int64       // the guest's OOM kills counted so far
 }
 
 func (b *Backend) newSandbox(m *machine, proc *launch.Process) *sandbox {
@@ -167,6 +168,13 @@ func (s *sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
 				return nil
 			})
 		s.m.Linux = err == nil && res.ExitCode == 0 && strings.TrimSpace(out.String()) == "Linux"
+	}
+	if s.m.Linux {
+		if n, err := s.oomKills(ctx); err == nil {
+			s.mu.Lock()
+			s.oomSeen = n
+			s.mu.Unlock()
+		}
 	}
 	return s.m.save()
 }
