@@ -47,11 +47,13 @@ func linuxArgv(spec backend.ExecSpec) []string {
 	if cwd := spec.Cwd; cwd != "" && cwd != "/" {
 		argv = []string{"/bin/sh", "-c", `cd "$1" 2>/dev/null || { echo "` + cwdMissing + `$1" >&2; exit 126; }; shift; exec "$@"`, "corral-exec", cwd}
 	}
-	argv = append(argv, "/usr/bin/timeout", "-s", "KILL", strconv.FormatInt(secs, 10))
 	if spec.OutputLimit > 0 {
-		// One byte past the cap tells the host it was cut.
+		// One byte past the cap tells the host it was cut. The cap stays
+		// outside timeout's process group, so that a timeout's kill does
+		// not lose output still in the pipe.
 		argv = append(argv, "/bin/sh", "-c", capScript, "corral-cap", strconv.FormatInt(spec.OutputLimit+1, 10))
 	}
+	argv = append(argv, "/usr/bin/timeout", "-s", "KILL", strconv.FormatInt(secs, 10))
 	switch u := spec.User; {
 	case u == "" || u == "root" || u == "0" || u == "0:0":
 	case isNumericUser(u):
@@ -99,7 +101,7 @@ func launchError(spec backend.ExecSpec, code int, stderr []byte) error {
 	case code != 126 && code != 127:
 		return nil
 	}
-	for _, p := range []string{"/usr/bin/timeout: failed to run command", "corral-cap: ", "runuser: failed to execute", "setpriv: failed to execute"} {
+	for _, p := range []string{"/usr/bin/timeout: failed to run command", "runuser: failed to execute", "setpriv: failed to execute"} {
 		if strings.HasPrefix(msg, p) {
 			if strings.Contains(msg, "Permission denied") {
 				return errdefs.PermissionDenied("exec: %s: %s", spec.Argv[0], msg)
@@ -256,15 +258,20 @@ func (s *sandbox) waitExec(ctx context.Context, pid int, timeout time.Duration) 
 	}
 }
 
-// killGuest kills a command's process group (Linux guests: the wrapper's
-// timeout leads it), detached from the caller's context.
+// killScript kills a process tree, children first, and each process
+// group led by one of its processes (the wrapper's timeout leads the
+// command's, which holds children that left the tree).
+const killScript = `k() { for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do k "$c"; done; kill -KILL -- -"$1" 2>/dev/null; kill -KILL "$1" 2>/dev/null; }; k "$1"`
+
+// killGuest kills a command's processes (Linux guests), detached from the
+// caller's context.
 func (s *sandbox) killGuest(pid int) {
 	if !s.m.Linux {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = s.qga.call(ctx, "guest-exec", map[string]any{"path": "/bin/kill", "arg": []string{"-KILL", "--", "-" + strconv.Itoa(pid)}}, nil)
+	_ = s.qga.call(ctx, "guest-exec", map[string]any{"path": "/bin/sh", "arg": []string{"-c", killScript, "corral-kill", strconv.Itoa(pid)}}, nil)
 }
 
 // oomKilledSince says whether the guest's OOM killer has killed a

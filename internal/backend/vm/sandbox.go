@@ -186,7 +186,14 @@ func (s *sandbox) setupGuest(ctx context.Context, hostname string) error {
 	if !s.m.Linux {
 		return nil
 	}
-	script := `[ -n "$1" ] && hostname "$1"`
+	// systemd stops a service one of whose processes the OOM killer took
+	// (OOMPolicy=stop): qemu-ga would restart and forget every running
+	// command, so a memory bomb in one command would lose the others.
+	script := `[ -n "$1" ] && hostname "$1"
+if [ -d /run/systemd/system ]; then
+d=/run/systemd/system/qemu-guest-agent.service.d
+mkdir -p "$d" && printf '[Service]\nOOMPolicy=continue\n' > "$d/corral-oom.conf" && systemctl daemon-reload
+fi`
 	args := []string{hostname}
 	if s.m.net != nil {
 		g := s.m.net.Guest()
