@@ -45,7 +45,13 @@ func linuxArgv(spec backend.ExecSpec) []string {
 	// qemu-ga runs commands in its own working directory, / (every exec
 	// costs much under emulation: the shell only when it must cd).
 	if cwd := spec.Cwd; cwd != "" && cwd != "/" {
-		argv = []string{"/bin/sh", "-c", `cd "$1" || exit 126; shift; exec "$@"`, "corral-exec", cwd}
+		argv = []string{"/bin/sh", "-c", `cd "$1" 2>/dev/null || { echo "` + cwdMissing + `$1" >&2; exit 126; }; shift; exec "$@"`, "corral-exec", cwd}
+	}
+	if spec.OutputLimit > 0 {
+		// One byte past the cap tells the host it was cut. The cap stays
+		// outside timeout's process group, so that a timeout's kill does
+		// not lose output still in the pipe.
+		argv = append(argv, "/bin/sh", "-c", capScript, "corral-cap", strconv.FormatInt(spec.OutputLimit+1, 10))
 	}
 	argv = append(argv, "/usr/bin/timeout", "-s", "KILL", strconv.FormatInt(secs, 10))
 	switch u := spec.User; {
@@ -60,6 +66,50 @@ func linuxArgv(spec backend.ExecSpec) []string {
 		argv = append(argv, "/usr/sbin/runuser", "-u", u, "--")
 	}
 	return append(argv, spec.Argv...)
+}
+
+// capScript cuts the command's stdout in the guest (head ends the pipe,
+// so a runaway writer dies of SIGPIPE as in other backends): qemu-ga would
+// otherwise buffer 16 MiB of it, slowly under emulation, before the host
+// cut it. The command's exit or signal (sh's 128+n) is passed on as the
+// wrapper's own; stderr is cut on the host. The command runs by exec in a
+// subshell, and the wrapper's own stderr is /dev/null, so that sh adds no
+// "Killed" of its own to the command's stderr.
+const capScript = `n=$1; shift
+run() { ( exec "$@" 2>&5 3>&- 4>&- 5>&- ); echo $? >&3; }
+exec 4>&1 5>&2 2>/dev/null
+rc=$( { run "$@" | head -c "$n" >&4 4>&-; } 3>&1 )
+[ "$rc" -gt 128 ] && kill -$((rc - 128)) $$
+exit "$rc"`
+
+// cwdMissing starts the wrapper's complaint that the working directory
+// is not there (exit 126).
+const cwdMissing = "corral-exec: no such working directory: "
+
+// launchError maps a failure of linuxArgv's wrappers to start the command
+// to the error kinds of other backends: a missing cwd is an invalid
+// argument, a missing or non-executable program not found or permission
+// denied, an unknown user not found. A command's own exit is never one of
+// these: each needs the wrapper's exit code and its message first.
+func launchError(spec backend.ExecSpec, code int, stderr []byte) error {
+	msg := strings.TrimSpace(string(stderr))
+	switch {
+	case code == 126 && strings.HasPrefix(msg, cwdMissing):
+		return errdefs.InvalidArgument("exec.cwd: %q is not a directory in the sandbox", spec.Cwd)
+	case code == 1 && strings.HasPrefix(msg, "runuser: user ") && strings.Contains(msg, "does not exist"):
+		return errdefs.NotFound("exec.user: %s", msg)
+	case code != 126 && code != 127:
+		return nil
+	}
+	for _, p := range []string{"/usr/bin/timeout: failed to run command", "runuser: failed to execute", "setpriv: failed to execute"} {
+		if strings.HasPrefix(msg, p) {
+			if strings.Contains(msg, "Permission denied") {
+				return errdefs.PermissionDenied("exec: %s: %s", spec.Argv[0], msg)
+			}
+			return errdefs.NotFound("exec: %s: %s", spec.Argv[0], msg)
+		}
+	}
+	return nil
 }
 
 func isNumericUser(u string) bool {
@@ -120,6 +170,8 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	st, err := s.waitExec(ctx, started.PID, spec.Timeout)
 	res.Duration = time.Since(start)
 	if err != nil {
+		// A cancelled call killed the command, as a timeout does.
+		res.TimedOut = ctx.Err() != nil
 		return res, fmt.Errorf("sandbox %s: exec %s: %w", s.m.id, spec.Argv[0], err)
 	}
 	stdout, err1 := base64.StdEncoding.DecodeString(st.OutData)
@@ -134,13 +186,16 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 		res.ExitCode = *st.ExitCode
 	}
 	if s.m.Linux {
-		if res.ExitCode == 127 && bytes.HasPrefix(stderr, []byte("/usr/bin/timeout: failed to run command")) {
-			return res, errdefs.NotFound("exec: %s: %s", spec.Argv[0], strings.TrimSpace(string(stderr)))
+		if err := launchError(spec, res.ExitCode, stderr); err != nil {
+			return res, err
 		}
 		// timeout killed its group with SIGKILL, itself included (the
 		// agent reports the signal, or a shell's 128+9).
 		if spec.Timeout > 0 && (res.Signal == 9 || res.ExitCode == 128+9) && res.Duration >= spec.Timeout-time.Second {
 			res.ExitCode, res.Signal, res.TimedOut = -1, 9, true
+		}
+		if res.Signal == 9 && !res.TimedOut {
+			res.OOMKilled = s.oomKilledSince(ctx)
 		}
 	}
 	res.Truncated = st.OutTruncated || st.ErrTruncated
@@ -203,15 +258,45 @@ func (s *sandbox) waitExec(ctx context.Context, pid int, timeout time.Duration) 
 	}
 }
 
-// killGuest kills a command's process group (Linux guests: the wrapper's
-// timeout leads it), detached from the caller's context.
+// killScript kills a process tree, children first, and each process
+// group led by one of its processes (the wrapper's timeout leads the
+// command's, which holds children that left the tree).
+const killScript = `k() { for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do k "$c"; done; kill -KILL -- -"$1" 2>/dev/null; kill -KILL "$1" 2>/dev/null; }; k "$1"`
+
+// killGuest kills a command's processes (Linux guests), detached from the
+// caller's context.
 func (s *sandbox) killGuest(pid int) {
 	if !s.m.Linux {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = s.qga.call(ctx, "guest-exec", map[string]any{"path": "/bin/kill", "arg": []string{"-KILL", "--", "-" + strconv.Itoa(pid)}}, nil)
+	_ = s.qga.call(ctx, "guest-exec", map[string]any{"path": "/bin/sh", "arg": []string{"-c", killScript, "corral-kill", strconv.Itoa(pid)}}, nil)
+}
+
+// oomKilledSince says whether the guest's OOM killer has killed a
+// process since the last look (at boot, recovery, or the last SIGKILL):
+// qemu-ga reports only the signal. Two commands killed at once may both
+// be flagged.
+func (s *sandbox) oomKilledSince(ctx context.Context) bool {
+	n, err := s.oomKills(ctx)
+	if err != nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	killed := n > s.oomSeen
+	s.oomSeen = n
+	return killed
+}
+
+// oomKills reads the guest kernel's count of OOM kills.
+func (s *sandbox) oomKills(ctx context.Context) (int64, error) {
+	out, err := s.sh(ctx, `exec sed -n 's/^oom_kill //p' /proc/vmstat`)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
 }
 
 // sh runs a script in a Linux guest and returns its stdout; a non-zero
@@ -243,7 +328,7 @@ func (s *sandbox) sh(ctx context.Context, script string, args ...string) ([]byte
 // fileError maps a guest's error text to the error vocabulary.
 func fileError(msg string) error {
 	switch {
-	case strings.Contains(msg, "No such file or directory"):
+	case strings.Contains(msg, "No such file or directory"), strings.Contains(msg, "Directory nonexistent"):
 		return errdefs.NotFound("%s", msg)
 	case strings.Contains(msg, "Permission denied"):
 		return errdefs.PermissionDenied("%s", msg)

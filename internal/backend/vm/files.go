@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -255,6 +256,8 @@ func (s *sandbox) ListDir(ctx context.Context, p string) ([]backend.FileInfo, er
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: list %s: %w", s.m.id, p, err)
 	}
+	// find lists in directory order; the other backends sort by name.
+	slices.SortFunc(infos, func(a, b backend.FileInfo) int { return strings.Compare(a.Name, b.Name) })
 	return infos, nil
 }
 

@@ -150,7 +150,13 @@ func sharedVM(t *testing.T) (*Backend, *sandbox) {
 		defer cancel()
 		// The plain VM boots beside it (each TCG vCPU takes one core).
 		plain.done = make(chan struct{})
-		go bootPlain(ctx, filepath.Join(dir, "plain"))
+		// Its own context: ctx ends when the shared VM is up, which may
+		// be before the plain one is.
+		go func() {
+			pctx, pcancel := context.WithTimeout(context.Background(), 6*time.Minute)
+			defer pcancel()
+			bootPlain(pctx, filepath.Join(dir, "plain"))
+		}()
 		start := time.Now()
 		sb, err := b.Create(ctx, shared.spec)
 		shared.boot = time.Since(start)

@@ -36,6 +36,7 @@ type sandbox struct {
 	// stop): that exit does not end the sandbox.
 	quitProc *launch.Process
 	timer    *time.Timer // pending snapshot of a paused VM
+	oomSeen  int64       // the guest's OOM kills counted so far
 }
 
 func (b *Backend) newSandbox(m *machine, proc *launch.Process) *sandbox {
@@ -168,12 +169,20 @@ func (s *sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
 			})
 		s.m.Linux = err == nil && res.ExitCode == 0 && strings.TrimSpace(out.String()) == "Linux"
 	}
+	if s.m.Linux {
+		if n, err := s.oomKills(ctx); err == nil {
+			s.mu.Lock()
+			s.oomSeen = n
+			s.mu.Unlock()
+		}
+	}
 	return s.m.save()
 }
 
 // setupGuest names the guest and, when networked, gives its NIC the
 // slot's addresses (Linux guests; others configure themselves, e.g. by
-// DHCP from their own image).
+// DHCP from their own image). The agent can answer before udev has
+// renamed the NIC (eth0 to enp…): setup waits for udev and looks again.
 func (s *sandbox) setupGuest(ctx context.Context, hostname string) error {
 	if !s.m.Linux {
 		return nil
@@ -183,7 +192,11 @@ func (s *sandbox) setupGuest(ctx context.Context, hostname string) error {
 	if s.m.net != nil {
 		g := s.m.net.Guest()
 		script += `
-for i in /sys/class/net/*; do [ "$(cat $i/address)" = "$2" ] && dev=${i##*/}; done
+command -v udevadm >/dev/null && udevadm settle --timeout=30
+for try in 1 2 3 4 5 6 7 8 9 10; do
+for i in /sys/class/net/*; do [ "$(cat $i/address 2>/dev/null)" = "$2" ] && dev=${i##*/}; done
+[ -n "$dev" ] && [ -e "/sys/class/net/$dev" ] && break; dev=; sleep 1
+done
 [ -n "$dev" ] || { echo "no NIC with MAC $2" >&2; exit 1; }
 ip link set dev "$dev" up && ip addr add "$3" dev "$dev" && ip route add default via "$4" &&
 ip -6 addr add "$5" dev "$dev" nodad && ip -6 route add default via "$6" &&
@@ -193,6 +206,15 @@ echo "nameserver $7" > /etc/resolv.conf`
 	}
 	if _, err := s.sh(ctx, script, args...); err != nil {
 		return fmt.Errorf("guest setup: %w", err)
+	}
+	// systemd stops a service one of whose processes the OOM killer took
+	// (OOMPolicy=stop): qemu-ga would restart and forget every running
+	// command, so a memory bomb in one command would lose the others. Last,
+	// as the reload must not race the NIC's setup.
+	if _, err := s.sh(ctx, `[ -d /run/systemd/system ] || exit 0
+d=/run/systemd/system/qemu-guest-agent.service.d
+mkdir -p "$d" && printf '[Service]\nOOMPolicy=continue\n' > "$d/corral-oom.conf" && exec systemctl daemon-reload`); err != nil {
+		return fmt.Errorf("guest setup: agent oom policy: %w", err)
 	}
 	return nil
 }
