@@ -59,8 +59,9 @@ var rules = []rule{
 	{pkg: "examples/...", may: []string{"client"}, never: []string{"internal/..."}},
 
 	// The sandbox-side programs: small static binaries.
+	{pkg: "internal/runtime/spare", may: []string{}, never: staticBad},
 	{pkg: "internal/runtime/guestexec", may: []string{"internal/errdefs", "internal/runtime/passwd"}},
-	{pkg: "internal/runtime/initproc", may: []string{"internal/errdefs", "internal/runtime/initproto", "internal/runtime/seccomp", "internal/runtime/guestexec"},
+	{pkg: "internal/runtime/initproc", may: []string{"internal/errdefs", "internal/runtime/initproto", "internal/runtime/seccomp", "internal/runtime/guestexec", "internal/runtime/spare"},
 		never: cat([]string{"net", "internal/backend"}, staticBad)},
 	{pkg: "internal/agentproto", may: []string{"internal/errdefs"}, never: staticBad},
 	{pkg: "internal/agent", may: []string{"internal/agentproto", "internal/backend", "internal/errdefs", "internal/safefs", "internal/runtime/guestexec"},
@@ -87,7 +88,7 @@ var rules = []rule{
 	{pkg: "internal/importroot", may: []string{"internal/errdefs", "internal/safefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/state", may: []string{"internal/errdefs"}, never: cat([]string{"internal/backend/..."}, upper)},
 	{pkg: "internal/execlog", may: []string{"internal/errdefs"}, never: cat([]string{"internal/backend/..."}, upper)},
-	{pkg: "internal/hostlimit", may: []string{"internal/errdefs", "internal/runtime/cgroup"}, never: cat(backends, stateful)},
+	{pkg: "internal/hostlimit", may: []string{"internal/errdefs", "internal/runtime/cgroup", "internal/runtime/spare"}, never: cat(backends, stateful)},
 	{pkg: "internal/swaparea", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 
 	// The network policy drives the kernel; it knows the backend's types only.

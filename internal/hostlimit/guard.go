@@ -25,6 +25,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
+	"github.com/corral-dev/corral/internal/runtime/spare"
 	"golang.org/x/sys/unix"
 )
 
@@ -341,7 +342,7 @@ func (g *Guard) topUpThreads() {
 			return
 		}
 	}
-	SpareThreads(int(n))
+	spare.Threads(int(n))
 	g.threads, _ = ownThreads()
 }
 

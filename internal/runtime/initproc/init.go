@@ -13,9 +13,9 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"sync"
 
 	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"github.com/corral-dev/corral/internal/runtime/spare"
 	"golang.org/x/sys/unix"
 )
 
@@ -87,7 +87,7 @@ func serveMain() {
 	// that a process inside cannot make PID 1 exit with SIGTERM & co.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs)
-	prewarmThreads()
+	spare.Threads(spareThreads)
 	srv, err := newServer()
 	if err != nil {
 		fail(setup, "%v", err)
@@ -124,23 +124,3 @@ func fail(setup *initproto.Conn, format string, args ...any) {
 // ones), and two spares on top held the pids-limit fork bomb (an idle init
 // had 11 threads with six).
 const spareThreads = 2
-
-// prewarmThreads makes the runtime start spareThreads threads: each
-// goroutine pins the thread it runs on and parks, so the scheduler must start
-// a new thread for the next one. Unpinned, the threads stay idle in the
-// runtime's pool. This takes tens of microseconds, no sleeping.
-func prewarmThreads() {
-	var pinned, release sync.WaitGroup
-	release.Add(1)
-	for range spareThreads {
-		pinned.Add(1)
-		go func() {
-			runtime.LockOSThread()
-			pinned.Done()
-			release.Wait()
-			runtime.UnlockOSThread()
-		}()
-	}
-	pinned.Wait()
-	release.Done()
-}
