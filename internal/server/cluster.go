@@ -371,17 +371,7 @@ func (c *Control) Addr() string {
 func (c *Control) Watcher() *cluster.Watcher { return c.watcher }
 
 // Wait blocks until a listener fails or ctx ends.
-func (c *Control) Wait(ctx context.Context) error {
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-c.served:
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return err
-	}
-}
+func (c *Control) Wait(ctx context.Context) error { return waitServed(ctx, c.served) }
 
 // Stop stops serving.
 func (c *Control) Stop(ctx context.Context) error {

@@ -511,11 +511,15 @@ func (s *Server) TCPAddr() string {
 }
 
 // Wait blocks until a listener fails or ctx ends.
-func (s *Server) Wait(ctx context.Context) error {
+func (s *Server) Wait(ctx context.Context) error { return waitServed(ctx, s.served) }
+
+// waitServed blocks until a listener's Serve returns on served (a closed
+// server is no failure) or ctx ends.
+func waitServed(ctx context.Context, served <-chan error) error {
 	select {
 	case <-ctx.Done():
 		return nil
-	case err := <-s.served:
+	case err := <-served:
 		if errors.Is(err, http.ErrServerClosed) {
 			return nil
 		}
