@@ -24,9 +24,16 @@ import (
 //   - The PID counter: the next pid is the first free one above the
 //     namespace's cursor, so a call could tell from its own pid how many
 //     processes an earlier one forked. Once every process of the calls is
-//     gone, the cursor goes back to 1 (ns_last_pid): the next call's pids
-//     are the lowest free ones, which depend only on what the reset keeps
-//     (init's threads and the warm python), not on earlier calls.
+//     gone, the reset sets the cursor (ns_last_pid) back to 1, so that the
+//     threads the Go runtime starts in init between calls (a new forker
+//     after a dirty reset, say) take low ids; just before it forks a
+//     command init sets it to callPidBase: the call's first pid is
+//     callPidBase+1 whatever earlier calls forked. A call the warm python
+//     forks gets the lowest free id, which depends on what the reset keeps
+//     (init's threads and the python), not on earlier calls' processes.
+//     What stays: a thread the runtime started while a call ran keeps its
+//     id above the base, so a later call forking many processes may skip
+//     one number.
 //
 // The IPC and PID sysctls (/proc/sys/kernel/*, fs/mqueue/*) are read-only in
 // the view, and the calls hold no CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE,
@@ -68,11 +75,17 @@ func removeMqueues() error {
 	return nil
 }
 
-// rewindPids sets the PID namespace's cursor back to 1 (see above). A
-// kernel without checkpoint/restore support has no ns_last_pid, and so
-// no way to rewind: the counter then carries over.
-func rewindPids() error {
-	err := os.WriteFile(poolProc+"/sys/kernel/ns_last_pid", []byte("1"), 0)
+// callPidBase is where the PID cursor of a pooled sandbox stands before
+// each call: well above init's threads and the warm python (a dozen ids),
+// and below the smallest pid_max Linux allows (301).
+const callPidBase = 100
+
+// rewindPids sets the PID namespace's cursor to last (see above): the
+// next process or thread gets the first free id above it. A kernel without
+// checkpoint/restore support has no ns_last_pid, and so no way to rewind:
+// the counter then carries over.
+func rewindPids(last int) error {
+	err := os.WriteFile(poolProc+"/sys/kernel/ns_last_pid", []byte(strconv.Itoa(last)), 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}

@@ -58,7 +58,7 @@ func (p *pool) reset(keep []int) (bool, error) {
 	if err := removeMqueues(); err != nil {
 		return false, err
 	}
-	if err := rewindPids(); err != nil {
+	if err := rewindPids(1); err != nil {
 		return false, err
 	}
 	fp, err := takeFingerprint()
@@ -74,7 +74,7 @@ func (p *pool) reset(keep []int) (bool, error) {
 	if err := killAll(); err != nil {
 		return true, err
 	}
-	if err := rewindPids(); err != nil { // before the new forker's thread
+	if err := rewindPids(1); err != nil { // the new forker's thread low
 		return true, err
 	}
 	if err := unmountView(); err != nil {

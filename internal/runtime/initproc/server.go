@@ -201,6 +201,9 @@ func (s *server) startIn(req *initproto.ExecRequest, stdio [3]int) (pid int, don
 	}
 	s.pool.mu.Lock()
 	defer s.pool.mu.Unlock()
+	if err := rewindPids(callPidBase); err != nil {
+		return 0, nil, err
+	}
 	s.pool.forker.run(func() { pid, done, err = s.start(req, stdio) })
 	return pid, done, err
 }
