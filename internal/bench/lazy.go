@@ -17,10 +17,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/lazyblob"
 	"github.com/corral-dev/corral/internal/seaweed"
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 // LazyOptions configure Lazy. Zero fields take the defaults.

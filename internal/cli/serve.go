@@ -18,10 +18,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/server"
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 func newServeCmd() *cobra.Command {

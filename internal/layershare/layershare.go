@@ -23,10 +23,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/lazyblob"
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 // Config configures the share of one node.

@@ -10,9 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 // TestPublishPull: a layer published by one image store (to a shared

@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/blob"
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 // A blob's cache is four files in the cache dir, named by its hex digest:

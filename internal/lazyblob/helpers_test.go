@@ -19,8 +19,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/mountinfo"
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 // layer is a real EROFS image split into local metadata and a data blob

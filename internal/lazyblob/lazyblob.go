@@ -45,8 +45,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 // Config configures an FS. Zero fields take the defaults.

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/blob"
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 // counting counts the ranges fetched from its store, per offset.

@@ -14,8 +14,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 // A node runs its FS in a server process of its own (Serve), reached over

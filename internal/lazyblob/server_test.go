@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 // The FS runs in a server process of its own: a second client (a

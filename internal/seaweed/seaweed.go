@@ -17,8 +17,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 // Find returns the weed binary: on PATH, else in $(go env GOPATH)/bin.

@@ -20,7 +20,6 @@ import (
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/backend/container"
-	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/fncall"
@@ -33,6 +32,7 @@ import (
 	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/state"
+	"github.com/corral-dev/corral/internal/storage/blob"
 	"github.com/corral-dev/corral/internal/swaparea"
 )
 

@@ -12,9 +12,9 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/corral-dev/corral/internal/blob"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/seaweed"
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 func digestOf(b []byte) string {
