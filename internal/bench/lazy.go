@@ -18,9 +18,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/image"
-	"github.com/corral-dev/corral/internal/lazyblob"
 	"github.com/corral-dev/corral/internal/seaweed"
 	"github.com/corral-dev/corral/internal/storage/blob"
+	"github.com/corral-dev/corral/internal/storage/lazy"
 )
 
 // LazyOptions configure Lazy. Zero fields take the defaults.
@@ -233,9 +233,9 @@ type lazyBench struct {
 	seq            int
 }
 
-func (b *lazyBench) newFS(ctx context.Context, store blob.Store, cacheDir string) (*lazyblob.FS, error) {
+func (b *lazyBench) newFS(ctx context.Context, store blob.Store, cacheDir string) (*lazy.FS, error) {
 	b.seq++
-	return lazyblob.New(ctx, lazyblob.Config{
+	return lazy.New(ctx, lazy.Config{
 		Mountpoint: filepath.Join(b.work, fmt.Sprintf("fuse%d", b.seq)),
 		CacheDir:   cacheDir,
 	}, store)
@@ -328,7 +328,7 @@ func (b *lazyBench) hintStart(ctx context.Context, store blob.Store) (float64, e
 	if err != nil {
 		return 0, err
 	}
-	f.StartPrefetch(b.digest, lazyblob.PrefetchHint)
+	f.StartPrefetch(b.digest, lazy.PrefetchHint)
 	if _, err := b.start(ctx, dev); err != nil {
 		return 0, err
 	}
@@ -353,7 +353,7 @@ func (b *lazyBench) hintedCache(name string) (string, error) {
 // lazyBurst runs Starts commands at once on an empty chunk cache, with
 // the hint replayed as a prefetch or without; it returns the FS (open, for
 // the warm phase) and the blob file.
-func (b *lazyBench) lazyBurst(ctx context.Context, store blob.Store, hint bool) (f *lazyblob.FS, dev string, secs float64, written int64, err error) {
+func (b *lazyBench) lazyBurst(ctx context.Context, store blob.Store, hint bool) (f *lazy.FS, dev string, secs float64, written int64, err error) {
 	cache := filepath.Join(b.work, "cache-burst")
 	if hint {
 		if cache, err = b.hintedCache("cache-burst-hinted"); err != nil {
@@ -367,7 +367,7 @@ func (b *lazyBench) lazyBurst(ctx context.Context, store blob.Store, hint bool) 
 	t0 := time.Now()
 	if dev, err = f.Register(ctx, b.digest, b.size); err == nil {
 		if hint {
-			f.StartPrefetch(b.digest, lazyblob.PrefetchHint)
+			f.StartPrefetch(b.digest, lazy.PrefetchHint)
 		}
 		err = b.many(ctx, dev)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/corral-dev/corral/internal/lazyblob"
+	"github.com/corral-dev/corral/internal/storage/lazy"
 )
 
 // newLazyblobServeCmd is the node's lazy blob server process
@@ -22,7 +22,7 @@ func newLazyblobServeCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return lazyblob.ServeStdin(ctx, os.Stdin, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+			return lazy.ServeStdin(ctx, os.Stdin, slog.New(slog.NewTextHandler(os.Stderr, nil)))
 		},
 	}
 }

@@ -78,10 +78,10 @@ var rules = []rule{
 	// Storage and files.
 	{pkg: "internal/loopdev", may: []string{"internal/errdefs"}},
 	{pkg: "internal/storage/blob", may: []string{"internal/errdefs"}},
-	{pkg: "internal/lazyblob", may: []string{"internal/storage/blob", "internal/errdefs"}},
+	{pkg: "internal/storage/lazy", may: []string{"internal/storage/blob", "internal/errdefs"}},
 	{pkg: "internal/seaweed", may: []string{"internal/storage/blob", "internal/errdefs"}},
 	{pkg: "internal/image", may: []string{"internal/backend", "internal/storage/blob", "internal/errdefs", "internal/mountinfo"}, never: cat(backends, stateful)},
-	{pkg: "internal/layershare", may: []string{"internal/storage/blob", "internal/errdefs", "internal/image", "internal/lazyblob"}, never: cat(backends, stateful)},
+	{pkg: "internal/layershare", may: []string{"internal/storage/blob", "internal/errdefs", "internal/image", "internal/storage/lazy"}, never: cat(backends, stateful)},
 	{pkg: "internal/diskimg", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev"}, never: cat(backends, stateful)},
 	{pkg: "internal/quota", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev", "internal/mountinfo"}, never: cat(backends, stateful)},
 	{pkg: "internal/safefs", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
@@ -100,13 +100,13 @@ var rules = []rule{
 	{pkg: "internal/backend/backendtest", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/container", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev", "internal/netpolicy", "internal/safefs",
 		"internal/runtime/cgroup", "internal/runtime/initproto", "internal/runtime/launch", "internal/runtime/seccomp", "internal/runtime/userns"},
-		never: cat([]string{"internal/image", "internal/storage/blob", "internal/lazyblob", "internal/quota", "internal/diskimg"}, stateful)},
+		never: cat([]string{"internal/image", "internal/storage/blob", "internal/storage/lazy", "internal/quota", "internal/diskimg"}, stateful)},
 	{pkg: "internal/backend/microvm", may: []string{"internal/agentproto", "internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
-		never: cat([]string{"internal/image", "internal/storage/blob", "internal/lazyblob", "internal/quota", "internal/diskimg"}, stateful)},
+		never: cat([]string{"internal/image", "internal/storage/blob", "internal/storage/lazy", "internal/quota", "internal/diskimg"}, stateful)},
 	// The QEMU machine protocol client both QEMU backends drive.
 	{pkg: "internal/qmp", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/vm/...", may: []string{"internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
-		never: cat([]string{"internal/image", "internal/storage/blob", "internal/lazyblob", "internal/quota", "internal/diskimg"}, stateful)},
+		never: cat([]string{"internal/image", "internal/storage/blob", "internal/storage/lazy", "internal/quota", "internal/diskimg"}, stateful)},
 	{pkg: "internal/fncall", may: []string{"internal/backend", "internal/errdefs", "internal/image"}, never: stateful},
 
 	// The node: records, lifecycle, routing, over the backend interface.
@@ -132,7 +132,7 @@ var rules = []rule{
 
 	// The wiring and the front ends: may know everything below them.
 	{pkg: "internal/server", may: []string{"..."}, never: []string{"internal/cli", "client", "internal/testenv", "internal/bench"}},
-	{pkg: "internal/bench", may: []string{"client", "internal/storage/blob", "internal/cluster/...", "internal/etcdembed", "internal/image", "internal/lazyblob", "internal/seaweed", "internal/server"},
+	{pkg: "internal/bench", may: []string{"client", "internal/storage/blob", "internal/cluster/...", "internal/etcdembed", "internal/image", "internal/storage/lazy", "internal/seaweed", "internal/server"},
 		never: []string{"internal/cli"}},
 	{pkg: "internal/cli", may: []string{"..."}, never: []string{"internal/testenv"}},
 	{pkg: "cmd/corral", may: []string{"internal/cli"}},

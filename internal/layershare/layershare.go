@@ -25,8 +25,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
-	"github.com/corral-dev/corral/internal/lazyblob"
 	"github.com/corral-dev/corral/internal/storage/blob"
+	lazyblob "github.com/corral-dev/corral/internal/storage/lazy"
 )
 
 // Config configures the share of one node.

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/image"
-	"github.com/corral-dev/corral/internal/lazyblob"
+	lazyblob "github.com/corral-dev/corral/internal/storage/lazy"
 )
 
 // FaultSink is told which layers cannot be read (the node marks their

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
-	"github.com/corral-dev/corral/internal/lazyblob"
 	"github.com/corral-dev/corral/internal/seaweed"
+	lazyblob "github.com/corral-dev/corral/internal/storage/lazy"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 

@@ -1,4 +1,4 @@
-package lazyblob
+package lazy
 
 // Stats are one blob's figures since the FS started (chunk presence is
 // the cache's, which survives restarts).

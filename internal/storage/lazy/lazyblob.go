@@ -26,7 +26,7 @@
 // process of its own (Serve, started by Start as `corral lazyblob-serve`)
 // and drives it through a Client over a unix socket; the mount then also
 // outlives a daemon restart. It imports blob and errdefs only.
-package lazyblob
+package lazy
 
 import (
 	"context"

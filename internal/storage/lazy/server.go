@@ -1,4 +1,4 @@
-package lazyblob
+package lazy
 
 import (
 	"context"
