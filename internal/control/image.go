@@ -11,8 +11,8 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/importroot"
-	"github.com/corral-dev/corral/internal/layershare"
 	"github.com/corral-dev/corral/internal/node"
+	layershare "github.com/corral-dev/corral/internal/storage/share"
 )
 
 // ImageService implements corral.v1.ImageService over the local node's

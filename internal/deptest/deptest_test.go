@@ -81,7 +81,7 @@ var rules = []rule{
 	{pkg: "internal/storage/lazy", may: []string{"internal/storage/blob", "internal/errdefs"}},
 	{pkg: "internal/seaweed", may: []string{"internal/storage/blob", "internal/errdefs"}},
 	{pkg: "internal/image", may: []string{"internal/backend", "internal/storage/blob", "internal/errdefs", "internal/mountinfo"}, never: cat(backends, stateful)},
-	{pkg: "internal/layershare", may: []string{"internal/storage/blob", "internal/errdefs", "internal/image", "internal/storage/lazy"}, never: cat(backends, stateful)},
+	{pkg: "internal/storage/share", may: []string{"internal/storage/blob", "internal/errdefs", "internal/image", "internal/storage/lazy"}, never: cat(backends, stateful)},
 	{pkg: "internal/diskimg", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev"}, never: cat(backends, stateful)},
 	{pkg: "internal/quota", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev", "internal/mountinfo"}, never: cat(backends, stateful)},
 	{pkg: "internal/safefs", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
@@ -124,7 +124,7 @@ var rules = []rule{
 
 	// The API layer.
 	{pkg: "internal/control", may: []string{"api/...", "internal/backend", "internal/errdefs", "internal/events", "internal/fncall", "internal/iam",
-		"internal/execlog", "internal/image", "internal/importroot", "internal/layershare", "internal/metrics", "internal/node", "internal/state"},
+		"internal/execlog", "internal/image", "internal/importroot", "internal/storage/share", "internal/metrics", "internal/node", "internal/state"},
 		never: []string{"internal/server", "internal/cli", "client", "internal/backend/container", "internal/backend/microvm", "internal/backend/vm"}},
 	{pkg: "internal/e2b", may: []string{"api/...", "internal/backend", "internal/control", "internal/e2b/envdpb/...", "internal/errdefs", "internal/iam", "internal/node", "internal/state"},
 		never: []string{"internal/server", "internal/cli", "client"}},

@@ -18,7 +18,7 @@ import (
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/image"
-	"github.com/corral-dev/corral/internal/layershare"
+	layershare "github.com/corral-dev/corral/internal/storage/share"
 )
 
 // Image records of a cluster live in etcd (outside the prefix the node

@@ -26,13 +26,13 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/importroot"
-	"github.com/corral-dev/corral/internal/layershare"
 	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/state"
 	"github.com/corral-dev/corral/internal/storage/blob"
+	layershare "github.com/corral-dev/corral/internal/storage/share"
 	"github.com/corral-dev/corral/internal/swaparea"
 )
 

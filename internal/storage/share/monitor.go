@@ -1,4 +1,4 @@
-package layershare
+package share
 
 import (
 	"context"

@@ -5,7 +5,7 @@
 // of such layers as lazily fetched files (package lazyblob), watching for
 // fetch faults. It is the glue between image, blob and lazyblob, and
 // imports those and errdefs only; never a backend, the node or the API.
-package layershare
+package share
 
 import (
 	"bytes"
