@@ -17,9 +17,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/seaweed"
 	"github.com/corral-dev/corral/internal/storage/blob"
+	"github.com/corral-dev/corral/internal/storage/layers"
 	"github.com/corral-dev/corral/internal/storage/lazy"
 )
 
@@ -143,7 +143,7 @@ func Lazy(ctx context.Context, o LazyOptions) (*LazyResult, error) {
 	defer os.RemoveAll(work)
 	tree := o.Rootfs
 	if tree == "" {
-		st, err := image.Open(ctx, o.ImageDir)
+		st, err := layers.Open(ctx, o.ImageDir)
 		if err != nil {
 			return nil, err
 		}

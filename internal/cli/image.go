@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/corral-dev/corral/client"
-	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/storage/layers"
 )
 
 func newImageCmd(g *globals) *cobra.Command {
@@ -71,7 +71,7 @@ under DIR: only for a daemon that is not running.`,
 
 // buildLocal builds name into the store under dataDir in this process.
 func buildLocal(cmd *cobra.Command, dataDir, name string, rebuild bool) error {
-	store, err := image.Open(cmd.Context(), filepath.Join(dataDir, "images"))
+	store, err := layers.Open(cmd.Context(), filepath.Join(dataDir, "images"))
 	if err != nil {
 		return err
 	}
@@ -197,7 +197,7 @@ an image again (by manifest digest) converts and stores nothing.`,
 				return err
 			}
 			src := args[0]
-			for _, prefix := range []string{image.SourceOCILayout, image.SourceDockerArchive} {
+			for _, prefix := range []string{layers.SourceOCILayout, layers.SourceDockerArchive} {
 				if rest, ok := strings.CutPrefix(src, prefix); ok && !strings.HasPrefix(rest, "/") && !nodePath {
 					if abs, err := filepath.Abs(rest); err == nil {
 						src = prefix + abs
@@ -410,7 +410,7 @@ func newPackCmd(g *globals) *cobra.Command {
 layer NAME@VERSION; deletions stay deletions. By default it also records the
 composition NAME@VERSION: the sandbox's own layers with the new one on top, so
 that 'corral create --image NAME@VERSION' starts where the sandbox is now.
-Left out by default: ` + strings.Join(image.DefaultPackExcludes, " "),
+Left out by default: ` + strings.Join(layers.DefaultPackExcludes, " "),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()

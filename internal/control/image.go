@@ -9,9 +9,9 @@ import (
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/importroot"
 	"github.com/corral-dev/corral/internal/node"
+	image "github.com/corral-dev/corral/internal/storage/layers"
 	layershare "github.com/corral-dev/corral/internal/storage/share"
 )
 

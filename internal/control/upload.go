@@ -10,8 +10,8 @@ import (
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/importroot"
+	"github.com/corral-dev/corral/internal/storage/layers"
 )
 
 // SetImportRoot lets the node administrator name node paths under root
@@ -36,10 +36,10 @@ func (s *ImageService) openNodePath(ctx context.Context, field, p string) (io.Re
 }
 
 // createLayerFromNode builds a layer from a node directory or tar file.
-func (s *ImageService) createLayerFromNode(ctx context.Context, name, p string) (image.Layer, error) {
+func (s *ImageService) createLayerFromNode(ctx context.Context, name, p string) (layers.Layer, error) {
 	rc, err := s.openNodePath(ctx, "path", p)
 	if err != nil {
-		return image.Layer{}, err
+		return layers.Layer{}, err
 	}
 	defer rc.Close()
 	return s.images.CreateLayerFromTar(ctx, name, rc, false)
@@ -47,21 +47,21 @@ func (s *ImageService) createLayerFromNode(ctx context.Context, name, p string) 
 
 // importFromNode imports oci:DIR[:REF] or docker-archive:FILE[:REPO:TAG]
 // from the node; ok is false for any other source (a registry).
-func (s *ImageService) importFromNode(ctx context.Context, opts image.ImportOptions) (res image.Imported, ok bool, err error) {
-	var format image.ArchiveFormat
+func (s *ImageService) importFromNode(ctx context.Context, opts layers.ImportOptions) (res layers.Imported, ok bool, err error) {
+	var format layers.ArchiveFormat
 	var rest string
 	switch {
-	case strings.HasPrefix(opts.Source, image.SourceOCILayout):
-		format, rest = image.ArchiveOCILayout, strings.TrimPrefix(opts.Source, image.SourceOCILayout)
-	case strings.HasPrefix(opts.Source, image.SourceDockerArchive):
-		format, rest = image.ArchiveDocker, strings.TrimPrefix(opts.Source, image.SourceDockerArchive)
+	case strings.HasPrefix(opts.Source, layers.SourceOCILayout):
+		format, rest = layers.ArchiveOCILayout, strings.TrimPrefix(opts.Source, layers.SourceOCILayout)
+	case strings.HasPrefix(opts.Source, layers.SourceDockerArchive):
+		format, rest = layers.ArchiveDocker, strings.TrimPrefix(opts.Source, layers.SourceDockerArchive)
 	default:
-		return image.Imported{}, false, nil
+		return layers.Imported{}, false, nil
 	}
 	p, which, _ := strings.Cut(rest, ":")
 	rc, err := s.openNodePath(ctx, "source", p)
 	if err != nil {
-		return image.Imported{}, true, err
+		return layers.Imported{}, true, err
 	}
 	defer rc.Close()
 	res, err = s.images.ImportArchive(ctx, opts, format, which, rc)
@@ -133,16 +133,16 @@ func (s *ImageService) UploadImage(ctx context.Context, stream *connect.ClientSt
 	if err != nil {
 		return nil, err
 	}
-	var format image.ArchiveFormat
+	var format layers.ArchiveFormat
 	switch first.Format {
 	case corralv1.ArchiveFormat_ARCHIVE_FORMAT_OCI_LAYOUT:
-		format = image.ArchiveOCILayout
+		format = layers.ArchiveOCILayout
 	case corralv1.ArchiveFormat_ARCHIVE_FORMAT_DOCKER_ARCHIVE:
-		format = image.ArchiveDocker
+		format = layers.ArchiveDocker
 	default:
 		return nil, errdefs.InvalidArgument("format: %v is not OCI_LAYOUT or DOCKER_ARCHIVE", first.Format)
 	}
-	res, err := s.images.ImportArchive(ctx, image.ImportOptions{Source: "uploaded " + first.Format.String(), Ref: first.Name},
+	res, err := s.images.ImportArchive(ctx, layers.ImportOptions{Source: "uploaded " + first.Format.String(), Ref: first.Name},
 		format, first.Image, r)
 	if err != nil {
 		return nil, err
@@ -150,7 +150,7 @@ func (s *ImageService) UploadImage(ctx context.Context, stream *connect.ClientSt
 	return connect.NewResponse(importResultToProto(res)), nil
 }
 
-func importResultToProto(res image.Imported) *corralv1.ImportResult {
+func importResultToProto(res layers.Imported) *corralv1.ImportResult {
 	return &corralv1.ImportResult{Composition: compositionToProto(res.Composition), ImageDigest: res.ImageDigest,
 		Layers: layersToProto(res.Layers), Cached: res.Cached}
 }

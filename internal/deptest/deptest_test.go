@@ -80,8 +80,8 @@ var rules = []rule{
 	{pkg: "internal/storage/blob", may: []string{"internal/errdefs"}},
 	{pkg: "internal/storage/lazy", may: []string{"internal/storage/blob", "internal/errdefs"}},
 	{pkg: "internal/seaweed", may: []string{"internal/storage/blob", "internal/errdefs"}},
-	{pkg: "internal/image", may: []string{"internal/backend", "internal/storage/blob", "internal/errdefs", "internal/mountinfo"}, never: cat(backends, stateful)},
-	{pkg: "internal/storage/share", may: []string{"internal/storage/blob", "internal/errdefs", "internal/image", "internal/storage/lazy"}, never: cat(backends, stateful)},
+	{pkg: "internal/storage/layers", may: []string{"internal/backend", "internal/storage/blob", "internal/errdefs", "internal/mountinfo"}, never: cat(backends, stateful)},
+	{pkg: "internal/storage/share", may: []string{"internal/storage/blob", "internal/errdefs", "internal/storage/layers", "internal/storage/lazy"}, never: cat(backends, stateful)},
 	{pkg: "internal/diskimg", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev"}, never: cat(backends, stateful)},
 	{pkg: "internal/quota", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev", "internal/mountinfo"}, never: cat(backends, stateful)},
 	{pkg: "internal/safefs", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
@@ -100,17 +100,17 @@ var rules = []rule{
 	{pkg: "internal/backend/backendtest", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/container", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev", "internal/netpolicy", "internal/safefs",
 		"internal/runtime/cgroup", "internal/runtime/initproto", "internal/runtime/launch", "internal/runtime/seccomp", "internal/runtime/userns"},
-		never: cat([]string{"internal/image", "internal/storage/blob", "internal/storage/lazy", "internal/quota", "internal/diskimg"}, stateful)},
+		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/quota", "internal/diskimg"}, stateful)},
 	{pkg: "internal/backend/microvm", may: []string{"internal/agentproto", "internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
-		never: cat([]string{"internal/image", "internal/storage/blob", "internal/storage/lazy", "internal/quota", "internal/diskimg"}, stateful)},
+		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/quota", "internal/diskimg"}, stateful)},
 	// The QEMU machine protocol client both QEMU backends drive.
 	{pkg: "internal/qmp", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/vm/...", may: []string{"internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
-		never: cat([]string{"internal/image", "internal/storage/blob", "internal/storage/lazy", "internal/quota", "internal/diskimg"}, stateful)},
-	{pkg: "internal/fncall", may: []string{"internal/backend", "internal/errdefs", "internal/image"}, never: stateful},
+		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/quota", "internal/diskimg"}, stateful)},
+	{pkg: "internal/fncall", may: []string{"internal/backend", "internal/errdefs", "internal/storage/layers"}, never: stateful},
 
 	// The node: records, lifecycle, routing, over the backend interface.
-	{pkg: "internal/node", may: []string{"internal/backend", "internal/errdefs", "internal/events", "internal/image", "internal/execlog", "internal/metrics", "internal/netpolicy", "internal/state"},
+	{pkg: "internal/node", may: []string{"internal/backend", "internal/errdefs", "internal/events", "internal/storage/layers", "internal/execlog", "internal/metrics", "internal/netpolicy", "internal/state"},
 		never: cat(backends, []string{"internal/server", "internal/cli", "internal/control", "api/...", "client", "internal/iam/...", "internal/cluster/..."})},
 
 	// IAM and the cluster: no sandboxes.
@@ -124,7 +124,7 @@ var rules = []rule{
 
 	// The API layer.
 	{pkg: "internal/control", may: []string{"api/...", "internal/backend", "internal/errdefs", "internal/events", "internal/fncall", "internal/iam",
-		"internal/execlog", "internal/image", "internal/importroot", "internal/storage/share", "internal/metrics", "internal/node", "internal/state"},
+		"internal/execlog", "internal/storage/layers", "internal/importroot", "internal/storage/share", "internal/metrics", "internal/node", "internal/state"},
 		never: []string{"internal/server", "internal/cli", "client", "internal/backend/container", "internal/backend/microvm", "internal/backend/vm"}},
 	{pkg: "internal/e2b", may: []string{"api/...", "internal/backend", "internal/control", "internal/e2b/envdpb/...", "internal/errdefs", "internal/iam", "internal/node", "internal/state"},
 		never: []string{"internal/server", "internal/cli", "client"}},
@@ -132,7 +132,7 @@ var rules = []rule{
 
 	// The wiring and the front ends: may know everything below them.
 	{pkg: "internal/server", may: []string{"..."}, never: []string{"internal/cli", "client", "internal/testenv", "internal/bench"}},
-	{pkg: "internal/bench", may: []string{"client", "internal/storage/blob", "internal/cluster/...", "internal/etcdembed", "internal/image", "internal/storage/lazy", "internal/seaweed", "internal/server"},
+	{pkg: "internal/bench", may: []string{"client", "internal/storage/blob", "internal/cluster/...", "internal/etcdembed", "internal/storage/layers", "internal/storage/lazy", "internal/seaweed", "internal/server"},
 		never: []string{"internal/cli"}},
 	{pkg: "internal/cli", may: []string{"..."}, never: []string{"internal/testenv"}},
 	{pkg: "cmd/corral", may: []string{"internal/cli"}},

@@ -19,14 +19,14 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/storage/layers"
 )
 
 // Images resolves image names to layers. A pool pins its image's layers
 // (Acquire) for its lifetime, so that they are not deleted under it.
 type Images interface {
-	Get(ctx context.Context, name string) (image.Image, error)
-	Acquire(ctx context.Context, name, holder string) (image.Image, error)
+	Get(ctx context.Context, name string) (layers.Image, error)
+	Acquire(ctx context.Context, name, holder string) (layers.Image, error)
 	Release(holder string)
 }
 

@@ -11,10 +11,10 @@ import (
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/state"
+	"github.com/corral-dev/corral/internal/storage/layers"
 )
 
 // knownBackends are every backend corral defines; a node runs a subset.
@@ -107,12 +107,12 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		return nil, err
 	}
 	defer n.unreserve(rec)
-	var img image.Image
+	var img layers.Image
 	// A backend with its own images (vm disks) resolves the name itself.
 	if _, own := b.(backend.ImageOwner); !own {
 		scope := ""
 		if n.cfg.PerProjectLayerMounts {
-			scope = image.MountScope(rec.Project)
+			scope = layers.MountScope(rec.Project)
 		}
 		if img, err = n.cfg.Images.AcquireIn(ctx, rec.Image, rec.ID, scope); err != nil {
 			return nil, fmt.Errorf("image: %w", err)
@@ -181,7 +181,7 @@ func (n *Node) abandon(rec *state.Record, b backend.Backend) {
 
 // stateLayers and imageLayers convert a stack between the image store's
 // and the record's types.
-func stateLayers(stack []image.Layer) []state.Layer {
+func stateLayers(stack []layers.Layer) []state.Layer {
 	out := make([]state.Layer, len(stack))
 	for i, l := range stack {
 		out[i] = state.Layer{Ref: l.Ref, Digest: l.Digest}
@@ -189,10 +189,10 @@ func stateLayers(stack []image.Layer) []state.Layer {
 	return out
 }
 
-func imageLayers(stack []state.Layer) []image.Layer {
-	out := make([]image.Layer, len(stack))
+func imageLayers(stack []state.Layer) []layers.Layer {
+	out := make([]layers.Layer, len(stack))
 	for i, l := range stack {
-		out[i] = image.Layer{Ref: l.Ref, Digest: l.Digest}
+		out[i] = layers.Layer{Ref: l.Ref, Digest: l.Digest}
 	}
 	return out
 }

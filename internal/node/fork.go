@@ -11,7 +11,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/storage/layers"
 )
 
 // maxForks bounds one Fork call.
@@ -62,7 +62,7 @@ func (n *Node) Fork(ctx context.Context, id string, count int) (*ForkResult, err
 	}
 	_, short, _ := strings.Cut(id, "-")
 	ref := fmt.Sprintf("fork-%s@%s", short, hex.EncodeToString(suffix))
-	packed, err := n.Pack(ctx, PackRequest{ID: id, PackOptions: image.PackOptions{Ref: ref}})
+	packed, err := n.Pack(ctx, PackRequest{ID: id, PackOptions: layers.PackOptions{Ref: ref}})
 	if err != nil {
 		return nil, fmt.Errorf("fork sandbox %s: %w", id, err)
 	}

@@ -19,9 +19,9 @@ import (
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/execlog"
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/state"
+	"github.com/corral-dev/corral/internal/storage/layers"
 )
 
 // Images resolves image names to read-only layers and keeps the layers of
@@ -29,16 +29,16 @@ import (
 type Images interface {
 	// AcquireIn resolves and mounts name in the mount scope scope ("":
 	// the node's shared mounts) and pins its layers for holder.
-	AcquireIn(ctx context.Context, name, holder, scope string) (image.Image, error)
+	AcquireIn(ctx context.Context, name, holder, scope string) (layers.Image, error)
 	// Pin pins layers for holder again after a daemon restart.
-	Pin(holder string, stack []image.Layer)
+	Pin(holder string, stack []layers.Layer)
 	// Release drops holder's pins.
 	Release(holder string)
 	// CheckFree fails when a layer or composition is called ref.
 	CheckFree(ref string) error
 	// Pack makes a layer of a sandbox's upper directory.
-	Pack(ctx context.Context, upper string, opts image.PackOptions) (image.Layer, error)
-	CreateComposition(ctx context.Context, c image.Composition) (image.Composition, error)
+	Pack(ctx context.Context, upper string, opts layers.PackOptions) (layers.Layer, error)
+	CreateComposition(ctx context.Context, c layers.Composition) (layers.Composition, error)
 }
 
 // Config configures a node.

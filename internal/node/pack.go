@@ -7,14 +7,14 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/state"
+	"github.com/corral-dev/corral/internal/storage/layers"
 )
 
 // PackRequest asks to turn a sandbox's writable layer into a layer.
 type PackRequest struct {
 	ID string
-	image.PackOptions
+	layers.PackOptions
 	// NoComposition makes only the layer; by default a composition of the
 	// same name stacks it on the sandbox's own layers.
 	NoComposition bool
@@ -22,9 +22,9 @@ type PackRequest struct {
 
 // PackResult is what Pack made.
 type PackResult struct {
-	Layer image.Layer
+	Layer layers.Layer
 	// Composition is empty with PackRequest.NoComposition.
-	Composition image.Composition
+	Composition layers.Composition
 }
 
 // Pack turns sandbox id's upper directory into the layer req.Ref and
@@ -36,7 +36,7 @@ type PackResult struct {
 // while the sandbox runs and serves execs. A stopped sandbox (its
 // writable layer kept until deleted) packs as it was when it stopped.
 func (n *Node) Pack(ctx context.Context, req PackRequest) (*PackResult, error) {
-	if err := image.CheckPackOptions(req.PackOptions); err != nil {
+	if err := layers.CheckPackOptions(req.PackOptions); err != nil {
 		return nil, err
 	}
 	if err := n.cfg.Images.CheckFree(req.Ref); err != nil {
@@ -97,7 +97,7 @@ func (n *Node) Pack(ctx context.Context, req PackRequest) (*PackResult, error) {
 	if req.NoComposition {
 		return out, nil
 	}
-	c, err := image.PackComposition(req.Ref, imageLayers(rec.Layers), rec.Env)
+	c, err := layers.PackComposition(req.Ref, imageLayers(rec.Layers), rec.Env)
 	if err == nil {
 		out.Composition, err = n.cfg.Images.CreateComposition(ctx, c)
 	}

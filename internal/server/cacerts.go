@@ -17,8 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/node"
+	"github.com/corral-dev/corral/internal/storage/layers"
 )
 
 // trustStores are where images keep their CA bundle, the first the one
@@ -111,7 +111,7 @@ func newCAImages(inner node.Images, certsPath, dataDir string) (*caImages, error
 	return &caImages{Images: inner, certs: certs, dir: dir}, nil
 }
 
-func (c *caImages) AcquireIn(ctx context.Context, name, holder, scope string) (image.Image, error) {
+func (c *caImages) AcquireIn(ctx context.Context, name, holder, scope string) (layers.Image, error) {
 	img, err := c.Images.AcquireIn(ctx, name, holder, scope)
 	if err != nil {
 		return img, err
@@ -119,7 +119,7 @@ func (c *caImages) AcquireIn(ctx context.Context, name, holder, scope string) (i
 	layer, first, err := c.layerFor(img.Layers)
 	if err != nil {
 		c.Images.Release(holder)
-		return image.Image{}, fmt.Errorf("image %s: sandbox CA certs: %w", name, err)
+		return layers.Image{}, fmt.Errorf("image %s: sandbox CA certs: %w", name, err)
 	}
 	img.Layers = append([]string{layer}, img.Layers...)
 	img.Env = append(append([]string{}, img.Env...), "SSL_CERT_FILE=/"+first)

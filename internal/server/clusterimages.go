@@ -17,7 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/image"
+	image "github.com/corral-dev/corral/internal/storage/layers"
 	layershare "github.com/corral-dev/corral/internal/storage/share"
 )
 

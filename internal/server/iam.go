@@ -16,9 +16,9 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/iam/etcdstore"
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/state"
+	image "github.com/corral-dev/corral/internal/storage/layers"
 )
 
 // IAMPath is where the IAM store of a data dir lives: a bbolt file of its

@@ -24,7 +24,6 @@ import (
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/fncall"
 	"github.com/corral-dev/corral/internal/iam"
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/importroot"
 	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/netpolicy"
@@ -32,6 +31,7 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/state"
 	"github.com/corral-dev/corral/internal/storage/blob"
+	image "github.com/corral-dev/corral/internal/storage/layers"
 	layershare "github.com/corral-dev/corral/internal/storage/share"
 	"github.com/corral-dev/corral/internal/swaparea"
 )

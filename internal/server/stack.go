@@ -12,11 +12,11 @@ import (
 	fullvm "github.com/corral-dev/corral/internal/backend/vm"
 	"github.com/corral-dev/corral/internal/diskimg"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/runtime/userns"
 	"github.com/corral-dev/corral/internal/state"
+	"github.com/corral-dev/corral/internal/storage/layers"
 )
 
 // Disk stores (Config.DiskStore): how sandboxes' writable layers get their
@@ -46,7 +46,7 @@ type stack struct {
 // newStack builds the backends; db (the node's state) persists the
 // container sandboxes' host id ranges.
 func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
-	shell, err := image.StaticBusybox()
+	shell, err := layers.StaticBusybox()
 	if err != nil {
 		return nil, fmt.Errorf("the sandboxes' shell: %w", err)
 	}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
-	"github.com/corral-dev/corral/internal/image"
+	"github.com/corral-dev/corral/internal/storage/layers"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -24,7 +24,7 @@ func TestFnCallWarmPython(t *testing.T) {
 	srv := testenv.StartServer(t, onePool)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	images, err := image.Open(ctx, filepath.Join(srv.Config.DataDir, "images"))
+	images, err := layers.Open(ctx, filepath.Join(srv.Config.DataDir, "images"))
 	if err != nil {
 		t.Fatal(err)
 	}

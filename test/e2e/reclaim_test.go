@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/server"
+	"github.com/corral-dev/corral/internal/storage/layers"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -50,7 +50,7 @@ func startHolder(t *testing.T, srv *testenv.Server) *client.Sandbox {
 	opts := client.CreateOptions{Resources: client.Resources{MemoryBytes: 512 << 20}}
 	script := ""
 	if os.Getenv("CORRAL_TEST_DEBIAN") != "" {
-		images, err := image.Open(ctx, filepath.Join(srv.Config.DataDir, "images"))
+		images, err := layers.Open(ctx, filepath.Join(srv.Config.DataDir, "images"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,7 @@ import (
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/backend/backendtest"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/image"
+	image "github.com/corral-dev/corral/internal/storage/layers"
 )
 
 // The tests boot real guests (under TCG here: slow), so they keep few VMs

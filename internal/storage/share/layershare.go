@@ -24,8 +24,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/storage/blob"
+	image "github.com/corral-dev/corral/internal/storage/layers"
 	lazyblob "github.com/corral-dev/corral/internal/storage/lazy"
 )
 

@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/image"
 	"github.com/corral-dev/corral/internal/storage/blob"
+	"github.com/corral-dev/corral/internal/storage/layers"
 )
 
 // TestPublishPull: a layer published by one image store (to a shared
@@ -39,7 +39,7 @@ func TestPublishPull(t *testing.T) {
 	s := &Share{cfg: Config{Store: blob.Config{Kind: "dir"}, ChunkSize: blob.DefaultChunkSize},
 		store: shared, peer: peer, log: slog.New(slog.DiscardHandler)}
 
-	a, err := image.Open(ctx, t.TempDir(), image.WithPublisher(s))
+	a, err := layers.Open(ctx, t.TempDir(), layers.WithPublisher(s))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestPublishPull(t *testing.T) {
 	}
 
 	// B serves the blob from A's blobs directory: a stand-in for the lazy file.
-	b, err := image.Open(ctx, t.TempDir(), image.WithBlobSource(image.LocalBlobs(a.BlobsDir())))
+	b, err := layers.Open(ctx, t.TempDir(), layers.WithBlobSource(layers.LocalBlobs(a.BlobsDir())))
 	if err != nil {
 		t.Fatal(err)
 	}

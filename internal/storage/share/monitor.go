@@ -2,10 +2,9 @@ package share
 
 import (
 	"context"
-	"time"
-
-	"github.com/corral-dev/corral/internal/image"
+	image "github.com/corral-dev/corral/internal/storage/layers"
 	lazyblob "github.com/corral-dev/corral/internal/storage/lazy"
+	"time"
 )
 
 // FaultSink is told which layers cannot be read (the node marks their

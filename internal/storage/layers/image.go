@@ -13,7 +13,7 @@
 // It imports errdefs, blob, mountinfo and the backend package's types
 // (LayerDisk); never a backend implementation, the node or the API
 // (internal/deptest): nothing here knows about sandboxes.
-package image
+package layers
 
 import (
 	"context"
