@@ -13,10 +13,10 @@ import (
 	"github.com/corral-dev/corral/internal/diskimg"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/netpolicy"
-	"github.com/corral-dev/corral/internal/quota"
 	"github.com/corral-dev/corral/internal/runtime/userns"
 	"github.com/corral-dev/corral/internal/state"
 	"github.com/corral-dev/corral/internal/storage/layers"
+	"github.com/corral-dev/corral/internal/storage/upper/xfs"
 )
 
 // Disk stores (Config.DiskStore): how sandboxes' writable layers get their
@@ -36,7 +36,7 @@ const (
 // stack is the node-local machinery below the node: the disk store for
 // writable layers and the backends built on it.
 type stack struct {
-	uppers    *quota.Store // nil unless the XFS store is in use
+	uppers    *xfs.Store // nil unless the XFS store is in use
 	container *container.Backend
 	network   *netpolicy.Manager
 	backends  []backend.Backend
@@ -139,12 +139,12 @@ func (s *stack) addFullVM(cfg Config, network *netpolicy.Manager) error {
 // quota store is used when quota.Open succeeds; when it says the host
 // cannot (errdefs.NotSupported), the ext4-image store; any other error
 // fails startup. pool is the XFS store when that is in use.
-func openDiskStore(ctx context.Context, cfg Config) (store container.UpperStore, pool *quota.Store, err error) {
+func openDiskStore(ctx context.Context, cfg Config) (store container.UpperStore, pool *xfs.Store, err error) {
 	dir := filepath.Join(cfg.DataDir, "disk")
 	kind := cfg.DiskStore
 	switch kind {
 	case "", DiskStoreAuto, DiskStoreXFS:
-		pool, err := quota.Open(ctx, quota.Config{Dir: dir, SizeBytes: cfg.DiskPoolBytes})
+		pool, err := xfs.Open(ctx, xfs.Config{Dir: dir, SizeBytes: cfg.DiskPoolBytes})
 		if err == nil {
 			cfg.Logger.Info("disk store: xfs project quota", "dir", dir)
 			return pool, pool, nil

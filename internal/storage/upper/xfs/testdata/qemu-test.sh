@@ -4,7 +4,7 @@
 # (where the tests skip). Needs root, qemu-system-x86, busybox-static, cpio
 # from busybox; downloads linux-image-<ver>-amd64 with apt-get download.
 # The guest sees the host's / read-only over 9p, /mnt is a tmpfs TMPDIR.
-#   internal/quota/testdata/qemu-test.sh -test.v -test.bench=.
+#   internal/storage/upper/xfs/testdata/qemu-test.sh -test.v -test.bench=.
 set -eu
 pkg=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-/tmp/corral-quota-qemu}

@@ -9,7 +9,7 @@
 // It must not import corral packages other than internal/errdefs,
 // internal/loopdev, internal/mountinfo and internal/backend (WritableLayer
 // and CheckID).
-package quota
+package xfs
 
 import (
 	"context"
