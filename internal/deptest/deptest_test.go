@@ -82,7 +82,7 @@ var rules = []rule{
 	{pkg: "internal/seaweed", may: []string{"internal/storage/blob", "internal/errdefs"}},
 	{pkg: "internal/storage/layers", may: []string{"internal/backend", "internal/storage/blob", "internal/errdefs", "internal/mountinfo"}, never: cat(backends, stateful)},
 	{pkg: "internal/storage/share", may: []string{"internal/storage/blob", "internal/errdefs", "internal/storage/layers", "internal/storage/lazy"}, never: cat(backends, stateful)},
-	{pkg: "internal/diskimg", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev"}, never: cat(backends, stateful)},
+	{pkg: "internal/storage/upper/ext4img", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev"}, never: cat(backends, stateful)},
 	{pkg: "internal/storage/upper/xfs", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev", "internal/mountinfo"}, never: cat(backends, stateful)},
 	{pkg: "internal/safefs", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/importroot", may: []string{"internal/errdefs", "internal/safefs"}, never: cat(backends, stateful)},
@@ -100,13 +100,13 @@ var rules = []rule{
 	{pkg: "internal/backend/backendtest", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/container", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev", "internal/netpolicy", "internal/safefs",
 		"internal/runtime/cgroup", "internal/runtime/initproto", "internal/runtime/launch", "internal/runtime/seccomp", "internal/runtime/userns"},
-		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/diskimg"}, stateful)},
+		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
 	{pkg: "internal/backend/microvm", may: []string{"internal/agentproto", "internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
-		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/diskimg"}, stateful)},
+		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
 	// The QEMU machine protocol client both QEMU backends drive.
 	{pkg: "internal/qmp", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/vm/...", may: []string{"internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
-		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/diskimg"}, stateful)},
+		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
 	{pkg: "internal/fncall", may: []string{"internal/backend", "internal/errdefs", "internal/storage/layers"}, never: stateful},
 
 	// The node: records, lifecycle, routing, over the backend interface.

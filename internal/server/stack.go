@@ -10,12 +10,12 @@ import (
 	"github.com/corral-dev/corral/internal/backend/container"
 	"github.com/corral-dev/corral/internal/backend/microvm"
 	fullvm "github.com/corral-dev/corral/internal/backend/vm"
-	"github.com/corral-dev/corral/internal/diskimg"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/userns"
 	"github.com/corral-dev/corral/internal/state"
 	"github.com/corral-dev/corral/internal/storage/layers"
+	"github.com/corral-dev/corral/internal/storage/upper/ext4img"
 	"github.com/corral-dev/corral/internal/storage/upper/xfs"
 )
 
@@ -158,7 +158,7 @@ func openDiskStore(ctx context.Context, cfg Config) (store container.UpperStore,
 	default:
 		return nil, nil, errdefs.InvalidArgument("disk store %q: must be %s, %s or %s", kind, DiskStoreAuto, DiskStoreXFS, DiskStoreExt4Image)
 	}
-	imgs, err := diskimg.Open(ctx, diskimg.Config{Dir: filepath.Join(dir, "images")})
+	imgs, err := ext4img.Open(ctx, ext4img.Config{Dir: filepath.Join(dir, "images")})
 	if err != nil {
 		return nil, nil, fmt.Errorf("disk store ext4-image: %w", err)
 	}

@@ -16,9 +16,9 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/backend/backendtest"
-	"github.com/corral-dev/corral/internal/diskimg"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
+	"github.com/corral-dev/corral/internal/storage/upper/ext4img"
 )
 
 var (
@@ -152,7 +152,7 @@ func newBackend(t testing.TB) *Backend {
 
 var diskStore struct {
 	sync.Once
-	s   *diskimg.Store
+	s   *ext4img.Store
 	err error
 }
 
@@ -162,7 +162,7 @@ func newDiskBackend(t testing.TB) *Backend {
 	t.Helper()
 	skipUnlessRoot(t)
 	diskStore.Do(func() {
-		diskStore.s, diskStore.err = diskimg.Open(context.Background(), diskimg.Config{Dir: diskDir()})
+		diskStore.s, diskStore.err = ext4img.Open(context.Background(), ext4img.Config{Dir: diskDir()})
 	})
 	if errdefs.IsNotSupported(diskStore.err) {
 		t.Skipf("skip: %v", diskStore.err)

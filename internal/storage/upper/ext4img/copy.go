@@ -1,4 +1,4 @@
-package diskimg
+package ext4img
 
 import (
 	"errors"

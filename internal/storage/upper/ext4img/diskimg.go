@@ -12,7 +12,7 @@
 // names), so a daemon restart just reopens it. It must not import corral
 // packages other than internal/errdefs, internal/loopdev and
 // internal/backend (for the WritableLayer type and CheckID).
-package diskimg
+package ext4img
 
 import (
 	"context"
