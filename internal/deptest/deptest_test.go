@@ -76,14 +76,14 @@ var rules = []rule{
 		never: cat([]string{"internal/backend/..."}, stateful)},
 
 	// Storage and files.
-	{pkg: "internal/loopdev", may: []string{"internal/errdefs"}},
+	{pkg: "internal/storage/upper/loopdev", may: []string{"internal/errdefs"}},
 	{pkg: "internal/storage/blob", may: []string{"internal/errdefs"}},
 	{pkg: "internal/storage/lazy", may: []string{"internal/storage/blob", "internal/errdefs"}},
 	{pkg: "internal/seaweed", may: []string{"internal/storage/blob", "internal/errdefs"}},
 	{pkg: "internal/storage/layers", may: []string{"internal/backend", "internal/storage/blob", "internal/errdefs", "internal/mountinfo"}, never: cat(backends, stateful)},
 	{pkg: "internal/storage/share", may: []string{"internal/storage/blob", "internal/errdefs", "internal/storage/layers", "internal/storage/lazy"}, never: cat(backends, stateful)},
-	{pkg: "internal/storage/upper/ext4img", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev"}, never: cat(backends, stateful)},
-	{pkg: "internal/storage/upper/xfs", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev", "internal/mountinfo"}, never: cat(backends, stateful)},
+	{pkg: "internal/storage/upper/ext4img", may: []string{"internal/backend", "internal/errdefs", "internal/storage/upper/loopdev"}, never: cat(backends, stateful)},
+	{pkg: "internal/storage/upper/xfs", may: []string{"internal/backend", "internal/errdefs", "internal/storage/upper/loopdev", "internal/mountinfo"}, never: cat(backends, stateful)},
 	{pkg: "internal/safefs", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/importroot", may: []string{"internal/errdefs", "internal/safefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/state", may: []string{"internal/errdefs"}, never: cat([]string{"internal/backend/..."}, upper)},
@@ -98,7 +98,7 @@ var rules = []rule{
 	// The seam and the backends: never the node or anything above it.
 	{pkg: "internal/backend", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/backendtest", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
-	{pkg: "internal/backend/container", may: []string{"internal/backend", "internal/errdefs", "internal/loopdev", "internal/netpolicy", "internal/safefs",
+	{pkg: "internal/backend/container", may: []string{"internal/backend", "internal/errdefs", "internal/storage/upper/loopdev", "internal/netpolicy", "internal/safefs",
 		"internal/runtime/cgroup", "internal/runtime/initproto", "internal/runtime/launch", "internal/runtime/seccomp", "internal/runtime/userns"},
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
 	{pkg: "internal/backend/microvm", may: []string{"internal/agentproto", "internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},

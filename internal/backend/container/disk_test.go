@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/backend"
-	"github.com/corral-dev/corral/internal/loopdev"
+	"github.com/corral-dev/corral/internal/storage/upper/loopdev"
 )
 
 const mib = 1 << 20

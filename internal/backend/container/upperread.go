@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/backend"
-	"github.com/corral-dev/corral/internal/loopdev"
+	"github.com/corral-dev/corral/internal/storage/upper/loopdev"
 )
 
 var _ backend.UpperSnapshotter = (*Backend)(nil)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/loopdev"
+	"github.com/corral-dev/corral/internal/storage/upper/loopdev"
 	"golang.org/x/sys/unix"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/loopdev"
+	"github.com/corral-dev/corral/internal/storage/upper/loopdev"
 	"golang.org/x/sys/unix"
 )
 

@@ -24,7 +24,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/loopdev"
+	"github.com/corral-dev/corral/internal/storage/upper/loopdev"
 	"golang.org/x/sys/unix"
 )
 
