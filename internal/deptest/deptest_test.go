@@ -45,7 +45,7 @@ var rules = []rule{
 	{pkg: "internal/events"},
 	{pkg: "internal/metrics"},
 	{pkg: "internal/etcdembed"},
-	{pkg: "internal/runtime/initproto"},
+	{pkg: "internal/guest/initproto"},
 	{pkg: "internal/runtime/passwd"},
 	{pkg: "internal/runtime/seccomp"},
 	{pkg: "internal/runtime/userns"},
@@ -61,7 +61,7 @@ var rules = []rule{
 	// The sandbox-side programs: small static binaries.
 	{pkg: "internal/runtime/spare", may: []string{}, never: staticBad},
 	{pkg: "internal/runtime/guestexec", may: []string{"internal/errdefs", "internal/runtime/passwd"}},
-	{pkg: "internal/runtime/initproc", may: []string{"internal/errdefs", "internal/runtime/initproto", "internal/runtime/seccomp", "internal/runtime/guestexec", "internal/runtime/spare"},
+	{pkg: "internal/runtime/initproc", may: []string{"internal/errdefs", "internal/guest/initproto", "internal/runtime/seccomp", "internal/runtime/guestexec", "internal/runtime/spare"},
 		never: cat([]string{"net", "internal/backend"}, staticBad)},
 	{pkg: "internal/agentproto", may: []string{"internal/errdefs"}, never: staticBad},
 	{pkg: "internal/agent", may: []string{"internal/agentproto", "internal/backend", "internal/errdefs", "internal/safefs", "internal/runtime/guestexec"},
@@ -72,7 +72,7 @@ var rules = []rule{
 
 	// The runtime: processes, namespaces, cgroups; no backend above it.
 	{pkg: "internal/runtime/cgroup", may: []string{"internal/mountinfo"}, never: cat([]string{"internal/backend/..."}, stateful)},
-	{pkg: "internal/runtime/launch", may: []string{"internal/errdefs", "internal/runtime/cgroup", "internal/runtime/initproto", "internal/runtime/userns"},
+	{pkg: "internal/runtime/launch", may: []string{"internal/errdefs", "internal/runtime/cgroup", "internal/guest/initproto", "internal/runtime/userns"},
 		never: cat([]string{"internal/backend/..."}, stateful)},
 
 	// Storage and files.
@@ -99,7 +99,7 @@ var rules = []rule{
 	{pkg: "internal/backend", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/backendtest", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/container", may: []string{"internal/backend", "internal/errdefs", "internal/storage/upper/loopdev", "internal/netpolicy", "internal/safefs",
-		"internal/runtime/cgroup", "internal/runtime/initproto", "internal/runtime/launch", "internal/runtime/seccomp", "internal/runtime/userns"},
+		"internal/runtime/cgroup", "internal/guest/initproto", "internal/runtime/launch", "internal/runtime/seccomp", "internal/runtime/userns"},
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
 	{pkg: "internal/backend/microvm", may: []string{"internal/agentproto", "internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/corral-dev/corral/internal/guest/initproto"
 	"github.com/corral-dev/corral/internal/runtime/guestexec"
-	"github.com/corral-dev/corral/internal/runtime/initproto"
 	"golang.org/x/sys/unix"
 )
 

@@ -14,7 +14,7 @@ import (
 	"os/signal"
 	"runtime"
 
-	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"github.com/corral-dev/corral/internal/guest/initproto"
 	"github.com/corral-dev/corral/internal/runtime/spare"
 	"golang.org/x/sys/unix"
 )

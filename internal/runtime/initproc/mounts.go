@@ -6,7 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"github.com/corral-dev/corral/internal/guest/initproto"
 	"golang.org/x/sys/unix"
 )
 

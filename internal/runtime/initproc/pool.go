@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"github.com/corral-dev/corral/internal/guest/initproto"
 	"golang.org/x/sys/unix"
 )
 

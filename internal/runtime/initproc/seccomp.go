@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"github.com/corral-dev/corral/internal/guest/initproto"
 	"github.com/corral-dev/corral/internal/runtime/seccomp"
 )
 

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"github.com/corral-dev/corral/internal/guest/initproto"
 	"golang.org/x/sys/unix"
 )
 

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/runtime/initproto"
+	"github.com/corral-dev/corral/internal/guest/initproto"
 )
 
 // Client talks to one init over its control socket; every call is one

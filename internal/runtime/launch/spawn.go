@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/guest/initproto"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
-	"github.com/corral-dev/corral/internal/runtime/initproto"
 	"github.com/corral-dev/corral/internal/runtime/userns"
 	"golang.org/x/sys/unix"
 )
