@@ -3,6 +3,6 @@
 // it is not meant to be run by hand. Build it static: CGO_ENABLED=0.
 package main
 
-import "github.com/corral-dev/corral/internal/runtime/initproc"
+import "github.com/corral-dev/corral/internal/guest/init"
 
 func main() { initproc.Main() }

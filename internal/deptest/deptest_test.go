@@ -61,12 +61,12 @@ var rules = []rule{
 	// The sandbox-side programs: small static binaries.
 	{pkg: "internal/runtime/spare", may: []string{}, never: staticBad},
 	{pkg: "internal/runtime/guestexec", may: []string{"internal/errdefs", "internal/runtime/passwd"}},
-	{pkg: "internal/runtime/initproc", may: []string{"internal/errdefs", "internal/guest/initproto", "internal/runtime/seccomp", "internal/runtime/guestexec", "internal/runtime/spare"},
+	{pkg: "internal/guest/init", may: []string{"internal/errdefs", "internal/guest/initproto", "internal/runtime/seccomp", "internal/runtime/guestexec", "internal/runtime/spare"},
 		never: cat([]string{"net", "internal/backend"}, staticBad)},
 	{pkg: "internal/agentproto", may: []string{"internal/errdefs"}, never: staticBad},
 	{pkg: "internal/agent", may: []string{"internal/agentproto", "internal/backend", "internal/errdefs", "internal/safefs", "internal/runtime/guestexec"},
 		never: cat(staticBad, stateful)},
-	{pkg: "cmd/corral-init", may: []string{"internal/runtime/initproc"}, never: cat([]string{"net"}, staticBad)},
+	{pkg: "cmd/corral-init", may: []string{"internal/guest/init"}, never: cat([]string{"net"}, staticBad)},
 	{pkg: "cmd/corral-agent", may: []string{"internal/agent"}, never: staticBad},
 	{pkg: "cmd/corral-probe", never: []string{"internal/...", "client", "api/..."}},
 

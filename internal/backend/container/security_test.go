@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
-	"github.com/corral-dev/corral/internal/runtime/initproc"
+	"github.com/corral-dev/corral/internal/guest/init"
 )
 
 func statusFields(t *testing.T, pid int) []map[string]string {
