@@ -21,7 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/agentproto"
+	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
 
 // Paths of the guest, shared with the node's initramfs builder.

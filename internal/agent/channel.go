@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/agentproto"
+	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
 
 // channel hands out one byte stream per yamux session: the same

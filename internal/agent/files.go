@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/corral-dev/corral/internal/agentproto"
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
 
 // file serves the file operations with safefs on the guest's own root, so

@@ -8,7 +8,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/agentproto"
+	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
 
 // configureNetwork brings up lo and, for a networked sandbox, the NIC

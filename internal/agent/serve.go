@@ -11,8 +11,8 @@ import (
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/agentproto"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/guest/agentproto"
 	"github.com/corral-dev/corral/internal/safefs"
 )
 

@@ -9,9 +9,9 @@ import (
 
 	"github.com/hashicorp/yamux"
 
-	"github.com/corral-dev/corral/internal/agentproto"
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
 
 // The file operations run in the guest: the agent applies safefs to its

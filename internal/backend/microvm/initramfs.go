@@ -12,8 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/corral-dev/corral/internal/agentproto"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
 
 // guestModules are the modules the agent needs, in load order before

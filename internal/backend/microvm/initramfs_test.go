@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/corral-dev/corral/internal/agentproto"
+	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
 
 // TestInitramfs: modules come with their dependencies first, the archive

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/agentproto"
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
 
 // TestGuestPanicEndsOnlyItsSandbox: a kernel panic in one guest ends that
