@@ -3,6 +3,6 @@
 // is built static (CGO_ENABLED=0) and is not meant to be run by hand.
 package main
 
-import "github.com/corral-dev/corral/internal/agent"
+import "github.com/corral-dev/corral/internal/guest/agent"
 
 func main() { agent.Main() }

@@ -64,10 +64,10 @@ var rules = []rule{
 	{pkg: "internal/guest/init", may: []string{"internal/errdefs", "internal/guest/initproto", "internal/runtime/seccomp", "internal/runtime/guestexec", "internal/runtime/spare"},
 		never: cat([]string{"net", "internal/backend"}, staticBad)},
 	{pkg: "internal/guest/agentproto", may: []string{"internal/errdefs"}, never: staticBad},
-	{pkg: "internal/agent", may: []string{"internal/guest/agentproto", "internal/backend", "internal/errdefs", "internal/safefs", "internal/runtime/guestexec"},
+	{pkg: "internal/guest/agent", may: []string{"internal/guest/agentproto", "internal/backend", "internal/errdefs", "internal/safefs", "internal/runtime/guestexec"},
 		never: cat(staticBad, stateful)},
 	{pkg: "cmd/corral-init", may: []string{"internal/guest/init"}, never: cat([]string{"net"}, staticBad)},
-	{pkg: "cmd/corral-agent", may: []string{"internal/agent"}, never: staticBad},
+	{pkg: "cmd/corral-agent", may: []string{"internal/guest/agent"}, never: staticBad},
 	{pkg: "cmd/corral-probe", never: []string{"internal/...", "client", "api/..."}},
 
 	// The runtime: processes, namespaces, cgroups; no backend above it.
