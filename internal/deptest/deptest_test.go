@@ -60,11 +60,11 @@ var rules = []rule{
 
 	// The sandbox-side programs: small static binaries.
 	{pkg: "internal/runtime/spare", may: []string{}, never: staticBad},
-	{pkg: "internal/runtime/guestexec", may: []string{"internal/errdefs", "internal/runtime/passwd"}},
-	{pkg: "internal/guest/init", may: []string{"internal/errdefs", "internal/guest/initproto", "internal/runtime/seccomp", "internal/runtime/guestexec", "internal/runtime/spare"},
+	{pkg: "internal/guest/exec", may: []string{"internal/errdefs", "internal/runtime/passwd"}},
+	{pkg: "internal/guest/init", may: []string{"internal/errdefs", "internal/guest/initproto", "internal/runtime/seccomp", "internal/guest/exec", "internal/runtime/spare"},
 		never: cat([]string{"net", "internal/backend"}, staticBad)},
 	{pkg: "internal/guest/agentproto", may: []string{"internal/errdefs"}, never: staticBad},
-	{pkg: "internal/guest/agent", may: []string{"internal/guest/agentproto", "internal/backend", "internal/errdefs", "internal/safefs", "internal/runtime/guestexec"},
+	{pkg: "internal/guest/agent", may: []string{"internal/guest/agentproto", "internal/backend", "internal/errdefs", "internal/safefs", "internal/guest/exec"},
 		never: cat(staticBad, stateful)},
 	{pkg: "cmd/corral-init", may: []string{"internal/guest/init"}, never: cat([]string{"net"}, staticBad)},
 	{pkg: "cmd/corral-agent", may: []string{"internal/guest/agent"}, never: staticBad},

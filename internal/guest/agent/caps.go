@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-dev/corral/internal/runtime/guestexec"
+	"github.com/corral-dev/corral/internal/guest/exec"
 )
 
 // dropBounding removes every capability but guestexec.Caps from the bounding set of

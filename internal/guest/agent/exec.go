@@ -16,7 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/guest/agentproto"
-	"github.com/corral-dev/corral/internal/runtime/guestexec"
+	"github.com/corral-dev/corral/internal/guest/exec"
 )
 
 // drainWait bounds how long output is read after the command exited: a

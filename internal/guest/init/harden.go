@@ -9,8 +9,8 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/corral-dev/corral/internal/guest/exec"
 	"github.com/corral-dev/corral/internal/guest/initproto"
-	"github.com/corral-dev/corral/internal/runtime/guestexec"
 	"golang.org/x/sys/unix"
 )
 

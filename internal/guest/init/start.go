@@ -8,8 +8,8 @@ import (
 	"syscall"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/guest/exec"
 	"github.com/corral-dev/corral/internal/guest/initproto"
-	"github.com/corral-dev/corral/internal/runtime/guestexec"
 	"golang.org/x/sys/unix"
 )
 
