@@ -46,7 +46,7 @@ var rules = []rule{
 	{pkg: "internal/metrics"},
 	{pkg: "internal/etcdembed"},
 	{pkg: "internal/guest/initproto"},
-	{pkg: "internal/runtime/passwd"},
+	{pkg: "internal/guest/passwd"},
 	{pkg: "internal/runtime/seccomp"},
 	{pkg: "internal/runtime/userns"},
 	{pkg: "internal/deptest"},
@@ -60,7 +60,7 @@ var rules = []rule{
 
 	// The sandbox-side programs: small static binaries.
 	{pkg: "internal/runtime/spare", may: []string{}, never: staticBad},
-	{pkg: "internal/guest/exec", may: []string{"internal/errdefs", "internal/runtime/passwd"}},
+	{pkg: "internal/guest/exec", may: []string{"internal/errdefs", "internal/guest/passwd"}},
 	{pkg: "internal/guest/init", may: []string{"internal/errdefs", "internal/guest/initproto", "internal/runtime/seccomp", "internal/guest/exec", "internal/runtime/spare"},
 		never: cat([]string{"net", "internal/backend"}, staticBad)},
 	{pkg: "internal/guest/agentproto", may: []string{"internal/errdefs"}, never: staticBad},

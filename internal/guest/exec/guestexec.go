@@ -19,7 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/runtime/passwd"
+	"github.com/corral-dev/corral/internal/guest/passwd"
 )
 
 // Caps is the capability set of a sandbox's commands (bounding, permitted,
