@@ -26,10 +26,10 @@ const (
 	// per-sandbox ext4 images.
 	DiskStoreAuto = "auto"
 	// DiskStoreXFS is one sparse XFS pool with a project quota per sandbox
-	// (internal/quota).
+	// (internal/storage/upper/xfs).
 	DiskStoreXFS = "xfs"
 	// DiskStoreExt4Image is one small ext4 image per sandbox, mounted only
-	// inside the sandbox (internal/diskimg).
+	// inside the sandbox (internal/storage/upper/ext4img).
 	DiskStoreExt4Image = "ext4-image"
 )
 

@@ -16,8 +16,8 @@ import (
 type WritableLayer = backend.WritableLayer
 
 // UpperStore provides each sandbox's writable layer, with a disk limit when
-// the store enforces one: internal/quota (XFS project quota, host dirs),
-// internal/diskimg (one ext4 image per sandbox, a device) or DirStore.
+// the store enforces one: internal/storage/upper/xfs (XFS project quota, host dirs),
+// internal/storage/upper/ext4img (one ext4 image per sandbox, a device) or DirStore.
 type UpperStore interface {
 	// Create makes the layer of sandbox id. A layer with a Device is the
 	// caller's to close once init has mounted it (or on failure).

@@ -19,7 +19,7 @@ import (
 var _ backend.UpperSnapshotter = (*Backend)(nil)
 
 // diskBlockSize is the loop device block size for a sandbox's disk image
-// (ext4's block size, as internal/diskimg attaches it).
+// (ext4's block size, as internal/storage/upper/ext4img attaches it).
 const diskBlockSize = 4096
 
 // SnapshotUpper implements backend.UpperSnapshotter: cp -a (reflinks

@@ -2,10 +2,10 @@
 // machine with its own guest kernel (Debian's linux-image-amd64), booted
 // by QEMU's microvm machine (KVM when /dev/kvm exists, TCG otherwise) or,
 // where a firecracker binary and /dev/kvm exist, by Firecracker. The guest's
-// PID 1 is corral-agent (internal/agent), from an initramfs the backend
+// PID 1 is corral-agent (internal/guest/agent), from an initramfs the backend
 // builds; it mounts the image's EROFS layers (read-only virtio block
 // devices) under an overlay whose upper is the sandbox's own ext4 disk,
-// and serves exec and file calls (internal/agentproto) over virtio-serial
+// and serves exec and file calls (internal/guest/agentproto) over virtio-serial
 // or vsock. Everything of a sandbox lives in its run dir <RunDir>/<id>.
 //
 // It imports backend, agentproto, errdefs, netpolicy and runtime/launch;

@@ -2,7 +2,7 @@
 // kernel modules the guest needs, builds the sandbox's root filesystem
 // (read-only EROFS layers on virtio block devices under an overlay whose
 // upper layer is an ext4 disk), switches into it and serves the node's
-// exec and file requests (internal/agentproto) over a virtio-serial port or
+// exec and file requests (internal/guest/agentproto) over a virtio-serial port or
 // vsock. It writes diagnostics only to the kernel console (/dev/console,
 // a file on the node) and never to a file inside the guest.
 //

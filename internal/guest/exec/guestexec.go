@@ -1,6 +1,6 @@
 // Package guestexec holds the rules both in-sandbox supervisors apply to
 // a command before they fork it — corral-init in a container sandbox
-// (runtime/initproc) and corral-agent in a microVM guest (internal/agent) —
+// (runtime/initproc) and corral-agent in a microVM guest (internal/guest/agent) —
 // so that a command fails, and holds capabilities, the same way on every
 // backend: the capability set, the user lookup, the cwd check and the PATH
 // search. Errors are errdefs kinds, checked by the backend conformance

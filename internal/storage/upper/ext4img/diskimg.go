@@ -6,11 +6,11 @@
 // sandbox's init inside the sandbox's own mount namespace, so that no host
 // mount exists per sandbox: when the namespace goes, the filesystem is
 // unmounted and the loop device detaches itself. This is the disk-limit
-// mechanism for hosts without XFS project quota (see internal/quota).
+// mechanism for hosts without XFS project quota (see internal/storage/upper/xfs).
 //
 // Everything the store knows it reads back from the directory (ids are file
 // names), so a daemon restart just reopens it. It must not import corral
-// packages other than internal/errdefs, internal/loopdev and
+// packages other than internal/errdefs, internal/storage/upper/loopdev and
 // internal/backend (for the WritableLayer type and CheckID).
 package ext4img
 

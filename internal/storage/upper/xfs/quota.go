@@ -7,7 +7,7 @@
 // so there is no state file to drift and a daemon restart just reopens it.
 //
 // It must not import corral packages other than internal/errdefs,
-// internal/loopdev, internal/mountinfo and internal/backend (WritableLayer
+// internal/storage/upper/loopdev, internal/mountinfo and internal/backend (WritableLayer
 // and CheckID).
 package xfs
 
