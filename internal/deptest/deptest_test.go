@@ -82,8 +82,12 @@ var rules = []rule{
 	{pkg: "internal/seaweed", may: []string{"internal/storage/blob", "internal/errdefs"}},
 	{pkg: "internal/storage/layers", may: []string{"internal/backend", "internal/storage/blob", "internal/errdefs", "internal/mountinfo"}, never: cat(backends, stateful)},
 	{pkg: "internal/storage/share", may: []string{"internal/storage/blob", "internal/errdefs", "internal/storage/layers", "internal/storage/lazy"}, never: cat(backends, stateful)},
-	{pkg: "internal/storage/upper/ext4img", may: []string{"internal/backend", "internal/errdefs", "internal/storage/upper/loopdev"}, never: cat(backends, stateful)},
-	{pkg: "internal/storage/upper/xfs", may: []string{"internal/backend", "internal/errdefs", "internal/storage/upper/loopdev", "internal/mountinfo"}, never: cat(backends, stateful)},
+	// The writable layer: its type and store interface below every backend,
+	// the stores beside it, the choice among them in upper/open.
+	{pkg: "internal/storage/upper", may: []string{"internal/errdefs"}, never: cat([]string{"internal/backend/..."}, stateful)},
+	{pkg: "internal/storage/upper/ext4img", may: []string{"internal/storage/upper", "internal/backend", "internal/errdefs", "internal/storage/upper/loopdev"}, never: cat(backends, stateful)},
+	{pkg: "internal/storage/upper/xfs", may: []string{"internal/storage/upper", "internal/backend", "internal/errdefs", "internal/storage/upper/loopdev", "internal/mountinfo"}, never: cat(backends, stateful)},
+	{pkg: "internal/storage/upper/open", may: []string{"internal/storage/upper", "internal/storage/upper/xfs", "internal/storage/upper/ext4img", "internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/safefs", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/importroot", may: []string{"internal/errdefs", "internal/safefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/state", may: []string{"internal/errdefs"}, never: cat([]string{"internal/backend/..."}, upper)},
@@ -98,9 +102,9 @@ var rules = []rule{
 	// The seam and the backends: never the node or anything above it.
 	{pkg: "internal/backend", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/backendtest", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
-	{pkg: "internal/backend/container", may: []string{"internal/backend", "internal/errdefs", "internal/storage/upper/loopdev", "internal/netpolicy", "internal/safefs",
+	{pkg: "internal/backend/container", may: []string{"internal/backend", "internal/errdefs", "internal/storage/upper", "internal/storage/upper/loopdev", "internal/netpolicy", "internal/safefs",
 		"internal/runtime/cgroup", "internal/guest/initproto", "internal/runtime/launch", "internal/runtime/seccomp", "internal/runtime/userns"},
-		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
+		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img", "internal/storage/upper/open"}, stateful)},
 	{pkg: "internal/backend/microvm", may: []string{"internal/guest/agentproto", "internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
 	// The QEMU machine protocol client both QEMU backends drive.

@@ -15,28 +15,22 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/userns"
 	"github.com/corral-dev/corral/internal/state"
 	"github.com/corral-dev/corral/internal/storage/layers"
-	"github.com/corral-dev/corral/internal/storage/upper/ext4img"
-	"github.com/corral-dev/corral/internal/storage/upper/xfs"
+	"github.com/corral-dev/corral/internal/storage/upper"
+	"github.com/corral-dev/corral/internal/storage/upper/open"
 )
 
 // Disk stores (Config.DiskStore): how sandboxes' writable layers get their
-// disk limits.
+// disk limits (internal/storage/upper/open says what each is).
 const (
-	// DiskStoreAuto uses XFS project quota where the kernel has it, else
-	// per-sandbox ext4 images.
-	DiskStoreAuto = "auto"
-	// DiskStoreXFS is one sparse XFS pool with a project quota per sandbox
-	// (internal/storage/upper/xfs).
-	DiskStoreXFS = "xfs"
-	// DiskStoreExt4Image is one small ext4 image per sandbox, mounted only
-	// inside the sandbox (internal/storage/upper/ext4img).
-	DiskStoreExt4Image = "ext4-image"
+	DiskStoreAuto      = open.Auto
+	DiskStoreXFS       = open.XFS
+	DiskStoreExt4Image = open.Ext4Image
 )
 
 // stack is the node-local machinery below the node: the disk store for
 // writable layers and the backends built on it.
 type stack struct {
-	uppers    *xfs.Store // nil unless the XFS store is in use
+	uppers    upper.Store
 	container *container.Backend
 	network   *netpolicy.Manager
 	backends  []backend.Backend
@@ -58,7 +52,9 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	store, pool, err := openDiskStore(ctx, cfg)
+	store, err := open.Open(ctx, cfg.DiskStore, open.Config{
+		Dir: filepath.Join(cfg.DataDir, "disk"), PoolBytes: cfg.DiskPoolBytes, Logger: cfg.Logger,
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -76,12 +72,10 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 		RefusePageCacheProbes: cfg.RefusePageCacheProbes,
 	})
 	if err != nil {
-		if pool != nil {
-			pool.Close(ctx, false)
-		}
+		store.Close(ctx, false)
 		return nil, err
 	}
-	st := &stack{uppers: pool, container: ctr, network: network, backends: []backend.Backend{ctr}}
+	st := &stack{uppers: store, container: ctr, network: network, backends: []backend.Backend{ctr}}
 	vm, err := microvm.New(microvm.Config{
 		RunDir:        filepath.Join(cfg.DataDir, "vm"),
 		AgentPath:     cfg.AgentBinary,
@@ -94,18 +88,14 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 	case errdefs.IsNotSupported(err):
 		cfg.Logger.Warn("microvm backend unavailable", "err", err)
 	case err != nil:
-		if pool != nil {
-			pool.Close(ctx, false)
-		}
+		store.Close(ctx, false)
 		return nil, err
 	default:
 		cfg.Logger.Info("microvm backend", "vmm", vm.Driver(), "kvm", vm.KVM())
 		st.backends = append(st.backends, vm)
 	}
 	if err := st.addFullVM(cfg, network); err != nil {
-		if pool != nil {
-			pool.Close(ctx, false)
-		}
+		store.Close(ctx, false)
 		return nil, err
 	}
 	return st, nil
@@ -135,39 +125,9 @@ func (s *stack) addFullVM(cfg Config, network *netpolicy.Manager) error {
 	return nil
 }
 
-// openDiskStore opens the store cfg.DiskStore names. With auto, the XFS
-// quota store is used when quota.Open succeeds; when it says the host
-// cannot (errdefs.NotSupported), the ext4-image store; any other error
-// fails startup. pool is the XFS store when that is in use.
-func openDiskStore(ctx context.Context, cfg Config) (store container.UpperStore, pool *xfs.Store, err error) {
-	dir := filepath.Join(cfg.DataDir, "disk")
-	kind := cfg.DiskStore
-	switch kind {
-	case "", DiskStoreAuto, DiskStoreXFS:
-		pool, err := xfs.Open(ctx, xfs.Config{Dir: dir, SizeBytes: cfg.DiskPoolBytes})
-		if err == nil {
-			cfg.Logger.Info("disk store: xfs project quota", "dir", dir)
-			return pool, pool, nil
-		}
-		if kind == DiskStoreXFS || !errdefs.IsNotSupported(err) {
-			return nil, nil, fmt.Errorf("disk store xfs: %w", err)
-		}
-		cfg.Logger.Info("disk store: ext4 image per sandbox, as xfs project quota is not available", "reason", err.Error())
-	case DiskStoreExt4Image:
-		cfg.Logger.Info("disk store: ext4 image per sandbox, as configured")
-	default:
-		return nil, nil, errdefs.InvalidArgument("disk store %q: must be %s, %s or %s", kind, DiskStoreAuto, DiskStoreXFS, DiskStoreExt4Image)
-	}
-	imgs, err := ext4img.Open(ctx, ext4img.Config{Dir: filepath.Join(dir, "images")})
-	if err != nil {
-		return nil, nil, fmt.Errorf("disk store ext4-image: %w", err)
-	}
-	return imgs, nil, nil
-}
-
 // close releases the stack. With cleanup (every sandbox is deleted by now)
-// it also removes the cgroup parent and detaches the XFS disk pool; the
-// ext4-image store holds nothing open.
+// it also removes the cgroup parent and what the disk store set up on the
+// host (the XFS pool's mount).
 func (s *stack) close(ctx context.Context, cleanup bool) error {
 	// The bridge and NAT stay while sandboxes that outlive the server
 	// still use them.
@@ -175,8 +135,6 @@ func (s *stack) close(ctx context.Context, cleanup bool) error {
 	if cleanup {
 		errs = append(errs, s.container.RemoveCgroupParent())
 	}
-	if s.uppers != nil {
-		errs = append(errs, s.uppers.Close(ctx, cleanup))
-	}
+	errs = append(errs, s.uppers.Close(ctx, cleanup))
 	return errors.Join(errs...)
 }

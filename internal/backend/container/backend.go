@@ -1,12 +1,13 @@
 // Package container is the "container" backend: each sandbox is a
 // corral-init process in fresh PID/mount/UTS/IPC/net/cgroup namespaces, in
 // its own cgroups, on an overlay of read-only layers and a writable layer
-// from an UpperStore (host dirs, or an ext4 disk device that init mounts
+// from an upper.Store (host dirs, or an ext4 disk device that init mounts
 // inside the sandbox). It owns the sandbox's run dir (control socket, rootfs
 // and disk mount points), cgroups and init process, and delegates file
-// operations to safefs. It imports backend, errdefs, safefs, loopdev,
-// netpolicy and the runtime packages; never the node, control, state or API
-// layers, nor the image, blob, quota or disk stores (internal/deptest).
+// operations to safefs. It imports backend, errdefs, safefs, storage/upper
+// (the store interface), loopdev, netpolicy and the runtime packages; never
+// the node, control, state or API layers, nor the layer, blob or
+// writable-layer store implementations (internal/deptest).
 package container
 
 import (
@@ -26,7 +27,11 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/launch"
 	"github.com/corral-dev/corral/internal/runtime/seccomp"
 	"github.com/corral-dev/corral/internal/runtime/userns"
+	"github.com/corral-dev/corral/internal/storage/upper"
 )
+
+// WritableLayer is a sandbox's writable layer as its store handed it out.
+type WritableLayer = upper.Layer
 
 // Config configures the backend.
 type Config struct {
@@ -39,8 +44,9 @@ type Config struct {
 	// InitPath is the corral-init binary. Default: corral-init beside
 	// os.Executable().
 	InitPath string
-	// Uppers provides writable layers. Required (DirStore for no quota).
-	Uppers UpperStore
+	// Uppers provides writable layers. Required (upper.DirStore for no
+	// quota).
+	Uppers upper.Store
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// FavorDynMods turns on the host's cgroup2 favordynmods mount option

@@ -18,6 +18,7 @@ import (
 	"github.com/corral-dev/corral/internal/backend/backendtest"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
+	"github.com/corral-dev/corral/internal/storage/upper"
 	"github.com/corral-dev/corral/internal/storage/upper/ext4img"
 )
 
@@ -142,7 +143,7 @@ func newBackend(t testing.TB) *Backend {
 		RunDir:       filepath.Join(tmpRoot, "run"),
 		CgroupParent: cgParent,
 		InitPath:     initPath,
-		Uppers:       DirStore{Root: filepath.Join(tmpRoot, "upper")},
+		Uppers:       upper.DirStore{Root: filepath.Join(tmpRoot, "upper")},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -9,16 +9,11 @@ import (
 	"strings"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/storage/upper"
 	"golang.org/x/sys/unix"
 )
 
 var _ backend.StatsReader = (*sandbox)(nil)
-
-// diskUsage is implemented by upper stores that can tell a layer's use
-// (the XFS project quota store).
-type diskUsage interface {
-	Usage(id string) (bytes, inodes int64, err error)
-}
 
 // Stats implements backend.StatsReader from the sandbox's cgroup, its
 // writable layer's quota and its network namespace's interfaces.
@@ -29,7 +24,7 @@ func (s *sandbox) Stats(_ context.Context) (backend.Stats, error) {
 	}
 	st := backend.Stats{CPUTime: u.CPU, MemoryBytes: u.MemoryBytes, Pids: u.Pids}
 	st.OOMKills, _ = s.group.OOMKills()
-	if du, ok := s.b.cfg.Uppers.(diskUsage); ok && s.pool == nil {
+	if du, ok := s.b.cfg.Uppers.(upper.Usager); ok && s.pool == nil {
 		st.DiskBytes, _, _ = du.Usage(s.id)
 	} else if s.pool == nil {
 		// overlayfs reports its upper filesystem: the sandbox's own ext4

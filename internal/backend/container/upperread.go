@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/storage/upper"
 	"github.com/corral-dev/corral/internal/storage/upper/loopdev"
 )
 
@@ -70,7 +71,7 @@ func (b *Backend) SnapshotUpper(ctx context.Context, id string) (string, func() 
 // view is its page cache, not stale blocks), else a new read-only attach
 // of the image. When fn returns, or the daemon dies, the thread and its
 // namespace go, taking the mount (and a new loop device) with them.
-func (b *Backend) readUpper(ctx context.Context, id string, loc backend.UpperLocation, fn func(upper string) error) error {
+func (b *Backend) readUpper(ctx context.Context, id string, loc upper.Location, fn func(upper string) error) error {
 	if loc.Dir != "" {
 		return onThread(func() error { return fn(loc.Dir) })
 	}

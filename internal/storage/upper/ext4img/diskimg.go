@@ -1,7 +1,8 @@
-// Package diskimg owns per-sandbox disk images: for each sandbox one small
-// ext4 filesystem in a sparse image file (<dir>/<id>.img), copied from a
-// template formatted once per (size, inodes) class (<dir>/.templates), and
-// attached to a loop device with autoclear. The filesystem's size and inode
+// Package ext4img is the writable-layer store (upper.Store) of per-sandbox
+// disk images: for each sandbox one small ext4 filesystem in a sparse image
+// file (<dir>/<id>.img), copied from a template formatted once per (size,
+// inodes) class (<dir>/.templates), and attached to a loop device with
+// autoclear. The filesystem's size and inode
 // count are the sandbox's disk limits; it is meant to be mounted by the
 // sandbox's init inside the sandbox's own mount namespace, so that no host
 // mount exists per sandbox: when the namespace goes, the filesystem is
@@ -10,8 +11,9 @@
 //
 // Everything the store knows it reads back from the directory (ids are file
 // names), so a daemon restart just reopens it. It must not import corral
-// packages other than internal/errdefs, internal/storage/upper/loopdev and
-// internal/backend (for the WritableLayer type and CheckID).
+// packages other than internal/storage/upper (the Layer type),
+// internal/errdefs, internal/storage/upper/loopdev and internal/backend
+// (CheckID, the sandbox id rule).
 package ext4img
 
 import (

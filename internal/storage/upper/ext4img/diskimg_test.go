@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/storage/upper"
 	"github.com/corral-dev/corral/internal/storage/upper/loopdev"
 	"golang.org/x/sys/unix"
 )
@@ -57,7 +57,7 @@ func assertNoLoop(t *testing.T, dir string) {
 	t.Errorf("leak: loop devices still bound: %v", bound)
 }
 
-func create(t *testing.T, s *Store, id string, bytes, inodes int64) backend.WritableLayer {
+func create(t *testing.T, s *Store, id string, bytes, inodes int64) upper.Layer {
 	t.Helper()
 	l, err := s.Create(context.Background(), id, bytes, inodes)
 	if err != nil {
@@ -69,7 +69,7 @@ func create(t *testing.T, s *Store, id string, bytes, inodes int64) backend.Writ
 
 // mount mounts the layer's device on a temp dir as init does, and unmounts
 // it in cleanup.
-func mount(t *testing.T, l backend.WritableLayer) string {
+func mount(t *testing.T, l upper.Layer) string {
 	t.Helper()
 	dir := t.TempDir()
 	if err := unix.Mount(l.DevicePath, dir, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "noinit_itable"); err != nil {

@@ -10,9 +10,12 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/storage/upper"
 	"github.com/corral-dev/corral/internal/storage/upper/loopdev"
 	"golang.org/x/sys/unix"
 )
+
+var _ upper.Store = (*Store)(nil)
 
 // detachWait is how long Remove waits for a loop device that still holds
 // an image to detach: the last user of a mount may still be finishing.
@@ -25,33 +28,33 @@ const detachWait = 2 * time.Second
 // so; the caller must close it then (or on failure), after which the mount
 // holds the device and its end detaches it. On error nothing of the disk
 // remains.
-func (s *Store) Create(ctx context.Context, id string, blocksBytes, inodes int64) (backend.WritableLayer, error) {
+func (s *Store) Create(ctx context.Context, id string, blocksBytes, inodes int64) (upper.Layer, error) {
 	if err := backend.CheckID(id); err != nil {
-		return backend.WritableLayer{}, err
+		return upper.Layer{}, err
 	}
 	if err := checkLimits(blocksBytes, inodes); err != nil {
-		return backend.WritableLayer{}, err
+		return upper.Layer{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return backend.WritableLayer{}, fmt.Errorf("disk %s: %w", id, err)
+		return upper.Layer{}, fmt.Errorf("disk %s: %w", id, err)
 	}
 	tmpl, err := s.template(ctx, class{blocksBytes, inodes})
 	if err != nil {
-		return backend.WritableLayer{}, fmt.Errorf("disk %s: %w", id, err)
+		return upper.Layer{}, fmt.Errorf("disk %s: %w", id, err)
 	}
 	img := s.imagePath(id)
 	if err := s.place(tmpl, img); err != nil {
-		return backend.WritableLayer{}, fmt.Errorf("disk %s: %w", id, err)
+		return upper.Layer{}, fmt.Errorf("disk %s: %w", id, err)
 	}
 	dev, err := loopdev.Attach(img, blockSize)
 	if err != nil {
 		os.Remove(img)
-		return backend.WritableLayer{}, fmt.Errorf("disk %s: %w", id, err)
+		return upper.Layer{}, fmt.Errorf("disk %s: %w", id, err)
 	}
 	s.mu.Lock()
 	s.devices[id] = dev.Name()
 	s.mu.Unlock()
-	return backend.WritableLayer{Device: dev, DevicePath: dev.Name()}, nil
+	return upper.Layer{Device: dev, DevicePath: dev.Name()}, nil
 }
 
 // place copies the template to img through <img>.tmp, so that an image
@@ -137,13 +140,17 @@ func holdersOf(img, dev string, known bool) ([]string, error) {
 
 // Locate returns the disk image of sandbox id (its filesystem holds the
 // upper directory as upper/).
-func (s *Store) Locate(id string) (backend.UpperLocation, error) {
+func (s *Store) Locate(id string) (upper.Location, error) {
 	if err := backend.CheckID(id); err != nil {
-		return backend.UpperLocation{}, err
+		return upper.Location{}, err
 	}
 	img := s.imagePath(id)
 	if _, err := os.Stat(img); err != nil {
-		return backend.UpperLocation{}, fmt.Errorf("disk %s: %w", id, err)
+		return upper.Location{}, fmt.Errorf("disk %s: %w", id, err)
 	}
-	return backend.UpperLocation{Image: img}, nil
+	return upper.Location{Image: img}, nil
 }
+
+// Close is a no-op: the store holds nothing open (each layer's loop device
+// goes with the mount that holds it).
+func (s *Store) Close(context.Context, bool) error { return nil }

@@ -9,8 +9,11 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/storage/upper"
 	"golang.org/x/sys/unix"
 )
+
+var _ upper.Store = (*Store)(nil)
 
 const dirFlags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
 
@@ -19,9 +22,9 @@ const dirFlags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLO
 // inodes (hard limits; writes past them fail with ENOSPC). The layer's
 // UpperDir and WorkDir are for an overlayfs mount. On error nothing of the
 // layer remains.
-func (s *Store) Create(ctx context.Context, id string, blocksBytes, inodes int64) (backend.WritableLayer, error) {
-	upper, work, err := s.create(ctx, id, blocksBytes, inodes)
-	return backend.WritableLayer{UpperDir: upper, WorkDir: work}, err
+func (s *Store) Create(ctx context.Context, id string, blocksBytes, inodes int64) (upper.Layer, error) {
+	dir, work, err := s.create(ctx, id, blocksBytes, inodes)
+	return upper.Layer{UpperDir: dir, WorkDir: work}, err
 }
 
 func (s *Store) create(ctx context.Context, id string, blocksBytes, inodes int64) (upperDir, workDir string, err error) {
@@ -187,13 +190,13 @@ func (s *Store) projectOf(id string) (uint32, error) {
 }
 
 // Locate returns the host directory of sandbox id's upper layer.
-func (s *Store) Locate(id string) (backend.UpperLocation, error) {
+func (s *Store) Locate(id string) (upper.Location, error) {
 	if err := backend.CheckID(id); err != nil {
-		return backend.UpperLocation{}, err
+		return upper.Location{}, err
 	}
-	upper := filepath.Join(s.mnt, id, "upper")
-	if _, err := os.Stat(upper); err != nil {
-		return backend.UpperLocation{}, fmt.Errorf("layer %s: %w", id, err)
+	dir := filepath.Join(s.mnt, id, "upper")
+	if _, err := os.Stat(dir); err != nil {
+		return upper.Location{}, fmt.Errorf("layer %s: %w", id, err)
 	}
-	return backend.UpperLocation{Dir: upper, Scratch: filepath.Join(s.mnt, s.trashPath())}, nil
+	return upper.Location{Dir: dir, Scratch: filepath.Join(s.mnt, s.trashPath())}, nil
 }

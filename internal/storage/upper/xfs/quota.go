@@ -1,14 +1,14 @@
-// Package quota owns the node's writable sandbox layers and their disk
-// quotas: one sparse XFS image (<dir>/uppers.img) loop-mounted with prjquota
+// Package xfs is the writable-layer store (upper.Store) with disk quotas
+// on XFS: one sparse XFS image (<dir>/uppers.img) loop-mounted with prjquota
 // at <dir>/uppers, and in it one directory per sandbox with an overlayfs
 // upper and work dir, charged to its own XFS project with hard block and
 // inode limits. Everything the store knows it reads back from that
 // filesystem (ids are directory names, project ids are on the directories),
 // so there is no state file to drift and a daemon restart just reopens it.
 //
-// It must not import corral packages other than internal/errdefs,
-// internal/storage/upper/loopdev, internal/mountinfo and internal/backend (WritableLayer
-// and CheckID).
+// It must not import corral packages other than internal/storage/upper
+// (the Layer type), internal/errdefs, internal/storage/upper/loopdev,
+// internal/mountinfo and internal/backend (CheckID, the sandbox id rule).
 package xfs
 
 import (
@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/storage/upper"
 	"github.com/corral-dev/corral/internal/storage/upper/loopdev"
 	"golang.org/x/sys/unix"
 )
@@ -215,15 +216,9 @@ func (s *Store) IDs() ([]string, error) {
 		return nil, err
 	}
 	defer done()
-	entries, err := os.ReadDir(s.mnt)
+	ids, err := upper.DirIDs(s.mnt)
 	if err != nil {
 		return nil, fmt.Errorf("list layers: %w", err)
-	}
-	var ids []string
-	for _, e := range entries {
-		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
-			ids = append(ids, e.Name())
-		}
 	}
 	return ids, nil
 }

@@ -10,15 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
-
-// The container backend's seam; checked here so a drift breaks the build.
-var _ interface {
-	Create(ctx context.Context, id string, blocksBytes, inodes int64) (backend.WritableLayer, error)
-	Remove(ctx context.Context, id string) error
-} = (*Store)(nil)
 
 const blk = 4096
 
