@@ -2,10 +2,7 @@ package cli
 
 import (
 	"context"
-	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -29,18 +26,11 @@ host (/proc/meminfo, runc), so run them on the server's machine.`,
 }
 
 func newBenchContainerCmd(g *globals) *cobra.Command {
-	var o bench.ContainerOptions
-	cmd := &cobra.Command{
-		Use:   "container",
-		Short: "Create→ready, exec latency and create+exec+delete cycles/s, against runc and fork/exec",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
-				o.Log = os.Stderr
-				return bench.Container(ctx, c, o)
-			})
-		},
-	}
+	o := bench.ContainerOptions{Log: os.Stderr}
+	cmd := serverBenchCmd(g, "container", "Create→ready, exec latency and create+exec+delete cycles/s, against runc and fork/exec", "",
+		func(ctx context.Context, c *client.Client) (tabler, error) {
+			return bench.Container(ctx, c, o)
+		})
 	fl := cmd.Flags()
 	fl.IntVar(&o.N, "n", 50, "samples for create→ready and exec latency")
 	fl.IntVar(&o.Concurrency, "concurrency", 8, "workers for the cycle rates (corral and runc alike)")
@@ -52,45 +42,27 @@ func newBenchContainerCmd(g *globals) *cobra.Command {
 }
 
 func newBenchDensityCmd(g *globals) *cobra.Command {
-	var o bench.DensityOptions
-	var memory string
-	cmd := &cobra.Command{
-		Use:   "density",
-		Short: "Host memory per idle sandbox for N sandboxes, and whether all of them answer",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var err error
-			if o.MemoryBytes, err = parseBytes("memory", memory); err != nil {
-				return err
-			}
-			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
-				o.Log = os.Stderr
-				return bench.Density(ctx, c, o)
-			})
-		},
-	}
+	o := bench.DensityOptions{Log: os.Stderr}
+	cmd := serverBenchCmd(g, "density", "Host memory per idle sandbox for N sandboxes, and whether all of them answer", "",
+		func(ctx context.Context, c *client.Client) (tabler, error) {
+			return bench.Density(ctx, c, o)
+		})
 	fl := cmd.Flags()
 	fl.IntVar(&o.N, "n", 100, "idle sandboxes to create")
 	fl.IntVar(&o.Concurrency, "concurrency", 8, "creates, execs and deletes in flight")
 	fl.StringVar(&o.Image, "image", "busybox", "image to create sandboxes from")
-	fl.StringVar(&memory, "memory", "64Mi", "memory limit of each sandbox")
+	sizeVar(cmd, &o.MemoryBytes, "memory", "64Mi", "memory limit of each sandbox")
 	fl.BoolVar(&o.ExpectRefusals, "expect-refusals", false, "N is past what the node admits (e.g. --n 6000 with kernel.pid_max 32768 and serve --no-raise-limits): pass when the creates beyond are refused with resource exhausted and every admitted sandbox answers")
 	return cmd
 }
 
 func newBenchSDKCmd(g *globals) *cobra.Command {
-	var o bench.SDKOptions
-	cmd := &cobra.Command{
-		Use:   "sdk",
-		Short: "RL rollouts/s through the Go SDK and the Python SDK (python3 -m corral.bench) in the same run",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
-				o.Log, o.Addr = os.Stderr, g.addr
-				return bench.SDK(ctx, c, o)
-			})
-		},
-	}
+	o := bench.SDKOptions{Log: os.Stderr}
+	cmd := serverBenchCmd(g, "sdk", "RL rollouts/s through the Go SDK and the Python SDK (python3 -m corral.bench) in the same run", "",
+		func(ctx context.Context, c *client.Client) (tabler, error) {
+			o.Addr = g.addr
+			return bench.SDK(ctx, c, o)
+		})
 	fl := cmd.Flags()
 	fl.IntSliceVar(&o.Concurrency, "concurrency", []int{64, 256}, "episodes in flight, one measurement each")
 	fl.IntVar(&o.Episodes, "episodes", 0, "episodes per concurrency (default 2 x concurrency)")
@@ -101,18 +73,11 @@ func newBenchSDKCmd(g *globals) *cobra.Command {
 }
 
 func newBenchE2BCmd(g *globals) *cobra.Command {
-	var o bench.E2BOptions
-	cmd := &cobra.Command{
-		Use:   "e2b",
-		Short: "create → commands.run('true') → kill through the unchanged e2b SDK (node), beside the same loop through the Go SDK",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
-				o.Log = os.Stderr
-				return bench.E2B(ctx, c, o)
-			})
-		},
-	}
+	o := bench.E2BOptions{Log: os.Stderr}
+	cmd := serverBenchCmd(g, "e2b", "create → commands.run('true') → kill through the unchanged e2b SDK (node), beside the same loop through the Go SDK", "",
+		func(ctx context.Context, c *client.Client) (tabler, error) {
+			return bench.E2B(ctx, c, o)
+		})
 	fl := cmd.Flags()
 	fl.StringVar(&o.URL, "e2b-url", "", "the server's E2B API as http://HOST:PORT (its --e2b-listen)")
 	fl.StringVar(&o.APIKey, "e2b-api-key", "", "the server's --e2b-api-key")
@@ -125,18 +90,11 @@ func newBenchE2BCmd(g *globals) *cobra.Command {
 }
 
 func newBenchFnCallCmd(g *globals) *cobra.Command {
-	var o bench.FnCallOptions
-	cmd := &cobra.Command{
-		Use:   "fncall",
-		Short: "fncall calls/s (sh and python) and latency, against host fork+exec and runc run per call",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
-				o.Log = os.Stderr
-				return bench.FnCall(ctx, c, o)
-			})
-		},
-	}
+	o := bench.FnCallOptions{Log: os.Stderr}
+	cmd := serverBenchCmd(g, "fncall", "fncall calls/s (sh and python) and latency, against host fork+exec and runc run per call", "",
+		func(ctx context.Context, c *client.Client) (tabler, error) {
+			return bench.FnCall(ctx, c, o)
+		})
 	fl := cmd.Flags()
 	fl.IntVar(&o.Concurrency, "concurrency", 8, "calls in flight (corral, fork+exec and runc alike)")
 	fl.DurationVar(&o.Duration, "duration", 10*time.Second, "length of each rate phase")
@@ -147,12 +105,9 @@ func newBenchFnCallCmd(g *globals) *cobra.Command {
 }
 
 func newBenchImageCmd(g *globals) *cobra.Command {
-	var o bench.ImageOptions
-	var ws, tool, pack string
-	cmd := &cobra.Command{
-		Use:   "image",
-		Short: "Start from EROFS layers vs extracting a tar, toolkit upgrade cost vs composition count, pack time",
-		Long: `Start N sandboxes from a workspace + toolkit stack by mounting its EROFS layers
+	o := bench.ImageOptions{Log: os.Stderr}
+	cmd := serverBenchCmd(g, "image", "Start from EROFS layers vs extracting a tar, toolkit upgrade cost vs composition count, pack time",
+		`Start N sandboxes from a workspace + toolkit stack by mounting its EROFS layers
 (erofs_start_ms) and, in the same run, by extracting the same content as a tar
 into each sandbox's writable layer (tar_start_ms), with the bytes each writes;
 time a toolkit upgrade (a new layer version every composition follows) with
@@ -160,122 +115,58 @@ time a toolkit upgrade (a new layer version every composition follows) with
 time packing a sandbox that changed 100 MiB in 10,000 files, beside tar of the
 same files. It builds its layers from files under --tmp-dir: run it on the
 server's machine.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var err error
-			if o.WorkspaceBytes, err = parseBytes("workspace-size", ws); err != nil {
-				return err
-			}
-			if o.ToolkitBytes, err = parseBytes("toolkit-size", tool); err != nil {
-				return err
-			}
-			if o.PackBytes, err = parseBytes("pack-size", pack); err != nil {
-				return err
-			}
-			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
-				o.Log = os.Stderr
-				return bench.Image(ctx, c, o)
-			})
-		},
-	}
+		func(ctx context.Context, c *client.Client) (tabler, error) {
+			return bench.Image(ctx, c, o)
+		})
 	fl := cmd.Flags()
 	fl.IntVar(&o.N, "n", 20, "sandboxes per start peer")
 	fl.IntVar(&o.Concurrency, "concurrency", 4, "creates in flight (both peers alike)")
 	fl.IntVar(&o.WorkspaceFiles, "workspace-files", 2000, "files in the workspace layer")
-	fl.StringVar(&ws, "workspace-size", "64Mi", "bytes in the workspace layer")
+	sizeVar(cmd, &o.WorkspaceBytes, "workspace-size", "64Mi", "bytes in the workspace layer")
 	fl.IntVar(&o.ToolkitFiles, "toolkit-files", 200, "files in the toolkit layer")
-	fl.StringVar(&tool, "toolkit-size", "8Mi", "bytes in the toolkit layer")
+	sizeVar(cmd, &o.ToolkitBytes, "toolkit-size", "8Mi", "bytes in the toolkit layer")
 	fl.IntSliceVar(&o.Compositions, "compositions", []int{1, 100, 1000}, "composition counts for upgrade_ms")
 	fl.IntVar(&o.PackFiles, "pack-files", 10000, "files the packed sandbox changed")
-	fl.StringVar(&pack, "pack-size", "100Mi", "bytes the packed sandbox changed")
+	sizeVar(cmd, &o.PackBytes, "pack-size", "100Mi", "bytes the packed sandbox changed")
 	fl.StringVar(&o.TmpDir, "tmp-dir", "", "where to write the layer sources (default the system's temp dir)")
 	return cmd
 }
 
-// tabler is a benchmark result: printed as a table, or as JSON with --json.
-type tabler interface{ WriteTable(w io.Writer) error }
-
-// runBench runs one benchmark with Ctrl-C and SIGTERM cancelling its
-// context (the benchmark then deletes what it made) and prints its result
-// to stdout (nothing when it failed: progress on stderr shows how far it got).
-func runBench(cmd *cobra.Command, g *globals, run func(ctx context.Context, c *client.Client) (tabler, error)) error {
-	c, err := g.client()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	res, err := run(ctx, c)
-	if err != nil {
-		return err
-	}
-	if g.json {
-		return printJSON(res)
-	}
-	return res.WriteTable(os.Stdout)
-
-}
-
 func newBenchMicroVMCmd(g *globals) *cobra.Command {
-	var o bench.MicroVMOptions
-	var memory string
-	cmd := &cobra.Command{
-		Use:   "microvm",
-		Short: "MicroVM boot→ready, exec latency, host memory per idle VM and resume from a snapshot, beside containers",
-		Long: `Measures the microvm backend beside container sandboxes of the same run:
+	o := bench.MicroVMOptions{Log: os.Stderr}
+	cmd := serverBenchCmd(g, "microvm", "MicroVM boot→ready, exec latency, host memory per idle VM and resume from a snapshot, beside containers",
+		`Measures the microvm backend beside container sandboxes of the same run:
 create→first exec (boot_ready), exec of true, host memory of idle VMs (VMM RSS plus
 the files in their run dirs, and the fall in MemAvailable), and resume of a VM paused
 to a memory snapshot. The snapshot is taken when the server's
 --microvm-snapshot-after says (start it with 0 to snapshot at pause). Run it on the
 server's machine: the VMM processes are read from /proc.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var err error
-			if o.MemoryBytes, err = parseBytes("memory", memory); err != nil {
-				return err
-			}
-			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
-				o.Log = os.Stderr
-				return bench.MicroVM(ctx, c, o)
-			})
-		},
-	}
+		func(ctx context.Context, c *client.Client) (tabler, error) {
+			return bench.MicroVM(ctx, c, o)
+		})
 	fl := cmd.Flags()
 	fl.IntVar(&o.Boots, "boots", 5, "create→first exec samples per backend")
 	fl.IntVar(&o.Execs, "execs", 30, "exec samples per backend")
 	fl.IntVar(&o.Idle, "idle", 20, "idle sandboxes per backend for the memory figures")
 	fl.StringVar(&o.Image, "image", "busybox", "image to create sandboxes from")
-	fl.StringVar(&memory, "memory", "256Mi", "guest RAM of each microVM (and memory limit of each container)")
+	sizeVar(cmd, &o.MemoryBytes, "memory", "256Mi", "guest RAM of each microVM (and memory limit of each container)")
 	fl.DurationVar(&o.SnapshotMax, "snapshot-wait", 3*time.Minute, "longest wait for a paused VM's memory snapshot")
 	return cmd
 }
 
 func newBenchTransferCmd(g *globals) *cobra.Command {
-	var o bench.TransferOptions
-	var size string
-	cmd := &cobra.Command{
-		Use:   "transfer",
-		Short: "corral cp of a random tree into a sandbox and back (MB/s), beside the host's tar -c | tar -x of the same tree",
-		Long: `Writes a random tree (half in a few big files, half in small ones, with
+	o := bench.TransferOptions{Log: os.Stderr}
+	cmd := serverBenchCmd(g, "transfer", "corral cp of a random tree into a sandbox and back (MB/s), beside the host's tar -c | tar -x of the same tree",
+		`Writes a random tree (half in a few big files, half in small ones, with
 symlinks, hard links, modes, owners, mtimes and xattrs) on this machine, copies
 it into a sandbox and back out with the SDK's UploadDir/DownloadDir, checks the
 copy byte for byte and in metadata, and times the host's tar pipe of the same
 tree in the same run. Run it on the server's machine as root (owners).`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var err error
-			if o.Bytes, err = parseBytes("size", size); err != nil {
-				return err
-			}
-			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
-				o.Log = os.Stderr
-				return bench.Transfer(ctx, c, o)
-			})
-		},
-	}
+		func(ctx context.Context, c *client.Client) (tabler, error) {
+			return bench.Transfer(ctx, c, o)
+		})
 	fl := cmd.Flags()
-	fl.StringVar(&size, "size", "1Gi", "size of the tree")
+	sizeVar(cmd, &o.Bytes, "size", "1Gi", "size of the tree")
 	fl.StringVar(&o.Dir, "dir", "", "where the trees are written (default the system temp dir)")
 	fl.StringVar(&o.Image, "image", "busybox", "image of the sandbox")
 	return cmd

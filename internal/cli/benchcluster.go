@@ -1,10 +1,9 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -13,11 +12,9 @@ import (
 )
 
 func newBenchClusterCmd(g *globals) *cobra.Command {
-	var o bench.ClusterOptions
-	cmd := &cobra.Command{
-		Use:   "cluster",
-		Short: "Control plane: creates/s, placement latency and balance over simulated nodes (power-of-2 vs random vs full scan), create→ready overhead with real nodes",
-		Long: `Runs its own cluster in this process (no server needed): a real etcd member,
+	o := bench.ClusterOptions{Log: os.Stderr}
+	cmd := benchCmd(g, "cluster", "Control plane: creates/s, placement latency and balance over simulated nodes (power-of-2 vs random vs full scan), create→ready overhead with real nodes",
+		`Runs its own cluster in this process (no server needed): a real etcd member,
 --simulated-nodes node agents (the real node edge — admission, request-id
 dedupe, load reports, leases — over an in-memory sandbox table with a
 modelled create latency) behind the real control plane, driven through the
@@ -26,27 +23,15 @@ Go SDK. Each placement mode (power-of-2, k=1 random, full scan) creates
 nodes with real sandboxes (root): create→ready through the control plane
 against straight to a node's socket, interleaved. TCP ports --base-port to
 --base-port+7.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		func(ctx context.Context) (tabler, error) {
 			if o.RealNodes > 0 && os.Geteuid() != 0 {
-				return fmt.Errorf("--real-nodes needs root (real sandboxes); use --real-nodes 0 to skip that part")
+				return nil, fmt.Errorf("--real-nodes needs root (real sandboxes); use --real-nodes 0 to skip that part")
 			}
 			if o.SimulatedNodes < 0 || o.Sandboxes < 1 || o.Concurrency < 1 || o.RealNodes < 0 || o.RealNodes > 4 {
-				return fmt.Errorf("--simulated-nodes >= 0, --sandboxes >= 1, --concurrency >= 1, --real-nodes 0..4")
+				return nil, fmt.Errorf("--simulated-nodes >= 0, --sandboxes >= 1, --concurrency >= 1, --real-nodes 0..4")
 			}
-			o.Log = os.Stderr
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			res, err := bench.Cluster(ctx, o)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(res)
-			}
-			return res.WriteTable(os.Stdout)
-		},
-	}
+			return bench.Cluster(ctx, o)
+		})
 	fl := cmd.Flags()
 	fl.IntVar(&o.SimulatedNodes, "simulated-nodes", 160, "simulated nodes behind the control plane (0 skips that part)")
 	fl.IntVar(&o.Sandboxes, "sandboxes", 100000, "live sandboxes each placement mode creates")

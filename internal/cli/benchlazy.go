@@ -1,9 +1,8 @@
 package cli
 
 import (
+	"context"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -12,13 +11,10 @@ import (
 )
 
 func newBenchLazyCmd(g *globals) *cobra.Command {
-	var o bench.LazyOptions
+	o := bench.LazyOptions{Log: os.Stderr}
 	var chunkSizes []string
-	var chunkSize, bandwidth string
-	cmd := &cobra.Command{
-		Use:   "lazy",
-		Short: "Lazy image loading from S3 (SeaweedFS): fetched fraction, 64-start burst vs eager pull, warm start vs local",
-		Long: `Measure lazy image loading on this host (needs root, FUSE, EROFS and the
+	cmd := benchCmd(g, "lazy", "Lazy image loading from S3 (SeaweedFS): fetched fraction, 64-start burst vs eager pull, warm start vs local",
+		`Measure lazy image loading on this host (needs root, FUSE, EROFS and the
 weed binary from scripts/deps.sh; no server).
 
 The debian image (python3) is split into EROFS metadata and a chunked data
@@ -27,39 +23,20 @@ a modelled link (--bandwidth, --latency). A start mounts the metadata with
 the lazy blob file as its device and runs the command chrooted in it.
 Peers in the same run: the same burst after downloading the whole blob
 first (eager), and warm starts against the blob fully local.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		func(ctx context.Context) (tabler, error) {
 			for _, s := range chunkSizes {
 				n, err := parseBytes("chunk-sizes", s)
 				if err != nil {
-					return err
+					return nil, err
 				}
 				o.ChunkSizes = append(o.ChunkSizes, n)
 			}
-			var err error
-			if o.ChunkSize, err = parseBytes("chunk-size", chunkSize); err != nil {
-				return err
-			}
-			if o.BytesPerSec, err = parseBytes("bandwidth", bandwidth); err != nil {
-				return err
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			o.Log = os.Stderr
-			res, err := bench.Lazy(ctx, o)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(res)
-			}
-			return res.WriteTable(os.Stdout)
-		},
-	}
+			return bench.Lazy(ctx, o)
+		})
 	fl := cmd.Flags()
 	fl.StringSliceVar(&chunkSizes, "chunk-sizes", []string{"256Ki", "512Ki", "1Mi", "4Mi"}, "fetch chunk sizes measured for the cold start")
-	fl.StringVar(&chunkSize, "chunk-size", "512Ki", "fetch chunk size of the burst and warm phases")
-	fl.StringVar(&bandwidth, "bandwidth", "50Mi", "bytes/s of the modelled link to the store, shared by all fetches")
+	sizeVar(cmd, &o.ChunkSize, "chunk-size", "512Ki", "fetch chunk size of the burst and warm phases")
+	sizeVar(cmd, &o.BytesPerSec, "bandwidth", "50Mi", "bytes/s of the modelled link to the store, shared by all fetches")
 	fl.DurationVar(&o.Latency, "latency", 10*time.Millisecond, "per-request latency of the modelled link")
 	fl.IntVar(&o.Starts, "starts", 64, "starts in the burst")
 	fl.IntVar(&o.WarmN, "warm-n", 20, "warm-start samples (each side)")

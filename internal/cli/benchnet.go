@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"syscall"
@@ -29,10 +28,8 @@ import (
 func newBenchNetCmd(g *globals) *cobra.Command {
 	var o bench.NetOptions
 	var keep bool
-	cmd := &cobra.Command{
-		Use:   "net",
-		Short: "Create→ready with an allowlist vs network none, and HTTP req/s from a sandbox vs from the host",
-		Long: `Measure what a network policy costs, on a private test network.
+	cmd := benchCmd(g, "net", "Create→ready with an allowlist vs network none, and HTTP req/s from a sandbox vs from the host",
+		`Measure what a network policy costs, on a private test network.
 
 It runs a server of its own in this process (a temporary data dir, its own
 cgroup parent and bridge) whose node side is a network namespace of its own,
@@ -42,33 +39,22 @@ changes. Figures: create→ready p50 with an allowlist against network none
 (interleaved), and HTTP requests/s from inside an allowlisted sandbox against
 the same load generator (corral-probe httpload) run on the node side.
 Must run as root; --addr is not used.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		func(ctx context.Context) (tabler, error) {
 			if os.Geteuid() != 0 {
-				return fmt.Errorf("corral bench net must run as root (it runs a server and creates namespaces)")
+				return nil, fmt.Errorf("corral bench net must run as root (it runs a server and creates namespaces)")
 			}
 			if o.Probe == "" {
 				exe, err := os.Executable()
 				if err != nil {
-					return err
+					return nil, err
 				}
 				o.Probe = filepath.Join(filepath.Dir(exe), "corral-probe")
 			}
 			if _, err := os.Stat(o.Probe); err != nil {
-				return fmt.Errorf("--probe: %w (build it with make build)", err)
+				return nil, fmt.Errorf("--probe: %w (build it with make build)", err)
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			res, err := runBenchNet(ctx, o, keep)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(res)
-			}
-			return res.WriteTable(os.Stdout)
-		},
-	}
+			return runBenchNet(ctx, o, keep)
+		})
 	fl := cmd.Flags()
 	fl.IntVar(&o.N, "n", 30, "creates per mode (allowlist, none)")
 	fl.DurationVar(&o.Duration, "duration", 3*time.Second, "length of each load round")

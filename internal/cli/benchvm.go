@@ -11,28 +11,16 @@ import (
 )
 
 func newBenchVMCmd(g *globals) *cobra.Command {
-	var o bench.VMOptions
-	var memory string
-	cmd := &cobra.Command{
-		Use:   "vm",
-		Short: "Full-VM boot→ready, exec via qemu-ga, screenshot latency and host memory per idle VM, beside microvm and container",
-		Long: `Measures the vm backend beside microvm and container sandboxes of the same run:
+	o := bench.VMOptions{Log: os.Stderr}
+	cmd := serverBenchCmd(g, "vm", "Full-VM boot→ready, exec via qemu-ga, screenshot latency and host memory per idle VM, beside microvm and container",
+		`Measures the vm backend beside microvm and container sandboxes of the same run:
 create→first exec, exec of true through the guest agent, QMP screendump to PNG, and
 the host memory of an idle VM (QEMU RSS plus its run dir's files). Needs a VM image
 (corral vm-image build debian). Run it on the server's machine: QEMU processes are
 read from /proc.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var err error
-			if o.MemoryBytes, err = parseBytes("memory", memory); err != nil {
-				return err
-			}
-			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
-				o.Log = os.Stderr
-				return bench.VM(ctx, c, o)
-			})
-		},
-	}
+		func(ctx context.Context, c *client.Client) (tabler, error) {
+			return bench.VM(ctx, c, o)
+		})
 	fl := cmd.Flags()
 	fl.IntVar(&o.Boots, "boots", 1, "create→first exec samples of vm (TCG boots take minutes)")
 	fl.IntVar(&o.PeerBoots, "peer-boots", 3, "create→first exec samples of microvm and container")
@@ -40,6 +28,6 @@ read from /proc.`,
 	fl.IntVar(&o.Shots, "shots", 10, "screenshots")
 	fl.StringVar(&o.Image, "image", "debian@12", "VM image")
 	fl.StringVar(&o.PeerImage, "peer-image", "busybox", "image of the microvm and container peers")
-	fl.StringVar(&memory, "memory", "512Mi", "guest RAM of the VM (and memory limit of the container)")
+	sizeVar(cmd, &o.MemoryBytes, "memory", "512Mi", "guest RAM of the VM (and memory limit of the container)")
 	return cmd
 }

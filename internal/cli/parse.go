@@ -8,6 +8,15 @@ import (
 
 // parseBytes accepts 123, 64Ki, 512Mi, 2Gi, 1Ti and the decimal K, M, G, T.
 func parseBytes(flag, s string) (int64, error) {
+	n, err := parseSize(s)
+	if err != nil {
+		return 0, fmt.Errorf("--%s: %w", flag, err)
+	}
+	return n, nil
+}
+
+// parseSize is parseBytes with an error that names no flag.
+func parseSize(s string) (int64, error) {
 	if s == "" {
 		return 0, nil
 	}
@@ -28,7 +37,7 @@ func parseBytes(flag, s string) (int64, error) {
 	}
 	v, err := strconv.ParseFloat(num, 64)
 	if err != nil || v < 0 {
-		return 0, fmt.Errorf("--%s: %q is not a size (examples: 512Mi, 2Gi, 1000000)", flag, s)
+		return 0, fmt.Errorf("%q is not a size (examples: 512Mi, 2Gi, 1000000)", s)
 	}
 	return int64(v * float64(mult)), nil
 }

@@ -146,24 +146,17 @@ func newExecsCmd(g *globals) *cobra.Command {
 }
 
 func newBenchPauseCmd(g *globals) *cobra.Command {
-	var o bench.PauseOptions
-	cmd := &cobra.Command{
-		Use:   "pause",
-		Short: "Pause levels of container sandboxes holding 64/256/1024 MiB: memory freed, pause and resume→first exec",
-		Long: `Measures freeze and reclaim on container sandboxes holding 64, 256 and 1,024 MiB
+	o := bench.PauseOptions{Log: os.Stderr}
+	cmd := serverBenchCmd(g, "pause", "Pause levels of container sandboxes holding 64/256/1024 MiB: memory freed, pause and resume→first exec",
+		`Measures freeze and reclaim on container sandboxes holding 64, 256 and 1,024 MiB
 (--sizes): the share of memory each level takes out of RAM, the pause time, and the
 time from a paused sandbox to its first exec's answer (the exec resumes it), beside
 an exec on the running sandbox (same run) and E2B's and AgentENV's published
 figures. Reclaim needs the server started with --swap SIZE (at least the largest
 size); otherwise its rows say why they were not measured.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
-				o.Log = os.Stderr
-				return bench.Pause(ctx, c, o)
-			})
-		},
-	}
+		func(ctx context.Context, c *client.Client) (tabler, error) {
+			return bench.Pause(ctx, c, o)
+		})
 	fl := cmd.Flags()
 	fl.IntSliceVar(&o.SizesMiB, "sizes", []int{64, 256, 1024}, "MiB each sandbox holds, one sandbox per size")
 	fl.IntVar(&o.N, "n", 10, "freeze samples per size")
