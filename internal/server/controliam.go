@@ -136,15 +136,7 @@ func (c clusterContents) sandboxes(ctx context.Context, project string) ([]strin
 }
 
 func (c clusterContents) Count(ctx context.Context, project string) (string, error) {
-	ids, err := c.sandboxes(ctx, project)
-	if err != nil {
-		return "", err
-	}
-	names, err := c.owners.Owned(ctx, project)
-	if err != nil {
-		return "", err
-	}
-	return describeContents(len(ids), names), nil
+	return countContents(ctx, project, c.sandboxes, c.owners)
 }
 
 // DeleteAll deletes the project's sandboxes on every node. Image names

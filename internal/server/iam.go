@@ -93,29 +93,30 @@ func (c projectContents) sandboxes(ctx context.Context, project string) ([]strin
 	}
 }
 
-// describeContents is iam.Contents.Count's phrase for what a project holds
-// ("3 sandboxes and 1 image names (a@1)"; "" for nothing).
-func describeContents(sandboxes int, names []string) string {
+// countContents is iam.Contents.Count over a project's sandboxes (listed
+// by sandboxes) and image names: "3 sandboxes and 1 image names (a@1)";
+// "" for nothing.
+func countContents(ctx context.Context, project string, sandboxes func(context.Context, string) ([]string, error), owners *control.ImageOwners) (string, error) {
+	ids, err := sandboxes(ctx, project)
+	if err != nil {
+		return "", err
+	}
+	names, err := owners.Owned(ctx, project)
+	if err != nil {
+		return "", err
+	}
 	var parts []string
-	if sandboxes > 0 {
-		parts = append(parts, fmt.Sprintf("%d sandboxes", sandboxes))
+	if len(ids) > 0 {
+		parts = append(parts, fmt.Sprintf("%d sandboxes", len(ids)))
 	}
 	if len(names) > 0 {
 		parts = append(parts, fmt.Sprintf("%d image names (%s)", len(names), strings.Join(names, ", ")))
 	}
-	return strings.Join(parts, " and ")
+	return strings.Join(parts, " and "), nil
 }
 
 func (c projectContents) Count(ctx context.Context, project string) (string, error) {
-	ids, err := c.sandboxes(ctx, project)
-	if err != nil {
-		return "", err
-	}
-	names, err := c.owners.Owned(ctx, project)
-	if err != nil {
-		return "", err
-	}
-	return describeContents(len(ids), names), nil
+	return countContents(ctx, project, c.sandboxes, c.owners)
 }
 
 func (c projectContents) DeleteAll(ctx context.Context, project string) error {
