@@ -140,6 +140,7 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&logFormat, "log-format", "text", "log lines as text (key=value) or json (one object a line)")
 	fl.BoolVar(&cfg.MetricsPerSandbox, "metrics-per-sandbox", false, "add per-sandbox CPU, memory, disk and network gauges to /metrics (a series per sandbox and figure)")
 	fl.IntVar(&cfg.FnCallPoolFloor, "fncall-pool-floor", 1, "fncall: warm sandboxes kept per pool (image and memory limit) even when idle")
+	fl.IntVar(&cfg.WarmPool, "warm-pool", 2, "container sandboxes kept made ahead of demand per image (up to 4 images), handed to creates with the default resources and network none; 0: none")
 	fl.IntVar(&cfg.FnCallPoolCeiling, "fncall-pool-ceiling", 16, "fncall: most sandboxes per pool")
 	fl.StringVar(&d.Image, "default-image", "", "image for requests that name none (default busybox)")
 	fl.StringVar(&defMemory, "default-memory", "", "memory limit for requests that set none (default 512Mi)")

@@ -100,6 +100,9 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	if err != nil {
 		return nil, err
 	}
+	if sb, ok, err := n.warm.handOut(ctx, rec, b, start); ok || err != nil {
+		return sb, err
+	}
 	if rec.ID, err = n.newID(); err != nil {
 		return nil, fmt.Errorf("sandbox id: %w", err)
 	}
@@ -126,7 +129,17 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		n.cfg.Images.Release(rec.ID)
 		return nil, fmt.Errorf("record sandbox %s: %w", rec.ID, err)
 	}
-	sb, err := b.Create(ctx, backend.Spec{
+	sb, err := b.Create(ctx, specOf(rec, img))
+	if err != nil {
+		n.abandon(rec, b)
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	return n.started(rec, b, sb, start, false), nil
+}
+
+// specOf is the backend's spec of the sandbox rec describes, from img.
+func specOf(rec *state.Record, img layers.Image) backend.Spec {
+	return backend.Spec{
 		ID:         rec.ID,
 		Layers:     img.Layers,
 		LayerDisks: img.Disks,
@@ -142,11 +155,11 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 			BestEffort:  rec.BestEffort,
 			IO:          backend.IOLimits(rec.IO),
 		},
-	})
-	if err != nil {
-		n.abandon(rec, b)
-		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
+}
+
+// started records a running sandbox sb of rec and starts watching it.
+func (n *Node) started(rec *state.Record, b backend.Backend, sb backend.Sandbox, start time.Time, warm bool) *Sandbox {
 	rec.Phase = state.PhaseRunning
 	rec.BackendRecord = sb.Record()
 	e := &entry{rec: rec, backend: b, sb: sb}
@@ -161,8 +174,8 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	n.cfg.Metrics.ObserveOp(rec.Backend, metrics.OpCreate, took)
 	n.emit(rec, events.Created, "image "+rec.Image, resourceFigures(rec))
 	n.emit(rec, events.Started, "", map[string]float64{"create_seconds": took.Seconds()})
-	n.log.Debug("sandbox created", "sandbox", rec.ID, "project", projectOf(rec), "image", rec.Image)
-	return n.describe(e), nil
+	n.log.Debug("sandbox created", "sandbox", rec.ID, "project", projectOf(rec), "image", rec.Image, "warm", warm, "took", took)
+	return n.describe(e)
 }
 
 // abandon removes a sandbox whose backend create failed.

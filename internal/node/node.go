@@ -78,6 +78,11 @@ type Config struct {
 	// (image.MountScope), so that sandboxes of different projects share
 	// no layer's page cache.
 	PerProjectLayerMounts bool
+
+	// WarmPool is how many container sandboxes the node keeps made ahead
+	// of demand per image, for creates with the default resources and no
+	// network (warm.go); 0: none.
+	WarmPool int
 }
 
 // Node is one machine's sandbox manager.
@@ -103,6 +108,10 @@ type Node struct {
 
 	execLog *execlog.Log // commands that carried an idempotency key
 	keyed   keyedExecs   // those of them still running
+
+	// teardowns are the background halves of Deletes (teardown).
+	teardowns sync.WaitGroup
+	warm      *warmPools
 
 	stopReaper context.CancelFunc
 	reaperDone chan struct{}
@@ -166,6 +175,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		db.Close()
 		return nil, fmt.Errorf("recover node %s: %w", id, err)
 	}
+	n.warm = newWarmPools(n, cfg.WarmPool)
 	reapCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.stopReaper = cancel
 	n.reaperDone = make(chan struct{})
@@ -185,6 +195,8 @@ func (n *Node) ID() string { return n.id }
 // Close stops the reaper and closes the state database. Sandboxes keep
 // running: the next New re-attaches to them.
 func (n *Node) Close() error {
+	n.warm.close()
+	n.teardowns.Wait()
 	n.stopReaper()
 	<-n.reaperDone
 	<-n.samplerDone
@@ -253,6 +265,15 @@ func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
 		return
 	}
 	e := &entry{rec: rec, backend: b}
+	if rec.Deleting {
+		log.Info("finishing the teardown of a deleted sandbox")
+		if err := b.Cleanup(ctx, rec.ID, rec.BackendRecord); err != nil {
+			log.Error("teardown of deleted sandbox", "err", err)
+			return
+		}
+		n.forget(rec)
+		return
+	}
 	if rec.Phase != state.PhaseCreating {
 		n.cfg.Images.Pin(rec.ID, imageLayers(rec.Layers))
 	}

@@ -120,7 +120,10 @@ func decodePageToken(tok string) (string, error) {
 }
 
 // Delete stops and removes a sandbox. Deleting an unknown sandbox of this
-// node succeeds with existed=false.
+// node succeeds with existed=false. It answers once the sandbox's processes
+// are dead and its record says deleting; the rest of the teardown (writable
+// layer, run dir, id range, record) runs in the background (teardown), and
+// a restart finishes what a crash interrupted.
 func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) {
 	e, err := n.lookup(id)
 	if errdefs.IsNotFound(err) {
@@ -143,37 +146,71 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 		cancelPack()
 		<-packing
 	}
-	undo := func() {
-		e.mu.Lock()
-		e.deleting = false
-		e.mu.Unlock()
-	}
 	if sb != nil {
 		if err := sb.Stop(ctx); err != nil {
-			undo()
+			e.mu.Lock()
+			e.deleting = false
+			e.mu.Unlock()
 			return true, fmt.Errorf("delete sandbox %s: %w", id, err)
 		}
 	}
-	if err := e.backend.Cleanup(ctx, id, rec.BackendRecord); err != nil {
-		e.markStopped("delete failed half-way")
-		undo()
-		n.persist(e)
-		return true, fmt.Errorf("delete sandbox %s: %w", id, err)
-	}
-	if err := n.db.Delete(id); err != nil {
-		n.log.Error("delete sandbox record", "sandbox", id, "err", err)
-	}
-	if err := n.execLog.Drop(id); err != nil {
-		n.log.Error("drop exec log", "sandbox", id, "err", err)
+	stopped := time.Since(start)
+	rec.Deleting = true
+	if err := n.db.Put(rec); err != nil {
+		// The sandbox is dead either way: a restart finds it lost and
+		// cleans it up as such.
+		n.log.Error("mark sandbox record deleting", "sandbox", id, "err", err)
 	}
 	n.mu.Lock()
 	delete(n.sandboxes, id)
 	n.mu.Unlock()
-	n.cfg.Images.Release(id)
-	n.cfg.Metrics.ObserveOp(rec.Backend, metrics.OpDelete, time.Since(start))
+	n.teardowns.Add(1)
+	go func() {
+		defer n.teardowns.Done()
+		n.teardown(e.backend, rec, start, stopped)
+	}()
+	n.cfg.Metrics.ObserveOp(rec.Backend, metrics.OpDelete, stopped)
 	n.emit(rec, events.Deleted, "", nil)
-	n.log.Debug("sandbox deleted", "sandbox", id, "project", projectOf(rec))
 	return true, nil
+}
+
+// teardownRetries are the waits between attempts of a background teardown
+// that failed (a disk still busy); after the last, the record stays marked
+// deleting and the next start retries.
+var teardownRetries = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second}
+
+// teardown removes what a deleted sandbox's processes left: the backend's
+// resources, then the record, exec log and image pins.
+func (n *Node) teardown(b backend.Backend, rec *state.Record, start time.Time, stopped time.Duration) {
+	id := rec.ID
+	began := time.Now()
+	for i := 0; ; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := b.Cleanup(ctx, id, rec.BackendRecord)
+		cancel()
+		if err == nil {
+			break
+		}
+		if i == len(teardownRetries) {
+			n.log.Error("delete sandbox: teardown failed; the next start retries", "sandbox", id, "err", err)
+			return
+		}
+		n.log.Warn("delete sandbox: teardown failed; retrying", "sandbox", id, "err", err, "in", teardownRetries[i])
+		time.Sleep(teardownRetries[i])
+	}
+	n.forget(rec)
+	n.log.Debug("sandbox deleted", "sandbox", id, "project", projectOf(rec), "stop", stopped, "teardown", time.Since(began), "total", time.Since(start))
+}
+
+// forget drops a torn-down sandbox's record, exec log and image pins.
+func (n *Node) forget(rec *state.Record) {
+	if err := n.db.Delete(rec.ID); err != nil {
+		n.log.Error("delete sandbox record", "sandbox", rec.ID, "err", err)
+	}
+	if err := n.execLog.Drop(rec.ID); err != nil {
+		n.log.Error("drop exec log", "sandbox", rec.ID, "err", err)
+	}
+	n.cfg.Images.Release(rec.ID)
 }
 
 // ExecRequest is one command; zero fields take the sandbox's or node's defaults.

@@ -91,6 +91,9 @@ type Config struct {
 	// FnCallPoolFloor and FnCallPoolCeiling bound each fncall pool (per
 	// image and memory limit); zero takes fncall's defaults.
 	FnCallPoolFloor, FnCallPoolCeiling int
+	// WarmPool is how many container sandboxes the node keeps made ahead
+	// of demand per image (node.Config.WarmPool); 0: none.
+	WarmPool int
 	// Network configures sandbox networking (bridge, NAT, DNS proxy,
 	// presets). Nothing on the host changes until a sandbox asks for a
 	// network mode other than none.
@@ -278,6 +281,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Limits: node.Limits{MaxIO: state.IOLimits(container.DefaultIO)},
 
 		PerProjectLayerMounts: cfg.LayerMounts == LayerMountsPerProject,
+		WarmPool:              cfg.WarmPool,
 	})
 	if err != nil {
 		swap.Close()

@@ -83,6 +83,9 @@ type Record struct {
 	ReclaimedResident int64 `json:"reclaimed_resident,omitempty"`
 	// IO is the sandbox's disk I/O limits as asked (zero: the node's).
 	IO IOLimits `json:"io,omitzero"`
+	// Deleting: Delete has answered (the sandbox's processes are dead) and
+	// its teardown runs in the background; a restart finishes it.
+	Deleting bool `json:"deleting,omitempty"`
 }
 
 // IOLimits are disk I/O limits per second.

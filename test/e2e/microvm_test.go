@@ -88,8 +88,16 @@ func TestMicroVMThroughTheAPI(t *testing.T) {
 	if err := sb.Delete(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(srv.Config.DataDir, "vm", sb.ID())); !os.IsNotExist(err) {
-		t.Errorf("run dir left after delete: %v", err)
+	// Delete answers once the VM is dead; its run dir goes in the
+	// background teardown.
+	runDir := filepath.Join(srv.Config.DataDir, "vm", sb.ID())
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(runDir); os.IsNotExist(err) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Errorf("run dir left 30s after delete: %v", err)
+			break
+		}
 	}
 }
 

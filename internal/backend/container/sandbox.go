@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -147,14 +148,18 @@ func (s *sandbox) Stop(ctx context.Context) error {
 	if s.stopped {
 		return nil
 	}
+	start := time.Now()
 	errs := []error{s.proc.Kill(), s.group.Kill(ctx)}
+	killed := time.Since(start)
 	select {
 	case <-s.proc.Done():
 	case <-ctx.Done():
 		return fmt.Errorf("sandbox %s: stop: %w", s.id, ctx.Err())
 	}
+	exited := time.Since(start)
 	s.stopPool()
 	errs = append(errs, s.group.Remove(ctx))
+	s.b.log.Debug("sandbox stopped", "sandbox", s.id, "kill", killed, "exit", exited-killed, "cgroup", time.Since(start)-exited)
 	if s.net != nil {
 		errs = append(errs, s.net.Close())
 	}

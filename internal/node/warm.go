@@ -1,0 +1,309 @@
+package node
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/state"
+	"github.com/corral-dev/corral/internal/storage/layers"
+)
+
+// The warm pool keeps a few container sandboxes made ahead of demand, per
+// image, for creates that ask for the node's defaults (resources, network
+// none, no I/O limits): such a create takes one (a record write and its
+// admission) instead of making one, and the pool makes the next in the
+// background. A pooled sandbox has an id and nothing else of a sandbox: no
+// record, no project, no labels. Those come at hand-out, and nothing the
+// sandbox was made with depends on them (its layers are the node's shared
+// mounts, so pools are off with per-project layer mounts). A pooled
+// sandbox has no record, so a daemon that dies with some leaves them to
+// the backend's sweep at the next start, like any half-made sandbox.
+
+// maxWarmImages bounds how many images have a pool; a request for another
+// image drains the pool used least recently.
+const maxWarmImages = 4
+
+// warmBackend is the only backend pooled: fncall keeps its own pool, and
+// VMs hold too much to keep idle ones.
+const warmBackend = "container"
+
+// warmSandbox is one pooled sandbox.
+type warmSandbox struct {
+	id  string
+	sb  backend.Sandbox
+	img layers.Image
+}
+
+// warmPool is the pool of one image.
+type warmPool struct {
+	image   string
+	ready   []*warmSandbox
+	used    time.Time     // last hand-out or miss
+	wake    chan struct{} // a hand-out happened (buffered 1)
+	stop    chan struct{} // closed when the pool is drained
+	stopped bool
+}
+
+// warmPools are the node's pools (Config.WarmPool sandboxes each).
+type warmPools struct {
+	n    *Node
+	size int
+
+	mu     sync.Mutex
+	pools  map[string]*warmPool
+	closed bool
+	wg     sync.WaitGroup // fillers and drains
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newWarmPools(n *Node, size int) *warmPools {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &warmPools{n: n, size: size, pools: map[string]*warmPool{}, ctx: ctx, cancel: cancel}
+	if _, ok := n.backends[warmBackend]; ok && size > 0 {
+		w.mu.Lock()
+		w.poolLocked(n.cfg.Defaults.Image)
+		w.mu.Unlock()
+	}
+	return w
+}
+
+// template is the record of a default container create of image.
+func (w *warmPools) template(image string) (*state.Record, error) {
+	return w.n.admit(CreateRequest{Backend: warmBackend, Image: image})
+}
+
+// matches says whether rec may take a pooled sandbox: everything the
+// backend made it with is the node's default.
+func (w *warmPools) matches(rec *state.Record) bool {
+	if _, ok := w.n.backends[warmBackend]; !ok || w.size <= 0 || rec.Backend != warmBackend || w.n.cfg.PerProjectLayerMounts {
+		return false
+	}
+	t, err := w.template(rec.Image)
+	if err != nil {
+		return false
+	}
+	return rec.CPUMillis == t.CPUMillis && rec.MemoryBytes == t.MemoryBytes && rec.DiskBytes == t.DiskBytes &&
+		rec.Pids == t.Pids && !rec.BestEffort && rec.IO == (state.IOLimits{}) &&
+		(rec.NetworkMode == "" || rec.NetworkMode == "none") && len(rec.NetworkAllow) == 0
+}
+
+// poolLocked returns image's pool, making it (and its filler) if needed,
+// and draining the least recently used pool beyond maxWarmImages.
+func (w *warmPools) poolLocked(image string) *warmPool {
+	if p, ok := w.pools[image]; ok {
+		return p
+	}
+	if w.closed {
+		return nil
+	}
+	if len(w.pools) >= maxWarmImages {
+		var oldest *warmPool
+		for _, p := range w.pools {
+			if oldest == nil || p.used.Before(oldest.used) {
+				oldest = p
+			}
+		}
+		w.drainLocked(oldest)
+	}
+	p := &warmPool{image: image, used: time.Now(), wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	w.pools[image] = p
+	w.wg.Add(1)
+	go w.fill(p)
+	return p
+}
+
+// drainLocked removes p and destroys its sandboxes in the background.
+func (w *warmPools) drainLocked(p *warmPool) {
+	delete(w.pools, p.image)
+	p.stopped = true
+	close(p.stop)
+	ready := p.ready
+	p.ready = nil
+	for _, ws := range ready {
+		w.discard(ws)
+	}
+}
+
+// discard destroys a pooled sandbox in the background.
+func (w *warmPools) discard(ws *warmSandbox) {
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		w.destroy(ws.id, ws.sb)
+	}()
+}
+
+func (w *warmPools) destroy(id string, sb backend.Sandbox) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := w.n.backends[warmBackend]
+	if sb != nil {
+		if err := sb.Stop(ctx); err != nil {
+			w.n.log.Warn("warm pool: stop a pooled sandbox", "sandbox", id, "err", err)
+		}
+	}
+	if err := b.Cleanup(ctx, id, nil); err != nil {
+		// No record names it: the sweep at the next start retries.
+		w.n.log.Error("warm pool: remove a pooled sandbox", "sandbox", id, "err", err)
+	}
+	w.n.cfg.Images.Release(id)
+}
+
+// take returns a pooled sandbox of image, or nil (and the pool starts
+// filling for the next request).
+func (w *warmPools) take(image string) *warmSandbox {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p := w.poolLocked(image)
+	if p == nil {
+		return nil
+	}
+	p.used = time.Now()
+	var ws *warmSandbox
+	for len(p.ready) > 0 && ws == nil {
+		ws, p.ready = p.ready[0], p.ready[1:]
+		select {
+		case <-ws.sb.Done(): // its init died while pooled
+			w.discard(ws)
+			ws = nil
+		default:
+		}
+	}
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	return ws
+}
+
+// putBack returns an unused sandbox to its pool (a hand-out that was
+// refused admission), or destroys it if the pool is gone or full.
+func (w *warmPools) putBack(image string, ws *warmSandbox) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if p, ok := w.pools[image]; ok && !p.stopped && len(p.ready) < w.size {
+		p.ready = append([]*warmSandbox{ws}, p.ready...)
+		return
+	}
+	w.discard(ws)
+}
+
+// fill keeps p at size sandboxes, one made at a time, until p is drained
+// or the pools close. A failed make (image missing, host at a limit)
+// waits, doubling up to a minute.
+func (w *warmPools) fill(p *warmPool) {
+	defer w.wg.Done()
+	var backoff, delay time.Duration
+	for {
+		w.mu.Lock()
+		need := !p.stopped && !w.closed && len(p.ready) < w.size
+		w.mu.Unlock()
+		if !need || delay > 0 {
+			var retry <-chan time.Time
+			if delay > 0 {
+				retry = time.After(delay)
+			}
+			select {
+			case <-w.ctx.Done():
+				return
+			case <-p.stop:
+				return
+			case <-p.wake: // a request asks: try again now
+			case <-retry:
+			}
+			delay = 0
+			continue
+		}
+		ws, err := w.make(p.image)
+		if err != nil {
+			backoff = min(max(2*backoff, time.Second), time.Minute)
+			delay = backoff
+			w.n.log.Debug("warm pool: make a sandbox", "image", p.image, "err", err, "retry_in", backoff)
+			continue
+		}
+		backoff = 0
+		w.mu.Lock()
+		if p.stopped || w.closed || len(p.ready) >= w.size {
+			w.discard(ws)
+		} else {
+			p.ready = append(p.ready, ws)
+		}
+		w.mu.Unlock()
+	}
+}
+
+// make creates one pooled sandbox of image, admitted like a create (host
+// limits) so that the pool never takes what the node would refuse.
+func (w *warmPools) make(image string) (*warmSandbox, error) {
+	n := w.n
+	rec, err := w.template(image)
+	if err != nil {
+		return nil, err
+	}
+	if rec.ID, err = n.newID(); err != nil {
+		return nil, err
+	}
+	if err := n.reserve(w.ctx, rec); err != nil {
+		return nil, err
+	}
+	defer n.unreserve(rec)
+	img, err := n.cfg.Images.AcquireIn(w.ctx, image, rec.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	b := n.backends[warmBackend]
+	sb, err := b.Create(w.ctx, specOf(rec, img))
+	if err != nil {
+		w.destroy(rec.ID, nil)
+		return nil, err
+	}
+	return &warmSandbox{id: rec.ID, sb: sb, img: img}, nil
+}
+
+// handOut gives rec (admitted, not yet reserved) a pooled sandbox when it
+// matches and the pool has one: ok false means make one as usual.
+func (w *warmPools) handOut(ctx context.Context, rec *state.Record, b backend.Backend, start time.Time) (*Sandbox, bool, error) {
+	if !w.matches(rec) {
+		return nil, false, nil
+	}
+	ws := w.take(rec.Image)
+	if ws == nil {
+		return nil, false, nil
+	}
+	n := w.n
+	r := *rec
+	r.ID = ws.id
+	if err := n.reserve(ctx, &r); err != nil {
+		w.putBack(rec.Image, ws)
+		return nil, true, err
+	}
+	defer n.unreserve(&r)
+	// The name may point at other layers by now: pin what it names, and
+	// hand out only a sandbox made from exactly those.
+	img, err := n.cfg.Images.AcquireIn(ctx, r.Image, r.ID, "")
+	if err != nil || !slices.Equal(img.Stack, ws.img.Stack) {
+		w.discard(ws)
+		return nil, false, nil
+	}
+	r.Env = mergeEnv(img.Env, r.Env)
+	r.Layers = stateLayers(img.Stack)
+	// One record write: until it, nothing names the sandbox, and a crash
+	// leaves it to the sweep.
+	return n.started(&r, b, ws.sb, start, true), true, nil
+}
+
+// close stops the fillers and destroys every pooled sandbox.
+func (w *warmPools) close() {
+	w.mu.Lock()
+	w.closed = true
+	for _, p := range w.pools {
+		w.drainLocked(p)
+	}
+	w.mu.Unlock()
+	w.cancel()
+	w.wg.Wait()
+}
