@@ -175,7 +175,7 @@ func newForkCmd(g *globals) *cobra.Command {
 	var n int
 	cmd := &cobra.Command{
 		Use:   "fork SANDBOX",
-		Short: "Make N new sandboxes starting from a sandbox as it is now (containers: its files; processes are not carried)",
+		Short: "Make N new sandboxes starting from a sandbox as it is now (containers: its files only; microVMs: processes too)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()

@@ -49,6 +49,9 @@ type CreateRequest struct {
 	Network backend.Network
 	// IdleAction is what IdleTimeout does: "" or "stop", "pause", "reclaim".
 	IdleAction string
+
+	// restoreFrom is the snapshot dir a Restore makes the sandbox from.
+	restoreFrom string
 }
 
 // Sandbox describes a sandbox to callers.
@@ -126,7 +129,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		n.cfg.Images.Release(rec.ID)
 		return nil, fmt.Errorf("record sandbox %s: %w", rec.ID, err)
 	}
-	sb, err := b.Create(ctx, backend.Spec{
+	sb, err := makeSandbox(ctx, b, req, backend.Spec{
 		ID:         rec.ID,
 		Layers:     img.Layers,
 		LayerDisks: img.Disks,
