@@ -77,6 +77,15 @@ func (s *sandbox) SnapshotTo(ctx context.Context, dir string) (int64, error) {
 	err = ls.SnapshotLive(ctx, s.m, filepath.Join(dir, snapMemFile), func() error {
 		return copyDisk(ctx, s.m.path(diskFile), filepath.Join(dir, snapDiskFile))
 	})
+	// The agent's old session may still write its last frames into the
+	// next connection: a fresh session is proven with a ping (and made
+	// again until one answers) before the sandbox serves calls again.
+	s.mu.Unlock()
+	werr := s.waitAgent(ctx, time.Minute)
+	s.mu.Lock()
+	if err == nil && werr != nil {
+		err = fmt.Errorf("agent after the snapshot: %w", werr)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("sandbox %s: snapshot: %w", s.m.id, err)
 	}
