@@ -49,9 +49,6 @@ func (s *sandbox) SnapshotTo(ctx context.Context, dir string) (int64, error) {
 	if !ok {
 		return 0, errdefs.NotSupported("not supported: snapshot of a running %s microVM", s.b.drv.Name())
 	}
-	if s.m.Net != nil {
-		return 0, errdefs.NotSupported("not supported: snapshot of networked microVM %s (a restored copy would keep the guest's addresses; only network mode none is snapshotted)", s.m.id)
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.paused || s.proc == nil || s.stopped {
@@ -121,16 +118,15 @@ func diskUsage(dir string) (int64, error) {
 	return n, err
 }
 
-// Restore implements backend.Restorer: a new run dir with a copy of the
-// snapshot's disk, the VMM started from its memory file (read once by this
-// VM: forks do not share RAM), then the restored agent, reached with the
-// snapshot's secret, takes over the new sandbox's secret and hostname.
+// Restore implements backend.Restorer: a new run dir (and network slot)
+// with a copy of the snapshot's disk, the VMM started from its memory file
+// (read once by this VM: forks do not share RAM), then the restored agent,
+// reached with the snapshot's secret, takes over the new sandbox's secret,
+// hostname and (networked) MAC and addresses.
 func (b *Backend) Restore(ctx context.Context, spec backend.Spec, dir string) (backend.Sandbox, error) {
-	if _, err := b.checkSpec(spec); err != nil {
+	mode, err := b.checkSpec(spec)
+	if err != nil {
 		return nil, err
-	}
-	if spec.Network.Mode != "" && spec.Network.Mode != "none" {
-		return nil, errdefs.NotSupported("not supported: restore of a microVM snapshot with network mode %s", spec.Network.Mode)
 	}
 	raw, err := os.ReadFile(filepath.Join(dir, snapStateFile))
 	if err != nil {
@@ -149,9 +145,10 @@ func (b *Backend) Restore(ctx context.Context, spec backend.Spec, dir string) (b
 	case !reflect.DeepEqual(src.Layers, spec.LayerDisks):
 		return nil, errdefs.FailedPrecondition("snapshot %s: the image's layer files changed since the snapshot", filepath.Base(dir))
 	}
-	c := &creation{b: b, spec: spec}
+	c := &creation{b: b, spec: spec, mode: mode}
 	timings, err := backend.RunSteps(ctx, c, []backend.Step[*creation]{
 		{Name: "rundir", Run: (*creation).makeRunDir},
+		{Name: "network", Run: (*creation).makeNetwork},
 		{Name: "state", Run: (*creation).saveState},
 		{Name: "disk", Run: func(c *creation, ctx context.Context) error {
 			return copyDisk(ctx, filepath.Join(dir, snapDiskFile), c.m.path(diskFile))
@@ -192,7 +189,7 @@ func (c *creation) startRestored(ctx context.Context, dir, oldSecret string) err
 	err = c.s.waitAgent(ctx, time.Minute)
 	if err == nil {
 		_, err = c.s.call(ctx, agentproto.Request{Op: agentproto.OpIdentity,
-			Identity: &agentproto.Identity{Secret: newSecret, Hostname: c.spec.Hostname}})
+			Identity: &agentproto.Identity{Secret: newSecret, Hostname: c.spec.Hostname, Network: c.fc.Network}})
 	}
 	m.Secret = newSecret
 	if err != nil {

@@ -113,8 +113,8 @@ func (s *server) handle(st io.ReadWriteCloser, detach chan<- struct{}) {
 	}
 }
 
-// identity takes over a new sandbox's secret and hostname; requests with
-// the old secret are refused from here on.
+// identity takes over a new sandbox's secret, hostname and network
+// addresses; requests with the old secret are refused from here on.
 func (s *server) identity(fs *agentproto.Stream, id *agentproto.Identity) {
 	if id == nil || len(id.Secret) < 32 {
 		replyErr(fs, errdefs.InvalidArgument("agent: identity without a secret"))
@@ -123,6 +123,12 @@ func (s *server) identity(fs *agentproto.Stream, id *agentproto.Identity) {
 	if id.Hostname != "" {
 		if err := unix.Sethostname([]byte(id.Hostname)); err != nil {
 			replyErr(fs, fmt.Errorf("agent: sethostname: %w", err))
+			return
+		}
+	}
+	if id.Network != nil {
+		if err := readdressNetwork(id.Network); err != nil {
+			replyErr(fs, err)
 			return
 		}
 	}

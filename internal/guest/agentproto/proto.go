@@ -96,6 +96,9 @@ type Request struct {
 type Identity struct {
 	Secret   string `json:"secret"`
 	Hostname string `json:"hostname"`
+	// Network, for a networked guest, is its new slot: eth0 takes its MAC
+	// and addresses in place of the snapshot's.
+	Network *GuestNetwork `json:"network,omitempty"`
 }
 
 // Exec starts a command; stdin frames follow when Stdin is set.
