@@ -168,8 +168,11 @@ func (c *Client) ResumeMany(ctx context.Context, labels map[string]string) (*Bul
 
 // ForkResult is what Sandbox.Fork made.
 type ForkResult struct {
-	// Image is the composition every fork was created from.
+	// Image is the composition every fork was created from (containers).
 	Image string
+	// Snapshot is the snapshot the forks were restored from (microVMs;
+	// removed once they were made).
+	Snapshot string
 	// ProcessesCarried: the forks continue the parent's processes (false
 	// for containers, which fork their files only).
 	ProcessesCarried bool
@@ -185,7 +188,8 @@ type ForkOutcome struct {
 }
 
 // Fork makes n new sandboxes starting from this one as it is now (its
-// files for containers; the parent is frozen while they are read), with
+// files for containers, the parent frozen while they are read; for
+// microVMs one snapshot restored n times, processes and all), with
 // its resources, settings and labels plus "corral.fork-of". Failures are
 // per fork (e.g. the project's quota); a bad n fails the whole call.
 func (s *Sandbox) Fork(ctx context.Context, n int) (*ForkResult, error) {
@@ -193,7 +197,7 @@ func (s *Sandbox) Fork(ctx context.Context, n int) (*ForkResult, error) {
 	if err != nil {
 		return nil, wrapErr(err)
 	}
-	out := &ForkResult{Image: resp.Msg.Image, ProcessesCarried: resp.Msg.ProcessesCarried}
+	out := &ForkResult{Image: resp.Msg.Image, Snapshot: resp.Msg.SnapshotId, ProcessesCarried: resp.Msg.ProcessesCarried}
 	for _, f := range resp.Msg.Forks {
 		if f.Sandbox == nil {
 			out.Forks = append(out.Forks, ForkOutcome{Err: &Error{Code: CodeInternal, Message: f.Error}})

@@ -27,6 +27,9 @@ type PauseOptions struct {
 	// the whole working set to disk, and the holder does not touch it
 	// again, so a second sample would find nothing left to push.
 	ReclaimN int
+	// MicroVMN is the microVM snapshot/restore samples (default 3;
+	// negative: not measured).
+	MicroVMN int
 	Log      io.Writer
 }
 
@@ -39,6 +42,9 @@ func (o *PauseOptions) defaults() {
 	}
 	if o.ReclaimN <= 0 {
 		o.ReclaimN = 1
+	}
+	if o.MicroVMN == 0 {
+		o.MicroVMN = 3
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
@@ -76,11 +82,12 @@ type ForkFigures struct {
 
 // PauseResult is the outcome of Pause.
 type PauseResult struct {
-	Sizes   []PauseSize `json:"sizes"`
-	Fork    ForkFigures `json:"fork"`
-	Targets []Target    `json:"targets"`
-	Load    Load        `json:"load"`
-	Leaked  int         `json:"leaked"`
+	Sizes   []PauseSize            `json:"sizes"`
+	Fork    ForkFigures            `json:"fork"`
+	MicroVM MicroVMSnapshotFigures `json:"microvm"`
+	Targets []Target               `json:"targets"`
+	Load    Load                   `json:"load"`
+	Leaked  int                    `json:"leaked"`
 }
 
 // Pause measures the pause levels of container sandboxes holding 64, 256
@@ -111,6 +118,14 @@ func Pause(ctx context.Context, c *client.Client, o PauseOptions) (res *PauseRes
 	fmt.Fprintln(o.Log, "pause: fork × 8")
 	if res.Fork, err = forkFigures(ctx, t, 8); err != nil {
 		return res, fmt.Errorf("fork: %w", err)
+	}
+	if o.MicroVMN > 0 {
+		fmt.Fprintln(o.Log, "pause: microVM snapshot, restore, fork × 4")
+		if res.MicroVM, err = microVMSnapshots(ctx, t, o.MicroVMN, 4); err != nil {
+			return res, fmt.Errorf("microVM snapshots: %w", err)
+		}
+	} else {
+		res.MicroVM.Skipped = "not asked (--microvm-n)"
 	}
 	return res, nil
 }
@@ -291,6 +306,7 @@ func (r *PauseResult) WriteTable(w io.Writer) error {
 	}
 	rows = append(rows, row{fmt.Sprintf("fork × %d (16 MiB of files, processes not carried)", r.Fork.N), f3(r.Fork.ForkMs) + " ms",
 		fmt.Sprintf("%d plain creates at once %s ms (%.1fx); %d failed", r.Fork.N, f3(r.Fork.CreateMs), ratio(r.Fork.ForkMs, r.Fork.CreateMs), r.Fork.Failed), ""})
+	rows = append(rows, r.MicroVM.rows()...)
 	if err := writeTable(w, "corral bench pause: container sandboxes (busybox) holding N MiB", rows); err != nil {
 		return err
 	}

@@ -153,7 +153,10 @@ func newBenchPauseCmd(g *globals) *cobra.Command {
 time from a paused sandbox to its first exec's answer (the exec resumes it), beside
 an exec on the running sandbox (same run) and E2B's and AgentENV's published
 figures. Reclaim needs the server started with --swap SIZE (at least the largest
-size); otherwise its rows say why they were not measured.`,
+size); otherwise its rows say why they were not measured. On a server with the
+microvm backend it also times snapshots of a running 256 MiB microVM, restores of
+them into new sandboxes (beside the cold boot of the same microVM), their size on
+disk, and a fork × 4.`,
 		func(ctx context.Context, c *client.Client) (tabler, error) {
 			return bench.Pause(ctx, c, o)
 		})
@@ -161,6 +164,7 @@ size); otherwise its rows say why they were not measured.`,
 	fl.IntSliceVar(&o.SizesMiB, "sizes", []int{64, 256, 1024}, "MiB each sandbox holds, one sandbox per size")
 	fl.IntVar(&o.N, "n", 10, "freeze samples per size")
 	fl.IntVar(&o.ReclaimN, "reclaim-n", 1, "reclaim samples per size")
+	fl.IntVar(&o.MicroVMN, "microvm-n", 3, "microVM snapshot and restore samples (-1: none)")
 	return cmd
 }
 
@@ -168,7 +172,7 @@ func newForkCmd(g *globals) *cobra.Command {
 	var n int
 	cmd := &cobra.Command{
 		Use:   "fork SANDBOX",
-		Short: "Make N new sandboxes starting from a sandbox as it is now (containers: its files; processes are not carried)",
+		Short: "Make N new sandboxes starting from a sandbox as it is now (containers: its files only; microVMs: processes too)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()

@@ -109,6 +109,14 @@ var rules = map[string]rule{
 	corralv1connect.RolloutServiceResumeManyProcedure: {access: accessWrite, audit: true},
 	// Forks are made in the parent's project, under its quota.
 	corralv1connect.RolloutServiceForkProcedure: {access: accessWrite, sandbox: "sandbox_id", audit: true},
+	// A snapshot holds the sandbox's memory: taken by whoever may write
+	// to the sandbox; restores land in the snapshot's project, under its
+	// quota. The snapshot handlers hide other projects' snapshots
+	// (NotFound, as for sandboxes).
+	corralv1connect.RolloutServiceSnapshotProcedure:       {access: accessWrite, sandbox: "sandbox_id", audit: true},
+	corralv1connect.RolloutServiceRestoreProcedure:        {access: accessWrite, audit: true},
+	corralv1connect.RolloutServiceListSnapshotsProcedure:  {access: accessRead},
+	corralv1connect.RolloutServiceDeleteSnapshotProcedure: {access: accessWrite, audit: true},
 
 	corralv1connect.FnCallServiceCallProcedure:      {access: accessWrite},
 	corralv1connect.FnCallServiceCallBatchProcedure: {access: accessWrite},

@@ -11,6 +11,7 @@ import (
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/execlog"
+	"github.com/corral-dev/corral/internal/node"
 )
 
 // RolloutService implements corral.v1.RolloutService over the nodes of a
@@ -103,7 +104,7 @@ func (r *RolloutService) Fork(ctx context.Context, req *connect.Request[corralv1
 	if err != nil {
 		return nil, err
 	}
-	out := &corralv1.ForkResponse{Image: res.Image, ProcessesCarried: res.ProcessesCarried}
+	out := &corralv1.ForkResponse{Image: res.Image, ProcessesCarried: res.ProcessesCarried, SnapshotId: res.Snapshot}
 	for _, f := range res.Forks {
 		o := &corralv1.ForkOutcome{}
 		if f.Err != nil {
@@ -114,4 +115,46 @@ func (r *RolloutService) Fork(ctx context.Context, req *connect.Request[corralv1
 		out.Forks = append(out.Forks, o)
 	}
 	return connect.NewResponse(out), nil
+}
+
+func snapshotToProto(s *node.SnapshotInfo) *corralv1.Snapshot {
+	return &corralv1.Snapshot{Id: s.ID, SandboxId: s.SandboxID, Backend: s.Backend, Bytes: s.Bytes,
+		Created: timestamppb.New(s.CreatedAt), Project: s.Project}
+}
+
+func (r *RolloutService) Snapshot(ctx context.Context, req *connect.Request[corralv1.SnapshotRequest]) (*connect.Response[corralv1.SnapshotResponse], error) {
+	n, err := r.sandboxes.route(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	s, err := n.Snapshot(ctx, req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.SnapshotResponse{Snapshot: snapshotToProto(s)}), nil
+}
+
+// Restore, ListSnapshots and DeleteSnapshot act on this node's snapshots;
+// the handlers hide those of projects the caller does not see.
+func (r *RolloutService) Restore(ctx context.Context, req *connect.Request[corralv1.RestoreRequest]) (*connect.Response[corralv1.RestoreResponse], error) {
+	sb, err := r.sandboxes.local.Restore(ctx, req.Msg.SnapshotId, req.Msg.Labels, VisibleTo(ctx))
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.RestoreResponse{Sandbox: sandboxToProto(sb)}), nil
+}
+
+func (r *RolloutService) ListSnapshots(ctx context.Context, _ *connect.Request[corralv1.ListSnapshotsRequest]) (*connect.Response[corralv1.ListSnapshotsResponse], error) {
+	resp := &corralv1.ListSnapshotsResponse{}
+	for _, s := range r.sandboxes.local.ListSnapshots(ctx, VisibleTo(ctx)) {
+		resp.Snapshots = append(resp.Snapshots, snapshotToProto(s))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (r *RolloutService) DeleteSnapshot(ctx context.Context, req *connect.Request[corralv1.DeleteSnapshotRequest]) (*connect.Response[corralv1.DeleteSnapshotResponse], error) {
+	if err := r.sandboxes.local.DeleteSnapshot(ctx, req.Msg.SnapshotId, VisibleTo(ctx)); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.DeleteSnapshotResponse{}), nil
 }

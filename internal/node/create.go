@@ -49,6 +49,9 @@ type CreateRequest struct {
 	Network backend.Network
 	// IdleAction is what IdleTimeout does: "" or "stop", "pause", "reclaim".
 	IdleAction string
+
+	// restoreFrom is the snapshot dir a Restore makes the sandbox from.
+	restoreFrom string
 }
 
 // Sandbox describes a sandbox to callers.
@@ -100,8 +103,10 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	if err != nil {
 		return nil, err
 	}
-	if sb, ok, err := n.warm.handOut(ctx, rec, b, start); ok || err != nil {
-		return sb, err
+	if req.restoreFrom == "" {
+		if sb, ok, err := n.warm.handOut(ctx, rec, b, start); ok || err != nil {
+			return sb, err
+		}
 	}
 	if rec.ID, err = n.newID(); err != nil {
 		return nil, fmt.Errorf("sandbox id: %w", err)
@@ -129,7 +134,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		n.cfg.Images.Release(rec.ID)
 		return nil, fmt.Errorf("record sandbox %s: %w", rec.ID, err)
 	}
-	sb, err := b.Create(ctx, specOf(rec, img))
+	sb, err := makeSandbox(ctx, b, req, specOf(rec, img))
 	if err != nil {
 		n.abandon(rec, b)
 		return nil, fmt.Errorf("create sandbox: %w", err)

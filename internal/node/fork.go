@@ -24,6 +24,9 @@ const ForkOfLabel = "corral.fork-of"
 // per fork, its sandbox or why it failed.
 type ForkResult struct {
 	Image string
+	// Snapshot is the snapshot the forks were restored from (VM
+	// backends; removed once they were made).
+	Snapshot string
 	// ProcessesCarried: the forks continue the parent's processes (false
 	// for containers: only the files are carried).
 	ProcessesCarried bool
@@ -41,9 +44,10 @@ type Fork struct {
 // into a composition over the parent's layers, and each fork is created
 // from it with the parent's resources, settings, network policy and labels
 // (plus ForkOfLabel), in the parent's project. Processes are not carried: no working checkpoint of
-// container processes exists on this host (see docs/rollouts.md), and
-// microVM forks (from a snapshot) are not implemented. Failures are per
-// fork; an invalid request makes nothing.
+// container processes exists on this host (see docs/rollouts.md). A
+// backend that restores snapshots (microvm) forks from one snapshot
+// instead, processes and all (forkFromSnapshot). Failures are per fork;
+// an invalid request makes nothing.
 func (n *Node) Fork(ctx context.Context, id string, count int) (*ForkResult, error) {
 	if count < 1 || count > maxForks {
 		return nil, errdefs.InvalidArgument("count: %d is out of range (allowed 1 to %d)", count, maxForks)
@@ -53,8 +57,11 @@ func (n *Node) Fork(ctx context.Context, id string, count int) (*ForkResult, err
 		return nil, err
 	}
 	rec := e.snapshot()
+	if _, ok := e.backend.(backend.Restorer); ok {
+		return n.forkFromSnapshot(ctx, id, count, map[string]string{ForkOfLabel: id})
+	}
 	if rec.Backend != "container" {
-		return nil, errdefs.NotSupported("not supported: fork of a %s sandbox (needs a snapshot restored into new sandboxes, not implemented yet; containers fork their files)", rec.Backend)
+		return nil, errdefs.NotSupported("not supported: fork of a %s sandbox (containers fork their files, microVMs from a snapshot)", rec.Backend)
 	}
 	suffix := make([]byte, 4)
 	if _, err := rand.Read(suffix); err != nil {

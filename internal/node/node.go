@@ -107,6 +107,7 @@ type Node struct {
 	procs processTable // long-running processes (StartProcess)
 
 	execLog *execlog.Log // commands that carried an idempotency key
+	snaps   snapshots    // completed snapshots (snapshot.go)
 	keyed   keyedExecs   // those of them still running
 
 	// teardowns are the background halves of Deletes (teardown).
@@ -169,6 +170,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	err = n.recover(ctx)
 	if err == nil {
 		err = n.recoverExecLog()
+	}
+	if err == nil {
+		err = n.loadSnapshots()
 	}
 	if err != nil {
 		n.execLog.Close()

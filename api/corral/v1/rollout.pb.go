@@ -82,6 +82,437 @@ func (ExecState) EnumDescriptor() ([]byte, []int) {
 	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{0}
 }
 
+type Snapshot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// snap-<16 hex>.
+	Id        string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Backend   string `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
+	// Bytes on the node's disk (memory file and disk copy, allocated blocks).
+	Bytes         int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Created       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created,proto3" json:"created,omitempty"`
+	Project       string                 `protobuf:"bytes,6,opt,name=project,proto3" json:"project,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Snapshot) Reset() {
+	*x = Snapshot{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Snapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Snapshot) ProtoMessage() {}
+
+func (x *Snapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
+func (*Snapshot) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Snapshot) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Snapshot) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *Snapshot) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *Snapshot) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *Snapshot) GetCreated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *Snapshot) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+type SnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotRequest) Reset() {
+	*x = SnapshotRequest{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotRequest) ProtoMessage() {}
+
+func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SnapshotRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type SnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      *Snapshot              `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotResponse) Reset() {
+	*x = SnapshotResponse{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotResponse) ProtoMessage() {}
+
+func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SnapshotResponse) GetSnapshot() *Snapshot {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+type RestoreRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	// Laid over the source sandbox's labels.
+	Labels        map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreRequest) Reset() {
+	*x = RestoreRequest{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreRequest) ProtoMessage() {}
+
+func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
+func (*RestoreRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RestoreRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *RestoreRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type RestoreResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreResponse) Reset() {
+	*x = RestoreResponse{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreResponse) ProtoMessage() {}
+
+func (x *RestoreResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreResponse.ProtoReflect.Descriptor instead.
+func (*RestoreResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RestoreResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type ListSnapshotsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsRequest) Reset() {
+	*x = ListSnapshotsRequest{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsRequest) ProtoMessage() {}
+
+func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{5}
+}
+
+type ListSnapshotsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshots     []*Snapshot            `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsResponse) Reset() {
+	*x = ListSnapshotsResponse{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsResponse) ProtoMessage() {}
+
+func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+type DeleteSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotRequest) Reset() {
+	*x = DeleteSnapshotRequest{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotRequest) ProtoMessage() {}
+
+func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeleteSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+type DeleteSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotResponse) Reset() {
+	*x = DeleteSnapshotResponse{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotResponse) ProtoMessage() {}
+
+func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{8}
+}
+
 type ForkRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -93,7 +524,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[0]
+	mi := &file_corral_v1_rollout_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -105,7 +536,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[0]
+	mi := &file_corral_v1_rollout_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -118,7 +549,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{0}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ForkRequest) GetSandboxId() string {
@@ -147,7 +578,7 @@ type ForkOutcome struct {
 
 func (x *ForkOutcome) Reset() {
 	*x = ForkOutcome{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[1]
+	mi := &file_corral_v1_rollout_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -159,7 +590,7 @@ func (x *ForkOutcome) String() string {
 func (*ForkOutcome) ProtoMessage() {}
 
 func (x *ForkOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[1]
+	mi := &file_corral_v1_rollout_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -172,7 +603,7 @@ func (x *ForkOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkOutcome.ProtoReflect.Descriptor instead.
 func (*ForkOutcome) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{1}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ForkOutcome) GetSandbox() *Sandbox {
@@ -196,14 +627,17 @@ type ForkResponse struct {
 	// Whether the forks continue the parent's processes.
 	ProcessesCarried bool `protobuf:"varint,2,opt,name=processes_carried,json=processesCarried,proto3" json:"processes_carried,omitempty"`
 	// One per fork asked for, in order.
-	Forks         []*ForkOutcome `protobuf:"bytes,3,rep,name=forks,proto3" json:"forks,omitempty"`
+	Forks []*ForkOutcome `protobuf:"bytes,3,rep,name=forks,proto3" json:"forks,omitempty"`
+	// The snapshot the forks were restored from (microvm; removed once the
+	// forks were made).
+	SnapshotId    string `protobuf:"bytes,4,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[2]
+	mi := &file_corral_v1_rollout_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -215,7 +649,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[2]
+	mi := &file_corral_v1_rollout_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -228,7 +662,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{2}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ForkResponse) GetImage() string {
@@ -252,6 +686,13 @@ func (x *ForkResponse) GetForks() []*ForkOutcome {
 	return nil
 }
 
+func (x *ForkResponse) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
 type PauseManyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required (at least one): pausing every sandbox by accident is too easy.
@@ -263,7 +704,7 @@ type PauseManyRequest struct {
 
 func (x *PauseManyRequest) Reset() {
 	*x = PauseManyRequest{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[3]
+	mi := &file_corral_v1_rollout_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -275,7 +716,7 @@ func (x *PauseManyRequest) String() string {
 func (*PauseManyRequest) ProtoMessage() {}
 
 func (x *PauseManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[3]
+	mi := &file_corral_v1_rollout_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -288,7 +729,7 @@ func (x *PauseManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseManyRequest.ProtoReflect.Descriptor instead.
 func (*PauseManyRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{3}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PauseManyRequest) GetLabels() map[string]string {
@@ -315,7 +756,7 @@ type SandboxFailure struct {
 
 func (x *SandboxFailure) Reset() {
 	*x = SandboxFailure{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[4]
+	mi := &file_corral_v1_rollout_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -327,7 +768,7 @@ func (x *SandboxFailure) String() string {
 func (*SandboxFailure) ProtoMessage() {}
 
 func (x *SandboxFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[4]
+	mi := &file_corral_v1_rollout_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -340,7 +781,7 @@ func (x *SandboxFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxFailure.ProtoReflect.Descriptor instead.
 func (*SandboxFailure) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{4}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SandboxFailure) GetId() string {
@@ -372,7 +813,7 @@ type PauseManyResponse struct {
 
 func (x *PauseManyResponse) Reset() {
 	*x = PauseManyResponse{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[5]
+	mi := &file_corral_v1_rollout_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -384,7 +825,7 @@ func (x *PauseManyResponse) String() string {
 func (*PauseManyResponse) ProtoMessage() {}
 
 func (x *PauseManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[5]
+	mi := &file_corral_v1_rollout_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -397,7 +838,7 @@ func (x *PauseManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseManyResponse.ProtoReflect.Descriptor instead.
 func (*PauseManyResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{5}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PauseManyResponse) GetPaused() int32 {
@@ -437,7 +878,7 @@ type ResumeManyRequest struct {
 
 func (x *ResumeManyRequest) Reset() {
 	*x = ResumeManyRequest{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[6]
+	mi := &file_corral_v1_rollout_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +890,7 @@ func (x *ResumeManyRequest) String() string {
 func (*ResumeManyRequest) ProtoMessage() {}
 
 func (x *ResumeManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[6]
+	mi := &file_corral_v1_rollout_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +903,7 @@ func (x *ResumeManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeManyRequest.ProtoReflect.Descriptor instead.
 func (*ResumeManyRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{6}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ResumeManyRequest) GetLabels() map[string]string {
@@ -482,7 +923,7 @@ type ResumeManyResponse struct {
 
 func (x *ResumeManyResponse) Reset() {
 	*x = ResumeManyResponse{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[7]
+	mi := &file_corral_v1_rollout_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +935,7 @@ func (x *ResumeManyResponse) String() string {
 func (*ResumeManyResponse) ProtoMessage() {}
 
 func (x *ResumeManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[7]
+	mi := &file_corral_v1_rollout_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -507,7 +948,7 @@ func (x *ResumeManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeManyResponse.ProtoReflect.Descriptor instead.
 func (*ResumeManyResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{7}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ResumeManyResponse) GetResumed() int32 {
@@ -537,7 +978,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[8]
+	mi := &file_corral_v1_rollout_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +990,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[8]
+	mi := &file_corral_v1_rollout_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +1003,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{8}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListExecsRequest) GetSandboxId() string {
@@ -608,7 +1049,7 @@ type ExecLogEntry struct {
 
 func (x *ExecLogEntry) Reset() {
 	*x = ExecLogEntry{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[9]
+	mi := &file_corral_v1_rollout_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -620,7 +1061,7 @@ func (x *ExecLogEntry) String() string {
 func (*ExecLogEntry) ProtoMessage() {}
 
 func (x *ExecLogEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[9]
+	mi := &file_corral_v1_rollout_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -633,7 +1074,7 @@ func (x *ExecLogEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecLogEntry.ProtoReflect.Descriptor instead.
 func (*ExecLogEntry) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{9}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecLogEntry) GetSeq() uint64 {
@@ -725,7 +1166,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[10]
+	mi := &file_corral_v1_rollout_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +1178,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[10]
+	mi := &file_corral_v1_rollout_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +1191,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{10}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListExecsResponse) GetEntries() []*ExecLogEntry {
@@ -771,18 +1212,49 @@ var File_corral_v1_rollout_proto protoreflect.FileDescriptor
 
 const file_corral_v1_rollout_proto_rawDesc = "" +
 	"\n" +
-	"\x17corral/v1/rollout.proto\x12\tcorral.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17corral/v1/sandbox.proto\"B\n" +
+	"\x17corral/v1/rollout.proto\x12\tcorral.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17corral/v1/sandbox.proto\"\xb9\x01\n" +
+	"\bSnapshot\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x18\n" +
+	"\abackend\x18\x03 \x01(\tR\abackend\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x124\n" +
+	"\acreated\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12\x18\n" +
+	"\aproject\x18\x06 \x01(\tR\aproject\"0\n" +
+	"\x0fSnapshotRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"C\n" +
+	"\x10SnapshotResponse\x12/\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x13.corral.v1.SnapshotR\bsnapshot\"\xab\x01\n" +
+	"\x0eRestoreRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x12=\n" +
+	"\x06labels\x18\x02 \x03(\v2%.corral.v1.RestoreRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"?\n" +
+	"\x0fRestoreResponse\x12,\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\x16\n" +
+	"\x14ListSnapshotsRequest\"J\n" +
+	"\x15ListSnapshotsResponse\x121\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x13.corral.v1.SnapshotR\tsnapshots\"8\n" +
+	"\x15DeleteSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\"\x18\n" +
+	"\x16DeleteSnapshotResponse\"B\n" +
 	"\vForkRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\"Q\n" +
 	"\vForkOutcome\x12,\n" +
 	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\x7f\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xa0\x01\n" +
 	"\fForkResponse\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12+\n" +
 	"\x11processes_carried\x18\x02 \x01(\bR\x10processesCarried\x12,\n" +
-	"\x05forks\x18\x03 \x03(\v2\x16.corral.v1.ForkOutcomeR\x05forks\"\xa8\x01\n" +
+	"\x05forks\x18\x03 \x03(\v2\x16.corral.v1.ForkOutcomeR\x05forks\x12\x1f\n" +
+	"\vsnapshot_id\x18\x04 \x01(\tR\n" +
+	"snapshotId\"\xa8\x01\n" +
 	"\x10PauseManyRequest\x12?\n" +
 	"\x06labels\x18\x01 \x03(\v2'.corral.v1.PauseManyRequest.LabelsEntryR\x06labels\x12\x18\n" +
 	"\areclaim\x18\x02 \x01(\bR\areclaim\x1a9\n" +
@@ -832,13 +1304,17 @@ const file_corral_v1_rollout_proto_rawDesc = "" +
 	"\x12EXEC_STATE_RUNNING\x10\x01\x12\x13\n" +
 	"\x0fEXEC_STATE_DONE\x10\x02\x12\x15\n" +
 	"\x11EXEC_STATE_FAILED\x10\x03\x12\x13\n" +
-	"\x0fEXEC_STATE_LOST\x10\x042\xa4\x02\n" +
+	"\x0fEXEC_STATE_LOST\x10\x042\xd6\x04\n" +
 	"\x0eRolloutService\x12F\n" +
 	"\tListExecs\x12\x1b.corral.v1.ListExecsRequest\x1a\x1c.corral.v1.ListExecsResponse\x12F\n" +
 	"\tPauseMany\x12\x1b.corral.v1.PauseManyRequest\x1a\x1c.corral.v1.PauseManyResponse\x12I\n" +
 	"\n" +
 	"ResumeMany\x12\x1c.corral.v1.ResumeManyRequest\x1a\x1d.corral.v1.ResumeManyResponse\x127\n" +
-	"\x04Fork\x12\x16.corral.v1.ForkRequest\x1a\x17.corral.v1.ForkResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"\x04Fork\x12\x16.corral.v1.ForkRequest\x1a\x17.corral.v1.ForkResponse\x12C\n" +
+	"\bSnapshot\x12\x1a.corral.v1.SnapshotRequest\x1a\x1b.corral.v1.SnapshotResponse\x12@\n" +
+	"\aRestore\x12\x19.corral.v1.RestoreRequest\x1a\x1a.corral.v1.RestoreResponse\x12R\n" +
+	"\rListSnapshots\x12\x1f.corral.v1.ListSnapshotsRequest\x1a .corral.v1.ListSnapshotsResponse\x12U\n" +
+	"\x0eDeleteSnapshot\x12 .corral.v1.DeleteSnapshotRequest\x1a!.corral.v1.DeleteSnapshotResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_rollout_proto_rawDescOnce sync.Once
@@ -853,51 +1329,74 @@ func file_corral_v1_rollout_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_corral_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_corral_v1_rollout_proto_goTypes = []any{
-	(ExecState)(0),                // 0: corral.v1.ExecState
-	(*ForkRequest)(nil),           // 1: corral.v1.ForkRequest
-	(*ForkOutcome)(nil),           // 2: corral.v1.ForkOutcome
-	(*ForkResponse)(nil),          // 3: corral.v1.ForkResponse
-	(*PauseManyRequest)(nil),      // 4: corral.v1.PauseManyRequest
-	(*SandboxFailure)(nil),        // 5: corral.v1.SandboxFailure
-	(*PauseManyResponse)(nil),     // 6: corral.v1.PauseManyResponse
-	(*ResumeManyRequest)(nil),     // 7: corral.v1.ResumeManyRequest
-	(*ResumeManyResponse)(nil),    // 8: corral.v1.ResumeManyResponse
-	(*ListExecsRequest)(nil),      // 9: corral.v1.ListExecsRequest
-	(*ExecLogEntry)(nil),          // 10: corral.v1.ExecLogEntry
-	(*ListExecsResponse)(nil),     // 11: corral.v1.ListExecsResponse
-	nil,                           // 12: corral.v1.PauseManyRequest.LabelsEntry
-	nil,                           // 13: corral.v1.ResumeManyRequest.LabelsEntry
-	(*Sandbox)(nil),               // 14: corral.v1.Sandbox
-	(*ExecResult)(nil),            // 15: corral.v1.ExecResult
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(ExecState)(0),                 // 0: corral.v1.ExecState
+	(*Snapshot)(nil),               // 1: corral.v1.Snapshot
+	(*SnapshotRequest)(nil),        // 2: corral.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),       // 3: corral.v1.SnapshotResponse
+	(*RestoreRequest)(nil),         // 4: corral.v1.RestoreRequest
+	(*RestoreResponse)(nil),        // 5: corral.v1.RestoreResponse
+	(*ListSnapshotsRequest)(nil),   // 6: corral.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),  // 7: corral.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),  // 8: corral.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 9: corral.v1.DeleteSnapshotResponse
+	(*ForkRequest)(nil),            // 10: corral.v1.ForkRequest
+	(*ForkOutcome)(nil),            // 11: corral.v1.ForkOutcome
+	(*ForkResponse)(nil),           // 12: corral.v1.ForkResponse
+	(*PauseManyRequest)(nil),       // 13: corral.v1.PauseManyRequest
+	(*SandboxFailure)(nil),         // 14: corral.v1.SandboxFailure
+	(*PauseManyResponse)(nil),      // 15: corral.v1.PauseManyResponse
+	(*ResumeManyRequest)(nil),      // 16: corral.v1.ResumeManyRequest
+	(*ResumeManyResponse)(nil),     // 17: corral.v1.ResumeManyResponse
+	(*ListExecsRequest)(nil),       // 18: corral.v1.ListExecsRequest
+	(*ExecLogEntry)(nil),           // 19: corral.v1.ExecLogEntry
+	(*ListExecsResponse)(nil),      // 20: corral.v1.ListExecsResponse
+	nil,                            // 21: corral.v1.RestoreRequest.LabelsEntry
+	nil,                            // 22: corral.v1.PauseManyRequest.LabelsEntry
+	nil,                            // 23: corral.v1.ResumeManyRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 24: google.protobuf.Timestamp
+	(*Sandbox)(nil),                // 25: corral.v1.Sandbox
+	(*ExecResult)(nil),             // 26: corral.v1.ExecResult
 }
 var file_corral_v1_rollout_proto_depIdxs = []int32{
-	14, // 0: corral.v1.ForkOutcome.sandbox:type_name -> corral.v1.Sandbox
-	2,  // 1: corral.v1.ForkResponse.forks:type_name -> corral.v1.ForkOutcome
-	12, // 2: corral.v1.PauseManyRequest.labels:type_name -> corral.v1.PauseManyRequest.LabelsEntry
-	5,  // 3: corral.v1.PauseManyResponse.failures:type_name -> corral.v1.SandboxFailure
-	13, // 4: corral.v1.ResumeManyRequest.labels:type_name -> corral.v1.ResumeManyRequest.LabelsEntry
-	5,  // 5: corral.v1.ResumeManyResponse.failures:type_name -> corral.v1.SandboxFailure
-	0,  // 6: corral.v1.ExecLogEntry.state:type_name -> corral.v1.ExecState
-	15, // 7: corral.v1.ExecLogEntry.result:type_name -> corral.v1.ExecResult
-	16, // 8: corral.v1.ExecLogEntry.started_at:type_name -> google.protobuf.Timestamp
-	16, // 9: corral.v1.ExecLogEntry.ended_at:type_name -> google.protobuf.Timestamp
-	10, // 10: corral.v1.ListExecsResponse.entries:type_name -> corral.v1.ExecLogEntry
-	9,  // 11: corral.v1.RolloutService.ListExecs:input_type -> corral.v1.ListExecsRequest
-	4,  // 12: corral.v1.RolloutService.PauseMany:input_type -> corral.v1.PauseManyRequest
-	7,  // 13: corral.v1.RolloutService.ResumeMany:input_type -> corral.v1.ResumeManyRequest
-	1,  // 14: corral.v1.RolloutService.Fork:input_type -> corral.v1.ForkRequest
-	11, // 15: corral.v1.RolloutService.ListExecs:output_type -> corral.v1.ListExecsResponse
-	6,  // 16: corral.v1.RolloutService.PauseMany:output_type -> corral.v1.PauseManyResponse
-	8,  // 17: corral.v1.RolloutService.ResumeMany:output_type -> corral.v1.ResumeManyResponse
-	3,  // 18: corral.v1.RolloutService.Fork:output_type -> corral.v1.ForkResponse
-	15, // [15:19] is the sub-list for method output_type
-	11, // [11:15] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	24, // 0: corral.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
+	1,  // 1: corral.v1.SnapshotResponse.snapshot:type_name -> corral.v1.Snapshot
+	21, // 2: corral.v1.RestoreRequest.labels:type_name -> corral.v1.RestoreRequest.LabelsEntry
+	25, // 3: corral.v1.RestoreResponse.sandbox:type_name -> corral.v1.Sandbox
+	1,  // 4: corral.v1.ListSnapshotsResponse.snapshots:type_name -> corral.v1.Snapshot
+	25, // 5: corral.v1.ForkOutcome.sandbox:type_name -> corral.v1.Sandbox
+	11, // 6: corral.v1.ForkResponse.forks:type_name -> corral.v1.ForkOutcome
+	22, // 7: corral.v1.PauseManyRequest.labels:type_name -> corral.v1.PauseManyRequest.LabelsEntry
+	14, // 8: corral.v1.PauseManyResponse.failures:type_name -> corral.v1.SandboxFailure
+	23, // 9: corral.v1.ResumeManyRequest.labels:type_name -> corral.v1.ResumeManyRequest.LabelsEntry
+	14, // 10: corral.v1.ResumeManyResponse.failures:type_name -> corral.v1.SandboxFailure
+	0,  // 11: corral.v1.ExecLogEntry.state:type_name -> corral.v1.ExecState
+	26, // 12: corral.v1.ExecLogEntry.result:type_name -> corral.v1.ExecResult
+	24, // 13: corral.v1.ExecLogEntry.started_at:type_name -> google.protobuf.Timestamp
+	24, // 14: corral.v1.ExecLogEntry.ended_at:type_name -> google.protobuf.Timestamp
+	19, // 15: corral.v1.ListExecsResponse.entries:type_name -> corral.v1.ExecLogEntry
+	18, // 16: corral.v1.RolloutService.ListExecs:input_type -> corral.v1.ListExecsRequest
+	13, // 17: corral.v1.RolloutService.PauseMany:input_type -> corral.v1.PauseManyRequest
+	16, // 18: corral.v1.RolloutService.ResumeMany:input_type -> corral.v1.ResumeManyRequest
+	10, // 19: corral.v1.RolloutService.Fork:input_type -> corral.v1.ForkRequest
+	2,  // 20: corral.v1.RolloutService.Snapshot:input_type -> corral.v1.SnapshotRequest
+	4,  // 21: corral.v1.RolloutService.Restore:input_type -> corral.v1.RestoreRequest
+	6,  // 22: corral.v1.RolloutService.ListSnapshots:input_type -> corral.v1.ListSnapshotsRequest
+	8,  // 23: corral.v1.RolloutService.DeleteSnapshot:input_type -> corral.v1.DeleteSnapshotRequest
+	20, // 24: corral.v1.RolloutService.ListExecs:output_type -> corral.v1.ListExecsResponse
+	15, // 25: corral.v1.RolloutService.PauseMany:output_type -> corral.v1.PauseManyResponse
+	17, // 26: corral.v1.RolloutService.ResumeMany:output_type -> corral.v1.ResumeManyResponse
+	12, // 27: corral.v1.RolloutService.Fork:output_type -> corral.v1.ForkResponse
+	3,  // 28: corral.v1.RolloutService.Snapshot:output_type -> corral.v1.SnapshotResponse
+	5,  // 29: corral.v1.RolloutService.Restore:output_type -> corral.v1.RestoreResponse
+	7,  // 30: corral.v1.RolloutService.ListSnapshots:output_type -> corral.v1.ListSnapshotsResponse
+	9,  // 31: corral.v1.RolloutService.DeleteSnapshot:output_type -> corral.v1.DeleteSnapshotResponse
+	24, // [24:32] is the sub-list for method output_type
+	16, // [16:24] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_rollout_proto_init() }
@@ -912,7 +1411,7 @@ func file_corral_v1_rollout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_rollout_proto_rawDesc), len(file_corral_v1_rollout_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

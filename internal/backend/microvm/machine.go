@@ -62,6 +62,9 @@ type machine struct {
 	machineState
 	kernel string
 	net    *netpolicy.Sandbox // the live network slot (nil: none, or after a restart)
+	// incoming, when set, is the memory file a restore reads instead of
+	// the run dir's snapshotFile (a restore into a new sandbox).
+	incoming string
 }
 
 func (m *machine) path(name string) string { return filepath.Join(m.dir, name) }

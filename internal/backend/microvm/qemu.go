@@ -90,7 +90,11 @@ func (q *qemu) args(m *machine, restore bool) []string {
 			"-device", "virtio-net-device,netdev=net0,mac="+m.MAC)
 	}
 	if restore {
-		args = append(args, "-incoming", "exec:cat "+shellQuote(m.path(snapshotFile)))
+		src := m.path(snapshotFile)
+		if m.incoming != "" {
+			src = m.incoming
+		}
+		args = append(args, "-incoming", "exec:cat "+shellQuote(src))
 	}
 	return args
 }
@@ -277,6 +281,42 @@ func (q *qemu) Snapshot(ctx context.Context, m *machine) error {
 	}
 	_, _ = qc.run(ctx, "quit", nil) // the connection may drop before the reply
 	return nil
+}
+
+// SnapshotLive implements liveSnapshotter: with the vCPUs stopped, RAM
+// and device state stream to memPath; once the migration completed QEMU
+// has flushed and let go of its disks, so whileStopped copies them; then
+// the VM continues (cont takes the disks back), also when a step failed.
+func (q *qemu) SnapshotLive(ctx context.Context, m *machine, memPath string, whileStopped func() error) (err error) {
+	qc, err := q.qmp(ctx, m, nil)
+	if err != nil {
+		return err
+	}
+	defer qc.close()
+	if _, err := qc.run(ctx, "stop", nil); err != nil {
+		return err
+	}
+	defer func() {
+		if _, cerr := qc.run(context.WithoutCancel(ctx), "cont", nil); cerr != nil && err == nil {
+			err = fmt.Errorf("continue after snapshot: %w", cerr)
+		}
+	}()
+	if _, err := qc.run(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}); err != nil {
+		return err
+	}
+	tmp := memPath + ".tmp"
+	if _, err := qc.run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(tmp)}); err != nil {
+		return err
+	}
+	if err := qc.waitMigration(ctx); err != nil {
+		_, _ = qc.run(context.WithoutCancel(ctx), "migrate_cancel", nil)
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, memPath); err != nil {
+		return err
+	}
+	return whileStopped()
 }
 
 // tailFile returns the end of a (log) file for error messages.

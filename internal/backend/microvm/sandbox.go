@@ -119,11 +119,16 @@ func (s *sandbox) live() error {
 func (s *sandbox) session(ctx context.Context) (*yamux.Session, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.sess != nil && !s.sess.IsClosed() {
-		return s.sess, nil
-	}
 	if s.proc == nil {
 		return nil, errdefs.FailedPrecondition("sandbox %s: paused to a snapshot", s.m.id)
+	}
+	// A stopped guest cannot answer: a call would wait out yamux's write
+	// timeout and then lose the session. The node resumes before a call.
+	if s.paused {
+		return nil, errdefs.FailedPrecondition("sandbox %s: paused (its vCPUs are stopped, so its agent cannot answer); resume it first", s.m.id)
+	}
+	if s.sess != nil && !s.sess.IsClosed() {
+		return s.sess, nil
 	}
 	conn, err := s.b.drv.DialAgent(ctx, s.m)
 	if err != nil {
@@ -298,9 +303,11 @@ func (s *sandbox) detachLocked(ctx context.Context) error {
 	if err := s.b.drv.Resume(ctx, s.m); err != nil {
 		return err
 	}
+	s.paused = false // for the exchange only
 	s.mu.Unlock()
 	_, err := s.call(ctx, agentproto.Request{Op: agentproto.OpDetach})
 	s.mu.Lock()
+	s.paused = true
 	if perr := s.b.drv.Pause(ctx, s.m); err == nil {
 		err = perr
 	}

@@ -86,3 +86,57 @@ func configureNetwork(cfg *agentproto.GuestNetwork) error {
 	logf("network: eth0 %s %s", cfg.Addr4, cfg.Addr6)
 	return nil
 }
+
+// readdressNetwork moves a restored guest's eth0 to its new slot: the
+// snapshot's MAC, addresses and neighbours (the old slot's) go, the new
+// ones come. The link goes down and up again, so that its IPv6
+// link-local address is derived from the new MAC as at boot.
+func readdressNetwork(cfg *agentproto.GuestNetwork) error {
+	mac, err := net.ParseMAC(cfg.MAC)
+	if err != nil {
+		return fmt.Errorf("network: mac %q: %w", cfg.MAC, err)
+	}
+	nic, err := netlink.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("network: eth0: %w", err)
+	}
+	if err := netlink.LinkSetDown(nic); err != nil {
+		return fmt.Errorf("network: eth0 down: %w", err)
+	}
+	if err := netlink.LinkSetHardwareAddr(nic, mac); err != nil {
+		return fmt.Errorf("network: eth0 mac %s: %w", mac, err)
+	}
+	addrs, err := netlink.AddrList(nic, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("network: eth0 addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if err := netlink.AddrDel(nic, &a); err != nil {
+			return fmt.Errorf("network: remove %s: %w", a.IPNet, err)
+		}
+	}
+	for _, a := range []string{cfg.Addr4, cfg.Addr6} {
+		addr, err := netlink.ParseAddr(a)
+		if err != nil {
+			return fmt.Errorf("network: address %q: %w", a, err)
+		}
+		addr.Flags = unix.IFA_F_NODAD
+		if err := netlink.AddrAdd(nic, addr); err != nil {
+			return fmt.Errorf("network: eth0 address %s: %w", a, err)
+		}
+	}
+	if err := netlink.LinkSetUp(nic); err != nil {
+		return fmt.Errorf("network: eth0 up: %w", err)
+	}
+	for _, gw := range []string{cfg.Gateway4, cfg.Gateway6} {
+		ip := net.ParseIP(gw)
+		if ip == nil {
+			return fmt.Errorf("network: gateway %q is not an address", gw)
+		}
+		if err := netlink.RouteReplace(&netlink.Route{LinkIndex: nic.Attrs().Index, Gw: ip}); err != nil {
+			return fmt.Errorf("network: default route via %s: %w", gw, err)
+		}
+	}
+	logf("network: eth0 readdressed %s %s", cfg.Addr4, cfg.Addr6)
+	return nil
+}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -23,9 +24,11 @@ type runtimeConfig struct {
 
 // server serves the node's streams; it outlives sessions.
 type server struct {
-	secret string
-	procs  *reaper
-	files  *safefs.FS
+	// secret is replaced by OpIdentity (a VM restored into a new sandbox).
+	secretMu sync.Mutex
+	secret   string
+	procs    *reaper
+	files    *safefs.FS
 }
 
 // serve returns only when the channel fails.
@@ -84,7 +87,10 @@ func (s *server) handle(st io.ReadWriteCloser, detach chan<- struct{}) {
 	if err := fs.ReadJSON(agentproto.KindRequest, &req); err != nil {
 		return
 	}
-	if !agentproto.CheckSecret(req.Secret, s.secret) {
+	s.secretMu.Lock()
+	secret := s.secret
+	s.secretMu.Unlock()
+	if !agentproto.CheckSecret(req.Secret, secret) {
 		_ = fs.WriteJSON(agentproto.KindReply, agentproto.ErrorReply(errdefs.PermissionDenied("agent: request without the sandbox's secret")))
 		return
 	}
@@ -98,11 +104,38 @@ func (s *server) handle(st io.ReadWriteCloser, detach chan<- struct{}) {
 	case agentproto.OpDetach:
 		_ = fs.WriteJSON(agentproto.KindReply, agentproto.Reply{Op: agentproto.ReplyOK})
 		detach <- struct{}{}
+	case agentproto.OpIdentity:
+		s.identity(fs, req.Identity)
 	case agentproto.OpExec:
 		s.exec(fs, req.Exec)
 	default:
 		s.file(fs, req.Op, req.File)
 	}
+}
+
+// identity takes over a new sandbox's secret, hostname and network
+// addresses; requests with the old secret are refused from here on.
+func (s *server) identity(fs *agentproto.Stream, id *agentproto.Identity) {
+	if id == nil || len(id.Secret) < 32 {
+		replyErr(fs, errdefs.InvalidArgument("agent: identity without a secret"))
+		return
+	}
+	if id.Hostname != "" {
+		if err := unix.Sethostname([]byte(id.Hostname)); err != nil {
+			replyErr(fs, fmt.Errorf("agent: sethostname: %w", err))
+			return
+		}
+	}
+	if id.Network != nil {
+		if err := readdressNetwork(id.Network); err != nil {
+			replyErr(fs, err)
+			return
+		}
+	}
+	s.secretMu.Lock()
+	s.secret = id.Secret
+	s.secretMu.Unlock()
+	reply(fs, agentproto.Reply{Op: agentproto.ReplyOK})
 }
 
 func reply(fs *agentproto.Stream, r agentproto.Reply) { _ = fs.WriteJSON(agentproto.KindReply, r) }

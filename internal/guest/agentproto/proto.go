@@ -67,6 +67,10 @@ const (
 	// wait for a new one: the node sends it before it snapshots the VM, so
 	// that the restored agent does not expect the old session's stream ids.
 	OpDetach = "detach"
+	// OpIdentity gives the agent of a VM restored from a snapshot its new
+	// sandbox's identity (Identity): the request carries the snapshot's
+	// secret, later ones the new secret.
+	OpIdentity = "identity"
 )
 
 // Ops of replies.
@@ -84,6 +88,17 @@ type Request struct {
 	Op      string `json:"op"`
 	Exec    *Exec  `json:"exec,omitempty"`
 	File    *File  `json:"file,omitempty"`
+	// Identity is OpIdentity's argument.
+	Identity *Identity `json:"identity,omitempty"`
+}
+
+// Identity is what a restored guest takes over from its new sandbox.
+type Identity struct {
+	Secret   string `json:"secret"`
+	Hostname string `json:"hostname"`
+	// Network, for a networked guest, is its new slot: eth0 takes its MAC
+	// and addresses in place of the snapshot's.
+	Network *GuestNetwork `json:"network,omitempty"`
 }
 
 // Exec starts a command; stdin frames follow when Stdin is set.

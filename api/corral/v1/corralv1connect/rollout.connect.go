@@ -44,6 +44,16 @@ const (
 	RolloutServiceResumeManyProcedure = "/corral.v1.RolloutService/ResumeMany"
 	// RolloutServiceForkProcedure is the fully-qualified name of the RolloutService's Fork RPC.
 	RolloutServiceForkProcedure = "/corral.v1.RolloutService/Fork"
+	// RolloutServiceSnapshotProcedure is the fully-qualified name of the RolloutService's Snapshot RPC.
+	RolloutServiceSnapshotProcedure = "/corral.v1.RolloutService/Snapshot"
+	// RolloutServiceRestoreProcedure is the fully-qualified name of the RolloutService's Restore RPC.
+	RolloutServiceRestoreProcedure = "/corral.v1.RolloutService/Restore"
+	// RolloutServiceListSnapshotsProcedure is the fully-qualified name of the RolloutService's
+	// ListSnapshots RPC.
+	RolloutServiceListSnapshotsProcedure = "/corral.v1.RolloutService/ListSnapshots"
+	// RolloutServiceDeleteSnapshotProcedure is the fully-qualified name of the RolloutService's
+	// DeleteSnapshot RPC.
+	RolloutServiceDeleteSnapshotProcedure = "/corral.v1.RolloutService/DeleteSnapshot"
 )
 
 // RolloutServiceClient is a client for the corral.v1.RolloutService service.
@@ -60,8 +70,23 @@ type RolloutServiceClient interface {
 	// Fork makes count new sandboxes starting from the sandbox as it is now.
 	// Containers fork their files (the writable layer is packed into a
 	// composition over the parent's layers; processes_carried is false);
-	// other backends fail UNIMPLEMENTED. Failures are per fork.
+	// microVMs fork from one snapshot restored count times (processes
+	// carried); other backends fail UNIMPLEMENTED. Failures are per fork.
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
+	// Snapshot saves a sandbox's memory, devices and writable disk while it
+	// keeps running (microvm; a paused one is resumed first). Snapshots are
+	// durable: they survive a daemon kill -9 and restart. Containers fail
+	// UNIMPLEMENTED naming why (CRIU).
+	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
+	// Restore makes a new sandbox from a snapshot, continuing its processes,
+	// with a fresh identity (sandbox id, agent secret, hostname), in the
+	// snapshot's project.
+	Restore(context.Context, *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.RestoreResponse], error)
+	// ListSnapshots lists the snapshots of the caller's projects, oldest
+	// first.
+	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
+	// DeleteSnapshot removes a snapshot; sandboxes restored from it stay.
+	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error)
 }
 
 // NewRolloutServiceClient constructs a client for the corral.v1.RolloutService service. By default,
@@ -99,15 +124,43 @@ func NewRolloutServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(rolloutServiceMethods.ByName("Fork")),
 			connect.WithClientOptions(opts...),
 		),
+		snapshot: connect.NewClient[v1.SnapshotRequest, v1.SnapshotResponse](
+			httpClient,
+			baseURL+RolloutServiceSnapshotProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("Snapshot")),
+			connect.WithClientOptions(opts...),
+		),
+		restore: connect.NewClient[v1.RestoreRequest, v1.RestoreResponse](
+			httpClient,
+			baseURL+RolloutServiceRestoreProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("Restore")),
+			connect.WithClientOptions(opts...),
+		),
+		listSnapshots: connect.NewClient[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse](
+			httpClient,
+			baseURL+RolloutServiceListSnapshotsProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("ListSnapshots")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteSnapshot: connect.NewClient[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse](
+			httpClient,
+			baseURL+RolloutServiceDeleteSnapshotProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("DeleteSnapshot")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // rolloutServiceClient implements RolloutServiceClient.
 type rolloutServiceClient struct {
-	listExecs  *connect.Client[v1.ListExecsRequest, v1.ListExecsResponse]
-	pauseMany  *connect.Client[v1.PauseManyRequest, v1.PauseManyResponse]
-	resumeMany *connect.Client[v1.ResumeManyRequest, v1.ResumeManyResponse]
-	fork       *connect.Client[v1.ForkRequest, v1.ForkResponse]
+	listExecs      *connect.Client[v1.ListExecsRequest, v1.ListExecsResponse]
+	pauseMany      *connect.Client[v1.PauseManyRequest, v1.PauseManyResponse]
+	resumeMany     *connect.Client[v1.ResumeManyRequest, v1.ResumeManyResponse]
+	fork           *connect.Client[v1.ForkRequest, v1.ForkResponse]
+	snapshot       *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
+	restore        *connect.Client[v1.RestoreRequest, v1.RestoreResponse]
+	listSnapshots  *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
+	deleteSnapshot *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
 }
 
 // ListExecs calls corral.v1.RolloutService.ListExecs.
@@ -130,6 +183,26 @@ func (c *rolloutServiceClient) Fork(ctx context.Context, req *connect.Request[v1
 	return c.fork.CallUnary(ctx, req)
 }
 
+// Snapshot calls corral.v1.RolloutService.Snapshot.
+func (c *rolloutServiceClient) Snapshot(ctx context.Context, req *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error) {
+	return c.snapshot.CallUnary(ctx, req)
+}
+
+// Restore calls corral.v1.RolloutService.Restore.
+func (c *rolloutServiceClient) Restore(ctx context.Context, req *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.RestoreResponse], error) {
+	return c.restore.CallUnary(ctx, req)
+}
+
+// ListSnapshots calls corral.v1.RolloutService.ListSnapshots.
+func (c *rolloutServiceClient) ListSnapshots(ctx context.Context, req *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error) {
+	return c.listSnapshots.CallUnary(ctx, req)
+}
+
+// DeleteSnapshot calls corral.v1.RolloutService.DeleteSnapshot.
+func (c *rolloutServiceClient) DeleteSnapshot(ctx context.Context, req *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error) {
+	return c.deleteSnapshot.CallUnary(ctx, req)
+}
+
 // RolloutServiceHandler is an implementation of the corral.v1.RolloutService service.
 type RolloutServiceHandler interface {
 	// ListExecs returns the sandbox's logged commands (those that carried an
@@ -144,8 +217,23 @@ type RolloutServiceHandler interface {
 	// Fork makes count new sandboxes starting from the sandbox as it is now.
 	// Containers fork their files (the writable layer is packed into a
 	// composition over the parent's layers; processes_carried is false);
-	// other backends fail UNIMPLEMENTED. Failures are per fork.
+	// microVMs fork from one snapshot restored count times (processes
+	// carried); other backends fail UNIMPLEMENTED. Failures are per fork.
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
+	// Snapshot saves a sandbox's memory, devices and writable disk while it
+	// keeps running (microvm; a paused one is resumed first). Snapshots are
+	// durable: they survive a daemon kill -9 and restart. Containers fail
+	// UNIMPLEMENTED naming why (CRIU).
+	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
+	// Restore makes a new sandbox from a snapshot, continuing its processes,
+	// with a fresh identity (sandbox id, agent secret, hostname), in the
+	// snapshot's project.
+	Restore(context.Context, *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.RestoreResponse], error)
+	// ListSnapshots lists the snapshots of the caller's projects, oldest
+	// first.
+	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
+	// DeleteSnapshot removes a snapshot; sandboxes restored from it stay.
+	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error)
 }
 
 // NewRolloutServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -179,6 +267,30 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 		connect.WithSchema(rolloutServiceMethods.ByName("Fork")),
 		connect.WithHandlerOptions(opts...),
 	)
+	rolloutServiceSnapshotHandler := connect.NewUnaryHandler(
+		RolloutServiceSnapshotProcedure,
+		svc.Snapshot,
+		connect.WithSchema(rolloutServiceMethods.ByName("Snapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
+	rolloutServiceRestoreHandler := connect.NewUnaryHandler(
+		RolloutServiceRestoreProcedure,
+		svc.Restore,
+		connect.WithSchema(rolloutServiceMethods.ByName("Restore")),
+		connect.WithHandlerOptions(opts...),
+	)
+	rolloutServiceListSnapshotsHandler := connect.NewUnaryHandler(
+		RolloutServiceListSnapshotsProcedure,
+		svc.ListSnapshots,
+		connect.WithSchema(rolloutServiceMethods.ByName("ListSnapshots")),
+		connect.WithHandlerOptions(opts...),
+	)
+	rolloutServiceDeleteSnapshotHandler := connect.NewUnaryHandler(
+		RolloutServiceDeleteSnapshotProcedure,
+		svc.DeleteSnapshot,
+		connect.WithSchema(rolloutServiceMethods.ByName("DeleteSnapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/corral.v1.RolloutService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RolloutServiceListExecsProcedure:
@@ -189,6 +301,14 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 			rolloutServiceResumeManyHandler.ServeHTTP(w, r)
 		case RolloutServiceForkProcedure:
 			rolloutServiceForkHandler.ServeHTTP(w, r)
+		case RolloutServiceSnapshotProcedure:
+			rolloutServiceSnapshotHandler.ServeHTTP(w, r)
+		case RolloutServiceRestoreProcedure:
+			rolloutServiceRestoreHandler.ServeHTTP(w, r)
+		case RolloutServiceListSnapshotsProcedure:
+			rolloutServiceListSnapshotsHandler.ServeHTTP(w, r)
+		case RolloutServiceDeleteSnapshotProcedure:
+			rolloutServiceDeleteSnapshotHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -212,4 +332,20 @@ func (UnimplementedRolloutServiceHandler) ResumeMany(context.Context, *connect.R
 
 func (UnimplementedRolloutServiceHandler) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.RolloutService.Fork is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.RolloutService.Snapshot is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) Restore(context.Context, *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.RestoreResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.RolloutService.Restore is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.RolloutService.ListSnapshots is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.RolloutService.DeleteSnapshot is not implemented"))
 }

@@ -1,0 +1,199 @@
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/guest/agentproto"
+)
+
+// Files of a snapshot dir (written by SnapshotTo, read by Restore).
+const (
+	snapStateFile = "machine.json" // the source's machineState
+	snapMemFile   = snapshotFile   // RAM and device state (QEMU's migration stream)
+	snapDiskFile  = diskFile       // copy of the writable disk at the same instant
+)
+
+// liveSnapshotter is a driver that snapshots a VM without ending it.
+type liveSnapshotter interface {
+	SnapshotLive(ctx context.Context, m *machine, memPath string, whileStopped func() error) error
+}
+
+var (
+	_ backend.Snapshotter = (*sandbox)(nil)
+	_ backend.Restorer    = (*Backend)(nil)
+)
+
+// SnapshotTo implements backend.Snapshotter for a running VM: the agent
+// is told to start a fresh session (so that a restored copy does not
+// expect this session's stream ids; calls in flight on it are cut, which
+// is why the node refuses a snapshot while other calls run), then the
+// driver saves memory and devices with the vCPUs stopped and the disk is
+// copied before they continue.
+func (s *sandbox) SnapshotTo(ctx context.Context, dir string) (int64, error) {
+	if err := s.live(); err != nil {
+		return 0, err
+	}
+	ls, ok := s.b.drv.(liveSnapshotter)
+	if !ok {
+		return 0, errdefs.NotSupported("not supported: snapshot of a running %s microVM", s.b.drv.Name())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.paused || s.proc == nil || s.stopped {
+		return 0, errdefs.FailedPrecondition("sandbox %s: snapshot of a paused microVM (resume it first)", s.m.id)
+	}
+	st, err := json.Marshal(s.m.machineState)
+	if err != nil {
+		return 0, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, snapStateFile), st, 0o600); err != nil {
+		return 0, fmt.Errorf("sandbox %s: snapshot: %w", s.m.id, err)
+	}
+	s.mu.Unlock()
+	_, err = s.call(ctx, agentproto.Request{Op: agentproto.OpDetach})
+	s.mu.Lock()
+	if s.sess != nil {
+		s.sess.Close()
+		s.sess = nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("sandbox %s: snapshot: detach agent: %w", s.m.id, err)
+	}
+	err = ls.SnapshotLive(ctx, s.m, filepath.Join(dir, snapMemFile), func() error {
+		return copyDisk(ctx, s.m.path(diskFile), filepath.Join(dir, snapDiskFile))
+	})
+	// The agent's old session may still write its last frames into the
+	// next connection: a fresh session is proven with a ping (and made
+	// again until one answers) before the sandbox serves calls again.
+	s.mu.Unlock()
+	werr := s.waitAgent(ctx, time.Minute)
+	s.mu.Lock()
+	if err == nil && werr != nil {
+		err = fmt.Errorf("agent after the snapshot: %w", werr)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("sandbox %s: snapshot: %w", s.m.id, err)
+	}
+	return diskUsage(dir)
+}
+
+// copyDisk copies a sparse disk image: a reflink where the file system
+// has them, else only its data blocks.
+func copyDisk(ctx context.Context, src, dst string) error {
+	out, err := exec.CommandContext(ctx, "cp", "--reflink=auto", "--sparse=always", src, dst).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("copy disk: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// diskUsage is the bytes of allocated blocks under dir.
+func diskUsage(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			n += st.Blocks * 512
+		}
+		return nil
+	})
+	return n, err
+}
+
+// Restore implements backend.Restorer: a new run dir (and network slot)
+// with a copy of the snapshot's disk, the VMM started from its memory file
+// (read once by this VM: forks do not share RAM), then the restored agent,
+// reached with the snapshot's secret, takes over the new sandbox's secret,
+// hostname and (networked) MAC and addresses.
+func (b *Backend) Restore(ctx context.Context, spec backend.Spec, dir string) (backend.Sandbox, error) {
+	mode, err := b.checkSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, snapStateFile))
+	if err != nil {
+		return nil, errdefs.NotFound("snapshot %s: %v", filepath.Base(dir), err)
+	}
+	var src machineState
+	if err := json.Unmarshal(raw, &src); err != nil {
+		return nil, fmt.Errorf("snapshot %s: decode %s: %w", filepath.Base(dir), snapStateFile, err)
+	}
+	vcpus := int(max(1, (spec.Resources.CPUMillis+999)/1000))
+	switch {
+	case src.Driver != b.drv.Name() || src.KVM != b.kvm:
+		return nil, errdefs.FailedPrecondition("snapshot %s: taken with %s (kvm %v), this node runs %s (kvm %v)", filepath.Base(dir), src.Driver, src.KVM, b.drv.Name(), b.kvm)
+	case src.VCPUs != vcpus || src.MemoryMiB != spec.Resources.MemoryBytes>>20:
+		return nil, errdefs.InvalidArgument("resources: a restore keeps the snapshot's %d vCPUs and %d MiB", src.VCPUs, src.MemoryMiB)
+	case !reflect.DeepEqual(src.Layers, spec.LayerDisks):
+		return nil, errdefs.FailedPrecondition("snapshot %s: the image's layer files changed since the snapshot", filepath.Base(dir))
+	}
+	c := &creation{b: b, spec: spec, mode: mode}
+	timings, err := backend.RunSteps(ctx, c, []backend.Step[*creation]{
+		{Name: "rundir", Run: (*creation).makeRunDir},
+		{Name: "network", Run: (*creation).makeNetwork},
+		{Name: "state", Run: (*creation).saveState},
+		{Name: "disk", Run: func(c *creation, ctx context.Context) error {
+			return copyDisk(ctx, filepath.Join(dir, snapDiskFile), c.m.path(diskFile))
+		}},
+		{Name: "vmm", Run: func(c *creation, ctx context.Context) error { return c.startRestored(ctx, dir, src.Secret) }},
+	}, &c.undo, "")
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: restore: %w", spec.ID, err)
+	}
+	b.log.Debug("sandbox restored", append([]any{"sandbox", spec.ID, "snapshot", filepath.Base(dir)}, timings...)...)
+	return c.s, nil
+}
+
+// startRestored starts the VMM from the snapshot's memory and hands the
+// restored agent (which still knows only oldSecret) its new identity.
+func (c *creation) startRestored(ctx context.Context, dir, oldSecret string) error {
+	m := c.m
+	newSecret := m.Secret
+	m.incoming = filepath.Join(dir, snapMemFile)
+	if err := os.Symlink(c.b.init.path, m.path(initrdFile)); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	defer os.Remove(m.path(initrdFile))
+	proc, err := c.b.drv.Start(ctx, m, true)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", c.b.drv.Name(), err)
+	}
+	c.proc = proc
+	c.undo.Push(func() {
+		_ = proc.Kill()
+		<-proc.Done()
+	})
+	if err := m.save(); err != nil {
+		return err
+	}
+	c.s = c.b.newSandbox(m, proc)
+	m.Secret = oldSecret
+	err = c.s.waitAgent(ctx, time.Minute)
+	if err == nil {
+		_, err = c.s.call(ctx, agentproto.Request{Op: agentproto.OpIdentity,
+			Identity: &agentproto.Identity{Secret: newSecret, Hostname: c.spec.Hostname, Network: c.fc.Network}})
+	}
+	m.Secret = newSecret
+	if err != nil {
+		return fmt.Errorf("restored agent: %w", err)
+	}
+	return m.save()
+}
