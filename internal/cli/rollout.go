@@ -105,7 +105,15 @@ func bulk(cmd *cobra.Command, g *globals, labels, ids []string, op func(*client.
 	for _, id := range failed {
 		fmt.Fprintf(os.Stderr, "corral: %s: %s\n", id, r.Failures[id])
 	}
-	if len(failed) > 0 {
+	nodes := make([]string, 0, len(r.NodeFailures))
+	for id := range r.NodeFailures {
+		nodes = append(nodes, id)
+	}
+	sort.Strings(nodes)
+	for _, id := range nodes {
+		fmt.Fprintf(os.Stderr, "corral: node %s: %s\n", id, r.NodeFailures[id])
+	}
+	if len(failed)+len(nodes) > 0 {
 		return &ExitError{Code: 1}
 	}
 	return nil

@@ -366,8 +366,12 @@ type PauseManyResponse struct {
 	ResidentBeforeBytes int64             `protobuf:"varint,2,opt,name=resident_before_bytes,json=residentBeforeBytes,proto3" json:"resident_before_bytes,omitempty"`
 	ResidentAfterBytes  int64             `protobuf:"varint,3,opt,name=resident_after_bytes,json=residentAfterBytes,proto3" json:"resident_after_bytes,omitempty"`
 	Failures            []*SandboxFailure `protobuf:"bytes,4,rep,name=failures,proto3" json:"failures,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Through a cluster's control plane: the nodes that could not be asked
+	// (lost, or unreachable); their sandboxes were not paused. The other
+	// nodes' sandboxes were.
+	NodeFailures  []*NodeFailure `protobuf:"bytes,5,rep,name=node_failures,json=nodeFailures,proto3" json:"node_failures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PauseManyResponse) Reset() {
@@ -428,6 +432,65 @@ func (x *PauseManyResponse) GetFailures() []*SandboxFailure {
 	return nil
 }
 
+func (x *PauseManyResponse) GetNodeFailures() []*NodeFailure {
+	if x != nil {
+		return x.NodeFailures
+	}
+	return nil
+}
+
+type NodeFailure struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeFailure) Reset() {
+	*x = NodeFailure{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeFailure) ProtoMessage() {}
+
+func (x *NodeFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeFailure.ProtoReflect.Descriptor instead.
+func (*NodeFailure) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *NodeFailure) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *NodeFailure) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type ResumeManyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
@@ -437,7 +500,7 @@ type ResumeManyRequest struct {
 
 func (x *ResumeManyRequest) Reset() {
 	*x = ResumeManyRequest{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[6]
+	mi := &file_corral_v1_rollout_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +512,7 @@ func (x *ResumeManyRequest) String() string {
 func (*ResumeManyRequest) ProtoMessage() {}
 
 func (x *ResumeManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[6]
+	mi := &file_corral_v1_rollout_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +525,7 @@ func (x *ResumeManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeManyRequest.ProtoReflect.Descriptor instead.
 func (*ResumeManyRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{6}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ResumeManyRequest) GetLabels() map[string]string {
@@ -473,16 +536,18 @@ func (x *ResumeManyRequest) GetLabels() map[string]string {
 }
 
 type ResumeManyResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Resumed       int32                  `protobuf:"varint,1,opt,name=resumed,proto3" json:"resumed,omitempty"`
-	Failures      []*SandboxFailure      `protobuf:"bytes,2,rep,name=failures,proto3" json:"failures,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Resumed  int32                  `protobuf:"varint,1,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	Failures []*SandboxFailure      `protobuf:"bytes,2,rep,name=failures,proto3" json:"failures,omitempty"`
+	// As in PauseManyResponse.
+	NodeFailures  []*NodeFailure `protobuf:"bytes,3,rep,name=node_failures,json=nodeFailures,proto3" json:"node_failures,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResumeManyResponse) Reset() {
 	*x = ResumeManyResponse{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[7]
+	mi := &file_corral_v1_rollout_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +559,7 @@ func (x *ResumeManyResponse) String() string {
 func (*ResumeManyResponse) ProtoMessage() {}
 
 func (x *ResumeManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[7]
+	mi := &file_corral_v1_rollout_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -507,7 +572,7 @@ func (x *ResumeManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeManyResponse.ProtoReflect.Descriptor instead.
 func (*ResumeManyResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{7}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ResumeManyResponse) GetResumed() int32 {
@@ -520,6 +585,13 @@ func (x *ResumeManyResponse) GetResumed() int32 {
 func (x *ResumeManyResponse) GetFailures() []*SandboxFailure {
 	if x != nil {
 		return x.Failures
+	}
+	return nil
+}
+
+func (x *ResumeManyResponse) GetNodeFailures() []*NodeFailure {
+	if x != nil {
+		return x.NodeFailures
 	}
 	return nil
 }
@@ -537,7 +609,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[8]
+	mi := &file_corral_v1_rollout_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +621,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[8]
+	mi := &file_corral_v1_rollout_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +634,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{8}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListExecsRequest) GetSandboxId() string {
@@ -608,7 +680,7 @@ type ExecLogEntry struct {
 
 func (x *ExecLogEntry) Reset() {
 	*x = ExecLogEntry{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[9]
+	mi := &file_corral_v1_rollout_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -620,7 +692,7 @@ func (x *ExecLogEntry) String() string {
 func (*ExecLogEntry) ProtoMessage() {}
 
 func (x *ExecLogEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[9]
+	mi := &file_corral_v1_rollout_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -633,7 +705,7 @@ func (x *ExecLogEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecLogEntry.ProtoReflect.Descriptor instead.
 func (*ExecLogEntry) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{9}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecLogEntry) GetSeq() uint64 {
@@ -725,7 +797,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[10]
+	mi := &file_corral_v1_rollout_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +809,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[10]
+	mi := &file_corral_v1_rollout_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +822,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{10}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListExecsResponse) GetEntries() []*ExecLogEntry {
@@ -791,20 +863,25 @@ const file_corral_v1_rollout_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"6\n" +
 	"\x0eSandboxFailure\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\xc8\x01\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x85\x02\n" +
 	"\x11PauseManyResponse\x12\x16\n" +
 	"\x06paused\x18\x01 \x01(\x05R\x06paused\x122\n" +
 	"\x15resident_before_bytes\x18\x02 \x01(\x03R\x13residentBeforeBytes\x120\n" +
 	"\x14resident_after_bytes\x18\x03 \x01(\x03R\x12residentAfterBytes\x125\n" +
-	"\bfailures\x18\x04 \x03(\v2\x19.corral.v1.SandboxFailureR\bfailures\"\x90\x01\n" +
+	"\bfailures\x18\x04 \x03(\v2\x19.corral.v1.SandboxFailureR\bfailures\x12;\n" +
+	"\rnode_failures\x18\x05 \x03(\v2\x16.corral.v1.NodeFailureR\fnodeFailures\"<\n" +
+	"\vNodeFailure\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x90\x01\n" +
 	"\x11ResumeManyRequest\x12@\n" +
 	"\x06labels\x18\x01 \x03(\v2(.corral.v1.ResumeManyRequest.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"e\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa2\x01\n" +
 	"\x12ResumeManyResponse\x12\x18\n" +
 	"\aresumed\x18\x01 \x01(\x05R\aresumed\x125\n" +
-	"\bfailures\x18\x02 \x03(\v2\x19.corral.v1.SandboxFailureR\bfailures\"k\n" +
+	"\bfailures\x18\x02 \x03(\v2\x19.corral.v1.SandboxFailureR\bfailures\x12;\n" +
+	"\rnode_failures\x18\x03 \x03(\v2\x16.corral.v1.NodeFailureR\fnodeFailures\"k\n" +
 	"\x10ListExecsRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
@@ -853,7 +930,7 @@ func file_corral_v1_rollout_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_corral_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_corral_v1_rollout_proto_goTypes = []any{
 	(ExecState)(0),                // 0: corral.v1.ExecState
 	(*ForkRequest)(nil),           // 1: corral.v1.ForkRequest
@@ -862,42 +939,45 @@ var file_corral_v1_rollout_proto_goTypes = []any{
 	(*PauseManyRequest)(nil),      // 4: corral.v1.PauseManyRequest
 	(*SandboxFailure)(nil),        // 5: corral.v1.SandboxFailure
 	(*PauseManyResponse)(nil),     // 6: corral.v1.PauseManyResponse
-	(*ResumeManyRequest)(nil),     // 7: corral.v1.ResumeManyRequest
-	(*ResumeManyResponse)(nil),    // 8: corral.v1.ResumeManyResponse
-	(*ListExecsRequest)(nil),      // 9: corral.v1.ListExecsRequest
-	(*ExecLogEntry)(nil),          // 10: corral.v1.ExecLogEntry
-	(*ListExecsResponse)(nil),     // 11: corral.v1.ListExecsResponse
-	nil,                           // 12: corral.v1.PauseManyRequest.LabelsEntry
-	nil,                           // 13: corral.v1.ResumeManyRequest.LabelsEntry
-	(*Sandbox)(nil),               // 14: corral.v1.Sandbox
-	(*ExecResult)(nil),            // 15: corral.v1.ExecResult
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*NodeFailure)(nil),           // 7: corral.v1.NodeFailure
+	(*ResumeManyRequest)(nil),     // 8: corral.v1.ResumeManyRequest
+	(*ResumeManyResponse)(nil),    // 9: corral.v1.ResumeManyResponse
+	(*ListExecsRequest)(nil),      // 10: corral.v1.ListExecsRequest
+	(*ExecLogEntry)(nil),          // 11: corral.v1.ExecLogEntry
+	(*ListExecsResponse)(nil),     // 12: corral.v1.ListExecsResponse
+	nil,                           // 13: corral.v1.PauseManyRequest.LabelsEntry
+	nil,                           // 14: corral.v1.ResumeManyRequest.LabelsEntry
+	(*Sandbox)(nil),               // 15: corral.v1.Sandbox
+	(*ExecResult)(nil),            // 16: corral.v1.ExecResult
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_corral_v1_rollout_proto_depIdxs = []int32{
-	14, // 0: corral.v1.ForkOutcome.sandbox:type_name -> corral.v1.Sandbox
+	15, // 0: corral.v1.ForkOutcome.sandbox:type_name -> corral.v1.Sandbox
 	2,  // 1: corral.v1.ForkResponse.forks:type_name -> corral.v1.ForkOutcome
-	12, // 2: corral.v1.PauseManyRequest.labels:type_name -> corral.v1.PauseManyRequest.LabelsEntry
+	13, // 2: corral.v1.PauseManyRequest.labels:type_name -> corral.v1.PauseManyRequest.LabelsEntry
 	5,  // 3: corral.v1.PauseManyResponse.failures:type_name -> corral.v1.SandboxFailure
-	13, // 4: corral.v1.ResumeManyRequest.labels:type_name -> corral.v1.ResumeManyRequest.LabelsEntry
-	5,  // 5: corral.v1.ResumeManyResponse.failures:type_name -> corral.v1.SandboxFailure
-	0,  // 6: corral.v1.ExecLogEntry.state:type_name -> corral.v1.ExecState
-	15, // 7: corral.v1.ExecLogEntry.result:type_name -> corral.v1.ExecResult
-	16, // 8: corral.v1.ExecLogEntry.started_at:type_name -> google.protobuf.Timestamp
-	16, // 9: corral.v1.ExecLogEntry.ended_at:type_name -> google.protobuf.Timestamp
-	10, // 10: corral.v1.ListExecsResponse.entries:type_name -> corral.v1.ExecLogEntry
-	9,  // 11: corral.v1.RolloutService.ListExecs:input_type -> corral.v1.ListExecsRequest
-	4,  // 12: corral.v1.RolloutService.PauseMany:input_type -> corral.v1.PauseManyRequest
-	7,  // 13: corral.v1.RolloutService.ResumeMany:input_type -> corral.v1.ResumeManyRequest
-	1,  // 14: corral.v1.RolloutService.Fork:input_type -> corral.v1.ForkRequest
-	11, // 15: corral.v1.RolloutService.ListExecs:output_type -> corral.v1.ListExecsResponse
-	6,  // 16: corral.v1.RolloutService.PauseMany:output_type -> corral.v1.PauseManyResponse
-	8,  // 17: corral.v1.RolloutService.ResumeMany:output_type -> corral.v1.ResumeManyResponse
-	3,  // 18: corral.v1.RolloutService.Fork:output_type -> corral.v1.ForkResponse
-	15, // [15:19] is the sub-list for method output_type
-	11, // [11:15] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	7,  // 4: corral.v1.PauseManyResponse.node_failures:type_name -> corral.v1.NodeFailure
+	14, // 5: corral.v1.ResumeManyRequest.labels:type_name -> corral.v1.ResumeManyRequest.LabelsEntry
+	5,  // 6: corral.v1.ResumeManyResponse.failures:type_name -> corral.v1.SandboxFailure
+	7,  // 7: corral.v1.ResumeManyResponse.node_failures:type_name -> corral.v1.NodeFailure
+	0,  // 8: corral.v1.ExecLogEntry.state:type_name -> corral.v1.ExecState
+	16, // 9: corral.v1.ExecLogEntry.result:type_name -> corral.v1.ExecResult
+	17, // 10: corral.v1.ExecLogEntry.started_at:type_name -> google.protobuf.Timestamp
+	17, // 11: corral.v1.ExecLogEntry.ended_at:type_name -> google.protobuf.Timestamp
+	11, // 12: corral.v1.ListExecsResponse.entries:type_name -> corral.v1.ExecLogEntry
+	10, // 13: corral.v1.RolloutService.ListExecs:input_type -> corral.v1.ListExecsRequest
+	4,  // 14: corral.v1.RolloutService.PauseMany:input_type -> corral.v1.PauseManyRequest
+	8,  // 15: corral.v1.RolloutService.ResumeMany:input_type -> corral.v1.ResumeManyRequest
+	1,  // 16: corral.v1.RolloutService.Fork:input_type -> corral.v1.ForkRequest
+	12, // 17: corral.v1.RolloutService.ListExecs:output_type -> corral.v1.ListExecsResponse
+	6,  // 18: corral.v1.RolloutService.PauseMany:output_type -> corral.v1.PauseManyResponse
+	9,  // 19: corral.v1.RolloutService.ResumeMany:output_type -> corral.v1.ResumeManyResponse
+	3,  // 20: corral.v1.RolloutService.Fork:output_type -> corral.v1.ForkResponse
+	17, // [17:21] is the sub-list for method output_type
+	13, // [13:17] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_rollout_proto_init() }
@@ -912,7 +992,7 @@ func file_corral_v1_rollout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_rollout_proto_rawDesc), len(file_corral_v1_rollout_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
