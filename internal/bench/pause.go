@@ -27,7 +27,10 @@ type PauseOptions struct {
 	// the whole working set to disk, and the holder does not touch it
 	// again, so a second sample would find nothing left to push.
 	ReclaimN int
-	Log      io.Writer
+	// Job is the sandboxes of the job paused and resumed by label
+	// (default 500; negative: not measured).
+	Job int
+	Log io.Writer
 }
 
 func (o *PauseOptions) defaults() {
@@ -39,6 +42,9 @@ func (o *PauseOptions) defaults() {
 	}
 	if o.ReclaimN <= 0 {
 		o.ReclaimN = 1
+	}
+	if o.Job == 0 {
+		o.Job = 500
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
@@ -78,6 +84,7 @@ type ForkFigures struct {
 type PauseResult struct {
 	Sizes   []PauseSize `json:"sizes"`
 	Fork    ForkFigures `json:"fork"`
+	Job     JobFigures  `json:"job"`
 	Targets []Target    `json:"targets"`
 	Load    Load        `json:"load"`
 	Leaked  int         `json:"leaked"`
@@ -111,6 +118,14 @@ func Pause(ctx context.Context, c *client.Client, o PauseOptions) (res *PauseRes
 	fmt.Fprintln(o.Log, "pause: fork × 8")
 	if res.Fork, err = forkFigures(ctx, t, 8); err != nil {
 		return res, fmt.Errorf("fork: %w", err)
+	}
+	if o.Job < 0 {
+		res.Job.Skipped = "--job 0"
+		return res, nil
+	}
+	fmt.Fprintf(o.Log, "pause: a job of %d by label\n", o.Job)
+	if res.Job, err = jobFigures(ctx, t, o.Job); err != nil {
+		return res, fmt.Errorf("job: %w", err)
 	}
 	return res, nil
 }
@@ -291,6 +306,7 @@ func (r *PauseResult) WriteTable(w io.Writer) error {
 	}
 	rows = append(rows, row{fmt.Sprintf("fork × %d (16 MiB of files, processes not carried)", r.Fork.N), f3(r.Fork.ForkMs) + " ms",
 		fmt.Sprintf("%d plain creates at once %s ms (%.1fx); %d failed", r.Fork.N, f3(r.Fork.CreateMs), ratio(r.Fork.ForkMs, r.Fork.CreateMs), r.Fork.Failed), ""})
+	rows = append(rows, r.Job.rows()...)
 	if err := writeTable(w, "corral bench pause: container sandboxes (busybox) holding N MiB", rows); err != nil {
 		return err
 	}

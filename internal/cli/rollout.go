@@ -168,6 +168,9 @@ size); otherwise its rows say why they were not measured.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
 				o.Log = os.Stderr
+				if o.Job == 0 {
+					o.Job = -1 // --job 0: skip
+				}
 				return bench.Pause(ctx, c, o)
 			})
 		},
@@ -176,6 +179,7 @@ size); otherwise its rows say why they were not measured.`,
 	fl.IntSliceVar(&o.SizesMiB, "sizes", []int{64, 256, 1024}, "MiB each sandbox holds, one sandbox per size")
 	fl.IntVar(&o.N, "n", 10, "freeze samples per size")
 	fl.IntVar(&o.ReclaimN, "reclaim-n", 1, "reclaim samples per size")
+	fl.IntVar(&o.Job, "job", 500, "sandboxes of the job paused and resumed by label, beside one by one (0: skip)")
 	return cmd
 }
 
