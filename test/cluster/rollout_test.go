@@ -56,6 +56,12 @@ func TestRolloutThroughControl(t *testing.T) {
 	if len(per[n0]) != 2 || len(per[n1]) != 2 {
 		t.Fatalf("job spread over the nodes: %v; want 2 on each", per)
 	}
+	// Another project's sandbox with the same label: the trainer's calls
+	// by label leave it alone.
+	foreign, err := r.cli[0].Create(ctx, client.CreateOptions{Resources: small, Labels: job})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// Keyed commands: the first trainer runs two steps in each sandbox.
 	step := []string{"mkdir -p /work; echo ep0 >> /work/log; wc -l < /work/log", "echo ep1 >> /work/log; wc -l < /work/log"}
@@ -100,6 +106,10 @@ func TestRolloutThroughControl(t *testing.T) {
 		}
 	}
 
+	if _, err := c2.Sandbox(n0 + "x-0123").ListExecs(ctx, 0); !client.IsNotFound(err) {
+		t.Fatalf("ListExecs of a sandbox of no node: %v; want not found", err)
+	}
+
 	// The whole job paused and resumed by label, over both nodes.
 	if _, err := c2.PauseMany(ctx, nil, false); !client.IsInvalidArgument(err) || !strings.Contains(err.Error(), "labels") {
 		t.Fatalf("PauseMany without labels: %v; want invalid argument naming labels", err)
@@ -118,11 +128,15 @@ func TestRolloutThroughControl(t *testing.T) {
 		t.Fatalf("PauseMany job=j1: %+v, %v; want 4 paused", res, err)
 	}
 	states(client.StatePaused, ids)
+	if in, err := r.cli[0].Get(ctx, foreign.ID()); err != nil || in.State != client.StateRunning {
+		t.Fatalf("another project's sandbox labelled job=j1 after the trainer's PauseMany: %+v, %v; want running", in, err)
+	}
 	res, err = c2.ResumeMany(ctx, job)
 	if err != nil || res.Done != 4 || len(res.Failures)+len(res.NodeFailures) != 0 {
 		t.Fatalf("ResumeMany job=j1: %+v, %v; want 4 resumed", res, err)
 	}
 	states(client.StateRunning, ids)
+
 
 	// Fork on the parent's node, under the quota over both nodes: 4 of 6
 	// are used (2 on each node), so of 3 forks 2 are made and the third
@@ -155,9 +169,11 @@ func TestRolloutThroughControl(t *testing.T) {
 		}
 	}
 
+
 	// Node 1 killed: a pause by label pauses node 0's sandboxes and names
-	// node 1 as a failure of its own (unreachable, or lost once its lease
-	// expired); node 1's sandboxes, back with their node, were not paused.
+	// node 1 as a failure of its own (unreachable: its lease has not
+	// expired yet); node 1's sandboxes, back with their node, were not
+	// paused.
 	r.kill9(r.nodes[1])
 	res, err = c2.PauseMany(ctx, job, false)
 	if err != nil || res.Done != 2 || len(res.Failures) != 0 || len(res.NodeFailures) != 1 || !strings.Contains(res.NodeFailures[n1], n1) {
@@ -165,10 +181,13 @@ func TestRolloutThroughControl(t *testing.T) {
 	}
 	t.Logf("node failure: %s", res.NodeFailures[n1])
 	states(client.StatePaused, per[n0])
+	// Once its lease expired (3s) it is lost: not asked, named the same way.
+	r.waitNodes(1, "ready")
 	res, err = c2.ResumeMany(ctx, job)
-	if err != nil || res.Done != 2 || len(res.NodeFailures) != 1 || res.NodeFailures[n1] == "" {
-		t.Fatalf("ResumeMany with node %s killed: %+v, %v", n1, res, err)
+	if err != nil || res.Done != 2 || len(res.NodeFailures) != 1 || !strings.Contains(res.NodeFailures[n1], "lost its lease") {
+		t.Fatalf("ResumeMany with node %s lost: %+v, %v; want node 0's 2 resumed and node %s named lost", n1, res, err, n1)
 	}
+	t.Logf("lost node failure: %s", res.NodeFailures[n1])
 	states(client.StateRunning, per[n0])
 	r.start(r.nodes[1])
 	waitPort(t, r.nodeAddr(1), r.nodes[1])
