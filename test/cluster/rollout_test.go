@@ -106,7 +106,7 @@ func TestRolloutThroughControl(t *testing.T) {
 		}
 	}
 
-	if _, err := c2.Sandbox(n0 + "x-0123").ListExecs(ctx, 0); !client.IsNotFound(err) {
+	if _, err := c2.Sandbox(n0+"x-0123").ListExecs(ctx, 0); !client.IsNotFound(err) {
 		t.Fatalf("ListExecs of a sandbox of no node: %v; want not found", err)
 	}
 
@@ -136,7 +136,6 @@ func TestRolloutThroughControl(t *testing.T) {
 		t.Fatalf("ResumeMany job=j1: %+v, %v; want 4 resumed", res, err)
 	}
 	states(client.StateRunning, ids)
-
 
 	// Fork on the parent's node, under the quota over both nodes: 4 of 6
 	// are used (2 on each node), so of 3 forks 2 are made and the third
@@ -168,7 +167,6 @@ func TestRolloutThroughControl(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-
 
 	// Node 1 killed: a pause by label pauses node 0's sandboxes and names
 	// node 1 as a failure of its own (unreachable: its lease has not
