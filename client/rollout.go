@@ -135,12 +135,24 @@ type BulkResult struct {
 	ResidentBeforeBytes, ResidentAfterBytes int64
 	// Failures maps a sandbox id to why it failed; the others went on.
 	Failures map[string]string
+	// NodeFailures maps a node id to why it could not be asked (through a
+	// cluster's control plane: a lost or unreachable node, whose
+	// sandboxes were left as they were); the other nodes' went on.
+	NodeFailures map[string]string
 }
 
 func failuresFromProto(f []*corralv1.SandboxFailure) map[string]string {
 	out := map[string]string{}
 	for _, x := range f {
 		out[x.Id] = x.Error
+	}
+	return out
+}
+
+func nodeFailuresFromProto(f []*corralv1.NodeFailure) map[string]string {
+	out := map[string]string{}
+	for _, x := range f {
+		out[x.NodeId] = x.Error
 	}
 	return out
 }
@@ -154,7 +166,7 @@ func (c *Client) PauseMany(ctx context.Context, labels map[string]string, reclai
 	}
 	m := resp.Msg
 	return &BulkResult{Done: int(m.Paused), ResidentBeforeBytes: m.ResidentBeforeBytes, ResidentAfterBytes: m.ResidentAfterBytes,
-		Failures: failuresFromProto(m.Failures)}, nil
+		Failures: failuresFromProto(m.Failures), NodeFailures: nodeFailuresFromProto(m.NodeFailures)}, nil
 }
 
 // ResumeMany resumes every paused sandbox carrying all of labels.
@@ -163,7 +175,8 @@ func (c *Client) ResumeMany(ctx context.Context, labels map[string]string) (*Bul
 	if err != nil {
 		return nil, wrapErr(err)
 	}
-	return &BulkResult{Done: int(resp.Msg.Resumed), Failures: failuresFromProto(resp.Msg.Failures)}, nil
+	return &BulkResult{Done: int(resp.Msg.Resumed), Failures: failuresFromProto(resp.Msg.Failures),
+		NodeFailures: nodeFailuresFromProto(resp.Msg.NodeFailures)}, nil
 }
 
 // ForkResult is what Sandbox.Fork made.

@@ -30,7 +30,10 @@ type PauseOptions struct {
 	// MicroVMN is the microVM snapshot/restore samples (default 3;
 	// negative: not measured).
 	MicroVMN int
-	Log      io.Writer
+	// Job is the sandboxes of the job paused and resumed by label
+	// (default 500; negative: not measured).
+	Job int
+	Log io.Writer
 }
 
 func (o *PauseOptions) defaults() {
@@ -45,6 +48,9 @@ func (o *PauseOptions) defaults() {
 	}
 	if o.MicroVMN == 0 {
 		o.MicroVMN = 3
+	}
+	if o.Job == 0 {
+		o.Job = 500
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
@@ -85,6 +91,7 @@ type PauseResult struct {
 	Sizes   []PauseSize            `json:"sizes"`
 	Fork    ForkFigures            `json:"fork"`
 	MicroVM MicroVMSnapshotFigures `json:"microvm"`
+	Job     JobFigures             `json:"job"`
 	Targets []Target               `json:"targets"`
 	Load    Load                   `json:"load"`
 	Leaked  int                    `json:"leaked"`
@@ -126,6 +133,14 @@ func Pause(ctx context.Context, c *client.Client, o PauseOptions) (res *PauseRes
 		}
 	} else {
 		res.MicroVM.Skipped = "not asked (--microvm-n)"
+	}
+	if o.Job < 0 {
+		res.Job.Skipped = "--job 0"
+		return res, nil
+	}
+	fmt.Fprintf(o.Log, "pause: a job of %d by label\n", o.Job)
+	if res.Job, err = jobFigures(ctx, t, o.Job); err != nil {
+		return res, fmt.Errorf("job: %w", err)
 	}
 	return res, nil
 }
@@ -307,6 +322,7 @@ func (r *PauseResult) WriteTable(w io.Writer) error {
 	rows = append(rows, row{fmt.Sprintf("fork × %d (16 MiB of files, processes not carried)", r.Fork.N), f3(r.Fork.ForkMs) + " ms",
 		fmt.Sprintf("%d plain creates at once %s ms (%.1fx); %d failed", r.Fork.N, f3(r.Fork.CreateMs), ratio(r.Fork.ForkMs, r.Fork.CreateMs), r.Fork.Failed), ""})
 	rows = append(rows, r.MicroVM.rows()...)
+	rows = append(rows, r.Job.rows()...)
 	if err := writeTable(w, "corral bench pause: container sandboxes (busybox) holding N MiB", rows); err != nil {
 		return err
 	}

@@ -105,7 +105,15 @@ func bulk(cmd *cobra.Command, g *globals, labels, ids []string, op func(*client.
 	for _, id := range failed {
 		fmt.Fprintf(os.Stderr, "corral: %s: %s\n", id, r.Failures[id])
 	}
-	if len(failed) > 0 {
+	nodes := make([]string, 0, len(r.NodeFailures))
+	for id := range r.NodeFailures {
+		nodes = append(nodes, id)
+	}
+	sort.Strings(nodes)
+	for _, id := range nodes {
+		fmt.Fprintf(os.Stderr, "corral: node %s: %s\n", id, r.NodeFailures[id])
+	}
+	if len(failed)+len(nodes) > 0 {
 		return &ExitError{Code: 1}
 	}
 	return nil
@@ -158,6 +166,9 @@ microvm backend it also times snapshots of a running 256 MiB microVM, restores o
 them into new sandboxes (beside the cold boot of the same microVM), their size on
 disk, and a fork × 4.`,
 		func(ctx context.Context, c *client.Client) (tabler, error) {
+			if o.Job == 0 {
+				o.Job = -1 // --job 0: skip
+			}
 			return bench.Pause(ctx, c, o)
 		})
 	fl := cmd.Flags()
@@ -165,6 +176,7 @@ disk, and a fork × 4.`,
 	fl.IntVar(&o.N, "n", 10, "freeze samples per size")
 	fl.IntVar(&o.ReclaimN, "reclaim-n", 1, "reclaim samples per size")
 	fl.IntVar(&o.MicroVMN, "microvm-n", 3, "microVM snapshot and restore samples (-1: none)")
+	fl.IntVar(&o.Job, "job", 500, "sandboxes of the job paused and resumed by label, beside one by one (0: skip)")
 	return cmd
 }
 

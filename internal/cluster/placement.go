@@ -469,3 +469,43 @@ func noNode(why map[string]string) error {
 	}
 	return errdefs.ResourceExhausted("placement: no node can take the sandbox (%s)", strings.Join(parts, "; "))
 }
+
+// Reserve counts up to n creates of w on node (forks, which must live
+// where their parent is) as in flight, each admitted against the node's
+// capacity and the project's quota over the cluster like a placement. It
+// returns the placements admitted (each needs Done) and, when fewer than
+// n, why the next one was refused.
+func (p *Placer) Reserve(node string, w Want, n int) ([]*Placement, error) {
+	snap := p.w()
+	v := snap.Node(node)
+	if v == nil {
+		return nil, errdefs.NotFound("placement: no node %s in the cluster", node)
+	}
+	if r := p.unfit(v, w); r != "" {
+		return nil, errdefs.FailedPrecondition("placement: node %s: %s", node, r)
+	}
+	cost := p.cost(w)
+	usage := iam.Usage{Sandboxes: 1, CPUMillis: cost.CPUMillis, MemoryBytes: cost.MemoryBytes, DiskBytes: w.DiskBytes}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []*Placement
+	for range n {
+		if err := p.admitQuotaLocked(snap, w, cost); err != nil {
+			return out, err
+		}
+		l := p.estimateLocked(v)
+		l.add(cost, 1)
+		if u := l.Utilisation(v.Capacity); u > 1 {
+			return out, errdefs.ResourceExhausted("placement: node %s is full (utilisation %.0f%% with this sandbox)", node, 100*u)
+		}
+		o := p.overlayLocked(node)
+		o.inflight.add(cost, 1)
+		pl := &Placement{Node: v, p: p, cost: cost}
+		if len(w.Quotas) > 0 {
+			pl.project, pl.usage = w.Project, usage
+			o.inflightProjects[w.Project] = o.inflightProjects[w.Project].Add(usage)
+		}
+		out = append(out, pl)
+	}
+	return out, nil
+}

@@ -131,3 +131,29 @@ func TestFilterFollowsSnapshot(t *testing.T) {
 		t.Fatalf("plain create after the others: %v, %v; want n001", pl, err)
 	}
 }
+
+// TestReserveOnOneNode: forks reserved on their parent's node count like
+// placements there: up to its capacity, the rest refused naming the node;
+// a refused or failed fork frees its share, an admitted one stays until a
+// report covers it; a drained node takes none.
+func TestReserveOnOneNode(t *testing.T) {
+	snap := snapshotOf([]int64{7, 0}, 10, time.Now())
+	p := NewPlacer(PlacerConfig{}, func() *Snapshot { return snap })
+	pls, err := p.Reserve("n000", Want{}, 5)
+	if len(pls) != 3 || err == nil || !strings.Contains(err.Error(), "node n000 is full") {
+		t.Fatalf("reserve 5 on a node with room for 3: %d, %v", len(pls), err)
+	}
+	pls[0].Done(false)
+	pls[1].Done(true)
+	pls[2].Done(true)
+	if more, err := p.Reserve("n000", Want{}, 2); len(more) != 1 || err == nil {
+		t.Fatalf("after 2 of 3 admitted, reserve 2: %d, %v; want 1", len(more), err)
+	}
+	if pl, err := p.Place(Want{}, nil); err != nil || pl.Node.ID != "n001" {
+		t.Fatalf("a create after the forks filled n000: %v, %v; want n001", pl, err)
+	}
+	snap.Node("n001").State = NodeDrained
+	if pls, err := p.Reserve("n001", Want{}, 1); len(pls) != 0 || err == nil || !strings.Contains(err.Error(), "drained") {
+		t.Fatalf("reserve on a drained node: %d, %v", len(pls), err)
+	}
+}

@@ -60,6 +60,7 @@ type Proxy struct {
 type nodeClient struct {
 	addr string
 	corralv1connect.SandboxServiceClient
+	rollout corralv1connect.RolloutServiceClient
 }
 
 var _ corralv1connect.SandboxServiceHandler = (*Proxy)(nil)
@@ -97,12 +98,18 @@ func (p *Proxy) url(v *NodeView) string { return p.scheme + v.Address }
 func (p *Proxy) Close() { p.http.CloseIdleConnections() }
 
 func (p *Proxy) client(v *NodeView) corralv1connect.SandboxServiceClient {
+	return p.nodeClient(v).SandboxServiceClient
+}
+
+func (p *Proxy) nodeClient(v *NodeView) nodeClient {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c, ok := p.clients[v.ID]
 	if !ok || c.addr != v.Address {
-		c = nodeClient{addr: v.Address, SandboxServiceClient: corralv1connect.NewSandboxServiceClient(p.http, p.url(v),
-			connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret}))}
+		sign := connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret})
+		c = nodeClient{addr: v.Address,
+			SandboxServiceClient: corralv1connect.NewSandboxServiceClient(p.http, p.url(v), sign),
+			rollout:              corralv1connect.NewRolloutServiceClient(p.http, p.url(v), sign)}
 		p.clients[v.ID] = c
 	}
 	return c

@@ -144,6 +144,11 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	path, h = corralv1connect.NewFnCallServiceHandler(control.NewFnCallService(cn.fncall),
 		connect.WithInterceptors(control.ErrorInterceptor{}), connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
+	// RolloutService calls carry the caller's principal: by-label calls are
+	// scoped to its projects here, per-sandbox ones were checked by the
+	// control instance's guard.
+	path, h = corralv1connect.NewRolloutServiceHandler(control.NewRolloutService(cn.sandboxes), connect.WithInterceptors(control.ErrorInterceptor{}))
+	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
 	path, h = corralv1connect.NewImageServiceHandler(nodeImages{inner: control.NewImageService(cn.sandboxes, cn.images, cn.share), ci: ci},
 		connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
@@ -307,6 +312,8 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 	mux.Handle(path, h)
 	path, h = corralv1connect.NewFnCallServiceHandler(cluster.FnCalls{P: c.proxy},
 		guard, connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
+	mux.Handle(path, h)
+	path, h = corralv1connect.NewRolloutServiceHandler(cluster.Rollouts{P: c.proxy}, guard)
 	mux.Handle(path, h)
 	path, h = corralv1connect.NewIAMServiceHandler(control.NewIAMService(c.iam, g.Images), guard)
 	mux.Handle(path, h)

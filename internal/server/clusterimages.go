@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -26,7 +27,15 @@ import (
 const (
 	layerRecords       = "/corral/images/layers/"
 	compositionRecords = "/corral/images/compositions/"
+	// removingRecords marks a NAME@VERSION being removed from the cluster
+	// (under a lease, in case its control instance dies): while it is
+	// there no node records the name or pulls it.
+	removingRecords = "/corral/images/removing/"
 )
+
+// removingTTL bounds how long a removal whose control instance died
+// keeps its name from being recorded or pulled.
+const removingTTL = 10 * 60 // seconds
 
 // layerRecord names a layer published to the blob store.
 type layerRecord struct {
@@ -47,12 +56,19 @@ type clusterImages struct {
 	share  *layershare.Share
 	node   string
 	log    *slog.Logger
+	// mu orders the node's removal of an image (write) against its record
+	// sync and its pulls (read): a sync or a pull that began before the
+	// removal reached this node ends before it, so nothing listed or
+	// pulled before the removal is recorded or kept after it.
+	mu sync.RWMutex
 }
 
 // sync records every split layer and every composition of the node that
 // the cluster does not know by that name yet (first come, first kept: a
 // name is immutable).
 func (ci *clusterImages) sync(ctx context.Context) error {
+	ci.mu.RLock()
+	defer ci.mu.RUnlock()
 	layers, err := ci.images.Layers(ctx)
 	if err != nil {
 		return err
@@ -62,10 +78,11 @@ func (ci *clusterImages) sync(ctx context.Context) error {
 		return err
 	}
 	var ops []clientv3.Op
-	var cmps []clientv3.Cmp
-	put := func(key string, v any) {
+	var cmps [][]clientv3.Cmp
+	put := func(key, ref string, v any) {
 		b, _ := json.Marshal(v)
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+		cmps = append(cmps, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(removingRecords+ref), "=", 0)})
 		ops = append(ops, clientv3.OpPut(key, string(b)))
 	}
 	known, err := ci.etcd.Get(ctx, "/corral/images/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
@@ -78,18 +95,19 @@ func (ci *clusterImages) sync(ctx context.Context) error {
 	}
 	for _, l := range layers {
 		if l.Split() && !have[layerRecords+l.Ref] {
-			put(layerRecords+l.Ref, layerRecord{Layer: l, Node: ci.node})
+			put(layerRecords+l.Ref, l.Ref, layerRecord{Layer: l, Node: ci.node})
 		}
 	}
 	for _, c := range comps {
 		if !have[compositionRecords+c.Ref] {
-			put(compositionRecords+c.Ref, compositionRecord{Composition: c, Node: ci.node})
+			put(compositionRecords+c.Ref, c.Ref, compositionRecord{Composition: c, Node: ci.node})
 		}
 	}
-	// One key per transaction: another node recording the same name first
-	// only makes that one write a no-op.
+	// One key per transaction: another node recording the same name first,
+	// or a removal of the name in progress, only makes that one write a
+	// no-op.
 	for i := range ops {
-		if _, err := ci.etcd.Txn(ctx).If(cmps[i]).Then(ops[i]).Commit(); err != nil {
+		if _, err := ci.etcd.Txn(ctx).If(cmps[i]...).Then(ops[i]).Commit(); err != nil {
 			return fmt.Errorf("cluster images: record: %w", err)
 		}
 	}
@@ -156,6 +174,11 @@ func (ci *clusterImages) prepare(ctx context.Context, req *corralv1.CreateReques
 	if _, err := ci.images.Get(ctx, name); !errdefs.IsNotFound(err) {
 		return nil // here (or failing for another reason the create reports)
 	}
+	ci.mu.RLock()
+	defer ci.mu.RUnlock()
+	if err := ci.notRemoving(ctx, name); err != nil {
+		return err
+	}
 	pull, err := ci.puller(ctx, name)
 	if err != nil {
 		return err
@@ -184,6 +207,18 @@ func (ci *clusterImages) prepare(ctx context.Context, req *corralv1.CreateReques
 		err = nil
 	}
 	return err
+}
+
+// notRemoving fails while name is being removed from the cluster.
+func (ci *clusterImages) notRemoving(ctx context.Context, name string) error {
+	resp, err := ci.etcd.Get(ctx, removingRecords+name, clientv3.WithCountOnly())
+	if err != nil {
+		return errdefs.Unavailable("image %s: cluster records: %v", name, err)
+	}
+	if resp.Count > 0 {
+		return errdefs.FailedPrecondition("image %s: being removed from the cluster", name)
+	}
+	return nil
 }
 
 // ClusterImageService is a control instance's ImageService: the cluster's
@@ -277,20 +312,51 @@ func (s ClusterImageService) RemoveImage(ctx context.Context, req *connect.Reque
 		return nil, errdefs.InvalidArgument("name: %q: the cluster's images are NAME@VERSION (a built image NAME is one node's: remove it there)", name)
 	}
 	snap := s.proxy.Nodes()
+	var nodes []imageRemover
 	for _, v := range snap.Nodes {
 		if v.State == cluster.NodeLost {
 			return nil, errdefs.Unavailable("remove %s: %s, and may have it", name, v.Reason)
 		}
+		nodes = append(nodes, imageRemover{node: v.ID, remove: s.proxy.NodeImages(v).RemoveImage})
+	}
+	removed, err := removeFromCluster(ctx, s.etcd, req.Msg, nodes)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.RemoveImageResponse{Removed: removed}), nil
+}
+
+// imageRemover removes an image from one node.
+type imageRemover struct {
+	node   string
+	remove func(context.Context, *connect.Request[corralv1.RemoveImageRequest]) (*connect.Response[corralv1.RemoveImageResponse], error)
+}
+
+// removeFromCluster removes req.Name from each of nodes, then its records.
+// The name is marked as being removed first, until the end: meanwhile no
+// node records it (a sync that listed it before its node removed it, or
+// a node that still has it) and no node pulls it (a create from it on a
+// node the removal already passed), so it cannot come back.
+func removeFromCluster(ctx context.Context, etcd *clientv3.Client, req *corralv1.RemoveImageRequest, nodes []imageRemover) (*corralv1.Removed, error) {
+	name := req.Name
+	lease, err := etcd.Grant(ctx, removingTTL)
+	if err != nil {
+		return nil, errdefs.Unavailable("remove %s: cluster records: %v", name, err)
+	}
+	// Revoking the lease drops the mark, also when the removal failed.
+	defer func() { _, _ = etcd.Revoke(context.WithoutCancel(ctx), lease.ID) }()
+	if _, err := etcd.Put(ctx, removingRecords+name, "", clientv3.WithLease(lease.ID)); err != nil {
+		return nil, errdefs.Unavailable("remove %s: cluster records: %v", name, err)
 	}
 	removed := &corralv1.Removed{}
 	found := false
-	for _, v := range snap.Nodes {
-		resp, err := s.proxy.NodeImages(v).RemoveImage(ctx, connect.NewRequest(req.Msg))
-		if connect.CodeOf(err) == connect.CodeNotFound {
+	for _, n := range nodes {
+		resp, err := n.remove(ctx, connect.NewRequest(req))
+		if connect.CodeOf(err) == connect.CodeNotFound || errdefs.IsNotFound(err) {
 			continue
 		}
 		if err != nil {
-			return nil, onNode(v, err)
+			return nil, onNodeID(n.node, err)
 		}
 		found = true
 		r := resp.Msg.Removed
@@ -300,7 +366,7 @@ func (s ClusterImageService) RemoveImage(ctx context.Context, req *connect.Reque
 		removed.Deleted = append(removed.Deleted, r.GetDeleted()...)
 		removed.FreedBytes += r.GetFreedBytes()
 	}
-	del, err := s.etcd.Txn(ctx).Then(clientv3.OpDelete(layerRecords+name), clientv3.OpDelete(compositionRecords+name)).Commit()
+	del, err := etcd.Txn(ctx).Then(clientv3.OpDelete(layerRecords+name), clientv3.OpDelete(compositionRecords+name)).Commit()
 	if err != nil {
 		return nil, errdefs.Unavailable("remove %s: cluster records: %v", name, err)
 	}
@@ -310,7 +376,7 @@ func (s ClusterImageService) RemoveImage(ctx context.Context, req *connect.Reque
 	if !found {
 		return nil, errdefs.NotFound("image %s: on no node of the cluster", name)
 	}
-	return connect.NewResponse(&corralv1.RemoveImageResponse{Removed: removed}), nil
+	return removed, nil
 }
 
 func (ClusterImageService) CreateLayer(context.Context, *connect.Request[corralv1.CreateLayerRequest]) (*connect.Response[corralv1.CreateLayerResponse], error) {
@@ -326,15 +392,17 @@ func (ClusterImageService) CollectGarbage(context.Context, *connect.Request[corr
 }
 
 // onNode names the node a routed image call failed on.
-func onNode(v *cluster.NodeView, err error) error {
+func onNode(v *cluster.NodeView, err error) error { return onNodeID(v.ID, err) }
+
+func onNodeID(node string, err error) error {
 	if err == nil {
 		return nil
 	}
 	var ce *connect.Error
 	if errors.As(err, &ce) {
-		return connect.NewError(ce.Code(), fmt.Errorf("node %s: %s", v.ID, ce.Message()))
+		return connect.NewError(ce.Code(), fmt.Errorf("node %s: %s", node, ce.Message()))
 	}
-	return fmt.Errorf("node %s: %w", v.ID, err)
+	return fmt.Errorf("node %s: %w", node, err)
 }
 
 // relayUpload forwards a client stream to a node message by message and
@@ -392,6 +460,10 @@ func (n nodeImages) Pack(ctx context.Context, req *connect.Request[corralv1.Pack
 }
 
 func (n nodeImages) RemoveImage(ctx context.Context, req *connect.Request[corralv1.RemoveImageRequest]) (*connect.Response[corralv1.RemoveImageResponse], error) {
+	if n.ci != nil {
+		n.ci.mu.Lock()
+		defer n.ci.mu.Unlock()
+	}
 	return n.inner.RemoveImage(ctx, req)
 }
 

@@ -390,8 +390,11 @@ func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
 }
 
 type ListSnapshotsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Snapshots     []*Snapshot            `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Snapshots []*Snapshot            `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	// Through a cluster's control plane: the nodes that could not be asked
+	// (their snapshots are missing from the list).
+	NodeFailures  []*NodeFailure `protobuf:"bytes,2,rep,name=node_failures,json=nodeFailures,proto3" json:"node_failures,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -429,6 +432,13 @@ func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
 	if x != nil {
 		return x.Snapshots
+	}
+	return nil
+}
+
+func (x *ListSnapshotsResponse) GetNodeFailures() []*NodeFailure {
+	if x != nil {
+		return x.NodeFailures
 	}
 	return nil
 }
@@ -807,8 +817,12 @@ type PauseManyResponse struct {
 	ResidentBeforeBytes int64             `protobuf:"varint,2,opt,name=resident_before_bytes,json=residentBeforeBytes,proto3" json:"resident_before_bytes,omitempty"`
 	ResidentAfterBytes  int64             `protobuf:"varint,3,opt,name=resident_after_bytes,json=residentAfterBytes,proto3" json:"resident_after_bytes,omitempty"`
 	Failures            []*SandboxFailure `protobuf:"bytes,4,rep,name=failures,proto3" json:"failures,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Through a cluster's control plane: the nodes that could not be asked
+	// (lost, or unreachable); their sandboxes were not paused. The other
+	// nodes' sandboxes were.
+	NodeFailures  []*NodeFailure `protobuf:"bytes,5,rep,name=node_failures,json=nodeFailures,proto3" json:"node_failures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PauseManyResponse) Reset() {
@@ -869,6 +883,65 @@ func (x *PauseManyResponse) GetFailures() []*SandboxFailure {
 	return nil
 }
 
+func (x *PauseManyResponse) GetNodeFailures() []*NodeFailure {
+	if x != nil {
+		return x.NodeFailures
+	}
+	return nil
+}
+
+type NodeFailure struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeFailure) Reset() {
+	*x = NodeFailure{}
+	mi := &file_corral_v1_rollout_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeFailure) ProtoMessage() {}
+
+func (x *NodeFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_rollout_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeFailure.ProtoReflect.Descriptor instead.
+func (*NodeFailure) Descriptor() ([]byte, []int) {
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *NodeFailure) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *NodeFailure) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type ResumeManyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
@@ -878,7 +951,7 @@ type ResumeManyRequest struct {
 
 func (x *ResumeManyRequest) Reset() {
 	*x = ResumeManyRequest{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[15]
+	mi := &file_corral_v1_rollout_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -890,7 +963,7 @@ func (x *ResumeManyRequest) String() string {
 func (*ResumeManyRequest) ProtoMessage() {}
 
 func (x *ResumeManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[15]
+	mi := &file_corral_v1_rollout_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +976,7 @@ func (x *ResumeManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeManyRequest.ProtoReflect.Descriptor instead.
 func (*ResumeManyRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{15}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ResumeManyRequest) GetLabels() map[string]string {
@@ -914,16 +987,18 @@ func (x *ResumeManyRequest) GetLabels() map[string]string {
 }
 
 type ResumeManyResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Resumed       int32                  `protobuf:"varint,1,opt,name=resumed,proto3" json:"resumed,omitempty"`
-	Failures      []*SandboxFailure      `protobuf:"bytes,2,rep,name=failures,proto3" json:"failures,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Resumed  int32                  `protobuf:"varint,1,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	Failures []*SandboxFailure      `protobuf:"bytes,2,rep,name=failures,proto3" json:"failures,omitempty"`
+	// As in PauseManyResponse.
+	NodeFailures  []*NodeFailure `protobuf:"bytes,3,rep,name=node_failures,json=nodeFailures,proto3" json:"node_failures,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResumeManyResponse) Reset() {
 	*x = ResumeManyResponse{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[16]
+	mi := &file_corral_v1_rollout_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1010,7 @@ func (x *ResumeManyResponse) String() string {
 func (*ResumeManyResponse) ProtoMessage() {}
 
 func (x *ResumeManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[16]
+	mi := &file_corral_v1_rollout_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1023,7 @@ func (x *ResumeManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeManyResponse.ProtoReflect.Descriptor instead.
 func (*ResumeManyResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{16}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ResumeManyResponse) GetResumed() int32 {
@@ -961,6 +1036,13 @@ func (x *ResumeManyResponse) GetResumed() int32 {
 func (x *ResumeManyResponse) GetFailures() []*SandboxFailure {
 	if x != nil {
 		return x.Failures
+	}
+	return nil
+}
+
+func (x *ResumeManyResponse) GetNodeFailures() []*NodeFailure {
+	if x != nil {
+		return x.NodeFailures
 	}
 	return nil
 }
@@ -978,7 +1060,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[17]
+	mi := &file_corral_v1_rollout_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1072,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[17]
+	mi := &file_corral_v1_rollout_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1085,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{17}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListExecsRequest) GetSandboxId() string {
@@ -1049,7 +1131,7 @@ type ExecLogEntry struct {
 
 func (x *ExecLogEntry) Reset() {
 	*x = ExecLogEntry{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[18]
+	mi := &file_corral_v1_rollout_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1143,7 @@ func (x *ExecLogEntry) String() string {
 func (*ExecLogEntry) ProtoMessage() {}
 
 func (x *ExecLogEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[18]
+	mi := &file_corral_v1_rollout_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1156,7 @@ func (x *ExecLogEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecLogEntry.ProtoReflect.Descriptor instead.
 func (*ExecLogEntry) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{18}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecLogEntry) GetSeq() uint64 {
@@ -1166,7 +1248,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_corral_v1_rollout_proto_msgTypes[19]
+	mi := &file_corral_v1_rollout_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1178,7 +1260,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_rollout_proto_msgTypes[19]
+	mi := &file_corral_v1_rollout_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1191,7 +1273,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{19}
+	return file_corral_v1_rollout_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListExecsResponse) GetEntries() []*ExecLogEntry {
@@ -1235,9 +1317,10 @@ const file_corral_v1_rollout_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"?\n" +
 	"\x0fRestoreResponse\x12,\n" +
 	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\x16\n" +
-	"\x14ListSnapshotsRequest\"J\n" +
+	"\x14ListSnapshotsRequest\"\x87\x01\n" +
 	"\x15ListSnapshotsResponse\x121\n" +
-	"\tsnapshots\x18\x01 \x03(\v2\x13.corral.v1.SnapshotR\tsnapshots\"8\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x13.corral.v1.SnapshotR\tsnapshots\x12;\n" +
+	"\rnode_failures\x18\x02 \x03(\v2\x16.corral.v1.NodeFailureR\fnodeFailures\"8\n" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\"\x18\n" +
@@ -1263,20 +1346,25 @@ const file_corral_v1_rollout_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"6\n" +
 	"\x0eSandboxFailure\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\xc8\x01\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x85\x02\n" +
 	"\x11PauseManyResponse\x12\x16\n" +
 	"\x06paused\x18\x01 \x01(\x05R\x06paused\x122\n" +
 	"\x15resident_before_bytes\x18\x02 \x01(\x03R\x13residentBeforeBytes\x120\n" +
 	"\x14resident_after_bytes\x18\x03 \x01(\x03R\x12residentAfterBytes\x125\n" +
-	"\bfailures\x18\x04 \x03(\v2\x19.corral.v1.SandboxFailureR\bfailures\"\x90\x01\n" +
+	"\bfailures\x18\x04 \x03(\v2\x19.corral.v1.SandboxFailureR\bfailures\x12;\n" +
+	"\rnode_failures\x18\x05 \x03(\v2\x16.corral.v1.NodeFailureR\fnodeFailures\"<\n" +
+	"\vNodeFailure\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x90\x01\n" +
 	"\x11ResumeManyRequest\x12@\n" +
 	"\x06labels\x18\x01 \x03(\v2(.corral.v1.ResumeManyRequest.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"e\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa2\x01\n" +
 	"\x12ResumeManyResponse\x12\x18\n" +
 	"\aresumed\x18\x01 \x01(\x05R\aresumed\x125\n" +
-	"\bfailures\x18\x02 \x03(\v2\x19.corral.v1.SandboxFailureR\bfailures\"k\n" +
+	"\bfailures\x18\x02 \x03(\v2\x19.corral.v1.SandboxFailureR\bfailures\x12;\n" +
+	"\rnode_failures\x18\x03 \x03(\v2\x16.corral.v1.NodeFailureR\fnodeFailures\"k\n" +
 	"\x10ListExecsRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
@@ -1329,7 +1417,7 @@ func file_corral_v1_rollout_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_corral_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_corral_v1_rollout_proto_goTypes = []any{
 	(ExecState)(0),                 // 0: corral.v1.ExecState
 	(*Snapshot)(nil),               // 1: corral.v1.Snapshot
@@ -1347,56 +1435,60 @@ var file_corral_v1_rollout_proto_goTypes = []any{
 	(*PauseManyRequest)(nil),       // 13: corral.v1.PauseManyRequest
 	(*SandboxFailure)(nil),         // 14: corral.v1.SandboxFailure
 	(*PauseManyResponse)(nil),      // 15: corral.v1.PauseManyResponse
-	(*ResumeManyRequest)(nil),      // 16: corral.v1.ResumeManyRequest
-	(*ResumeManyResponse)(nil),     // 17: corral.v1.ResumeManyResponse
-	(*ListExecsRequest)(nil),       // 18: corral.v1.ListExecsRequest
-	(*ExecLogEntry)(nil),           // 19: corral.v1.ExecLogEntry
-	(*ListExecsResponse)(nil),      // 20: corral.v1.ListExecsResponse
-	nil,                            // 21: corral.v1.RestoreRequest.LabelsEntry
-	nil,                            // 22: corral.v1.PauseManyRequest.LabelsEntry
-	nil,                            // 23: corral.v1.ResumeManyRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 24: google.protobuf.Timestamp
-	(*Sandbox)(nil),                // 25: corral.v1.Sandbox
-	(*ExecResult)(nil),             // 26: corral.v1.ExecResult
+	(*NodeFailure)(nil),            // 16: corral.v1.NodeFailure
+	(*ResumeManyRequest)(nil),      // 17: corral.v1.ResumeManyRequest
+	(*ResumeManyResponse)(nil),     // 18: corral.v1.ResumeManyResponse
+	(*ListExecsRequest)(nil),       // 19: corral.v1.ListExecsRequest
+	(*ExecLogEntry)(nil),           // 20: corral.v1.ExecLogEntry
+	(*ListExecsResponse)(nil),      // 21: corral.v1.ListExecsResponse
+	nil,                            // 22: corral.v1.RestoreRequest.LabelsEntry
+	nil,                            // 23: corral.v1.PauseManyRequest.LabelsEntry
+	nil,                            // 24: corral.v1.ResumeManyRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
+	(*Sandbox)(nil),                // 26: corral.v1.Sandbox
+	(*ExecResult)(nil),             // 27: corral.v1.ExecResult
 }
 var file_corral_v1_rollout_proto_depIdxs = []int32{
-	24, // 0: corral.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
+	25, // 0: corral.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
 	1,  // 1: corral.v1.SnapshotResponse.snapshot:type_name -> corral.v1.Snapshot
-	21, // 2: corral.v1.RestoreRequest.labels:type_name -> corral.v1.RestoreRequest.LabelsEntry
-	25, // 3: corral.v1.RestoreResponse.sandbox:type_name -> corral.v1.Sandbox
+	22, // 2: corral.v1.RestoreRequest.labels:type_name -> corral.v1.RestoreRequest.LabelsEntry
+	26, // 3: corral.v1.RestoreResponse.sandbox:type_name -> corral.v1.Sandbox
 	1,  // 4: corral.v1.ListSnapshotsResponse.snapshots:type_name -> corral.v1.Snapshot
-	25, // 5: corral.v1.ForkOutcome.sandbox:type_name -> corral.v1.Sandbox
-	11, // 6: corral.v1.ForkResponse.forks:type_name -> corral.v1.ForkOutcome
-	22, // 7: corral.v1.PauseManyRequest.labels:type_name -> corral.v1.PauseManyRequest.LabelsEntry
-	14, // 8: corral.v1.PauseManyResponse.failures:type_name -> corral.v1.SandboxFailure
-	23, // 9: corral.v1.ResumeManyRequest.labels:type_name -> corral.v1.ResumeManyRequest.LabelsEntry
-	14, // 10: corral.v1.ResumeManyResponse.failures:type_name -> corral.v1.SandboxFailure
-	0,  // 11: corral.v1.ExecLogEntry.state:type_name -> corral.v1.ExecState
-	26, // 12: corral.v1.ExecLogEntry.result:type_name -> corral.v1.ExecResult
-	24, // 13: corral.v1.ExecLogEntry.started_at:type_name -> google.protobuf.Timestamp
-	24, // 14: corral.v1.ExecLogEntry.ended_at:type_name -> google.protobuf.Timestamp
-	19, // 15: corral.v1.ListExecsResponse.entries:type_name -> corral.v1.ExecLogEntry
-	18, // 16: corral.v1.RolloutService.ListExecs:input_type -> corral.v1.ListExecsRequest
-	13, // 17: corral.v1.RolloutService.PauseMany:input_type -> corral.v1.PauseManyRequest
-	16, // 18: corral.v1.RolloutService.ResumeMany:input_type -> corral.v1.ResumeManyRequest
-	10, // 19: corral.v1.RolloutService.Fork:input_type -> corral.v1.ForkRequest
-	2,  // 20: corral.v1.RolloutService.Snapshot:input_type -> corral.v1.SnapshotRequest
-	4,  // 21: corral.v1.RolloutService.Restore:input_type -> corral.v1.RestoreRequest
-	6,  // 22: corral.v1.RolloutService.ListSnapshots:input_type -> corral.v1.ListSnapshotsRequest
-	8,  // 23: corral.v1.RolloutService.DeleteSnapshot:input_type -> corral.v1.DeleteSnapshotRequest
-	20, // 24: corral.v1.RolloutService.ListExecs:output_type -> corral.v1.ListExecsResponse
-	15, // 25: corral.v1.RolloutService.PauseMany:output_type -> corral.v1.PauseManyResponse
-	17, // 26: corral.v1.RolloutService.ResumeMany:output_type -> corral.v1.ResumeManyResponse
-	12, // 27: corral.v1.RolloutService.Fork:output_type -> corral.v1.ForkResponse
-	3,  // 28: corral.v1.RolloutService.Snapshot:output_type -> corral.v1.SnapshotResponse
-	5,  // 29: corral.v1.RolloutService.Restore:output_type -> corral.v1.RestoreResponse
-	7,  // 30: corral.v1.RolloutService.ListSnapshots:output_type -> corral.v1.ListSnapshotsResponse
-	9,  // 31: corral.v1.RolloutService.DeleteSnapshot:output_type -> corral.v1.DeleteSnapshotResponse
-	24, // [24:32] is the sub-list for method output_type
-	16, // [16:24] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	16, // 5: corral.v1.ListSnapshotsResponse.node_failures:type_name -> corral.v1.NodeFailure
+	26, // 6: corral.v1.ForkOutcome.sandbox:type_name -> corral.v1.Sandbox
+	11, // 7: corral.v1.ForkResponse.forks:type_name -> corral.v1.ForkOutcome
+	23, // 8: corral.v1.PauseManyRequest.labels:type_name -> corral.v1.PauseManyRequest.LabelsEntry
+	14, // 9: corral.v1.PauseManyResponse.failures:type_name -> corral.v1.SandboxFailure
+	16, // 10: corral.v1.PauseManyResponse.node_failures:type_name -> corral.v1.NodeFailure
+	24, // 11: corral.v1.ResumeManyRequest.labels:type_name -> corral.v1.ResumeManyRequest.LabelsEntry
+	14, // 12: corral.v1.ResumeManyResponse.failures:type_name -> corral.v1.SandboxFailure
+	16, // 13: corral.v1.ResumeManyResponse.node_failures:type_name -> corral.v1.NodeFailure
+	0,  // 14: corral.v1.ExecLogEntry.state:type_name -> corral.v1.ExecState
+	27, // 15: corral.v1.ExecLogEntry.result:type_name -> corral.v1.ExecResult
+	25, // 16: corral.v1.ExecLogEntry.started_at:type_name -> google.protobuf.Timestamp
+	25, // 17: corral.v1.ExecLogEntry.ended_at:type_name -> google.protobuf.Timestamp
+	20, // 18: corral.v1.ListExecsResponse.entries:type_name -> corral.v1.ExecLogEntry
+	19, // 19: corral.v1.RolloutService.ListExecs:input_type -> corral.v1.ListExecsRequest
+	13, // 20: corral.v1.RolloutService.PauseMany:input_type -> corral.v1.PauseManyRequest
+	17, // 21: corral.v1.RolloutService.ResumeMany:input_type -> corral.v1.ResumeManyRequest
+	10, // 22: corral.v1.RolloutService.Fork:input_type -> corral.v1.ForkRequest
+	2,  // 23: corral.v1.RolloutService.Snapshot:input_type -> corral.v1.SnapshotRequest
+	4,  // 24: corral.v1.RolloutService.Restore:input_type -> corral.v1.RestoreRequest
+	6,  // 25: corral.v1.RolloutService.ListSnapshots:input_type -> corral.v1.ListSnapshotsRequest
+	8,  // 26: corral.v1.RolloutService.DeleteSnapshot:input_type -> corral.v1.DeleteSnapshotRequest
+	21, // 27: corral.v1.RolloutService.ListExecs:output_type -> corral.v1.ListExecsResponse
+	15, // 28: corral.v1.RolloutService.PauseMany:output_type -> corral.v1.PauseManyResponse
+	18, // 29: corral.v1.RolloutService.ResumeMany:output_type -> corral.v1.ResumeManyResponse
+	12, // 30: corral.v1.RolloutService.Fork:output_type -> corral.v1.ForkResponse
+	3,  // 31: corral.v1.RolloutService.Snapshot:output_type -> corral.v1.SnapshotResponse
+	5,  // 32: corral.v1.RolloutService.Restore:output_type -> corral.v1.RestoreResponse
+	7,  // 33: corral.v1.RolloutService.ListSnapshots:output_type -> corral.v1.ListSnapshotsResponse
+	9,  // 34: corral.v1.RolloutService.DeleteSnapshot:output_type -> corral.v1.DeleteSnapshotResponse
+	27, // [27:35] is the sub-list for method output_type
+	19, // [19:27] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_rollout_proto_init() }
@@ -1411,7 +1503,7 @@ func file_corral_v1_rollout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_rollout_proto_rawDesc), len(file_corral_v1_rollout_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
