@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -47,6 +49,8 @@ func (c *Client) Restore(ctx context.Context, id string, labels map[string]strin
 }
 
 // ListSnapshots lists the snapshots the caller may see, oldest first.
+// Through a cluster whose nodes did not all answer it returns those it got
+// and an Unavailable error naming the others.
 func (c *Client) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
 	resp, err := c.roll.ListSnapshots(ctx, connect.NewRequest(&corralv1.ListSnapshotsRequest{}))
 	if err != nil {
@@ -55,6 +59,14 @@ func (c *Client) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
 	out := make([]*Snapshot, 0, len(resp.Msg.Snapshots))
 	for _, p := range resp.Msg.Snapshots {
 		out = append(out, snapshotFromProto(p))
+	}
+	if nf := resp.Msg.NodeFailures; len(nf) > 0 {
+		// Through a cluster: the list lacks these nodes' snapshots.
+		var why []string
+		for _, f := range nf {
+			why = append(why, f.NodeId+": "+f.Error)
+		}
+		return out, wrapErr(connect.NewError(connect.CodeUnavailable, fmt.Errorf("snapshots of %d node(s) missing: %s", len(nf), strings.Join(why, "; "))))
 	}
 	return out, nil
 }

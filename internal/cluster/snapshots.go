@@ -39,7 +39,9 @@ func (r Rollouts) ListSnapshots(ctx context.Context, req *connect.Request[corral
 	if err != nil {
 		return nil, err
 	}
-	sort.Slice(out.Snapshots, func(i, j int) bool { return out.Snapshots[i].Id < out.Snapshots[j].Id })
+	sort.SliceStable(out.Snapshots, func(i, j int) bool {
+		return out.Snapshots[i].GetCreated().AsTime().Before(out.Snapshots[j].GetCreated().AsTime())
+	})
 	out.NodeFailures = nf
 	return connect.NewResponse(out), nil
 }

@@ -168,6 +168,21 @@ func TestRolloutThroughControl(t *testing.T) {
 		}
 	}
 
+	// Snapshots through the control plane: a container's is refused by its
+	// node naming CRIU; by snapshot id every node is asked.
+	if _, err := c2.Sandbox(parent).Snapshot(ctx); !client.IsUnimplemented(err) || !strings.Contains(err.Error(), "criu") {
+		t.Fatalf("snapshot of a container through the control plane: %v; want unimplemented naming criu", err)
+	}
+	if snaps, err := c2.ListSnapshots(ctx); err != nil || len(snaps) != 0 {
+		t.Fatalf("ListSnapshots through the control plane: %v, %v; want none", snaps, err)
+	}
+	if _, _, err := c2.Restore(ctx, "snap-0123456789abcdef", nil); !client.IsNotFound(err) {
+		t.Fatalf("restore of an unknown snapshot through the control plane: %v; want not found", err)
+	}
+	if err := c2.DeleteSnapshot(ctx, "snap-bad"); !client.IsInvalidArgument(err) {
+		t.Fatalf("delete of a malformed snapshot id through the control plane: %v; want invalid argument", err)
+	}
+
 	// Node 1 killed: a pause by label pauses node 0's sandboxes and names
 	// node 1 as a failure of its own (unreachable: its lease has not
 	// expired yet); node 1's sandboxes, back with their node, were not
