@@ -157,7 +157,7 @@ func (s *sandbox) open(ctx context.Context, req agentproto.Request) (*yamux.Stre
 	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
 	defer stop()
 	fs := agentproto.NewStream(st)
-	req.Version, req.Secret = agentproto.Version, s.m.Secret
+	req.Version, req.Secret = agentproto.MinVersion(req.Op), s.m.Secret
 	if err = fs.WriteJSON(agentproto.KindRequest, req); err == nil {
 		err = fs.ReadJSON(agentproto.KindReply, &r)
 	}

@@ -33,7 +33,17 @@ import (
 )
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 1
+const Version = 2
+
+// MinVersion is the lowest version that has op: what the node sends it
+// with, so that older agents keep serving the ops they know.
+func MinVersion(op string) int {
+	switch op {
+	case OpExtract, OpArchive:
+		return 2
+	}
+	return 1
+}
 
 // MaxFrame bounds one frame's payload.
 const MaxFrame = 1 << 20
@@ -63,6 +73,11 @@ const (
 	OpStat   = "stat"
 	OpRemove = "remove"
 	OpMkdir  = "mkdir"
+	// OpExtract unpacks the tar stream of the KindData frames that follow
+	// (until KindEOF) into directory File.Path; OpArchive replies ok, then
+	// sends a tar stream of File.Path as KindData frames and KindEOF.
+	OpExtract = "extract"
+	OpArchive = "archive"
 	// OpDetach makes the agent drop its yamux session after replying and
 	// wait for a new one: the node sends it before it snapshots the VM, so
 	// that the restored agent does not expect the old session's stream ids.
@@ -139,6 +154,7 @@ type Reply struct {
 	Truncated bool       `json:"truncated,omitempty"`
 	OOMKilled bool       `json:"oom,omitempty"`
 	Written   int64      `json:"written,omitempty"`
+	Count     int64      `json:"count,omitempty"`
 	Info      *FileInfo  `json:"info,omitempty"`
 	Entries   []FileInfo `json:"entries,omitempty"`
 	Error     string     `json:"error,omitempty"`
