@@ -254,11 +254,13 @@ server's machine: the VMM processes are read from /proc.`,
 func newBenchTransferCmd(g *globals) *cobra.Command {
 	var o bench.TransferOptions
 	var size string
+	var shapes []string
 	cmd := &cobra.Command{
 		Use:   "transfer",
 		Short: "corral cp of a random tree into a sandbox and back (MB/s), beside the host's tar -c | tar -x of the same tree",
 		Long: `Writes a random tree (half in a few big files, half in small ones, with
-symlinks, hard links, modes, owners, mtimes and xattrs) on this machine, copies
+symlinks, hard links, modes, owners, mtimes and xattrs; then one of small files
+only and one of 4 big files, a row each) on this machine, copies
 it into a sandbox and back out with the SDK's UploadDir/DownloadDir, checks the
 copy byte for byte and in metadata, and times the host's tar pipe of the same
 tree in the same run. Run it on the server's machine as root (owners).`,
@@ -268,6 +270,9 @@ tree in the same run. Run it on the server's machine as root (owners).`,
 			if o.Bytes, err = parseBytes("size", size); err != nil {
 				return err
 			}
+			for _, s := range shapes {
+				o.Shapes = append(o.Shapes, bench.TreeShape(s))
+			}
 			return runBench(cmd, g, func(ctx context.Context, c *client.Client) (tabler, error) {
 				o.Log = os.Stderr
 				return bench.Transfer(ctx, c, o)
@@ -275,7 +280,8 @@ tree in the same run. Run it on the server's machine as root (owners).`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&size, "size", "1Gi", "size of the tree")
+	fl.StringVar(&size, "size", "1Gi", "size of each tree")
+	fl.StringSliceVar(&shapes, "shapes", []string{"mixed", "small", "large"}, "trees to copy, a row each: mixed (half big files, half small), small (all in files of 0..16 KiB), large (4 big files)")
 	fl.StringVar(&o.Dir, "dir", "", "where the trees are written (default the system temp dir)")
 	fl.StringVar(&o.Image, "image", "busybox", "image of the sandbox")
 	return cmd

@@ -84,6 +84,7 @@ func Run(t *testing.T, h Harness) {
 		fn   func(*testing.T)
 	}{
 		{"Exec", st.exec},
+		{"Clock", st.clock},
 		{"ExecEnvCwdUser", st.execEnvCwdUser},
 		{"ExecErrors", st.execErrors},
 		{"Stdin", st.stdin},

@@ -200,7 +200,7 @@ func (s *sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
 		// Each attempt is short: bytes sent before the guest opened its
 		// port may be lost, and a fresh session is the way to resend.
 		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
-		_, err := s.call(actx, agentproto.Request{Op: agentproto.OpPing})
+		_, err := s.call(actx, agentproto.Request{Op: agentproto.OpPing, Now: time.Now().UnixNano()})
 		acancel()
 		if err == nil {
 			return nil

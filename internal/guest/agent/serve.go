@@ -94,6 +94,7 @@ func (s *server) handle(st io.ReadWriteCloser, detach chan<- struct{}) {
 	}
 	switch req.Op {
 	case agentproto.OpPing:
+		setClock(req.Now)
 		_ = fs.WriteJSON(agentproto.KindReply, agentproto.Reply{Op: agentproto.ReplyOK, Pid: os.Getpid()})
 	case agentproto.OpDetach:
 		_ = fs.WriteJSON(agentproto.KindReply, agentproto.Reply{Op: agentproto.ReplyOK})

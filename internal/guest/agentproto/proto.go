@@ -16,6 +16,12 @@
 //	  operations (write, read, list, stat, remove, mkdir), detach.
 //	1 (2026-12-01): FileInfo carries link_target, optional (an older
 //	  agent omits it), so the version stays.
+//	2 (2026-12-01): extract and archive (directory trees as tar streams
+//	  in KindData frames; Reply.Count is the entries extracted). An agent
+//	  serves every version from an op's MinVersion up to its own, and the
+//	  node sends each request with its op's MinVersion, so a guest still
+//	  running an agent of version 1 refuses only the new ops. Request.Now
+//	  (optional) on pings sets the guest's clock.
 package agentproto
 
 import (
@@ -99,6 +105,10 @@ type Request struct {
 	Op      string `json:"op"`
 	Exec    *Exec  `json:"exec,omitempty"`
 	File    *File  `json:"file,omitempty"`
+	// Now, on a ping, is the node's clock (Unix nanoseconds): the agent
+	// sets the guest's to it, since a microVM has no RTC (and a restored
+	// one wakes with its snapshot's time). Optional: older agents ignore it.
+	Now int64 `json:"now,omitempty"`
 }
 
 // Exec starts a command; stdin frames follow when Stdin is set.
