@@ -224,7 +224,9 @@ func extractTar(ctx context.Context, r io.Reader, dir string, strip int) error {
 			if err != nil {
 				return err
 			}
-			_, err = io.CopyBuffer(f, tr, buf)
+			// Without the file's ReadFrom, which would ignore buf and
+			// copy through a fresh 32 KiB buffer for every file.
+			_, err = io.CopyBuffer(struct{ io.Writer }{f}, tr, buf)
 			if err == nil {
 				err = fileMeta(f, hdr, asRoot)
 			}

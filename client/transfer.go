@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -68,7 +69,16 @@ func tarOf(ctx context.Context, dir string) (io.ReadCloser, error) {
 		return nil, fmt.Errorf("%s is not a directory", dir)
 	}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(writeTar(ctx, dir, pw)) }()
+	go func() {
+		// Buffered: the tar writer's many small writes (headers, padding,
+		// small files) would each be a handoff through the pipe.
+		bw := bufio.NewWriterSize(pw, uploadChunk)
+		err := writeTar(ctx, dir, bw)
+		if err == nil {
+			err = bw.Flush()
+		}
+		pw.CloseWithError(err)
+	}()
 	return pr, nil
 }
 

@@ -3,6 +3,8 @@ package backend
 import (
 	"context"
 	"io"
+
+	"github.com/corral-dev/corral/internal/errdefs"
 )
 
 // Trees is implemented by sandboxes that copy whole trees in and out as
@@ -15,4 +17,14 @@ type Trees interface {
 	// CopyOut writes a tar stream of path (its last element first, then
 	// a directory's tree) to w.
 	CopyOut(ctx context.Context, path string, w io.Writer) error
+}
+
+// TreesOf returns sb's tree copier, or a NotSupported error naming the
+// way round it.
+func TreesOf(sb Sandbox) (Trees, error) {
+	t, ok := sb.(Trees)
+	if !ok {
+		return nil, errdefs.NotSupported("not supported: copying directory trees on this sandbox's backend (container and microvm only); copy single files, or pipe a tar through exec with streamed stdin")
+	}
+	return t, nil
 }

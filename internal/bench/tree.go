@@ -29,7 +29,25 @@ type TreeStats struct {
 // varied modes, owners and mtimes, and user.* xattrs. Data comes from a
 // seeded ChaCha8 stream, so it is fast and the same for a seed.
 func MakeTree(dir string, size int64, seed uint64) (TreeStats, error) {
+	return MakeShapedTree(dir, size, seed, TreeMixed)
+}
+
+// TreeShape says how a tree's bytes are split between big and small files.
+type TreeShape string
+
+const (
+	TreeMixed TreeShape = "mixed" // MakeTree's: half big, half small
+	TreeSmall TreeShape = "small" // all in small files, with the links, owners and xattrs
+	TreeLarge TreeShape = "large" // all in 4 big files
+)
+
+// MakeShapedTree is MakeTree with the bytes split as shape says.
+func MakeShapedTree(dir string, size int64, seed uint64, shape TreeShape) (TreeStats, error) {
 	var st TreeStats
+	bigBytes, ok := map[TreeShape]int64{TreeMixed: size / 2, TreeSmall: 0, TreeLarge: size}[shape]
+	if !ok {
+		return st, fmt.Errorf("tree shape %q: want mixed, small or large", shape)
+	}
 	rng := rand.New(rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8)}))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return st, err
@@ -72,13 +90,16 @@ func MakeTree(dir string, size int64, seed uint64) (TreeStats, error) {
 	}
 	st.Dirs++
 	for i := range 4 {
-		if err := write(filepath.Join(big, "blob"+strconv.Itoa(i)), size/8, 0o644); err != nil {
+		if bigBytes == 0 {
+			break
+		}
+		if err := write(filepath.Join(big, "blob"+strconv.Itoa(i)), bigBytes/4, 0o644); err != nil {
 			return st, err
 		}
 	}
 	modes := []fs.FileMode{0o644, 0o600, 0o755, 0o444, 0o640, 0o700}
 	var files []string
-	for i, small := 0, int64(0); small < size/2; i++ {
+	for i, small := 0, int64(0); small < size-bigBytes; i++ {
 		sub := filepath.Join(dir, "src", "d"+strconv.Itoa(i/64))
 		if i%64 == 0 {
 			if err := os.MkdirAll(sub, 0o755); err != nil {

@@ -156,17 +156,24 @@ server's machine: the VMM processes are read from /proc.`,
 
 func newBenchTransferCmd(g *globals) *cobra.Command {
 	o := bench.TransferOptions{Log: os.Stderr}
+	var shapes []string
 	cmd := serverBenchCmd(g, "transfer", "corral cp of a random tree into a sandbox and back (MB/s), beside the host's tar -c | tar -x of the same tree",
 		`Writes a random tree (half in a few big files, half in small ones, with
-symlinks, hard links, modes, owners, mtimes and xattrs) on this machine, copies
+symlinks, hard links, modes, owners, mtimes and xattrs; then one of small files
+only and one of 4 big files, a row each) on this machine, copies
 it into a sandbox and back out with the SDK's UploadDir/DownloadDir, checks the
 copy byte for byte and in metadata, and times the host's tar pipe of the same
 tree in the same run. Run it on the server's machine as root (owners).`,
 		func(ctx context.Context, c *client.Client) (tabler, error) {
+			o.Shapes = o.Shapes[:0]
+			for _, s := range shapes {
+				o.Shapes = append(o.Shapes, bench.TreeShape(s))
+			}
 			return bench.Transfer(ctx, c, o)
 		})
 	fl := cmd.Flags()
-	sizeVar(cmd, &o.Bytes, "size", "1Gi", "size of the tree")
+	sizeVar(cmd, &o.Bytes, "size", "1Gi", "size of each tree")
+	fl.StringSliceVar(&shapes, "shapes", []string{"mixed", "small", "large"}, "trees to copy, a row each: mixed (half big files, half small), small (all in files of 0..16 KiB), large (4 big files)")
 	fl.StringVar(&o.Dir, "dir", "", "where the trees are written (default the system temp dir)")
 	fl.StringVar(&o.Image, "image", "busybox", "image of the sandbox")
 	return cmd

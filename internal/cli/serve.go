@@ -134,7 +134,7 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.StringVar(&diskPool, "disk-pool", "64Gi", "size of the sparse XFS filesystem holding all writable layers (--disk-store xfs)")
 	fl.BoolVar(&cfg.CleanupOnExit, "cleanup-on-exit", false, "delete every sandbox when the daemon exits")
 	fl.BoolVar(&cfg.NoRaiseLimits, "no-raise-limits", false, "leave the host's limits as they are (by default the node raises kernel.pid_max to 4194304 and its own RLIMIT_NOFILE soft limit to the hard one)")
-	fl.StringVar(&cfg.SandboxCACerts, "sandbox-ca-certs", "", "PEM file or directory of *.crt/*.pem: CA certificates every container sandbox trusts besides its image's (e.g. a TLS-intercepting proxy's); off by default")
+	fl.StringVar(&cfg.SandboxCACerts, "sandbox-ca-certs", "", "PEM file or directory of *.crt/*.pem: CA certificates every sandbox (container, fncall, microvm) trusts besides its image's (e.g. a TLS-intercepting proxy's); off by default")
 	fl.StringVar(&cfg.ImportRoot, "import-root", "", "directory under which the node administrator (root on the unix socket) may name node paths in layer create --node-path and image import --node-path; default none: every node path is refused (clients stream their content)")
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&logFormat, "log-format", "text", "log lines as text (key=value) or json (one object a line)")

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -109,6 +110,7 @@ func (s *Service) Call(ctx context.Context, req Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	req.Env = withDefaults(req.Env, p.env)
 	sb, since, err := p.get(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("fncall: get a sandbox: %w", err)
@@ -163,10 +165,16 @@ func (s *Service) pool(ctx context.Context, key poolKey) (*pool, error) {
 	if p := s.pools[key]; p != nil {
 		return p, nil
 	}
-	if _, err := s.cfg.Images.Acquire(ctx, key.image, key.holder()); err != nil {
+	img, err := s.cfg.Images.Acquire(ctx, key.image, key.holder())
+	if err != nil {
 		return nil, fmt.Errorf("image: %w", err)
 	}
 	p := newPool(s, key)
+	for _, kv := range img.Env {
+		if strings.HasPrefix(kv, "SSL_CERT_FILE=") {
+			p.env = append(p.env, kv)
+		}
+	}
 	s.pools[key] = p
 	return p, nil
 }

@@ -27,6 +27,10 @@ func (k poolKey) holder() string { return fmt.Sprintf("fncall-pool/%s/%d", k.ima
 type pool struct {
 	svc *Service
 	key poolKey
+	// env is what a call gets of its image's environment unless it sets
+	// the name itself: SSL_CERT_FILE (the node's CA bundle) only, since
+	// calls otherwise run with fncall's own minimal environment.
+	env []string
 
 	mu       sync.Mutex
 	idle     []backend.Sandbox // a stack

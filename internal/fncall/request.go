@@ -97,6 +97,17 @@ func normalize(req *Request) ([]string, error) {
 	return argv, nil
 }
 
+// withDefaults returns env with each of defaults whose name env lacks.
+func withDefaults(env, defaults []string) []string {
+	for _, kv := range defaults {
+		name, _, _ := strings.Cut(kv, "=")
+		if !slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, name+"=") }) {
+			env = append(slices.Clip(env), kv)
+		}
+	}
+	return env
+}
+
 func command(req *Request) ([]string, error) {
 	if len(req.Argv) > 0 {
 		if req.Language != "" || req.Source != "" {

@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -16,7 +17,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/fncall"
 	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/storage/layers"
 )
@@ -85,7 +88,7 @@ func readCACerts(path string) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
-// caImages gives every container sandbox the node's extra CA certificates:
+// caImages gives every sandbox the node's extra CA certificates:
 // on top of the image's layers goes a read-only layer (a directory under
 // the data dir, one per distinct image trust store) holding the image's
 // own bundle followed by the node's, at each trustStores path the image
@@ -116,14 +119,84 @@ func (c *caImages) AcquireIn(ctx context.Context, name, holder, scope string) (l
 	if err != nil {
 		return img, err
 	}
-	layer, first, err := c.layerFor(img.Layers)
-	if err != nil {
+	if img, err = c.add(ctx, img); err != nil {
 		c.Images.Release(holder)
-		return layers.Image{}, fmt.Errorf("image %s: sandbox CA certs: %w", name, err)
+	}
+	return img, err
+}
+
+// add puts the CA layer on top of img: its directory over img's mounted
+// layers (containers, fncall) and its EROFS image over img's disks
+// (microVMs mount the same layers as block devices), and sets
+// SSL_CERT_FILE in img's environment.
+func (c *caImages) add(ctx context.Context, img layers.Image) (layers.Image, error) {
+	layer, first, err := c.layerFor(img.Layers)
+	if err == nil && len(img.Disks) > 0 {
+		var disk string
+		if disk, err = c.diskFor(ctx, layer); err == nil {
+			img.Disks = append([]backend.LayerDisk{{Image: disk}}, img.Disks...)
+		}
+	}
+	if err != nil {
+		return layers.Image{}, fmt.Errorf("image %s: sandbox CA certs: %w", img.Name, err)
 	}
 	img.Layers = append([]string{layer}, img.Layers...)
 	img.Env = append(append([]string{}, img.Env...), "SSL_CERT_FILE=/"+first)
 	return img, nil
+}
+
+// diskFor returns the EROFS image of the CA layer directory layer
+// (layer.erofs beside it), making it on first use.
+func (c *caImages) diskFor(ctx context.Context, layer string) (string, error) {
+	disk := layer + ".erofs"
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, err := os.Stat(disk); err == nil {
+		return disk, nil
+	}
+	tmp, err := os.CreateTemp(c.dir, ".tmp-*.erofs")
+	if err != nil {
+		return "", err
+	}
+	tmp.Close()
+	defer os.Remove(tmp.Name()) // gone after the rename
+	// A fixed build time and UUID: the same layer, the same image.
+	cmd := exec.CommandContext(ctx, "mkfs.erofs", "--quiet", "-T0", "-U"+caDiskUUID, tmp.Name(), layer)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("mkfs.erofs %s (package erofs-utils): %w: %s", layer, err, strings.TrimSpace(string(out)))
+	}
+	if err := os.Rename(tmp.Name(), disk); err != nil {
+		return "", err
+	}
+	return disk, nil
+}
+
+const caDiskUUID = "c0ca1ce7-0000-4000-8000-000000000001"
+
+// caFnImages gives fncall pools' sandboxes the same CA layer; fncall sets
+// the image's SSL_CERT_FILE in every call.
+type caFnImages struct {
+	fncall.Images
+	ca *caImages
+}
+
+func (f caFnImages) Get(ctx context.Context, name string) (layers.Image, error) {
+	img, err := f.Images.Get(ctx, name)
+	if err != nil {
+		return img, err
+	}
+	return f.ca.add(ctx, img)
+}
+
+func (f caFnImages) Acquire(ctx context.Context, name, holder string) (layers.Image, error) {
+	img, err := f.Images.Acquire(ctx, name, holder)
+	if err != nil {
+		return img, err
+	}
+	if img, err = f.ca.add(ctx, img); err != nil {
+		f.Images.Release(holder)
+	}
+	return img, err
 }
 
 // layerFor returns the CA layer for an image whose mounted layers are

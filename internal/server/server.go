@@ -113,8 +113,8 @@ type Config struct {
 	// the cluster's projects, tokens and quotas) instead of iam.db.
 	IAMEtcd []string
 	// SandboxCACerts is a PEM file or a directory of them whose
-	// certificates container sandboxes trust besides their image's ("":
-	// none); see caImages.
+	// certificates every sandbox (container, fncall, microvm) trusts
+	// besides its image's ("": none); see caImages.
 	SandboxCACerts string
 }
 
@@ -236,6 +236,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if share != nil {
 		nodeImages = lazyImages{Store: images, share: share, parent: cgroupParent(cfg), log: cfg.Logger}
 	}
+	var fnImages fncall.Images = images
 	if cfg.SandboxCACerts != "" {
 		ca, err := newCAImages(nodeImages, cfg.SandboxCACerts, cfg.DataDir)
 		if err != nil {
@@ -243,7 +244,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			closeImages()
 			return nil, err
 		}
-		nodeImages = ca
+		nodeImages, fnImages = ca, caFnImages{Images: images, ca: ca}
 	}
 	evlog, err := events.Open(filepath.Join(cfg.DataDir, "events"), cfg.Logger)
 	if err != nil {
@@ -291,7 +292,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	fc, err := fncall.New(fncall.Config{
-		Backend: st.container, Images: images, Logger: cfg.Logger,
+		Backend: st.container, Images: fnImages, Logger: cfg.Logger,
 		PoolFloor: cfg.FnCallPoolFloor, PoolCeiling: cfg.FnCallPoolCeiling,
 	})
 	if err != nil {

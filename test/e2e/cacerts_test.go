@@ -53,6 +53,18 @@ func testPKI(t *testing.T, dir, name string) (caFile, certFile, keyFile string) 
 	return caFile, certFile, keyFile
 }
 
+// buildTLSCheck builds testdata/tlscheck, static, into dir.
+func buildTLSCheck(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "tlscheck")
+	build := exec.Command("go", "build", "-ldflags=-s -w", "-o", bin, "./testdata/tlscheck")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build tlscheck: %v\n%s", err, out)
+	}
+	return bin
+}
+
 // TestSandboxCACerts: with --sandbox-ca-certs, a program in a sandbox that
 // trusts only the system's roots verifies a server certificate signed by
 // the node's extra CA (here a TLS server on the sandbox's own loopback,
@@ -62,12 +74,7 @@ func TestSandboxCACerts(t *testing.T) {
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
 	caFile, certFile, keyFile := testPKI(t, dir, "registry.test")
-	bin := filepath.Join(dir, "tlscheck")
-	build := exec.Command("go", "build", "-o", bin, "./testdata/tlscheck")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build tlscheck: %v\n%s", err, out)
-	}
+	bin := buildTLSCheck(t, dir)
 	srv := testenv.StartServer(t, func(c *server.Config) { c.SandboxCACerts = caFile })
 	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
 	ctx := context.Background()

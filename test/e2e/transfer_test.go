@@ -141,8 +141,8 @@ func TestStreamedStdinAndUpload(t *testing.T) {
 	}
 }
 
-// TestMicroVMTransfer: on a microVM, stdin and single files stream as on
-// a container; tree copies are not served yet and say so.
+// TestMicroVMTransfer: on a microVM, stdin, single files and directory
+// trees stream as on a container.
 func TestMicroVMTransfer(t *testing.T) {
 	srv := startMicroVMServer(t)
 	ctx := context.Background()
@@ -164,8 +164,23 @@ func TestMicroVMTransfer(t *testing.T) {
 	if out := testenv.Sh(t, sb, "sha256sum /root/big | cut -d' ' -f1"); out != want+"\n" {
 		t.Fatalf("uploaded file on a microVM: %q", out)
 	}
-	_, err = sb.Files().UploadDir(ctx, t.TempDir(), "/root/tree")
-	wantCode(t, err, client.CodeUnimplemented, "copying directory trees")
+	// Trees round-trip through the guest agent as through a container.
+	src := filepath.Join(t.TempDir(), "tree")
+	tree, err := bench.MakeTree(src, 4<<20, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := sb.Files().UploadDir(ctx, src, "/root/tree")
+	if err != nil || got.Bytes != tree.Bytes {
+		t.Fatalf("upload a tree to a microVM: %+v, %v; the tree has %d bytes", got, err, tree.Bytes)
+	}
+	dst := filepath.Join(t.TempDir(), "back")
+	if err := sb.Files().DownloadDir(ctx, "/root/tree", dst); err != nil {
+		t.Fatal(err)
+	}
+	if err := bench.CompareTrees(src, dst); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestCLICopyTree: `corral cp` of a directory follows docker cp's naming

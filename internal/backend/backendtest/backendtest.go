@@ -1,6 +1,6 @@
 // Package backendtest is the conformance suite of backend.Backend: one set
 // of behaviours (exec, streaming, stdin, timeouts, output caps, files and
-// path traversal, memory limits, pause/resume, error kinds, cleanup,
+// path traversal, tree copy, memory limits, pause/resume, error kinds, cleanup,
 // restart recovery) that every backend must show, run by each backend's
 // own tests through Run with a Harness that builds it. A behaviour a
 // backend does not offer is skipped only when the backend says so with an
@@ -84,6 +84,7 @@ func Run(t *testing.T, h Harness) {
 		fn   func(*testing.T)
 	}{
 		{"Exec", st.exec},
+		{"Clock", st.clock},
 		{"ExecEnvCwdUser", st.execEnvCwdUser},
 		{"ExecErrors", st.execErrors},
 		{"Stdin", st.stdin},
@@ -95,6 +96,7 @@ func Run(t *testing.T, h Harness) {
 		{"Files", st.files},
 		{"FilesTraversal", st.filesTraversal},
 		{"FileErrors", st.fileErrors},
+		{"Trees", st.trees},
 		{"MemoryLimit", st.memoryLimit},
 		{"PauseResume", st.pauseResume},
 		{"PausedStandsStill", st.pausedStandsStill},

@@ -51,7 +51,7 @@ func (s *sandbox) WriteFile(ctx context.Context, path string, r io.Reader, opts 
 	stop := context.AfterFunc(ctx, func() { st.Close() })
 	defer stop()
 	fs := agentproto.NewStream(st)
-	req := agentproto.Request{Version: agentproto.Version, Secret: s.m.Secret, Op: agentproto.OpWrite,
+	req := agentproto.Request{Version: agentproto.MinVersion(agentproto.OpWrite), Secret: s.m.Secret, Op: agentproto.OpWrite,
 		File: &agentproto.File{Path: path, Mode: opts.Mode, Append: opts.Append, Parents: opts.MakeParents}}
 	if err := fs.WriteJSON(agentproto.KindRequest, req); err != nil {
 		return 0, errdefs.Unavailable("sandbox %s: write %s: %v", s.m.id, path, err)

@@ -162,7 +162,7 @@ func (s *sandbox) open(ctx context.Context, req agentproto.Request) (*yamux.Stre
 	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
 	defer stop()
 	fs := agentproto.NewStream(st)
-	req.Version, req.Secret = agentproto.Version, s.m.Secret
+	req.Version, req.Secret = agentproto.MinVersion(req.Op), s.m.Secret
 	if err = fs.WriteJSON(agentproto.KindRequest, req); err == nil {
 		err = fs.ReadJSON(agentproto.KindReply, &r)
 	}
@@ -205,7 +205,7 @@ func (s *sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
 		// Each attempt is short: bytes sent before the guest opened its
 		// port may be lost, and a fresh session is the way to resend.
 		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
-		_, err := s.call(actx, agentproto.Request{Op: agentproto.OpPing})
+		_, err := s.call(actx, agentproto.Request{Op: agentproto.OpPing, Now: time.Now().UnixNano()})
 		acancel()
 		if err == nil {
 			return nil

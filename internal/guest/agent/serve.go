@@ -94,12 +94,13 @@ func (s *server) handle(st io.ReadWriteCloser, detach chan<- struct{}) {
 		_ = fs.WriteJSON(agentproto.KindReply, agentproto.ErrorReply(errdefs.PermissionDenied("agent: request without the sandbox's secret")))
 		return
 	}
-	if req.Version != agentproto.Version {
-		_ = fs.WriteJSON(agentproto.KindReply, agentproto.ErrorReply(errdefs.InvalidArgument("agent: protocol version %d, want %d", req.Version, agentproto.Version)))
+	if req.Version < agentproto.MinVersion(req.Op) || req.Version > agentproto.Version {
+		_ = fs.WriteJSON(agentproto.KindReply, agentproto.ErrorReply(errdefs.InvalidArgument("agent: protocol version %d for %q, this agent serves %d..%d", req.Version, req.Op, agentproto.MinVersion(req.Op), agentproto.Version)))
 		return
 	}
 	switch req.Op {
 	case agentproto.OpPing:
+		setClock(req.Now)
 		_ = fs.WriteJSON(agentproto.KindReply, agentproto.Reply{Op: agentproto.ReplyOK, Pid: os.Getpid()})
 	case agentproto.OpDetach:
 		_ = fs.WriteJSON(agentproto.KindReply, agentproto.Reply{Op: agentproto.ReplyOK})
@@ -108,6 +109,8 @@ func (s *server) handle(st io.ReadWriteCloser, detach chan<- struct{}) {
 		s.identity(fs, req.Identity)
 	case agentproto.OpExec:
 		s.exec(fs, req.Exec)
+	case agentproto.OpExtract, agentproto.OpArchive:
+		s.tree(fs, req.Op, req.File)
 	default:
 		s.file(fs, req.Op, req.File)
 	}

@@ -16,6 +16,13 @@
 //	  operations (write, read, list, stat, remove, mkdir), detach.
 //	1 (2026-12-01): FileInfo carries link_target, optional (an older
 //	  agent omits it), so the version stays.
+//	2 (2026-12-01): extract and archive (directory trees as tar streams
+//	  in KindData frames; Reply.Count is the entries extracted). An agent
+//	  serves every version from an op's MinVersion up to its own, and the
+//	  node sends each request with its op's MinVersion, so a guest still
+//	  running an agent of version 1 refuses only the new ops. Request.Now
+//	  (optional) on pings sets the guest's clock. Identity (a restored guest takes its
+//	  new sandbox's secret, hostname and network).
 package agentproto
 
 import (
@@ -33,7 +40,17 @@ import (
 )
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 1
+const Version = 2
+
+// MinVersion is the lowest version that has op: what the node sends it
+// with, so that older agents keep serving the ops they know.
+func MinVersion(op string) int {
+	switch op {
+	case OpExtract, OpArchive, OpIdentity:
+		return 2
+	}
+	return 1
+}
 
 // MaxFrame bounds one frame's payload.
 const MaxFrame = 1 << 20
@@ -63,6 +80,11 @@ const (
 	OpStat   = "stat"
 	OpRemove = "remove"
 	OpMkdir  = "mkdir"
+	// OpExtract unpacks the tar stream of the KindData frames that follow
+	// (until KindEOF) into directory File.Path; OpArchive replies ok, then
+	// sends a tar stream of File.Path as KindData frames and KindEOF.
+	OpExtract = "extract"
+	OpArchive = "archive"
 	// OpDetach makes the agent drop its yamux session after replying and
 	// wait for a new one: the node sends it before it snapshots the VM, so
 	// that the restored agent does not expect the old session's stream ids.
@@ -90,6 +112,10 @@ type Request struct {
 	File    *File  `json:"file,omitempty"`
 	// Identity is OpIdentity's argument.
 	Identity *Identity `json:"identity,omitempty"`
+	// Now, on a ping, is the node's clock (Unix nanoseconds): the agent
+	// sets the guest's to it, since a microVM has no RTC (and a restored
+	// one wakes with its snapshot's time). Optional: older agents ignore it.
+	Now int64 `json:"now,omitempty"`
 }
 
 // Identity is what a restored guest takes over from its new sandbox.
@@ -154,6 +180,7 @@ type Reply struct {
 	Truncated bool       `json:"truncated,omitempty"`
 	OOMKilled bool       `json:"oom,omitempty"`
 	Written   int64      `json:"written,omitempty"`
+	Count     int64      `json:"count,omitempty"`
 	Info      *FileInfo  `json:"info,omitempty"`
 	Entries   []FileInfo `json:"entries,omitempty"`
 	Error     string     `json:"error,omitempty"`
