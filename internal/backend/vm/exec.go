@@ -129,6 +129,9 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	if err := s.live(); err != nil {
 		return res, err
 	}
+	if s.agent != nil {
+		return s.agentExec(ctx, spec, out)
+	}
 	if spec.PTY != nil {
 		return res, errdefs.NotSupported("exec.pty: the vm backend's guest agent has no terminals")
 	}
