@@ -13,7 +13,7 @@ import (
 func trees(sb backend.Sandbox) (backend.Trees, error) {
 	t, ok := sb.(backend.Trees)
 	if !ok {
-		return nil, errdefs.NotSupported("not supported: copying directory trees on this sandbox's backend (container only for now); copy single files, or pipe a tar through exec with streamed stdin")
+		return nil, errdefs.NotSupported("not supported: copying directory trees on this sandbox's backend (container, and vm images with corral-agent); copy single files, or pipe a tar through exec with streamed stdin")
 	}
 	return t, nil
 }

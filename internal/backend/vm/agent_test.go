@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"io"
@@ -122,5 +123,63 @@ func TestVMGuestAgentFallback(t *testing.T) {
 	r.Close()
 	if err != nil || string(b) != "via qga" {
 		t.Errorf("read back: %q %v", b, err)
+	}
+}
+
+// TestVMTree: a tar stream goes into the guest (owners, modes, a symlink)
+// and comes back out through corral-agent.
+func TestVMTree(t *testing.T) {
+	_, sb := sharedVM(t)
+	var in bytes.Buffer
+	tw := tar.NewWriter(&in)
+	for _, h := range []tar.Header{
+		{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o750, Uid: 1000, Gid: 1000},
+		{Name: "d/f.txt", Typeflag: tar.TypeReg, Mode: 0o640, Size: 5, Uid: 1000, Gid: 1000},
+		{Name: "d/link", Typeflag: tar.TypeSymlink, Linkname: "f.txt"},
+	} {
+		if err := tw.WriteHeader(&h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Size > 0 {
+			tw.Write([]byte("hello"))
+		}
+	}
+	tw.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	entries, n, err := sb.CopyIn(ctx, "/root/tree", &in)
+	if err != nil || entries != 3 || n != 5 {
+		t.Fatalf("copy in: %d entries, %d bytes, %v", entries, n, err)
+	}
+	if got := sh(t, sb, "cd /root/tree/d && stat -c '%a %u:%g' . f.txt && readlink link && cat link"); got != "750 1000:1000\n640 1000:1000\nf.txt\nhello" {
+		t.Errorf("in the guest: %q", got)
+	}
+	var out bytes.Buffer
+	if err := sb.CopyOut(ctx, "/root/tree/d", &out); err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(&out)
+	var names []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+		if h.Name == "d/f.txt" && (h.Uid != 1000 || h.Size != 5) {
+			t.Errorf("copied out %s: uid %d size %d", h.Name, h.Uid, h.Size)
+		}
+	}
+	if strings.Join(names, " ") != "d/ d/f.txt d/link" && strings.Join(names, " ") != "d/ d/link d/f.txt" {
+		t.Errorf("copied out %q", names)
+	}
+	if err := sb.CopyOut(ctx, "/root/none", io.Discard); !errdefs.IsNotFound(err) {
+		t.Errorf("copy out of a missing path: %v, want not found", err)
+	}
+	if _, _, err := sb.CopyIn(ctx, "/root/bad", strings.NewReader("not a tar stream at all, just text")); err == nil {
+		t.Error("copy in of a non-tar stream succeeded")
 	}
 }
