@@ -322,6 +322,9 @@ func (s *sandbox) sh(ctx context.Context, script string, args ...string) ([]byte
 	if err != nil {
 		return nil, err
 	}
+	if res.TimedOut {
+		return nil, errdefs.Unavailable("guest command timed out after a minute")
+	}
 	if res.ExitCode != 0 {
 		return nil, fileError(strings.TrimSpace(errb.String()))
 	}

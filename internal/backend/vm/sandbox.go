@@ -214,6 +214,9 @@ echo "nameserver $7" > /etc/resolv.conf`
 	if _, err := s.sh(ctx, script, args...); err != nil {
 		return fmt.Errorf("guest setup: %w", err)
 	}
+	if s.agent != nil {
+		return nil // commands run under corral-agent, not qemu-ga
+	}
 	// systemd stops a service one of whose processes the OOM killer took
 	// (OOMPolicy=stop): qemu-ga would restart and forget every running
 	// command, so a memory bomb in one command would lose the others. Last,
