@@ -24,7 +24,7 @@ type Trees interface {
 func TreesOf(sb Sandbox) (Trees, error) {
 	t, ok := sb.(Trees)
 	if !ok {
-		return nil, errdefs.NotSupported("not supported: copying directory trees on this sandbox's backend (container and microvm only); copy single files, or pipe a tar through exec with streamed stdin")
+		return nil, errdefs.NotSupported("not supported: copying directory trees on this sandbox's backend (container, microvm, and vm images with corral-agent); copy single files, or pipe a tar through exec with streamed stdin")
 	}
 	return t, nil
 }

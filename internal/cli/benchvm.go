@@ -12,9 +12,11 @@ import (
 
 func newBenchVMCmd(g *globals) *cobra.Command {
 	o := bench.VMOptions{Log: os.Stderr}
-	cmd := serverBenchCmd(g, "vm", "Full-VM boot→ready, exec via qemu-ga, screenshot latency and host memory per idle VM, beside microvm and container",
+	cmd := serverBenchCmd(g, "vm", "Full-VM boot→ready, exec via corral-agent and via qemu-ga, screenshot latency and host memory per idle VM, beside microvm and container",
 		`Measures the vm backend beside microvm and container sandboxes of the same run:
-create→first exec, exec of true through the guest agent, QMP screendump to PNG, and
+create→first exec, exec of true through corral-agent (the API's path when the image
+carries it) and through qemu-ga on the same VM (its socket, from this host), QMP
+screendump to PNG, and
 the host memory of an idle VM (QEMU RSS plus its run dir's files). Needs a VM image
 (corral vm-image build debian). Run it on the server's machine: QEMU processes are
 read from /proc.`,

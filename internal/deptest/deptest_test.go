@@ -109,7 +109,7 @@ var rules = []rule{
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
 	// The QEMU machine protocol client both QEMU backends drive.
 	{pkg: "internal/qmp", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
-	{pkg: "internal/backend/vm/...", may: []string{"internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
+	{pkg: "internal/backend/vm/...", may: []string{"internal/backend", "internal/errdefs", "internal/guest/agentproto", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
 	{pkg: "internal/fncall", may: []string{"internal/backend", "internal/errdefs", "internal/storage/layers"}, never: stateful},
 

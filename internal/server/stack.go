@@ -111,6 +111,9 @@ func (s *stack) addFullVM(cfg Config, network *netpolicy.Manager) error {
 		Logger:   cfg.Logger,
 		// Paused full VMs go to disk on the microVMs' schedule.
 		SnapshotAfter: cfg.MicroVMSnapshotAfter,
+
+		// vm-image build installs the microVMs' agent into images.
+		AgentPath: cfg.AgentBinary,
 	})
 	switch {
 	case errdefs.IsNotSupported(err):

@@ -1,13 +1,15 @@
 // Package vm is the "vm" backend: each sandbox is a full virtual machine
 // (QEMU q35; KVM when usable, TCG otherwise) booting a VM image of any
 // operating system from a per-sandbox qcow2 overlay. Exec and files go
-// through the QEMU guest agent protocol (qemu-ga, which Linux and the
-// virtio-win Windows agent both speak), the screen through QMP screendump
+// through corral-agent when the image carries it (agent.go: streamed, the
+// microVM agent's protocol), else through the QEMU guest agent protocol
+// (qemu-ga, which Linux and the virtio-win Windows agent both speak), the
+// screen through QMP screendump
 // and the keyboard and mouse through QMP input-send-event. The package
 // also owns the node's VM image store (import, build, list, remove).
 //
-// It imports backend, errdefs, netpolicy, qmp and runtime/launch; never
-// the node, control, state or API layers.
+// It imports backend, errdefs, guest/agentproto, netpolicy, qmp and
+// runtime/launch; never the node, control, state or API layers.
 package vm
 
 import (
@@ -41,6 +43,9 @@ type Config struct {
 	ImageDir string
 	// QEMU is qemu-system-x86_64 (default: from PATH).
 	QEMU string
+	// AgentPath is the static corral-agent that `vm-image build` installs
+	// into images (default: beside os.Executable()).
+	AgentPath string
 	// Network wires sandboxes with a network mode other than none; nil:
 	// only mode none.
 	Network *netpolicy.Manager
@@ -101,6 +106,7 @@ func New(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	imgs.agentPath = cfg.AgentPath
 	b.images = imgs
 	return b, nil
 }
@@ -225,6 +231,9 @@ var createSteps = []step{
 		c.m.Net, c.m.MAC = &rec, ns.Guest().MAC.String()
 		return func(context.Context) { _ = ns.Close(); _ = c.b.cfg.Network.Remove(rec) }, nil
 	}},
+	{"agent secret", func(_ context.Context, c *creation) (func(context.Context), error) {
+		return nil, writeAgentSecret(c.m) // inside the run dir
+	}},
 	{"state", func(_ context.Context, c *creation) (func(context.Context), error) {
 		return nil, c.m.save()
 	}},
@@ -248,7 +257,7 @@ var createSteps = []step{
 	}},
 	{"guest agent", func(ctx context.Context, c *creation) (func(context.Context), error) {
 		c.s = c.b.newSandbox(c.m, c.proc)
-		return func(context.Context) { c.s.qga.close() }, c.s.waitAgent(ctx, c.b.bootTimeout())
+		return func(context.Context) { c.s.qga.close(); c.s.agent.close() }, c.s.waitAgent(ctx, c.b.bootTimeout())
 	}},
 	{"guest setup", func(ctx context.Context, c *creation) (func(context.Context), error) {
 		return nil, c.s.setupGuest(ctx, c.spec.Hostname)
@@ -323,6 +332,7 @@ func (b *Backend) validate(spec backend.Spec) (*creation, error) {
 		VCPUs:     int(max(1, (r.CPUMillis+999)/1000)),
 		MemoryMiB: r.MemoryBytes >> 20,
 		KVM:       b.kvm,
+		Agent:     img.Agent,
 	}}
 	return &creation{b: b, spec: spec, img: img, m: m, netOn: mode}, nil
 }

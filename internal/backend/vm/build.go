@@ -13,12 +13,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
 // DebianRecipe versions what BuildDebian puts into the image; a change
 // bumps it, so caches keyed by it are not reused.
-const DebianRecipe = "bookworm-1"
+const DebianRecipe = "bookworm-2"
 
 // debianPackages are on top of mmdebstrap's minbase: the kernel and its
 // initramfs, systemd, the guest agent, and what tests and agents expect
@@ -42,9 +43,10 @@ const debianCmdline = "root=/dev/vda rw console=ttyS0 console=tty0 quiet logleve
 // BuildDebian builds a bootable Debian 12 image into dir (which must not
 // exist) with mmdebstrap from the node's own apt sources: the root file
 // system as an ext4 disk (qcow2, compressed), with the kernel and initrd
-// beside it for direct boot. It needs root. progress gets one line per
-// phase.
-func BuildDebian(ctx context.Context, dir string, progress func(string)) (Image, error) {
+// beside it for direct boot, and the static corral-agent at agentPath
+// installed as a service (see installAgent). It needs root. progress gets
+// one line per phase.
+func BuildDebian(ctx context.Context, dir, agentPath string, progress func(string)) (Image, error) {
 	if progress == nil {
 		progress = func(string) {}
 	}
@@ -76,8 +78,11 @@ func BuildDebian(ctx context.Context, dir string, progress func(string)) (Image,
 		return Image{}, fmt.Errorf("vm-image build: %w", err)
 	}
 	slog.Debug("vm-image build: mmdebstrap done", "took", time.Since(start))
-	progress("configuring: autologin on tty1, guest agent, root file system growth")
+	progress("configuring: autologin on tty1, guest agent, corral-agent, root file system growth")
 	if err := customizeDebian(root); err != nil {
+		return Image{}, fmt.Errorf("vm-image build: %w", err)
+	}
+	if err := installAgent(root, agentPath); err != nil {
 		return Image{}, fmt.Errorf("vm-image build: %w", err)
 	}
 	out := filepath.Join(work, "out")
@@ -119,7 +124,8 @@ func BuildDebian(ctx context.Context, dir string, progress func(string)) (Image,
 		return Image{}, err
 	}
 	im := Image{Format: "qcow2", Firmware: FirmwareDirect, Disk: "disk.qcow2", VirtualSize: di.VirtualSize,
-		FileSize: fi.Size(), Cmdline: debianCmdline, Source: "vm-image build debian (" + DebianRecipe + ")", Created: time.Now().UTC()}
+		FileSize: fi.Size(), Cmdline: debianCmdline, Source: "vm-image build debian (" + DebianRecipe + ")", Created: time.Now().UTC(),
+		Agent: true}
 	if err := os.Rename(out, dir); err != nil {
 		return Image{}, fmt.Errorf("vm-image build: %w", err)
 	}
@@ -226,8 +232,12 @@ func (s *Images) Build(ctx context.Context, recipe, ref string, progress func(st
 		return Image{}, err
 	}
 	defer os.RemoveAll(tmp)
+	agent, err := backend.SandboxBinary(s.agentPath, "corral-agent", "vm Config.AgentPath")
+	if err != nil {
+		return Image{}, fmt.Errorf("vm-image build: %w", err)
+	}
 	out := filepath.Join(tmp, "image")
-	im, err := BuildDebian(ctx, out, progress)
+	im, err := BuildDebian(ctx, out, agent, progress)
 	if err != nil {
 		return Image{}, err
 	}
@@ -236,7 +246,8 @@ func (s *Images) Build(ctx context.Context, recipe, ref string, progress func(st
 }
 
 // Adopt installs a copy of an image directory BuildDebian made elsewhere
-// (a cache shared by tests and benchmarks), hard-linked where it can be.
+// (a cache shared by tests and benchmarks), hard-linked where it can be;
+// like every image of this recipe it carries corral-agent.
 func (s *Images) Adopt(src, ref string) (Image, error) {
 	if err := checkRef(ref); err != nil {
 		return Image{}, err
@@ -257,7 +268,8 @@ func (s *Images) Adopt(src, ref string) (Image, error) {
 		return Image{}, err
 	}
 	im = Image{Ref: ref, Format: "qcow2", Firmware: FirmwareDirect, Disk: "disk.qcow2", VirtualSize: di.VirtualSize,
-		FileSize: di.ActualSize, Cmdline: debianCmdline, Source: "vm-image build debian (" + DebianRecipe + ")", Created: time.Now().UTC()}
+		FileSize: di.ActualSize, Cmdline: debianCmdline, Source: "vm-image build debian (" + DebianRecipe + ")", Created: time.Now().UTC(),
+		Agent: true}
 	return s.install(tmp, im)
 }
 

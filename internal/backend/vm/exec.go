@@ -129,6 +129,9 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	if err := s.live(); err != nil {
 		return res, err
 	}
+	if s.agent != nil {
+		return s.agentExec(ctx, spec, out)
+	}
 	if spec.PTY != nil {
 		return res, errdefs.NotSupported("exec.pty: the vm backend's guest agent has no terminals")
 	}
@@ -318,6 +321,9 @@ func (s *sandbox) sh(ctx context.Context, script string, args ...string) ([]byte
 		})
 	if err != nil {
 		return nil, err
+	}
+	if res.TimedOut {
+		return nil, errdefs.Unavailable("guest command timed out after a minute")
 	}
 	if res.ExitCode != 0 {
 		return nil, fileError(strings.TrimSpace(errb.String()))

@@ -55,6 +55,9 @@ func (s *sandbox) WriteFile(ctx context.Context, p string, r io.Reader, opts bac
 	if err := s.live(); err != nil {
 		return 0, err
 	}
+	if s.agent != nil {
+		return s.agentWriteFile(ctx, p, r, opts)
+	}
 	if err := checkPath("path", p); err != nil {
 		return 0, err
 	}
@@ -116,6 +119,9 @@ func (s *sandbox) WriteFile(ctx context.Context, p string, r io.Reader, opts bac
 func (s *sandbox) ReadFile(ctx context.Context, p string, offset, limit int64) (io.ReadCloser, error) {
 	if err := s.live(); err != nil {
 		return nil, err
+	}
+	if s.agent != nil {
+		return s.agentReadFile(ctx, p, offset, limit)
 	}
 	if err := checkPath("path", p); err != nil {
 		return nil, err
@@ -242,6 +248,9 @@ func (s *sandbox) ListDir(ctx context.Context, p string) ([]backend.FileInfo, er
 	if err := s.live(); err != nil {
 		return nil, err
 	}
+	if s.agent != nil {
+		return s.agentListDir(ctx, p)
+	}
 	if err := checkPath("path", p); err != nil {
 		return nil, err
 	}
@@ -266,6 +275,9 @@ func (s *sandbox) Stat(ctx context.Context, p string) (backend.FileInfo, error) 
 	if err := s.live(); err != nil {
 		return backend.FileInfo{}, err
 	}
+	if s.agent != nil {
+		return s.agentStat(ctx, p)
+	}
 	if err := checkPath("path", p); err != nil {
 		return backend.FileInfo{}, err
 	}
@@ -284,6 +296,9 @@ func (s *sandbox) Stat(ctx context.Context, p string) (backend.FileInfo, error) 
 func (s *sandbox) Remove(ctx context.Context, p string, recursive bool) error {
 	if err := s.live(); err != nil {
 		return err
+	}
+	if s.agent != nil {
+		return s.agentRemove(ctx, p, recursive)
 	}
 	if err := checkPath("path", p); err != nil {
 		return err
@@ -305,6 +320,9 @@ func (s *sandbox) Remove(ctx context.Context, p string, recursive bool) error {
 func (s *sandbox) MakeDir(ctx context.Context, p string, mode fs.FileMode, parents bool) error {
 	if err := s.live(); err != nil {
 		return err
+	}
+	if s.agent != nil {
+		return s.agentMakeDir(ctx, p, mode, parents)
 	}
 	if err := checkPath("path", p); err != nil {
 		return err

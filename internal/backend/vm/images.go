@@ -56,6 +56,10 @@ type Image struct {
 	Cmdline string    `json:"cmdline,omitempty"`
 	Source  string    `json:"source"`
 	Created time.Time `json:"created"`
+	// Agent: the image runs corral-agent as a service on agentPortName
+	// (the images `vm-image build` makes); exec and files then go through
+	// it instead of qemu-ga.
+	Agent bool `json:"agent,omitempty"`
 
 	dir string
 }
@@ -68,7 +72,10 @@ type Images struct {
 	dir string
 	// inUse names the sandboxes using a ref (Remove refuses while any do).
 	inUse func(ref string) []string
-	mu    sync.Mutex
+	// agentPath is the corral-agent that builds install ("": beside the
+	// running executable).
+	agentPath string
+	mu        sync.Mutex
 }
 
 func openImages(dir string, inUse func(string) []string) (*Images, error) {

@@ -46,6 +46,10 @@ type machineState struct {
 	// its NIC's address.
 	Net *netpolicy.Record `json:"net,omitempty"`
 	MAC string            `json:"mac,omitempty"`
+	// Agent: the image runs corral-agent (see agent.go), which takes
+	// requests carrying Secret.
+	Agent  bool   `json:"agent,omitempty"`
+	Secret string `json:"secret,omitempty"`
 }
 
 // machine is one VM's configuration and run dir.

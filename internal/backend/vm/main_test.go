@@ -3,9 +3,12 @@ package vm
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -23,10 +26,13 @@ import (
 // cache that later runs reuse (keyed by DebianRecipe).
 
 var (
-	tmpRoot  string
-	cacheDir = filepath.Join(os.TempDir(), "corral-vm-image-cache", DebianRecipe)
-	buildErr error
-	testRef  = "debian@test"
+	tmpRoot string
+	// cacheDir is keyed by the recipe and the agent built into it (Go
+	// builds are reproducible: an unchanged agent reuses the image).
+	cacheDir  string
+	agentPath string
+	buildErr  error
+	testRef   = "debian@test"
 )
 
 func TestMain(m *testing.M) { os.Exit(setup(m)) }
@@ -42,11 +48,25 @@ func setup(m *testing.M) int {
 		panic(err)
 	}
 	defer os.RemoveAll(tmpRoot)
+	agentPath = filepath.Join(tmpRoot, "corral-agent")
+	build := exec.Command("go", "build", "-trimpath", "-o", agentPath, "github.com/corral-dev/corral/cmd/corral-agent")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Printf("build corral-agent: %v\n%s", err, out)
+		return 1
+	}
+	bin, err := os.ReadFile(agentPath)
+	if err != nil {
+		panic(err)
+	}
+	// The unit and rule are keyed too: DebianRecipe changes only on merge.
+	sum := sha256.Sum256(append(bin, agentUnit+agentUdevRule...))
+	cacheDir = filepath.Join(os.TempDir(), "corral-vm-image-cache", DebianRecipe+"-"+hex.EncodeToString(sum[:6]))
 	if _, err := os.Stat(filepath.Join(cacheDir, "disk.qcow2")); err != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		start := time.Now()
 		_ = os.MkdirAll(filepath.Dir(cacheDir), 0o700)
-		_, buildErr = BuildDebian(ctx, cacheDir, func(s string) { fmt.Println("vm-image build:", s) })
+		_, buildErr = BuildDebian(ctx, cacheDir, agentPath, func(s string) { fmt.Println("vm-image build:", s) })
 		cancel()
 		fmt.Printf("vm-image build debian: %v (err %v)\n", time.Since(start).Round(time.Second), buildErr)
 	}

@@ -62,6 +62,7 @@ func qemuArgs(bin string, m *machine) []string {
 		"-drive", "id=disk,file="+qemuEscape(m.path(overlayFile))+",format=qcow2,if=none,discard=unmap",
 		"-device", "virtio-blk-pci,drive=disk,bootindex=1",
 	)
+	args = append(args, agentQEMUArgs(m)...)
 	switch m.Firmware {
 	case FirmwareDirect:
 		cmdline := m.Cmdline

@@ -22,6 +22,9 @@ type sandbox struct {
 	b   *Backend
 	m   *machine
 	qga *qga
+	// agent is corral-agent when the image has it (nil: qemu-ga serves
+	// exec and files).
+	agent *agentConn
 
 	done     chan struct{}
 	doneOnce sync.Once
@@ -40,14 +43,14 @@ type sandbox struct {
 }
 
 func (b *Backend) newSandbox(m *machine, proc *launch.Process) *sandbox {
-	s := &sandbox{b: b, m: m, qga: &qga{path: m.path(qgaSock)}, done: make(chan struct{})}
+	s := &sandbox{b: b, m: m, qga: &qga{path: m.path(qgaSock)}, agent: agentFor(m), done: make(chan struct{})}
 	s.setProc(proc)
 	return s
 }
 
 // newSnapshotted is a sandbox whose VM is in its snapshot file.
 func (b *Backend) newSnapshotted(m *machine) *sandbox {
-	return &sandbox{b: b, m: m, qga: &qga{path: m.path(qgaSock)}, done: make(chan struct{}), paused: true}
+	return &sandbox{b: b, m: m, qga: &qga{path: m.path(qgaSock)}, agent: agentFor(m), done: make(chan struct{}), paused: true}
 }
 
 // setProc installs a QEMU process and watches it: an exit nobody asked
@@ -64,6 +67,7 @@ func (s *sandbox) setProc(proc *launch.Process) {
 		s.mu.Unlock()
 		if !expected {
 			s.qga.close()
+			s.agent.close()
 			s.end()
 		}
 	}()
@@ -125,6 +129,9 @@ func (s *sandbox) live() error {
 // waitAgent pings the guest agent until it answers, QEMU exits or
 // timeout; then it asks which OS the guest runs.
 func (s *sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
+	if s.agent != nil {
+		return s.waitCorralAgent(ctx, timeout)
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	go func() {
@@ -207,6 +214,9 @@ echo "nameserver $7" > /etc/resolv.conf`
 	if _, err := s.sh(ctx, script, args...); err != nil {
 		return fmt.Errorf("guest setup: %w", err)
 	}
+	if s.agent != nil {
+		return nil // commands run under corral-agent, not qemu-ga
+	}
 	// systemd stops a service one of whose processes the OOM killer took
 	// (OOMPolicy=stop): qemu-ga would restart and forget every running
 	// command, so a memory bomb in one command would lose the others. Last,
@@ -267,6 +277,9 @@ func (s *sandbox) Snapshot(ctx context.Context) error {
 		return nil
 	}
 	s.qga.close()
+	if err := s.detachAgentLocked(ctx); err != nil {
+		return err
+	}
 	proc := s.proc
 	s.quitProc = proc
 	if err := saveState(ctx, s.m); err != nil {
@@ -347,6 +360,7 @@ func (s *sandbox) Stop(ctx context.Context) error {
 	s.quitProc = proc
 	s.mu.Unlock()
 	s.qga.close()
+	s.agent.close()
 	if proc != nil {
 		if err := proc.Kill(); err != nil {
 			return fmt.Errorf("sandbox %s: stop: %w", s.m.id, err)

@@ -6,6 +6,11 @@
 // vsock. It writes diagnostics only to the kernel console (/dev/console,
 // a file on the node) and never to a file inside the guest.
 //
+// In a full VM (the vm backend's images) it is instead a system service
+// (Service, `corral-agent --service`): the guest's init owns mounts and
+// orphans, and the agent only serves its port; its diagnostics go to
+// stderr (the guest's journal) and carry no secret.
+//
 // It imports agentproto, safefs, errdefs, runtime/guestexec and the backend
 // types only.
 package agent

@@ -20,6 +20,8 @@ import (
 type runtimeConfig struct {
 	secret  string
 	channel channel
+	// service: the agent is a service of a full VM, not its PID 1.
+	service bool
 }
 
 // server serves the node's streams; it outlives sessions.
@@ -35,9 +37,15 @@ type server struct {
 func serve(cfg *runtimeConfig) error {
 	unix.Umask(0o022)
 	// PID 1 gets no default signal handling; catch everything so that no
-	// signal a command sends ends the guest.
+	// signal a command sends ends the guest. A service keeps the default
+	// handling (its service manager stops it with SIGTERM) and reaps only
+	// its own children.
 	sigs := make(chan os.Signal, 64)
-	signal.Notify(sigs)
+	if cfg.service {
+		signal.Notify(sigs, unix.SIGCHLD)
+	} else {
+		signal.Notify(sigs)
+	}
 	s := &server{secret: cfg.secret, procs: newReaper()}
 	go s.procs.run(sigs)
 	s.files = safefs.New(func() (*os.File, error) {

@@ -1,0 +1,532 @@
+package vm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/guest/agentproto"
+)
+
+// Images that carry corral-agent (Image.Agent) get a second virtio-serial
+// port, org.corral.agent.0, whose host end is agentSock; exec and files
+// then speak the microVM agent's protocol (internal/guest/agentproto:
+// yamux streams, streamed output and stdin, signals) instead of qemu-ga's
+// JSON, which captures output until a command ends. qemu-ga stays in the
+// image and on its port; images without the agent (imported ones) use it.
+//
+// The agent authenticates the node by the sandbox's secret. QEMU hands it
+// to the guest as the fw_cfg item agentSecretName, read from a 0600 file
+// of the run dir: only the node writes it, it reaches the guest out of
+// band of every port (no guest process can intercept it on the way, as it
+// could a secret sent as the port's first message to whoever opened the
+// port first), and it is there again, unchanged, for a VM restored from
+// its snapshot. In the guest only root can read it, and it only lets a
+// caller on the host end of the port in.
+
+const (
+	agentSock       = "agent.sock"   // virtio-serial org.corral.agent.0
+	agentSecretFile = "agent.secret" // fw_cfg opt/corral/agent-secret
+)
+
+// agentKill bounds the wait for the exit report after a kill.
+const agentKill = 10 * time.Second
+
+// agentQEMUArgs adds the agent's port and secret for images with the agent.
+func agentQEMUArgs(m *machine) []string {
+	if !m.Agent {
+		return nil
+	}
+	return []string{
+		"-chardev", "socket,id=agent0,path=" + qemuEscape(m.path(agentSock)) + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent0,name=" + agentPortName,
+		"-fw_cfg", "name=" + agentSecretName + ",file=" + qemuEscape(m.path(agentSecretFile)),
+	}
+}
+
+// writeAgentSecret makes the sandbox's secret (kept in vm.json too) and
+// its fw_cfg file, before QEMU starts.
+func writeAgentSecret(m *machine) error {
+	if !m.Agent {
+		return nil
+	}
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return fmt.Errorf("agent secret: %w", err)
+	}
+	m.Secret = hex.EncodeToString(b)
+	if err := os.WriteFile(m.path(agentSecretFile), []byte(m.Secret), 0o600); err != nil {
+		return fmt.Errorf("agent secret: %w", err)
+	}
+	return nil
+}
+
+// agentConn is the node's end of corral-agent: one yamux session on the
+// port's socket, dialled on first use and again after it dropped (daemon
+// restart, snapshot restore).
+type agentConn struct {
+	path   string
+	secret string
+
+	mu   sync.Mutex
+	sess *yamux.Session
+}
+
+// agentFor is the agent connection of a machine whose image has one.
+func agentFor(m *machine) *agentConn {
+	if !m.Agent {
+		return nil
+	}
+	return &agentConn{path: m.path(agentSock), secret: m.Secret}
+}
+
+func (a *agentConn) session(ctx context.Context) (*yamux.Session, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.sess != nil && !a.sess.IsClosed() {
+		return a.sess, nil
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", a.path)
+	if err != nil {
+		return nil, errdefs.Unavailable("connect to corral-agent: %v", err)
+	}
+	yc := yamux.DefaultConfig()
+	yc.EnableKeepAlive = false // a paused VM must not look dead
+	yc.LogOutput = io.Discard
+	yc.ConnectionWriteTimeout = time.Minute
+	sess, err := yamux.Client(conn, yc)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("corral-agent session: %w", err)
+	}
+	a.sess = sess
+	return sess, nil
+}
+
+// close drops the session (nil-safe: sandboxes without the agent).
+func (a *agentConn) close() {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.sess != nil {
+		a.sess.Close()
+		a.sess = nil
+	}
+}
+
+// stream opens a stream and sends req with the version and secret.
+func (a *agentConn) stream(ctx context.Context, req agentproto.Request) (*yamux.Stream, *agentproto.Stream, error) {
+	sess, err := a.session(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := sess.OpenStream()
+	if err != nil {
+		return nil, nil, errdefs.Unavailable("corral-agent stream: %v", err)
+	}
+	fs := agentproto.NewStream(st)
+	req.Version, req.Secret = agentproto.Version, a.secret
+	if err := fs.WriteJSON(agentproto.KindRequest, req); err != nil {
+		st.Close()
+		return nil, nil, errdefs.Unavailable("corral-agent: %v", err)
+	}
+	return st, fs, nil
+}
+
+// open is stream plus the first reply; ctx bounds only the opening.
+func (a *agentConn) open(ctx context.Context, req agentproto.Request) (*yamux.Stream, *agentproto.Stream, agentproto.Reply, error) {
+	var r agentproto.Reply
+	st, fs, err := a.stream(ctx, req)
+	if err != nil {
+		return nil, nil, r, err
+	}
+	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
+	defer stop()
+	if err := fs.ReadJSON(agentproto.KindReply, &r); err != nil {
+		st.Close()
+		if ctx.Err() != nil {
+			return nil, nil, r, ctx.Err()
+		}
+		return nil, nil, r, errdefs.Unavailable("corral-agent: %v", err)
+	}
+	if err := r.Err(); err != nil {
+		st.Close()
+		return nil, nil, r, err
+	}
+	return st, fs, r, nil
+}
+
+// call is a request with a single reply.
+func (a *agentConn) call(ctx context.Context, req agentproto.Request) (agentproto.Reply, error) {
+	st, _, r, err := a.open(ctx, req)
+	if err != nil {
+		return r, err
+	}
+	st.Close()
+	return r, nil
+}
+
+// waitCorralAgent pings corral-agent until it answers, QEMU exits or
+// timeout. The agent runs only on Linux guests (the images vm-image
+// build makes), so the POSIX wrappers apply.
+func (s *sandbox) waitCorralAgent(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		// Short attempts: bytes sent before the guest opened its port may
+		// be lost, and a fresh session is the way to resend.
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := s.agent.call(actx, agentproto.Request{Op: agentproto.OpPing})
+		acancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-s.done:
+			return fmt.Errorf("guest ended before corral-agent answered: %s", s.ExitReason())
+		default:
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("corral-agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 400))
+		}
+		s.agent.close()
+		time.Sleep(200 * time.Millisecond)
+	}
+	s.m.OS, s.m.Linux = "linux", true
+	return s.m.save()
+}
+
+// detachAgentLocked, before a snapshot of the stopped VM, has the agent
+// start a fresh session after the restore (it must not expect this
+// session's stream ids); the vCPUs run for the exchange. s.mu is held.
+func (s *sandbox) detachAgentLocked(ctx context.Context) error {
+	if s.agent == nil {
+		return nil
+	}
+	if _, err := qmpRun(ctx, s.m, "cont", nil); err != nil {
+		return err
+	}
+	_, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpDetach})
+	if _, perr := qmpRun(ctx, s.m, "stop", nil); err == nil {
+		err = perr
+	}
+	s.agent.close()
+	if err != nil {
+		return fmt.Errorf("sandbox %s: detach corral-agent: %w", s.m.id, err)
+	}
+	return nil
+}
+
+// agentExec is Exec through corral-agent: output streams as the command
+// writes it, stdin streams from StdinReader, and the command's process
+// group is killed on timeout or cancellation.
+func (s *sandbox) agentExec(ctx context.Context, spec backend.ExecSpec, out backend.OutputFunc) (backend.ExecResult, error) {
+	if spec.PTY != nil {
+		return backend.ExecResult{}, errdefs.NotSupported("exec.pty: the vm backend has no terminals")
+	}
+	if len(spec.Argv) == 0 {
+		return backend.ExecResult{}, errdefs.InvalidArgument("exec.argv: required")
+	}
+	// Shell commands run the guest's own /bin/sh: the whole VM is the
+	// sandbox, so replacing it only affects that sandbox.
+	req := &agentproto.Exec{Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd, User: spec.User,
+		Stdin: len(spec.Stdin) > 0 || spec.StdinReader != nil, OutputLimit: spec.OutputLimit}
+	if spec.CPULimit > 0 {
+		req.CPUSeconds = int64((spec.CPULimit + time.Second - 1) / time.Second)
+	}
+	start := time.Now()
+	st, fs, _, err := s.agent.open(ctx, agentproto.Request{Op: agentproto.OpExec, Exec: req})
+	if err != nil {
+		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: %w", s.m.id, spec.Argv[0], err)
+	}
+	defer st.Close()
+	if req.Stdin {
+		go feedStdin(fs, spec.Stdin, spec.StdinReader)
+	}
+	limit := spec.OutputLimit
+	if limit <= 0 {
+		limit = math.MaxInt64
+	}
+	lim := backend.NewOutputLimiter(limit, out)
+	type result struct {
+		r   agentproto.Reply
+		err error
+	}
+	results := make(chan result, 1)
+	outErr := make(chan error, 1)
+	go func() {
+		for {
+			kind, p, err := fs.Read()
+			if err != nil {
+				results <- result{err: fmt.Errorf("lost corral-agent stream: %w", err)}
+				return
+			}
+			switch kind {
+			case agentproto.KindStdout, agentproto.KindStderr:
+				stream := backend.Stdout
+				if kind == agentproto.KindStderr {
+					stream = backend.Stderr
+				}
+				if _, err := lim.Deliver(stream, p); err != nil {
+					select {
+					case outErr <- err:
+					default:
+					}
+				}
+			case agentproto.KindReply:
+				var r agentproto.Reply
+				err := json.Unmarshal(p, &r)
+				results <- result{r: r, err: err}
+				return
+			}
+		}
+	}()
+	var timer <-chan time.Time
+	if spec.Timeout > 0 {
+		t := time.NewTimer(spec.Timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	finish := func(x result) (backend.ExecResult, error) {
+		res := backend.ExecResult{ExitCode: -1, Duration: time.Since(start), Truncated: lim.Truncated()}
+		err := x.err
+		if err == nil {
+			err = x.r.Err()
+		}
+		if err != nil {
+			return res, fmt.Errorf("sandbox %s: exec %q: %w", s.m.id, spec.Argv[0], err)
+		}
+		res.ExitCode, res.Signal = x.r.ExitCode, x.r.Signal
+		res.CPUTime = time.Duration(x.r.CPUNanos)
+		res.OOMKilled = x.r.OOMKilled
+		res.Truncated = res.Truncated || x.r.Truncated
+		return res, nil
+	}
+	var timedOut bool
+	var cause error
+	select {
+	case x := <-results:
+		return finish(x)
+	case <-timer:
+		timedOut = true
+	case <-ctx.Done():
+		timedOut, cause = true, ctx.Err()
+	case cause = <-outErr:
+	case <-s.done:
+		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: the vm ended while the command ran: %s", s.m.id, spec.Argv[0], s.ExitReason())
+	}
+	_ = fs.WriteJSON(agentproto.KindSignal, agentproto.Signal{Signal: int(unix.SIGKILL)})
+	select {
+	case x := <-results:
+		r, err := finish(x)
+		r.TimedOut = timedOut
+		if cause != nil {
+			err = cause
+		}
+		return r, err
+	case <-s.done:
+		return backend.ExecResult{TimedOut: timedOut}, errors.Join(cause, fmt.Errorf("sandbox %s: the vm ended", s.m.id))
+	case <-time.After(agentKill):
+		return backend.ExecResult{TimedOut: timedOut}, errors.Join(cause, fmt.Errorf("sandbox %s: no exit report %v after kill", s.m.id, agentKill))
+	}
+}
+
+// feedStdin sends the command's input in frames, then end-of-input.
+func feedStdin(fs *agentproto.Stream, data []byte, r io.Reader) {
+	if r == nil {
+		for len(data) > 0 {
+			n := min(len(data), agentproto.ChunkSize)
+			if fs.Write(agentproto.KindStdin, data[:n]) != nil {
+				return
+			}
+			data = data[n:]
+		}
+	} else {
+		buf := make([]byte, agentproto.ChunkSize)
+		for {
+			n, err := r.Read(buf)
+			if n > 0 && fs.Write(agentproto.KindStdin, buf[:n]) != nil {
+				return
+			}
+			if err != nil {
+				break
+			}
+		}
+	}
+	_ = fs.Write(agentproto.KindEOF, nil)
+}
+
+// The file operations of an agent image run in the guest with safefs on
+// its root, as for a microVM.
+
+func (s *sandbox) agentFileCall(ctx context.Context, op string, f agentproto.File) (agentproto.Reply, error) {
+	if err := checkPath("path", f.Path); err != nil {
+		return agentproto.Reply{}, err
+	}
+	r, err := s.agent.call(ctx, agentproto.Request{Op: op, File: &f})
+	if err != nil {
+		return r, fmt.Errorf("sandbox %s: %s %s: %w", s.m.id, op, f.Path, err)
+	}
+	return r, nil
+}
+
+func (s *sandbox) agentWriteFile(ctx context.Context, path string, r io.Reader, opts backend.WriteOptions) (int64, error) {
+	if err := checkPath("path", path); err != nil {
+		return 0, err
+	}
+	st, fs, err := s.agent.stream(ctx, agentproto.Request{Op: agentproto.OpWrite,
+		File: &agentproto.File{Path: path, Mode: opts.Mode, Append: opts.Append, Parents: opts.MakeParents}})
+	if err != nil {
+		return 0, fmt.Errorf("sandbox %s: write %s: %w", s.m.id, path, err)
+	}
+	defer st.Close()
+	stop := context.AfterFunc(ctx, func() { st.Close() })
+	defer stop()
+	// The agent replies early only to refuse; its reply is read after the
+	// data, so a refusal mid-stream surfaces as the reply's error.
+	buf := make([]byte, agentproto.ChunkSize)
+	for {
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			if err := fs.Write(agentproto.KindData, buf[:n]); err != nil {
+				break
+			}
+		}
+		if rerr == io.EOF {
+			_ = fs.Write(agentproto.KindEOF, nil)
+			break
+		}
+		if rerr != nil {
+			return 0, fmt.Errorf("sandbox %s: write %s: read input: %w", s.m.id, path, rerr)
+		}
+	}
+	var rep agentproto.Reply
+	if err := fs.ReadJSON(agentproto.KindReply, &rep); err != nil {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		return 0, errdefs.Unavailable("sandbox %s: write %s: %v", s.m.id, path, err)
+	}
+	if err := rep.Err(); err != nil {
+		return 0, fmt.Errorf("sandbox %s: write %s: %w", s.m.id, path, err)
+	}
+	return rep.Written, nil
+}
+
+func (s *sandbox) agentReadFile(ctx context.Context, path string, offset, limit int64) (io.ReadCloser, error) {
+	if err := checkPath("path", path); err != nil {
+		return nil, err
+	}
+	if offset < 0 || limit < 0 {
+		return nil, errdefs.InvalidArgument("offset, limit: must not be negative")
+	}
+	st, fs, _, err := s.agent.open(ctx, agentproto.Request{Op: agentproto.OpRead,
+		File: &agentproto.File{Path: path, Offset: offset, Limit: limit}})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: read %s: %w", s.m.id, path, err)
+	}
+	return &agentReader{st: st, fs: fs}, nil
+}
+
+// agentReader reads KindData frames until KindEOF; an error reply midway
+// becomes the read error.
+type agentReader struct {
+	st   *yamux.Stream
+	fs   *agentproto.Stream
+	buf  []byte
+	done bool
+}
+
+func (r *agentReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		if r.done {
+			return 0, io.EOF
+		}
+		kind, data, err := r.fs.Read()
+		if err != nil {
+			return 0, fmt.Errorf("read from corral-agent: %w", err)
+		}
+		switch kind {
+		case agentproto.KindData:
+			r.buf = data
+		case agentproto.KindEOF:
+			r.done = true
+		case agentproto.KindReply:
+			var rep agentproto.Reply
+			if err := json.Unmarshal(data, &rep); err != nil {
+				return 0, fmt.Errorf("decode corral-agent reply: %w", err)
+			}
+			if err := rep.Err(); err != nil {
+				return 0, err
+			}
+		}
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+func (r *agentReader) Close() error { return r.st.Close() }
+
+func (s *sandbox) agentListDir(ctx context.Context, path string) ([]backend.FileInfo, error) {
+	r, err := s.agentFileCall(ctx, agentproto.OpList, agentproto.File{Path: path})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]backend.FileInfo, len(r.Entries))
+	for i, e := range r.Entries {
+		out[i] = fromAgent(e)
+	}
+	return out, nil
+}
+
+func (s *sandbox) agentStat(ctx context.Context, path string) (backend.FileInfo, error) {
+	r, err := s.agentFileCall(ctx, agentproto.OpStat, agentproto.File{Path: path})
+	if err != nil {
+		return backend.FileInfo{}, err
+	}
+	if r.Info == nil {
+		return backend.FileInfo{}, fmt.Errorf("sandbox %s: stat %s: corral-agent sent no info", s.m.id, path)
+	}
+	return fromAgent(*r.Info), nil
+}
+
+func (s *sandbox) agentRemove(ctx context.Context, path string, recursive bool) error {
+	_, err := s.agentFileCall(ctx, agentproto.OpRemove, agentproto.File{Path: path, Recursive: recursive})
+	return err
+}
+
+func (s *sandbox) agentMakeDir(ctx context.Context, path string, mode fs.FileMode, parents bool) error {
+	_, err := s.agentFileCall(ctx, agentproto.OpMkdir, agentproto.File{Path: path, Mode: mode, Parents: parents})
+	return err
+}
+
+func fromAgent(fi agentproto.FileInfo) backend.FileInfo {
+	return backend.FileInfo{Name: fi.Name, Path: fi.Path, Size: fi.Size, Mode: fi.Mode,
+		ModTime: fi.ModTime, UID: fi.UID, GID: fi.GID, LinkTarget: fi.LinkTarget}
+}
