@@ -11,6 +11,7 @@ import (
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/liveview"
 )
 
 // VMImages is the node's store of VM disk images (the vm backend's), as
@@ -35,14 +36,16 @@ type VMImage struct {
 type VMService struct {
 	sandboxes *Service
 	images    VMImages // nil: the node runs no vm backend
+	live      *liveview.Tokens
 }
 
 var _ corralv1connect.VMServiceHandler = (*VMService)(nil)
 
 // NewVMService serves VM images from images (nil when the node has no vm
-// backend) and screens of the sandboxes sandboxes routes to.
-func NewVMService(sandboxes *Service, images VMImages) *VMService {
-	return &VMService{sandboxes: sandboxes, images: images}
+// backend) and screens of the sandboxes sandboxes routes to; LiveView
+// issues its tokens into live, which the live view endpoint redeems.
+func NewVMService(sandboxes *Service, images VMImages, live *liveview.Tokens) *VMService {
+	return &VMService{sandboxes: sandboxes, images: images, live: live}
 }
 
 func (s *VMService) store() (VMImages, error) {
@@ -144,4 +147,31 @@ func (s *VMService) SendInput(ctx context.Context, req *connect.Request[corralv1
 		return nil, err
 	}
 	return connect.NewResponse(&corralv1.SendInputResponse{}), nil
+}
+
+// LiveView checks that the sandbox's screen can be opened now (so that a
+// caller learns of a missing screen here, not from the websocket) and
+// issues a one-time token bound to it.
+func (s *VMService) LiveView(ctx context.Context, req *connect.Request[corralv1.LiveViewRequest]) (*connect.Response[corralv1.LiveViewResponse], error) {
+	if s.live == nil {
+		return nil, errdefs.NotSupported("live view: not served by this server")
+	}
+	ttl, err := liveview.CheckTTL(time.Duration(req.Msg.TtlSeconds) * time.Second)
+	if err != nil {
+		return nil, err
+	}
+	n, err := s.sandboxes.route(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	c, err := n.DialVNC(ctx, req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	c.Close()
+	token, expires, err := s.live.Issue(req.Msg.SandboxId, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.LiveViewResponse{Path: liveview.Path(req.Msg.SandboxId), Token: token, ExpiresUnix: expires.Unix()}), nil
 }

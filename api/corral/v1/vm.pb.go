@@ -805,6 +805,123 @@ func (*SendInputResponse) Descriptor() ([]byte, []int) {
 	return file_corral_v1_vm_proto_rawDescGZIP(), []int{13}
 }
 
+type LiveViewRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// How long the token may be used to connect: 0 means 60 s; at most
+	// 3600 s. It opens one connection, which then lasts until either end
+	// closes it or the sandbox ends.
+	TtlSeconds    int32 `protobuf:"varint,2,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LiveViewRequest) Reset() {
+	*x = LiveViewRequest{}
+	mi := &file_corral_v1_vm_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LiveViewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LiveViewRequest) ProtoMessage() {}
+
+func (x *LiveViewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_vm_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LiveViewRequest.ProtoReflect.Descriptor instead.
+func (*LiveViewRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_vm_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *LiveViewRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *LiveViewRequest) GetTtlSeconds() int32 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+type LiveViewResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The websocket's path on the API listener, e.g.
+	// /v1/liveview/<sandbox_id>; connect to it with ?token=<token>.
+	Path          string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Token         string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	ExpiresUnix   int64  `protobuf:"varint,3,opt,name=expires_unix,json=expiresUnix,proto3" json:"expires_unix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LiveViewResponse) Reset() {
+	*x = LiveViewResponse{}
+	mi := &file_corral_v1_vm_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LiveViewResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LiveViewResponse) ProtoMessage() {}
+
+func (x *LiveViewResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_vm_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LiveViewResponse.ProtoReflect.Descriptor instead.
+func (*LiveViewResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_vm_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *LiveViewResponse) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *LiveViewResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *LiveViewResponse) GetExpiresUnix() int64 {
+	if x != nil {
+		return x.ExpiresUnix
+	}
+	return 0
+}
+
 var File_corral_v1_vm_proto protoreflect.FileDescriptor
 
 const file_corral_v1_vm_proto_rawDesc = "" +
@@ -859,7 +976,16 @@ const file_corral_v1_vm_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12-\n" +
 	"\x06events\x18\x02 \x03(\v2\x15.corral.v1.InputEventR\x06events\"\x13\n" +
-	"\x11SendInputResponse2\xec\x03\n" +
+	"\x11SendInputResponse\"Q\n" +
+	"\x0fLiveViewRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
+	"\vttl_seconds\x18\x02 \x01(\x05R\n" +
+	"ttlSeconds\"_\n" +
+	"\x10LiveViewResponse\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\x12!\n" +
+	"\fexpires_unix\x18\x03 \x01(\x03R\vexpiresUnix2\xb1\x04\n" +
 	"\tVMService\x12O\n" +
 	"\fListVMImages\x12\x1e.corral.v1.ListVMImagesRequest\x1a\x1f.corral.v1.ListVMImagesResponse\x12T\n" +
 	"\rImportVMImage\x12\x1f.corral.v1.ImportVMImageRequest\x1a .corral.v1.ImportVMImageResponse(\x01\x12Q\n" +
@@ -867,7 +993,8 @@ const file_corral_v1_vm_proto_rawDesc = "" +
 	"\rRemoveVMImage\x12\x1f.corral.v1.RemoveVMImageRequest\x1a .corral.v1.RemoveVMImageResponse\x12I\n" +
 	"\n" +
 	"Screenshot\x12\x1c.corral.v1.ScreenshotRequest\x1a\x1d.corral.v1.ScreenshotResponse\x12F\n" +
-	"\tSendInput\x12\x1b.corral.v1.SendInputRequest\x1a\x1c.corral.v1.SendInputResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"\tSendInput\x12\x1b.corral.v1.SendInputRequest\x1a\x1c.corral.v1.SendInputResponse\x12C\n" +
+	"\bLiveView\x12\x1a.corral.v1.LiveViewRequest\x1a\x1b.corral.v1.LiveViewResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_vm_proto_rawDescOnce sync.Once
@@ -881,7 +1008,7 @@ func file_corral_v1_vm_proto_rawDescGZIP() []byte {
 	return file_corral_v1_vm_proto_rawDescData
 }
 
-var file_corral_v1_vm_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_corral_v1_vm_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_corral_v1_vm_proto_goTypes = []any{
 	(*VMImage)(nil),               // 0: corral.v1.VMImage
 	(*ListVMImagesRequest)(nil),   // 1: corral.v1.ListVMImagesRequest
@@ -897,6 +1024,8 @@ var file_corral_v1_vm_proto_goTypes = []any{
 	(*InputEvent)(nil),            // 11: corral.v1.InputEvent
 	(*SendInputRequest)(nil),      // 12: corral.v1.SendInputRequest
 	(*SendInputResponse)(nil),     // 13: corral.v1.SendInputResponse
+	(*LiveViewRequest)(nil),       // 14: corral.v1.LiveViewRequest
+	(*LiveViewResponse)(nil),      // 15: corral.v1.LiveViewResponse
 }
 var file_corral_v1_vm_proto_depIdxs = []int32{
 	0,  // 0: corral.v1.ListVMImagesResponse.images:type_name -> corral.v1.VMImage
@@ -909,14 +1038,16 @@ var file_corral_v1_vm_proto_depIdxs = []int32{
 	7,  // 7: corral.v1.VMService.RemoveVMImage:input_type -> corral.v1.RemoveVMImageRequest
 	9,  // 8: corral.v1.VMService.Screenshot:input_type -> corral.v1.ScreenshotRequest
 	12, // 9: corral.v1.VMService.SendInput:input_type -> corral.v1.SendInputRequest
-	2,  // 10: corral.v1.VMService.ListVMImages:output_type -> corral.v1.ListVMImagesResponse
-	4,  // 11: corral.v1.VMService.ImportVMImage:output_type -> corral.v1.ImportVMImageResponse
-	6,  // 12: corral.v1.VMService.BuildVMImage:output_type -> corral.v1.BuildVMImageResponse
-	8,  // 13: corral.v1.VMService.RemoveVMImage:output_type -> corral.v1.RemoveVMImageResponse
-	10, // 14: corral.v1.VMService.Screenshot:output_type -> corral.v1.ScreenshotResponse
-	13, // 15: corral.v1.VMService.SendInput:output_type -> corral.v1.SendInputResponse
-	10, // [10:16] is the sub-list for method output_type
-	4,  // [4:10] is the sub-list for method input_type
+	14, // 10: corral.v1.VMService.LiveView:input_type -> corral.v1.LiveViewRequest
+	2,  // 11: corral.v1.VMService.ListVMImages:output_type -> corral.v1.ListVMImagesResponse
+	4,  // 12: corral.v1.VMService.ImportVMImage:output_type -> corral.v1.ImportVMImageResponse
+	6,  // 13: corral.v1.VMService.BuildVMImage:output_type -> corral.v1.BuildVMImageResponse
+	8,  // 14: corral.v1.VMService.RemoveVMImage:output_type -> corral.v1.RemoveVMImageResponse
+	10, // 15: corral.v1.VMService.Screenshot:output_type -> corral.v1.ScreenshotResponse
+	13, // 16: corral.v1.VMService.SendInput:output_type -> corral.v1.SendInputResponse
+	15, // 17: corral.v1.VMService.LiveView:output_type -> corral.v1.LiveViewResponse
+	11, // [11:18] is the sub-list for method output_type
+	4,  // [4:11] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -933,7 +1064,7 @@ func file_corral_v1_vm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_vm_proto_rawDesc), len(file_corral_v1_vm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

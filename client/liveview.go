@@ -1,0 +1,37 @@
+package client
+
+import (
+	"context"
+	"math"
+	"net/url"
+	"time"
+
+	"connectrpc.com/connect"
+
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
+)
+
+// LiveView is a one-time grant to watch and drive a vm sandbox's screen
+// as VNC (RFB) over a websocket on the server's API listener.
+type LiveView struct {
+	// Path is the websocket's path, e.g. /v1/liveview/<id>; Token opens
+	// one connection to it until Expires.
+	Path, Token string
+	Expires     time.Time
+}
+
+// URLPath is Path with the token as its query: append it to the server's
+// address with scheme ws:// (wss:// with TLS).
+func (lv LiveView) URLPath() string { return lv.Path + "?token=" + url.QueryEscape(lv.Token) }
+
+// LiveView grants a live view of sandboxID's screen, keyboard and mouse;
+// ttl (0: a minute, at most an hour) bounds how long the token waits for
+// its one connection.
+func (c *Client) LiveView(ctx context.Context, sandboxID string, ttl time.Duration) (LiveView, error) {
+	secs := min(ttl/time.Second, math.MaxInt32) // the server names the limit
+	resp, err := c.vm.LiveView(ctx, connect.NewRequest(&corralv1.LiveViewRequest{SandboxId: sandboxID, TtlSeconds: int32(secs)}))
+	if err != nil {
+		return LiveView{}, wrapErr(err)
+	}
+	return LiveView{Path: resp.Msg.Path, Token: resp.Msg.Token, Expires: time.Unix(resp.Msg.ExpiresUnix, 0)}, nil
+}
