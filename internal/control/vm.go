@@ -48,20 +48,25 @@ func NewVMService(sandboxes *Service, images VMImages, live *liveview.Tokens) *V
 	return &VMService{sandboxes: sandboxes, images: images, live: live}
 }
 
-func (s *VMService) store() (VMImages, error) {
+// store is the node's image store; node, when set, must name this node
+// (a cluster's control instance sends each call to the node it names).
+func (s *VMService) store(node string) (VMImages, error) {
+	if local := s.sandboxes.local.ID(); node != "" && node != local {
+		return nil, errdefs.NotFound("node %s: this server is node %s", node, local)
+	}
 	if s.images == nil {
 		return nil, errdefs.NotSupported("vm images: this node runs no vm backend (it needs qemu-system-x86_64 and qemu-img)")
 	}
 	return s.images, nil
 }
 
-func vmImageToProto(im VMImage) *corralv1.VMImage {
+func (s *VMService) vmImageToProto(im VMImage) *corralv1.VMImage {
 	return &corralv1.VMImage{Ref: im.Ref, Format: im.Format, Firmware: im.Firmware, VirtualSizeBytes: im.VirtualSize,
-		FileSizeBytes: im.FileSize, Source: im.Source, CreatedUnix: im.Created.Unix()}
+		FileSizeBytes: im.FileSize, Source: im.Source, CreatedUnix: im.Created.Unix(), Node: s.sandboxes.local.ID()}
 }
 
-func (s *VMService) ListVMImages(ctx context.Context, _ *connect.Request[corralv1.ListVMImagesRequest]) (*connect.Response[corralv1.ListVMImagesResponse], error) {
-	st, err := s.store()
+func (s *VMService) ListVMImages(ctx context.Context, req *connect.Request[corralv1.ListVMImagesRequest]) (*connect.Response[corralv1.ListVMImagesResponse], error) {
+	st, err := s.store(req.Msg.Node)
 	if err != nil {
 		return nil, err
 	}
@@ -71,17 +76,17 @@ func (s *VMService) ListVMImages(ctx context.Context, _ *connect.Request[corralv
 	}
 	resp := &corralv1.ListVMImagesResponse{}
 	for _, im := range all {
-		resp.Images = append(resp.Images, vmImageToProto(im))
+		resp.Images = append(resp.Images, s.vmImageToProto(im))
 	}
 	return connect.NewResponse(resp), nil
 }
 
 func (s *VMService) ImportVMImage(ctx context.Context, stream *connect.ClientStream[corralv1.ImportVMImageRequest]) (*connect.Response[corralv1.ImportVMImageResponse], error) {
-	st, err := s.store()
+	first, r, err := streamData(stream, func(m *corralv1.ImportVMImageRequest) []byte { return m.Data })
 	if err != nil {
 		return nil, err
 	}
-	first, r, err := streamData(stream, func(m *corralv1.ImportVMImageRequest) []byte { return m.Data })
+	st, err := s.store(first.Node)
 	if err != nil {
 		return nil, err
 	}
@@ -89,11 +94,11 @@ func (s *VMService) ImportVMImage(ctx context.Context, stream *connect.ClientStr
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&corralv1.ImportVMImageResponse{Image: vmImageToProto(im)}), nil
+	return connect.NewResponse(&corralv1.ImportVMImageResponse{Image: s.vmImageToProto(im)}), nil
 }
 
 func (s *VMService) BuildVMImage(ctx context.Context, req *connect.Request[corralv1.BuildVMImageRequest], stream *connect.ServerStream[corralv1.BuildVMImageResponse]) error {
-	st, err := s.store()
+	st, err := s.store(req.Msg.Node)
 	if err != nil {
 		return err
 	}
@@ -107,11 +112,11 @@ func (s *VMService) BuildVMImage(ctx context.Context, req *connect.Request[corra
 	if err != nil {
 		return err
 	}
-	return stream.Send(&corralv1.BuildVMImageResponse{Image: vmImageToProto(im)})
+	return stream.Send(&corralv1.BuildVMImageResponse{Image: s.vmImageToProto(im)})
 }
 
 func (s *VMService) RemoveVMImage(ctx context.Context, req *connect.Request[corralv1.RemoveVMImageRequest]) (*connect.Response[corralv1.RemoveVMImageResponse], error) {
-	st, err := s.store()
+	st, err := s.store(req.Msg.Node)
 	if err != nil {
 		return nil, err
 	}

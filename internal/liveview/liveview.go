@@ -135,13 +135,36 @@ func (t *Tokens) Redeem(sandbox, token string) error {
 // node's hold on the sandbox.
 type Dial func(ctx context.Context, sandbox string) (net.Conn, error)
 
-// Handler serves PathPrefix: a GET with ?token= that Redeem accepts is
-// upgraded to a websocket whose binary messages are relayed to and from
-// the connection dial opens. Without a token it answers 401, with a
-// refused one 403, and nothing is dialled.
+// Open checks token for sandbox and returns the stream to relay; a
+// *StatusError says which HTTP status refuses the websocket.
+type Open func(ctx context.Context, sandbox, token string) (net.Conn, error)
+
+// Local is the node's Open: Redeem, then dial (nothing is dialled for a
+// refused token).
+func Local(tokens *Tokens, dial Dial) Open {
+	return func(ctx context.Context, sandbox, token string) (net.Conn, error) {
+		if err := tokens.Redeem(sandbox, token); err != nil {
+			return nil, &StatusError{Code: http.StatusForbidden, Msg: "permission denied: " + err.Error()}
+		}
+		return dial(ctx, sandbox)
+	}
+}
+
+// StatusError is a refusal with its HTTP status (a node's answer that a
+// control instance passes on).
+type StatusError struct {
+	Code int
+	Msg  string
+}
+
+func (e *StatusError) Error() string { return e.Msg }
+
+// Handler serves PathPrefix: a websocket GET with ?token= that Open
+// accepts is upgraded, and its binary messages are relayed to and from
+// the stream Open returned. Without a token it answers 401; a refused
+// token gets Open's status (403).
 type Handler struct {
-	Tokens *Tokens
-	Dial   Dial
+	Open   Open
 	Logger *slog.Logger
 
 	mu     sync.Mutex
@@ -175,15 +198,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "unauthenticated: live view needs ?token= from the LiveView call", http.StatusUnauthorized)
 		return
 	}
-	if err := h.Tokens.Redeem(id, token); err != nil {
-		http.Error(w, "permission denied: "+err.Error(), http.StatusForbidden)
-		return
-	}
 	if !websocket.IsWebSocketUpgrade(r) {
-		http.Error(w, "live view: a websocket upgrade is required (the token is now used)", http.StatusBadRequest)
+		http.Error(w, "live view: a websocket upgrade is required", http.StatusBadRequest)
 		return
 	}
-	vnc, err := h.Dial(r.Context(), id)
+	vnc, err := h.Open(r.Context(), id, token)
 	if err != nil {
 		http.Error(w, "live view: "+err.Error(), httpStatus(err))
 		return
@@ -242,7 +261,10 @@ func (h *Handler) Close() {
 }
 
 func httpStatus(err error) int {
+	var se *StatusError
 	switch {
+	case errors.As(err, &se):
+		return se.Code
 	case errdefs.IsNotFound(err):
 		return http.StatusNotFound
 	case errdefs.IsNotSupported(err), errdefs.IsFailedPrecondition(err):

@@ -96,14 +96,14 @@ func TestHandlerRelays(t *testing.T) {
 	}()
 	var dials atomic.Int32
 	tokens := NewTokens()
-	h := &Handler{Tokens: tokens, Dial: func(ctx context.Context, id string) (net.Conn, error) {
+	h := &Handler{Open: Local(tokens, func(ctx context.Context, id string) (net.Conn, error) {
 		dials.Add(1)
 		if id != "sb-a" {
 			return nil, errdefs.NotFound("sandbox %s", id)
 		}
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
-	}}
+	})}
 	mux := http.NewServeMux()
 	mux.Handle(PathPrefix, h)
 	srv := httptest.NewServer(mux)

@@ -164,9 +164,11 @@ type Server struct {
 	// nodeGroup is the daemon's own cgroup (nil without Config.NodeCgroup).
 	nodeGroup *cgroup.NodeGroup
 
-	// liveView is the live view's websocket endpoint (vm.go): its
-	// connections outlive Shutdown, which closes them.
-	liveView *liveview.Handler
+	// vmService is the node's VMService and liveView the live view's
+	// websocket endpoint (vm.go), whose connections outlive Shutdown,
+	// which closes them.
+	vmService *control.VMService
+	liveView  *liveview.Handler
 }
 
 // Start builds the node and starts serving. Stop ends it.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/backend/vm"
+	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/liveview"
 )
@@ -22,13 +23,23 @@ func (s *Server) serveVM(mux *http.ServeMux, sandboxes *control.Service, guard c
 		images = vmImages{s.stack.fullVM.Images()}
 	}
 	tokens := liveview.NewTokens()
-	path, h := corralv1connect.NewVMServiceHandler(control.NewVMService(sandboxes, images, tokens), guard,
+	s.vmService = control.NewVMService(sandboxes, images, tokens)
+	path, h := corralv1connect.NewVMServiceHandler(s.vmService, guard,
 		connect.WithReadMaxBytes(80<<20))
 	mux.Handle(path, h)
 	// The live view's websocket: its one-time token is its credential
 	// (a browser cannot send a bearer header on a websocket).
-	s.liveView = &liveview.Handler{Tokens: tokens, Dial: s.node.DialVNC, Logger: s.cfg.Logger}
+	s.liveView = &liveview.Handler{Open: liveview.Local(tokens, s.node.DialVNC), Logger: s.cfg.Logger}
 	mux.Handle(liveview.PathPrefix, s.liveView)
+}
+
+// serveClusterVM mounts the same VMService and live view on a cluster
+// node's listener, for control instances (every call signed).
+func (s *Server) serveClusterVM(mux *http.ServeMux, secret cluster.Secret) {
+	path, h := corralv1connect.NewVMServiceHandler(s.vmService, connect.WithInterceptors(control.ErrorInterceptor{}),
+		connect.WithReadMaxBytes(80<<20))
+	mux.Handle(path, cluster.RequireSigned(secret, h))
+	mux.Handle(liveview.PathPrefix, cluster.RequireSigned(secret, s.liveView))
 }
 
 // vmImages serves the vm backend's image store to the API layer.

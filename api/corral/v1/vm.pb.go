@@ -33,8 +33,10 @@ type VMImage struct {
 	FileSizeBytes    int64  `protobuf:"varint,5,opt,name=file_size_bytes,json=fileSizeBytes,proto3" json:"file_size_bytes,omitempty"`
 	Source           string `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
 	CreatedUnix      int64  `protobuf:"varint,7,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The node that holds it.
+	Node          string `protobuf:"bytes,8,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VMImage) Reset() {
@@ -116,8 +118,17 @@ func (x *VMImage) GetCreatedUnix() int64 {
 	return 0
 }
 
+func (x *VMImage) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ListVMImagesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// In a cluster, only this node's images; empty: every node's.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -150,6 +161,13 @@ func (x *ListVMImagesRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListVMImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListVMImagesRequest) Descriptor() ([]byte, []int) {
 	return file_corral_v1_vm_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListVMImagesRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
 }
 
 type ListVMImagesResponse struct {
@@ -202,7 +220,10 @@ type ImportVMImageRequest struct {
 	Name     string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Firmware string `protobuf:"bytes,2,opt,name=firmware,proto3" json:"firmware,omitempty"`
 	// The next bytes of the disk file.
-	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// First message only, in a cluster: the node to keep it on (empty: the
+	// only node running the vm backend).
+	Node          string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -258,6 +279,13 @@ func (x *ImportVMImageRequest) GetData() []byte {
 	return nil
 }
 
+func (x *ImportVMImageRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ImportVMImageResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Image         *VMImage               `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
@@ -307,7 +335,10 @@ type BuildVMImageRequest struct {
 	// The recipe: "debian".
 	Recipe string `protobuf:"bytes,1,opt,name=recipe,proto3" json:"recipe,omitempty"`
 	// NAME@VERSION; empty: debian@12.
-	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// In a cluster, the node to build on (empty: the only node running the
+	// vm backend).
+	Node          string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -352,6 +383,13 @@ func (x *BuildVMImageRequest) GetRecipe() string {
 func (x *BuildVMImageRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *BuildVMImageRequest) GetNode() string {
+	if x != nil {
+		return x.Node
 	}
 	return ""
 }
@@ -410,8 +448,11 @@ func (x *BuildVMImageResponse) GetImage() *VMImage {
 }
 
 type RemoveVMImageRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ref   string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// In a cluster, the node to remove it from (empty: the only node
+	// running the vm backend).
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -449,6 +490,13 @@ func (*RemoveVMImageRequest) Descriptor() ([]byte, []int) {
 func (x *RemoveVMImageRequest) GetRef() string {
 	if x != nil {
 		return x.Ref
+	}
+	return ""
+}
+
+func (x *RemoveVMImageRequest) GetNode() string {
+	if x != nil {
+		return x.Node
 	}
 	return ""
 }
@@ -926,7 +974,7 @@ var File_corral_v1_vm_proto protoreflect.FileDescriptor
 
 const file_corral_v1_vm_proto_rawDesc = "" +
 	"\n" +
-	"\x12corral/v1/vm.proto\x12\tcorral.v1\"\xe0\x01\n" +
+	"\x12corral/v1/vm.proto\x12\tcorral.v1\"\xf4\x01\n" +
 	"\aVMImage\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06format\x18\x02 \x01(\tR\x06format\x12\x1a\n" +
@@ -934,24 +982,29 @@ const file_corral_v1_vm_proto_rawDesc = "" +
 	"\x12virtual_size_bytes\x18\x04 \x01(\x03R\x10virtualSizeBytes\x12&\n" +
 	"\x0ffile_size_bytes\x18\x05 \x01(\x03R\rfileSizeBytes\x12\x16\n" +
 	"\x06source\x18\x06 \x01(\tR\x06source\x12!\n" +
-	"\fcreated_unix\x18\a \x01(\x03R\vcreatedUnix\"\x15\n" +
-	"\x13ListVMImagesRequest\"B\n" +
+	"\fcreated_unix\x18\a \x01(\x03R\vcreatedUnix\x12\x12\n" +
+	"\x04node\x18\b \x01(\tR\x04node\")\n" +
+	"\x13ListVMImagesRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"B\n" +
 	"\x14ListVMImagesResponse\x12*\n" +
-	"\x06images\x18\x01 \x03(\v2\x12.corral.v1.VMImageR\x06images\"Z\n" +
+	"\x06images\x18\x01 \x03(\v2\x12.corral.v1.VMImageR\x06images\"n\n" +
 	"\x14ImportVMImageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bfirmware\x18\x02 \x01(\tR\bfirmware\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data\"A\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\"A\n" +
 	"\x15ImportVMImageResponse\x12(\n" +
-	"\x05image\x18\x01 \x01(\v2\x12.corral.v1.VMImageR\x05image\"A\n" +
+	"\x05image\x18\x01 \x01(\v2\x12.corral.v1.VMImageR\x05image\"U\n" +
 	"\x13BuildVMImageRequest\x12\x16\n" +
 	"\x06recipe\x18\x01 \x01(\tR\x06recipe\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\\\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\"\\\n" +
 	"\x14BuildVMImageResponse\x12\x1a\n" +
 	"\bprogress\x18\x01 \x01(\tR\bprogress\x12(\n" +
-	"\x05image\x18\x02 \x01(\v2\x12.corral.v1.VMImageR\x05image\"(\n" +
+	"\x05image\x18\x02 \x01(\v2\x12.corral.v1.VMImageR\x05image\"<\n" +
 	"\x14RemoveVMImageRequest\x12\x10\n" +
-	"\x03ref\x18\x01 \x01(\tR\x03ref\"\x17\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\"\x17\n" +
 	"\x15RemoveVMImageResponse\"H\n" +
 	"\x11ScreenshotRequest\x12\x1d\n" +
 	"\n" +
