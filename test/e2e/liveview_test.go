@@ -1,14 +1,10 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
-	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,14 +13,9 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/corral-dev/corral/client"
-	"github.com/corral-dev/corral/internal/backend/vm"
 	"github.com/corral-dev/corral/internal/server"
 	"github.com/corral-dev/corral/internal/testenv"
 )
-
-// vmImageCache is where internal/backend/vm's tests keep the Debian image
-// they build (built there: this test only adopts it).
-var vmImageCache = filepath.Join(os.TempDir(), "corral-vm-image-cache", vm.DebianRecipe)
 
 // TestLiveViewOfAVM boots one Debian VM through the API and opens its
 // live view: the token opens the websocket once, the RFB handshake with
@@ -32,22 +23,12 @@ var vmImageCache = filepath.Join(os.TempDir(), "corral-vm-image-cache", vm.Debia
 // no, a wrong, a used, an expired or another sandbox's token gets
 // 401/403 and no relay; deleting the sandbox closes the live connection.
 func TestLiveViewOfAVM(t *testing.T) {
-	if _, err := os.Stat(filepath.Join(vmImageCache, "disk.qcow2")); err != nil {
-		t.Skipf("live view: needs the Debian VM image that internal/backend/vm's tests build into %s: %v", vmImageCache, err)
-	}
+	testenv.RequireVMImage(t)
 	const ref = "debian@liveview"
-	var adoptErr error
 	srv := testenv.StartServer(t, func(cfg *server.Config) {
-		// The image goes into the server's own store before it starts.
-		b, err := vm.New(vm.Config{RunDir: filepath.Join(cfg.DataDir, "vms"), ImageDir: filepath.Join(cfg.DataDir, "vm-images")})
-		if err == nil {
-			_, err = b.Images().Adopt(vmImageCache, ref)
-		}
-		adoptErr = err
+		// Into the server's own store before it starts.
+		testenv.AdoptVMImage(t, cfg.DataDir, ref)
 	})
-	if adoptErr != nil {
-		t.Skipf("live view: vm backend unavailable: %v", adoptErr)
-	}
 	c := srv.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -130,35 +111,11 @@ func TestLiveViewOfAVM(t *testing.T) {
 	defer ws.Close()
 	refused("a used token", lv.URLPath(), http.StatusForbidden)
 
-	w, h := rfbHandshake(t, ws)
-	if w == 0 || h == 0 {
-		t.Fatalf("server init: framebuffer %dx%d", w, h)
-	}
-	// FramebufferUpdateRequest, not incremental, of the whole screen.
-	req := []byte{3, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-	binary.BigEndian.PutUint16(req[6:], w)
-	binary.BigEndian.PutUint16(req[8:], h)
-	if err := ws.WriteMessage(websocket.BinaryMessage, req); err != nil {
-		t.Fatal(err)
-	}
-	r := &wsReader{ws: ws}
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		t.Fatalf("framebuffer update: %v", err)
-	}
-	if hdr[0] != 0 || binary.BigEndian.Uint16(hdr[2:]) == 0 {
-		t.Fatalf("framebuffer update: header % x, want type 0 with rectangles", hdr)
-	}
-	var rect [12]byte
-	if _, err := io.ReadFull(r, rect[:]); err != nil {
-		t.Fatal(err)
-	}
-	rw, rh := binary.BigEndian.Uint16(rect[4:]), binary.BigEndian.Uint16(rect[6:])
+	w, h, rw, rh := testenv.RFBFirstFrame(t, ws)
 	if rw == 0 || rh == 0 {
 		t.Fatalf("first rectangle %dx%d, want a non-empty one", rw, rh)
 	}
-	t.Logf("live view: %dx%d screen, first rectangle %dx%d (encoding %d) %v after connecting",
-		w, h, rw, rh, int32(binary.BigEndian.Uint32(rect[8:])), time.Since(start).Round(time.Millisecond))
+	t.Logf("live view: %dx%d screen, first rectangle %dx%d %v after connecting", w, h, rw, rh, time.Since(start).Round(time.Millisecond))
 
 	// Deleting the sandbox ends the live connection.
 	if err := a.Delete(ctx); err != nil {
@@ -177,69 +134,5 @@ func TestLiveViewOfAVM(t *testing.T) {
 	}
 	if _, err := c.LiveView(ctx, a.ID(), 0); !client.IsNotFound(err) {
 		t.Errorf("live view of a deleted sandbox: %v, want not_found", err)
-	}
-}
-
-// rfbHandshake completes RFB 3.8 with security type None and returns the
-// framebuffer's size from ServerInit.
-func rfbHandshake(t *testing.T, ws *websocket.Conn) (w, h uint16) {
-	t.Helper()
-	_ = ws.SetReadDeadline(time.Now().Add(2 * time.Minute))
-	r := &wsReader{ws: ws}
-	send := func(p []byte) {
-		t.Helper()
-		if err := ws.WriteMessage(websocket.BinaryMessage, p); err != nil {
-			t.Fatal(err)
-		}
-	}
-	read := func(n int) []byte {
-		t.Helper()
-		p := make([]byte, n)
-		if _, err := io.ReadFull(r, p); err != nil {
-			t.Fatalf("rfb: %v", err)
-		}
-		return p
-	}
-	version := read(12)
-	if !bytes.HasPrefix(version, []byte("RFB 003.00")) {
-		t.Fatalf("rfb: protocol version %q", version)
-	}
-	send([]byte("RFB 003.008\n"))
-	types := read(int(read(1)[0]))
-	if !bytes.Contains(types, []byte{1}) {
-		t.Fatalf("rfb: security types %v lack None (1)", types)
-	}
-	send([]byte{1})
-	if res := binary.BigEndian.Uint32(read(4)); res != 0 {
-		t.Fatalf("rfb: security result %d", res)
-	}
-	send([]byte{1}) // ClientInit: shared
-	init := read(24)
-	read(int(binary.BigEndian.Uint32(init[20:]))) // the desktop's name
-	return binary.BigEndian.Uint16(init[0:]), binary.BigEndian.Uint16(init[2:])
-}
-
-// wsReader reads a websocket's binary messages as one byte stream.
-type wsReader struct {
-	ws  *websocket.Conn
-	cur io.Reader
-}
-
-func (r *wsReader) Read(p []byte) (int, error) {
-	for {
-		if r.cur != nil {
-			n, err := r.cur.Read(p)
-			if n > 0 {
-				return n, nil
-			}
-			if err != io.EOF {
-				return 0, err
-			}
-		}
-		_, next, err := r.ws.NextReader()
-		if err != nil {
-			return 0, err
-		}
-		r.cur = next
 	}
 }
