@@ -2,11 +2,18 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
 	"math"
+	"net"
 	"net/url"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/gorilla/websocket"
 
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
 )
@@ -35,3 +42,75 @@ func (c *Client) LiveView(ctx context.Context, sandboxID string, ttl time.Durati
 	}
 	return LiveView{Path: resp.Msg.Path, Token: resp.Msg.Token, Expires: time.Unix(resp.Msg.ExpiresUnix, 0)}, nil
 }
+
+// liveDialer opens websockets on the client's server address.
+type liveDialer struct {
+	baseURL string
+	dial    func(ctx context.Context, network, addr string) (net.Conn, error) // nil: TCP
+	tls     *tls.Config
+}
+
+// DialLiveView opens the live view lv grants (using up its token) and
+// returns the VNC (RFB) byte stream: read the server's ProtocolVersion
+// first, as from any VNC server.
+func (c *Client) DialLiveView(ctx context.Context, lv LiveView) (net.Conn, error) {
+	d := websocket.Dialer{NetDialContext: c.live.dial, TLSClientConfig: c.live.tls, HandshakeTimeout: time.Minute}
+	u := "ws" + strings.TrimPrefix(c.live.baseURL, "http") + lv.URLPath()
+	ws, resp, err := d.DialContext(ctx, u, nil)
+	if err != nil {
+		if resp != nil {
+			defer resp.Body.Close()
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+			return nil, fmt.Errorf("live view: HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
+		}
+		return nil, fmt.Errorf("live view: %w", err)
+	}
+	return &wsConn{ws: ws}, nil
+}
+
+// wsConn is a websocket's binary messages as a byte stream.
+type wsConn struct {
+	ws  *websocket.Conn
+	cur io.Reader
+}
+
+func (c *wsConn) Read(p []byte) (int, error) {
+	for {
+		if c.cur != nil {
+			n, err := c.cur.Read(p)
+			if n > 0 {
+				return n, nil
+			}
+			if err != io.EOF {
+				return 0, err
+			}
+			c.cur = nil
+		}
+		kind, r, err := c.ws.NextReader()
+		if err != nil {
+			var ce *websocket.CloseError
+			if errors.As(err, &ce) {
+				return 0, io.EOF // the sandbox's screen closed
+			}
+			return 0, err
+		}
+		if kind == websocket.BinaryMessage {
+			c.cur = r
+		}
+	}
+}
+
+func (c *wsConn) Write(p []byte) (int, error) {
+	if err := c.ws.WriteMessage(websocket.BinaryMessage, p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (c *wsConn) Close() error                       { return c.ws.Close() }
+func (c *wsConn) LocalAddr() net.Addr                { return c.ws.LocalAddr() }
+func (c *wsConn) RemoteAddr() net.Addr               { return c.ws.RemoteAddr() }
+func (c *wsConn) SetDeadline(t time.Time) error      { return c.ws.NetConn().SetDeadline(t) }
+func (c *wsConn) SetReadDeadline(t time.Time) error  { return c.ws.SetReadDeadline(t) }
+func (c *wsConn) SetWriteDeadline(t time.Time) error { return c.ws.SetWriteDeadline(t) }
+

@@ -17,7 +17,9 @@ func newLiveViewCmd(g *globals) *cobra.Command {
 		Short: "Print a one-time websocket URL to a vm sandbox's screen (VNC)",
 		Long: `Print a one-time websocket URL to a vm sandbox's screen, keyboard and mouse:
 VNC (RFB) over a websocket on the server's API listener. The token opens one
-connection, within --ttl; any VNC client that speaks websockets (noVNC) can use it.`,
+connection, within --ttl; any VNC client that speaks websockets (noVNC) can use it.
+On a TCP address it also prints the dashboard's viewer page (/ui/liveview.html)
+for that token: open it in a browser.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
@@ -28,17 +30,23 @@ connection, within --ttl; any VNC client that speaks websockets (noVNC) can use 
 			if err != nil {
 				return err
 			}
-			url := lv.URLPath()
-			switch {
-			case strings.HasPrefix(g.addr, "http://"):
-				url = "ws://" + strings.TrimSuffix(strings.TrimPrefix(g.addr, "http://"), "/") + url
-			case strings.HasPrefix(g.addr, "https://"):
-				url = "wss://" + strings.TrimSuffix(strings.TrimPrefix(g.addr, "https://"), "/") + url
+			// On TCP, also the dashboard's viewer page, with the token in
+			// the URL's fragment (never sent to a server).
+			url, page := lv.URLPath(), ""
+			for _, sc := range []struct{ http, ws string }{{"http://", "ws://"}, {"https://", "wss://"}} {
+				if host, ok := strings.CutPrefix(g.addr, sc.http); ok {
+					host = strings.TrimSuffix(host, "/")
+					url = sc.ws + host + url
+					page = sc.http + host + "/ui/liveview.html#path=" + lv.Path + "&token=" + lv.Token
+				}
 			}
 			if g.json {
-				return printJSON(map[string]any{"path": lv.Path, "token": lv.Token, "expires": lv.Expires.UTC().Format(time.RFC3339), "url": url})
+				return printJSON(map[string]any{"path": lv.Path, "token": lv.Token, "expires": lv.Expires.UTC().Format(time.RFC3339), "url": url, "page": page})
 			}
 			fmt.Println(url)
+			if page != "" {
+				fmt.Println(page)
+			}
 			return nil
 		},
 	}

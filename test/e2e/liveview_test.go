@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/gorilla/websocket"
 
 	"github.com/corral-dev/corral/client"
@@ -28,6 +29,7 @@ func TestLiveViewOfAVM(t *testing.T) {
 	srv := testenv.StartServer(t, func(cfg *server.Config) {
 		// Into the server's own store before it starts.
 		testenv.AdoptVMImage(t, cfg.DataDir, ref)
+		cfg.Listen = "127.0.0.1:0" // for the browser
 	})
 	c := srv.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -117,6 +119,8 @@ func TestLiveViewOfAVM(t *testing.T) {
 	}
 	t.Logf("live view: %dx%d screen, first rectangle %dx%d %v after connecting", w, h, rw, rh, time.Since(start).Round(time.Millisecond))
 
+	t.Run("noVNC page", func(t *testing.T) { liveViewPage(t, c, srv.TCPAddr(), a.ID()) })
+
 	// Deleting the sandbox ends the live connection.
 	if err := a.Delete(ctx); err != nil {
 		t.Fatalf("delete: %v", err)
@@ -135,4 +139,45 @@ func TestLiveViewOfAVM(t *testing.T) {
 	if _, err := c.LiveView(ctx, a.ID(), 0); !client.IsNotFound(err) {
 		t.Errorf("live view of a deleted sandbox: %v, want not_found", err)
 	}
+}
+
+// liveViewPage opens the dashboard's viewer page (noVNC) in headless
+// Chromium with a fresh token and waits until it is connected and its
+// canvas shows the console's text; the token leaves the address bar.
+func liveViewPage(t *testing.T, c *client.Client, addr, id string) {
+	bctx := chromium(t)
+	lv, err := c.LiveView(context.Background(), id, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := bctx
+	bctx, cancel := context.WithTimeout(bctx, 2*time.Minute)
+	defer cancel()
+	url := "http://" + addr + "/ui/liveview.html#path=" + lv.Path + "&token=" + lv.Token
+	if err := chromedp.Do(bctx, chromedp.Navigate(url)); err != nil {
+		t.Fatalf("load the viewer page: %v", err)
+	}
+	status := func() string {
+		s, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("#status")))
+		return s
+	}
+	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](`document.getElementById('status').textContent.startsWith('connected')`)); err != nil {
+		t.Fatalf("viewer page never connected: %v (status %q)", err, status())
+	}
+	// Lit pixels: the console's text on its black background.
+	canvas, err := chromedp.Run(bctx, chromedp.Poll[[]int](`(() => {
+		const c = document.querySelector('#screen canvas');
+		if (!c || !c.width) return false;
+		const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+		let lit = 0;
+		for (let i = 0; i < d.length; i += 4) if (d[i] | d[i+1] | d[i+2]) lit++;
+		return lit > 0 ? [c.width, c.height, lit] : false;
+	})()`))
+	if err != nil || len(canvas) != 3 {
+		t.Fatalf("viewer page's canvas never showed the screen: %v %v (status %q)", canvas, err, status())
+	}
+	if hash, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`location.hash`)); hash != "" {
+		t.Errorf("the token stayed in the address bar: %q", hash)
+	}
+	t.Logf("viewer page: %q, canvas %dx%d with %d lit pixels", status(), canvas[0], canvas[1], canvas[2])
 }
