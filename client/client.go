@@ -45,6 +45,9 @@ type Client struct {
 
 	// cluster is served by a cluster's control instances only.
 	cluster corralv1connect.ClusterServiceClient
+
+	// live dials live view websockets (liveview.go).
+	live liveDialer
 }
 
 // Option configures a Client.
@@ -122,6 +125,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 			append(copts, connect.WithAcceptCompression("gzip", nil, nil))...),
 
 		cluster: corralv1connect.NewClusterServiceClient(hc, baseURL, copts...),
+		live:    liveDialer{baseURL: baseURL, dial: transport.DialContext, tls: o.tls},
 	}, nil
 }
 

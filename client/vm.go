@@ -20,6 +20,7 @@ type VMImage struct {
 	FileSize         int64
 	Source           string
 	Created          time.Time
+	Node             string // the node holding it
 }
 
 func vmImageFromProto(p *corralv1.VMImage) VMImage {
@@ -27,12 +28,28 @@ func vmImageFromProto(p *corralv1.VMImage) VMImage {
 		return VMImage{}
 	}
 	return VMImage{Ref: p.Ref, Format: p.Format, Firmware: p.Firmware, VirtualSize: p.VirtualSizeBytes,
-		FileSize: p.FileSizeBytes, Source: p.Source, Created: time.Unix(p.CreatedUnix, 0)}
+		FileSize: p.FileSizeBytes, Source: p.Source, Created: time.Unix(p.CreatedUnix, 0), Node: p.Node}
 }
 
 // ListVMImages lists the node's VM images.
 func (c *Client) ListVMImages(ctx context.Context) ([]VMImage, error) {
-	resp, err := c.vm.ListVMImages(ctx, connect.NewRequest(&corralv1.ListVMImagesRequest{}))
+	return c.VMImagesOn("").List(ctx)
+}
+
+// VMImageNode aims VM image calls at one node of a cluster: VM images are
+// each node's own. The empty node is every node for List and, for the
+// others, the only node running the vm backend (a single server is that).
+type VMImageNode struct {
+	c    *Client
+	node string
+}
+
+// VMImagesOn is the VM image calls of node.
+func (c *Client) VMImagesOn(node string) VMImageNode { return VMImageNode{c: c, node: node} }
+
+// List lists the node's VM images.
+func (n VMImageNode) List(ctx context.Context) ([]VMImage, error) {
+	resp, err := n.c.vm.ListVMImages(ctx, connect.NewRequest(&corralv1.ListVMImagesRequest{Node: n.node}))
 	if err != nil {
 		return nil, wrapErr(err)
 	}
@@ -46,9 +63,14 @@ func (c *Client) ListVMImages(ctx context.Context) ([]VMImage, error) {
 // ImportVMImage streams a qcow2 or raw disk from r to the node as name
 // (NAME@VERSION); firmware is "bios" or "uefi".
 func (c *Client) ImportVMImage(ctx context.Context, r io.Reader, name, firmware string) (VMImage, error) {
+	return c.VMImagesOn("").Import(ctx, r, name, firmware)
+}
+
+// Import streams a disk to the node as ImportVMImage does.
+func (n VMImageNode) Import(ctx context.Context, r io.Reader, name, firmware string) (VMImage, error) {
 	resp, err := upload(ctx, func(ctx context.Context) clientStream[corralv1.ImportVMImageRequest, corralv1.ImportVMImageResponse] {
-		return c.vm.ImportVMImage(ctx)
-	}, &corralv1.ImportVMImageRequest{Name: name, Firmware: firmware}, r,
+		return n.c.vm.ImportVMImage(ctx)
+	}, &corralv1.ImportVMImageRequest{Name: name, Firmware: firmware, Node: n.node}, r,
 		func(m *corralv1.ImportVMImageRequest, p []byte) *corralv1.ImportVMImageRequest {
 			if m == nil {
 				m = &corralv1.ImportVMImageRequest{}
@@ -65,7 +87,12 @@ func (c *Client) ImportVMImage(ctx context.Context, r io.Reader, name, firmware 
 // BuildVMImage builds recipe ("debian") on the node as name (empty:
 // debian@12); progress, when set, gets each progress line.
 func (c *Client) BuildVMImage(ctx context.Context, recipe, name string, progress func(string)) (VMImage, error) {
-	stream, err := c.vm.BuildVMImage(ctx, connect.NewRequest(&corralv1.BuildVMImageRequest{Recipe: recipe, Name: name}))
+	return c.VMImagesOn("").Build(ctx, recipe, name, progress)
+}
+
+// Build builds an image on the node as BuildVMImage does.
+func (n VMImageNode) Build(ctx context.Context, recipe, name string, progress func(string)) (VMImage, error) {
+	stream, err := n.c.vm.BuildVMImage(ctx, connect.NewRequest(&corralv1.BuildVMImageRequest{Recipe: recipe, Name: name, Node: n.node}))
 	if err != nil {
 		return VMImage{}, wrapErr(err)
 	}
@@ -87,7 +114,12 @@ func (c *Client) BuildVMImage(ctx context.Context, recipe, name string, progress
 
 // RemoveVMImage removes a VM image no sandbox uses.
 func (c *Client) RemoveVMImage(ctx context.Context, ref string) error {
-	_, err := c.vm.RemoveVMImage(ctx, connect.NewRequest(&corralv1.RemoveVMImageRequest{Ref: ref}))
+	return c.VMImagesOn("").Remove(ctx, ref)
+}
+
+// Remove removes an image from the node as RemoveVMImage does.
+func (n VMImageNode) Remove(ctx context.Context, ref string) error {
+	_, err := n.c.vm.RemoveVMImage(ctx, connect.NewRequest(&corralv1.RemoveVMImageRequest{Ref: ref, Node: n.node}))
 	return wrapErr(err)
 }
 

@@ -1,6 +1,9 @@
 package backend
 
-import "context"
+import (
+	"context"
+	"net"
+)
 
 // ImageOwner is implemented by backends whose sandboxes boot images of
 // their own store (the vm backend's disk images): the node passes
@@ -39,4 +42,11 @@ type Screener interface {
 	Screenshot(ctx context.Context, scale float64) (Screenshot, error)
 	// SendInput delivers events in order.
 	SendInput(ctx context.Context, events []InputEvent) error
+}
+
+// LiveViewer is implemented by sandboxes whose screen, keyboard and
+// mouse are served as VNC (RFB) for a live view.
+type LiveViewer interface {
+	// DialVNC connects to the sandbox's VNC server.
+	DialVNC(ctx context.Context) (net.Conn, error)
 }

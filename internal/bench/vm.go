@@ -61,6 +61,10 @@ type VMResult struct {
 
 	ScreenshotP50Ms float64 `json:"screenshot_p50_ms"`
 	ScreenshotBytes int     `json:"screenshot_bytes"`
+	// LiveViewFirstFrameP50Ms: LiveView → websocket → RFB handshake → one
+	// full-screen update read whole; the screenshot is its peer.
+	LiveViewFirstFrameP50Ms   float64 `json:"liveview_first_frame_p50_ms"`
+	RatioLiveViewVsScreenshot float64 `json:"ratio_liveview_vs_screenshot"`
 
 	GuestRAMMiB       int64   `json:"guest_ram_mib"`
 	HostMiBPerVM      float64 `json:"host_mib_per_vm"` // QEMU RSS + run dir blocks, idle after boot
@@ -173,6 +177,12 @@ func VM(ctx context.Context, c *client.Client, o VMOptions) (res *VMResult, err 
 		res.ScreenshotBytes = len(shot.PNG)
 	}
 	res.ScreenshotP50Ms = Summarise(shots).P50
+	views, err := liveViewFirstFrame(ctx, c, vm.ID(), o.Shots)
+	if err != nil {
+		return res, err
+	}
+	res.LiveViewFirstFrameP50Ms = Summarise(views).P50
+	res.RatioLiveViewVsScreenshot = ratio(res.LiveViewFirstFrameP50Ms, res.ScreenshotP50Ms)
 
 	host := func(sb *client.Sandbox) (float64, bool, error) {
 		v := findVMM(sb.ID())
@@ -210,6 +220,7 @@ func (r *VMResult) WriteTable(w io.Writer) error {
 		{"exec true p50 via guest agent (qemu-ga)", f3(r.ExecP50Ms) + " ms", fmt.Sprintf("microvm agent: %s ms (%sx); container: %s ms", f3(r.MicroVMExecP50Ms), f3(r.RatioExecVsMicroVM), f3(r.ContainerExecP50Ms)), ""},
 		agentRow,
 		{"screenshot p50 (QMP screendump → PNG)", f3(r.ScreenshotP50Ms) + " ms", fmt.Sprintf("%d bytes", r.ScreenshotBytes), ""},
+		{"live view first full frame p50 (token → websocket → RFB)", f3(r.LiveViewFirstFrameP50Ms) + " ms", fmt.Sprintf("screenshot: %s ms (%sx)", f3(r.ScreenshotP50Ms), f3(r.RatioLiveViewVsScreenshot)), ""},
 		{"host MiB per idle VM (QEMU RSS + files)", f3(r.HostMiBPerVM), fmt.Sprintf("microvm: %s (%sx); guest RAM %d MiB", f3(r.MicroVMHostMiB), f3(r.RatioHostVsMicroV), r.GuestRAMMiB), ""},
 		{"leaked sandboxes", fmt.Sprint(r.Leaked), "", "0"},
 	}

@@ -62,7 +62,7 @@ Start a server with 'corral serve', then create sandboxes and run commands:
 		newStatsCmd(g), newEventsCmd(g),
 		newTokenCmd(g), newProjectCmd(g), newWhoAmICmd(g), newAuditCmd(g),
 		newEtcdCmd(), newNodesCmd(g), newNodeCmd(g),
-		newVMImageCmd(g), newScreenshotCmd(g), newInputCmd(g),
+		newVMImageCmd(g), newScreenshotCmd(g), newInputCmd(g), newLiveViewCmd(g),
 	)
 	return root
 }

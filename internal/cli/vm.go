@@ -22,11 +22,14 @@ func newVMImageCmd(g *globals) *cobra.Command {
   corral vm-image import win.qcow2 --name windows@11 --firmware uefi
   corral create --backend vm --image debian@12 --memory 1G --disk 4G`,
 	}
-	cmd.AddCommand(newVMImageBuildCmd(g), newVMImageImportCmd(g), newVMImageLsCmd(g), newVMImageRmCmd(g))
+	var node string
+	// VM images are each node's own: in a cluster, say which.
+	cmd.PersistentFlags().StringVar(&node, "node", "", "in a cluster, the node (default: every node for ls, else the only one running the vm backend)")
+	cmd.AddCommand(newVMImageBuildCmd(g, &node), newVMImageImportCmd(g, &node), newVMImageLsCmd(g, &node), newVMImageRmCmd(g, &node))
 	return cmd
 }
 
-func newVMImageBuildCmd(g *globals) *cobra.Command {
+func newVMImageBuildCmd(g *globals, node *string) *cobra.Command {
 	var name string
 	cmd := &cobra.Command{
 		Use:   "build RECIPE",
@@ -42,7 +45,7 @@ kernel kept beside the disk. Needs root on the node (the unix socket).`,
 				return err
 			}
 			start := time.Now()
-			im, err := c.BuildVMImage(cmd.Context(), args[0], name, func(line string) {
+			im, err := c.VMImagesOn(*node).Build(cmd.Context(), args[0], name, func(line string) {
 				fmt.Fprintln(os.Stderr, line)
 			})
 			if err != nil {
@@ -59,7 +62,7 @@ kernel kept beside the disk. Needs root on the node (the unix socket).`,
 	return cmd
 }
 
-func newVMImageImportCmd(g *globals) *cobra.Command {
+func newVMImageImportCmd(g *globals, node *string) *cobra.Command {
 	var name, firmware string
 	cmd := &cobra.Command{
 		Use:   "import FILE",
@@ -78,7 +81,7 @@ func newVMImageImportCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			im, err := c.ImportVMImage(cmd.Context(), f, name, firmware)
+			im, err := c.VMImagesOn(*node).Import(cmd.Context(), f, name, firmware)
 			if err != nil {
 				return err
 			}
@@ -94,7 +97,7 @@ func newVMImageImportCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func newVMImageLsCmd(g *globals) *cobra.Command {
+func newVMImageLsCmd(g *globals, node *string) *cobra.Command {
 	return &cobra.Command{
 		Use:   "ls",
 		Short: "List VM images",
@@ -104,7 +107,7 @@ func newVMImageLsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ims, err := c.ListVMImages(cmd.Context())
+			ims, err := c.VMImagesOn(*node).List(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -112,16 +115,16 @@ func newVMImageLsCmd(g *globals) *cobra.Command {
 				return printJSON(ims)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "REF\tFORMAT\tFIRMWARE\tVIRTUAL\tON DISK\tSOURCE")
+			fmt.Fprintln(tw, "REF\tFORMAT\tFIRMWARE\tVIRTUAL\tON DISK\tNODE\tSOURCE")
 			for _, im := range ims {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", im.Ref, im.Format, im.Firmware, formatBytes(im.VirtualSize), formatBytes(im.FileSize), im.Source)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", im.Ref, im.Format, im.Firmware, formatBytes(im.VirtualSize), formatBytes(im.FileSize), im.Node, im.Source)
 			}
 			return tw.Flush()
 		},
 	}
 }
 
-func newVMImageRmCmd(g *globals) *cobra.Command {
+func newVMImageRmCmd(g *globals, node *string) *cobra.Command {
 	return &cobra.Command{
 		Use:   "rm REF",
 		Short: "Remove a VM image no sandbox uses",
@@ -131,7 +134,7 @@ func newVMImageRmCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return c.RemoveVMImage(cmd.Context(), args[0])
+			return c.VMImagesOn(*node).Remove(cmd.Context(), args[0])
 		},
 	}
 }

@@ -78,6 +78,9 @@ var rules = map[string]rule{
 	// The screen is read like a file; input drives the sandbox like exec.
 	corralv1connect.VMServiceScreenshotProcedure: {access: accessRead, sandbox: "sandbox_id"},
 	corralv1connect.VMServiceSendInputProcedure:  {access: accessWrite, sandbox: "sandbox_id", audit: true},
+	// The token it returns opens the screen, keyboard and mouse: as
+	// SendInput, and only to the sandbox's project.
+	corralv1connect.VMServiceLiveViewProcedure: {access: accessWrite, sandbox: "sandbox_id", audit: true},
 
 	corralv1connect.ImageServiceListImagesProcedure: {access: accessRead},
 	// CreateLayer reads a path on the node: the node administrator's alone.

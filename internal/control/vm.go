@@ -11,6 +11,7 @@ import (
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/liveview"
 )
 
 // VMImages is the node's store of VM disk images (the vm backend's), as
@@ -35,30 +36,37 @@ type VMImage struct {
 type VMService struct {
 	sandboxes *Service
 	images    VMImages // nil: the node runs no vm backend
+	live      *liveview.Tokens
 }
 
 var _ corralv1connect.VMServiceHandler = (*VMService)(nil)
 
 // NewVMService serves VM images from images (nil when the node has no vm
-// backend) and screens of the sandboxes sandboxes routes to.
-func NewVMService(sandboxes *Service, images VMImages) *VMService {
-	return &VMService{sandboxes: sandboxes, images: images}
+// backend) and screens of the sandboxes sandboxes routes to; LiveView
+// issues its tokens into live, which the live view endpoint redeems.
+func NewVMService(sandboxes *Service, images VMImages, live *liveview.Tokens) *VMService {
+	return &VMService{sandboxes: sandboxes, images: images, live: live}
 }
 
-func (s *VMService) store() (VMImages, error) {
+// store is the node's image store; node, when set, must name this node
+// (a cluster's control instance sends each call to the node it names).
+func (s *VMService) store(node string) (VMImages, error) {
+	if local := s.sandboxes.local.ID(); node != "" && node != local {
+		return nil, errdefs.NotFound("node %s: this server is node %s", node, local)
+	}
 	if s.images == nil {
 		return nil, errdefs.NotSupported("vm images: this node runs no vm backend (it needs qemu-system-x86_64 and qemu-img)")
 	}
 	return s.images, nil
 }
 
-func vmImageToProto(im VMImage) *corralv1.VMImage {
+func (s *VMService) vmImageToProto(im VMImage) *corralv1.VMImage {
 	return &corralv1.VMImage{Ref: im.Ref, Format: im.Format, Firmware: im.Firmware, VirtualSizeBytes: im.VirtualSize,
-		FileSizeBytes: im.FileSize, Source: im.Source, CreatedUnix: im.Created.Unix()}
+		FileSizeBytes: im.FileSize, Source: im.Source, CreatedUnix: im.Created.Unix(), Node: s.sandboxes.local.ID()}
 }
 
-func (s *VMService) ListVMImages(ctx context.Context, _ *connect.Request[corralv1.ListVMImagesRequest]) (*connect.Response[corralv1.ListVMImagesResponse], error) {
-	st, err := s.store()
+func (s *VMService) ListVMImages(ctx context.Context, req *connect.Request[corralv1.ListVMImagesRequest]) (*connect.Response[corralv1.ListVMImagesResponse], error) {
+	st, err := s.store(req.Msg.Node)
 	if err != nil {
 		return nil, err
 	}
@@ -68,17 +76,17 @@ func (s *VMService) ListVMImages(ctx context.Context, _ *connect.Request[corralv
 	}
 	resp := &corralv1.ListVMImagesResponse{}
 	for _, im := range all {
-		resp.Images = append(resp.Images, vmImageToProto(im))
+		resp.Images = append(resp.Images, s.vmImageToProto(im))
 	}
 	return connect.NewResponse(resp), nil
 }
 
 func (s *VMService) ImportVMImage(ctx context.Context, stream *connect.ClientStream[corralv1.ImportVMImageRequest]) (*connect.Response[corralv1.ImportVMImageResponse], error) {
-	st, err := s.store()
+	first, r, err := streamData(stream, func(m *corralv1.ImportVMImageRequest) []byte { return m.Data })
 	if err != nil {
 		return nil, err
 	}
-	first, r, err := streamData(stream, func(m *corralv1.ImportVMImageRequest) []byte { return m.Data })
+	st, err := s.store(first.Node)
 	if err != nil {
 		return nil, err
 	}
@@ -86,11 +94,11 @@ func (s *VMService) ImportVMImage(ctx context.Context, stream *connect.ClientStr
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&corralv1.ImportVMImageResponse{Image: vmImageToProto(im)}), nil
+	return connect.NewResponse(&corralv1.ImportVMImageResponse{Image: s.vmImageToProto(im)}), nil
 }
 
 func (s *VMService) BuildVMImage(ctx context.Context, req *connect.Request[corralv1.BuildVMImageRequest], stream *connect.ServerStream[corralv1.BuildVMImageResponse]) error {
-	st, err := s.store()
+	st, err := s.store(req.Msg.Node)
 	if err != nil {
 		return err
 	}
@@ -104,11 +112,11 @@ func (s *VMService) BuildVMImage(ctx context.Context, req *connect.Request[corra
 	if err != nil {
 		return err
 	}
-	return stream.Send(&corralv1.BuildVMImageResponse{Image: vmImageToProto(im)})
+	return stream.Send(&corralv1.BuildVMImageResponse{Image: s.vmImageToProto(im)})
 }
 
 func (s *VMService) RemoveVMImage(ctx context.Context, req *connect.Request[corralv1.RemoveVMImageRequest]) (*connect.Response[corralv1.RemoveVMImageResponse], error) {
-	st, err := s.store()
+	st, err := s.store(req.Msg.Node)
 	if err != nil {
 		return nil, err
 	}
@@ -144,4 +152,31 @@ func (s *VMService) SendInput(ctx context.Context, req *connect.Request[corralv1
 		return nil, err
 	}
 	return connect.NewResponse(&corralv1.SendInputResponse{}), nil
+}
+
+// LiveView checks that the sandbox's screen can be opened now (so that a
+// caller learns of a missing screen here, not from the websocket) and
+// issues a one-time token bound to it.
+func (s *VMService) LiveView(ctx context.Context, req *connect.Request[corralv1.LiveViewRequest]) (*connect.Response[corralv1.LiveViewResponse], error) {
+	if s.live == nil {
+		return nil, errdefs.NotSupported("live view: not served by this server")
+	}
+	ttl, err := liveview.CheckTTL(time.Duration(req.Msg.TtlSeconds) * time.Second)
+	if err != nil {
+		return nil, err
+	}
+	n, err := s.sandboxes.route(req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	c, err := n.DialVNC(ctx, req.Msg.SandboxId)
+	if err != nil {
+		return nil, err
+	}
+	c.Close()
+	token, expires, err := s.live.Issue(req.Msg.SandboxId, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.LiveViewResponse{Path: liveview.Path(req.Msg.SandboxId), Token: token, ExpiresUnix: expires.Unix()}), nil
 }

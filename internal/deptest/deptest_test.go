@@ -121,15 +121,17 @@ var rules = []rule{
 	{pkg: "internal/iam", may: []string{"internal/errdefs"}, never: cat([]string{"internal/node", "internal/backend/..."}, upper)},
 	{pkg: "internal/iam/etcdstore", may: []string{"internal/errdefs", "internal/iam"}, never: cat([]string{"internal/node", "internal/backend/..."}, upper)},
 	{pkg: "internal/iam/storetest", may: []string{"internal/errdefs", "internal/iam"}, never: cat([]string{"internal/node", "internal/backend/..."}, upper)},
-	{pkg: "internal/cluster", may: []string{"api/...", "internal/errdefs", "internal/iam"},
+	{pkg: "internal/cluster", may: []string{"api/...", "internal/errdefs", "internal/iam", "internal/liveview"},
 		never: []string{"internal/node", "internal/backend/...", "internal/server", "internal/cli", "internal/control"}},
 	{pkg: "internal/cluster/simnode", may: []string{"api/...", "internal/cluster", "internal/errdefs", "internal/iam"},
 		never: []string{"internal/node", "internal/backend/...", "internal/server", "internal/cli", "internal/control"}},
 
 	// The API layer.
 	{pkg: "internal/control", may: []string{"api/...", "internal/backend", "internal/errdefs", "internal/events", "internal/fncall", "internal/iam",
-		"internal/execlog", "internal/storage/layers", "internal/importroot", "internal/storage/share", "internal/metrics", "internal/node", "internal/state"},
+		"internal/execlog", "internal/storage/layers", "internal/importroot", "internal/storage/share", "internal/metrics", "internal/node", "internal/state", "internal/liveview"},
 		never: []string{"internal/server", "internal/cli", "client", "internal/backend/container", "internal/backend/microvm", "internal/backend/vm"}},
+	// The live view's tokens and websocket relay: told how to dial.
+	{pkg: "internal/liveview", may: []string{"internal/errdefs"}, never: []string{"internal/node", "internal/backend/...", "internal/control", "internal/server", "internal/cli"}},
 	{pkg: "internal/e2b", may: []string{"api/...", "internal/backend", "internal/control", "internal/e2b/envdpb/...", "internal/errdefs", "internal/iam", "internal/node", "internal/state"},
 		never: []string{"internal/server", "internal/cli", "client"}},
 	{pkg: "internal/ui", may: []string{"internal/control", "internal/events", "internal/iam"}, never: []string{"internal/server", "internal/cli"}},
@@ -140,7 +142,7 @@ var rules = []rule{
 		never: []string{"internal/cli"}},
 	{pkg: "internal/cli", may: []string{"..."}, never: []string{"internal/testenv"}},
 	{pkg: "cmd/corral", may: []string{"internal/cli"}},
-	{pkg: "internal/testenv", may: []string{"client", "internal/mountinfo", "internal/server"}},
+	{pkg: "internal/testenv", may: []string{"client", "internal/mountinfo", "internal/server", "internal/backend/vm"}},
 	{pkg: "test/...", may: []string{"..."}},
 }
 

@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"net"
+	"sync"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -43,5 +45,38 @@ func (n *Node) SendInput(ctx context.Context, id string, events []backend.InputE
 		}
 		return struct{}{}, sc.SendInput(ctx, events)
 	})
+	return err
+}
+
+// DialVNC connects to a sandbox's VNC server for a live view. The
+// sandbox counts as busy (never idle) until the connection is closed.
+func (n *Node) DialVNC(ctx context.Context, id string) (net.Conn, error) {
+	e, sb, err := n.acquire(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	lv, ok := sb.(backend.LiveViewer)
+	if !ok {
+		e.release()
+		return nil, errdefs.NotSupported("sandbox %s has no screen: the live view is for sandboxes of backend vm", id)
+	}
+	c, err := lv.DialVNC(ctx)
+	if err != nil {
+		e.release()
+		return nil, err
+	}
+	return &releasingConn{Conn: c, release: e.release}, nil
+}
+
+// releasingConn releases the sandbox once, at the first Close.
+type releasingConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *releasingConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
 	return err
 }

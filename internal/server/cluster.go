@@ -24,6 +24,7 @@ import (
 	"github.com/corral-dev/corral/internal/control"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/iam/etcdstore"
+	"github.com/corral-dev/corral/internal/liveview"
 )
 
 // ClusterNodeConfig makes a server a node of a cluster (`corral serve
@@ -152,6 +153,7 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	path, h = corralv1connect.NewImageServiceHandler(nodeImages{inner: control.NewImageService(cn.sandboxes, cn.images, cn.share), ci: ci},
 		connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
+	cn.serveClusterVM(mux, cc.Secret)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
@@ -164,6 +166,7 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	if cc.TLS != nil {
 		protocols = new(http.Protocols)
 		protocols.SetHTTP2(true)
+		protocols.SetHTTP1(true) // the live view's websocket upgrades HTTP/1.1
 		cn.http.Protocols, cn.http.TLSConfig = protocols, cc.TLS.ServerConfig()
 		go func() { cn.served <- cn.http.ServeTLS(ln, "", "") }()
 	} else {
@@ -269,6 +272,7 @@ type Control struct {
 	http      *http.Server
 	listeners []net.Listener
 	served    chan error
+	liveView  *liveview.Handler // forwarded to nodes
 }
 
 // StartControl starts a control instance.
@@ -317,12 +321,18 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 	mux.Handle(path, h)
 	path, h = corralv1connect.NewIAMServiceHandler(control.NewIAMService(c.iam, g.Images), guard)
 	mux.Handle(path, h)
+	path, h = corralv1connect.NewVMServiceHandler(ClusterVMService{proxy: c.proxy}, guard, connect.WithReadMaxBytes(80<<20))
+	mux.Handle(path, h)
+	// Viewers connect here with a node's token; the node checks it.
+	c.liveView = &liveview.Handler{Open: c.proxy.OpenLiveView, Logger: cc.Logger}
+	mux.Handle(liveview.PathPrefix, c.liveView)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
 	// The socket's caller is the cluster administrator; TCP callers send a
 	// token.
 	c.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second, ConnContext: connContext}
+	c.http.RegisterOnShutdown(c.liveView.Close)
 	if cc.Listen != "" {
 		ln, err := net.Listen("tcp", cc.Listen)
 		if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/corral-dev/corral/internal/fncall"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/importroot"
+	"github.com/corral-dev/corral/internal/liveview"
 	"github.com/corral-dev/corral/internal/metrics"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/node"
@@ -165,6 +166,12 @@ type Server struct {
 
 	// nodeGroup is the daemon's own cgroup (nil without Config.NodeCgroup).
 	nodeGroup *cgroup.NodeGroup
+
+	// vmService is the node's VMService and liveView the live view's
+	// websocket endpoint (vm.go), whose connections outlive Shutdown,
+	// which closes them.
+	vmService *control.VMService
+	liveView  *liveview.Handler
 }
 
 // Start builds the node and starts serving. Stop ends it.
@@ -365,6 +372,7 @@ func (s *Server) listen() error {
 	s.http = &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second, ConnContext: connContext}
 	// Event streams never end on their own: end them so Shutdown need not wait.
 	s.http.RegisterOnShutdown(s.events.EndWatches)
+	s.http.RegisterOnShutdown(s.liveView.Close)
 
 	_ = os.Remove(s.cfg.Socket) // a stale socket from a crashed run
 	unixLn, err := net.Listen("unix", s.cfg.Socket)

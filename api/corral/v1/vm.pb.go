@@ -33,8 +33,10 @@ type VMImage struct {
 	FileSizeBytes    int64  `protobuf:"varint,5,opt,name=file_size_bytes,json=fileSizeBytes,proto3" json:"file_size_bytes,omitempty"`
 	Source           string `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
 	CreatedUnix      int64  `protobuf:"varint,7,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The node that holds it.
+	Node          string `protobuf:"bytes,8,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VMImage) Reset() {
@@ -116,8 +118,17 @@ func (x *VMImage) GetCreatedUnix() int64 {
 	return 0
 }
 
+func (x *VMImage) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ListVMImagesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// In a cluster, only this node's images; empty: every node's.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -150,6 +161,13 @@ func (x *ListVMImagesRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListVMImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListVMImagesRequest) Descriptor() ([]byte, []int) {
 	return file_corral_v1_vm_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListVMImagesRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
 }
 
 type ListVMImagesResponse struct {
@@ -202,7 +220,10 @@ type ImportVMImageRequest struct {
 	Name     string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Firmware string `protobuf:"bytes,2,opt,name=firmware,proto3" json:"firmware,omitempty"`
 	// The next bytes of the disk file.
-	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// First message only, in a cluster: the node to keep it on (empty: the
+	// only node running the vm backend).
+	Node          string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -258,6 +279,13 @@ func (x *ImportVMImageRequest) GetData() []byte {
 	return nil
 }
 
+func (x *ImportVMImageRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type ImportVMImageResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Image         *VMImage               `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
@@ -307,7 +335,10 @@ type BuildVMImageRequest struct {
 	// The recipe: "debian".
 	Recipe string `protobuf:"bytes,1,opt,name=recipe,proto3" json:"recipe,omitempty"`
 	// NAME@VERSION; empty: debian@12.
-	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// In a cluster, the node to build on (empty: the only node running the
+	// vm backend).
+	Node          string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -352,6 +383,13 @@ func (x *BuildVMImageRequest) GetRecipe() string {
 func (x *BuildVMImageRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *BuildVMImageRequest) GetNode() string {
+	if x != nil {
+		return x.Node
 	}
 	return ""
 }
@@ -410,8 +448,11 @@ func (x *BuildVMImageResponse) GetImage() *VMImage {
 }
 
 type RemoveVMImageRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ref   string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// In a cluster, the node to remove it from (empty: the only node
+	// running the vm backend).
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -449,6 +490,13 @@ func (*RemoveVMImageRequest) Descriptor() ([]byte, []int) {
 func (x *RemoveVMImageRequest) GetRef() string {
 	if x != nil {
 		return x.Ref
+	}
+	return ""
+}
+
+func (x *RemoveVMImageRequest) GetNode() string {
+	if x != nil {
+		return x.Node
 	}
 	return ""
 }
@@ -805,11 +853,128 @@ func (*SendInputResponse) Descriptor() ([]byte, []int) {
 	return file_corral_v1_vm_proto_rawDescGZIP(), []int{13}
 }
 
+type LiveViewRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// How long the token may be used to connect: 0 means 60 s; at most
+	// 3600 s. It opens one connection, which then lasts until either end
+	// closes it or the sandbox ends.
+	TtlSeconds    int32 `protobuf:"varint,2,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LiveViewRequest) Reset() {
+	*x = LiveViewRequest{}
+	mi := &file_corral_v1_vm_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LiveViewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LiveViewRequest) ProtoMessage() {}
+
+func (x *LiveViewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_vm_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LiveViewRequest.ProtoReflect.Descriptor instead.
+func (*LiveViewRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_vm_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *LiveViewRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *LiveViewRequest) GetTtlSeconds() int32 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+type LiveViewResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The websocket's path on the API listener, e.g.
+	// /v1/liveview/<sandbox_id>; connect to it with ?token=<token>.
+	Path          string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Token         string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	ExpiresUnix   int64  `protobuf:"varint,3,opt,name=expires_unix,json=expiresUnix,proto3" json:"expires_unix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LiveViewResponse) Reset() {
+	*x = LiveViewResponse{}
+	mi := &file_corral_v1_vm_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LiveViewResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LiveViewResponse) ProtoMessage() {}
+
+func (x *LiveViewResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_vm_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LiveViewResponse.ProtoReflect.Descriptor instead.
+func (*LiveViewResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_vm_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *LiveViewResponse) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *LiveViewResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *LiveViewResponse) GetExpiresUnix() int64 {
+	if x != nil {
+		return x.ExpiresUnix
+	}
+	return 0
+}
+
 var File_corral_v1_vm_proto protoreflect.FileDescriptor
 
 const file_corral_v1_vm_proto_rawDesc = "" +
 	"\n" +
-	"\x12corral/v1/vm.proto\x12\tcorral.v1\"\xe0\x01\n" +
+	"\x12corral/v1/vm.proto\x12\tcorral.v1\"\xf4\x01\n" +
 	"\aVMImage\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06format\x18\x02 \x01(\tR\x06format\x12\x1a\n" +
@@ -817,24 +982,29 @@ const file_corral_v1_vm_proto_rawDesc = "" +
 	"\x12virtual_size_bytes\x18\x04 \x01(\x03R\x10virtualSizeBytes\x12&\n" +
 	"\x0ffile_size_bytes\x18\x05 \x01(\x03R\rfileSizeBytes\x12\x16\n" +
 	"\x06source\x18\x06 \x01(\tR\x06source\x12!\n" +
-	"\fcreated_unix\x18\a \x01(\x03R\vcreatedUnix\"\x15\n" +
-	"\x13ListVMImagesRequest\"B\n" +
+	"\fcreated_unix\x18\a \x01(\x03R\vcreatedUnix\x12\x12\n" +
+	"\x04node\x18\b \x01(\tR\x04node\")\n" +
+	"\x13ListVMImagesRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"B\n" +
 	"\x14ListVMImagesResponse\x12*\n" +
-	"\x06images\x18\x01 \x03(\v2\x12.corral.v1.VMImageR\x06images\"Z\n" +
+	"\x06images\x18\x01 \x03(\v2\x12.corral.v1.VMImageR\x06images\"n\n" +
 	"\x14ImportVMImageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bfirmware\x18\x02 \x01(\tR\bfirmware\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data\"A\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\"A\n" +
 	"\x15ImportVMImageResponse\x12(\n" +
-	"\x05image\x18\x01 \x01(\v2\x12.corral.v1.VMImageR\x05image\"A\n" +
+	"\x05image\x18\x01 \x01(\v2\x12.corral.v1.VMImageR\x05image\"U\n" +
 	"\x13BuildVMImageRequest\x12\x16\n" +
 	"\x06recipe\x18\x01 \x01(\tR\x06recipe\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\\\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\"\\\n" +
 	"\x14BuildVMImageResponse\x12\x1a\n" +
 	"\bprogress\x18\x01 \x01(\tR\bprogress\x12(\n" +
-	"\x05image\x18\x02 \x01(\v2\x12.corral.v1.VMImageR\x05image\"(\n" +
+	"\x05image\x18\x02 \x01(\v2\x12.corral.v1.VMImageR\x05image\"<\n" +
 	"\x14RemoveVMImageRequest\x12\x10\n" +
-	"\x03ref\x18\x01 \x01(\tR\x03ref\"\x17\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\"\x17\n" +
 	"\x15RemoveVMImageResponse\"H\n" +
 	"\x11ScreenshotRequest\x12\x1d\n" +
 	"\n" +
@@ -859,7 +1029,16 @@ const file_corral_v1_vm_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12-\n" +
 	"\x06events\x18\x02 \x03(\v2\x15.corral.v1.InputEventR\x06events\"\x13\n" +
-	"\x11SendInputResponse2\xec\x03\n" +
+	"\x11SendInputResponse\"Q\n" +
+	"\x0fLiveViewRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
+	"\vttl_seconds\x18\x02 \x01(\x05R\n" +
+	"ttlSeconds\"_\n" +
+	"\x10LiveViewResponse\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\x12!\n" +
+	"\fexpires_unix\x18\x03 \x01(\x03R\vexpiresUnix2\xb1\x04\n" +
 	"\tVMService\x12O\n" +
 	"\fListVMImages\x12\x1e.corral.v1.ListVMImagesRequest\x1a\x1f.corral.v1.ListVMImagesResponse\x12T\n" +
 	"\rImportVMImage\x12\x1f.corral.v1.ImportVMImageRequest\x1a .corral.v1.ImportVMImageResponse(\x01\x12Q\n" +
@@ -867,7 +1046,8 @@ const file_corral_v1_vm_proto_rawDesc = "" +
 	"\rRemoveVMImage\x12\x1f.corral.v1.RemoveVMImageRequest\x1a .corral.v1.RemoveVMImageResponse\x12I\n" +
 	"\n" +
 	"Screenshot\x12\x1c.corral.v1.ScreenshotRequest\x1a\x1d.corral.v1.ScreenshotResponse\x12F\n" +
-	"\tSendInput\x12\x1b.corral.v1.SendInputRequest\x1a\x1c.corral.v1.SendInputResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"\tSendInput\x12\x1b.corral.v1.SendInputRequest\x1a\x1c.corral.v1.SendInputResponse\x12C\n" +
+	"\bLiveView\x12\x1a.corral.v1.LiveViewRequest\x1a\x1b.corral.v1.LiveViewResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_vm_proto_rawDescOnce sync.Once
@@ -881,7 +1061,7 @@ func file_corral_v1_vm_proto_rawDescGZIP() []byte {
 	return file_corral_v1_vm_proto_rawDescData
 }
 
-var file_corral_v1_vm_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_corral_v1_vm_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_corral_v1_vm_proto_goTypes = []any{
 	(*VMImage)(nil),               // 0: corral.v1.VMImage
 	(*ListVMImagesRequest)(nil),   // 1: corral.v1.ListVMImagesRequest
@@ -897,6 +1077,8 @@ var file_corral_v1_vm_proto_goTypes = []any{
 	(*InputEvent)(nil),            // 11: corral.v1.InputEvent
 	(*SendInputRequest)(nil),      // 12: corral.v1.SendInputRequest
 	(*SendInputResponse)(nil),     // 13: corral.v1.SendInputResponse
+	(*LiveViewRequest)(nil),       // 14: corral.v1.LiveViewRequest
+	(*LiveViewResponse)(nil),      // 15: corral.v1.LiveViewResponse
 }
 var file_corral_v1_vm_proto_depIdxs = []int32{
 	0,  // 0: corral.v1.ListVMImagesResponse.images:type_name -> corral.v1.VMImage
@@ -909,14 +1091,16 @@ var file_corral_v1_vm_proto_depIdxs = []int32{
 	7,  // 7: corral.v1.VMService.RemoveVMImage:input_type -> corral.v1.RemoveVMImageRequest
 	9,  // 8: corral.v1.VMService.Screenshot:input_type -> corral.v1.ScreenshotRequest
 	12, // 9: corral.v1.VMService.SendInput:input_type -> corral.v1.SendInputRequest
-	2,  // 10: corral.v1.VMService.ListVMImages:output_type -> corral.v1.ListVMImagesResponse
-	4,  // 11: corral.v1.VMService.ImportVMImage:output_type -> corral.v1.ImportVMImageResponse
-	6,  // 12: corral.v1.VMService.BuildVMImage:output_type -> corral.v1.BuildVMImageResponse
-	8,  // 13: corral.v1.VMService.RemoveVMImage:output_type -> corral.v1.RemoveVMImageResponse
-	10, // 14: corral.v1.VMService.Screenshot:output_type -> corral.v1.ScreenshotResponse
-	13, // 15: corral.v1.VMService.SendInput:output_type -> corral.v1.SendInputResponse
-	10, // [10:16] is the sub-list for method output_type
-	4,  // [4:10] is the sub-list for method input_type
+	14, // 10: corral.v1.VMService.LiveView:input_type -> corral.v1.LiveViewRequest
+	2,  // 11: corral.v1.VMService.ListVMImages:output_type -> corral.v1.ListVMImagesResponse
+	4,  // 12: corral.v1.VMService.ImportVMImage:output_type -> corral.v1.ImportVMImageResponse
+	6,  // 13: corral.v1.VMService.BuildVMImage:output_type -> corral.v1.BuildVMImageResponse
+	8,  // 14: corral.v1.VMService.RemoveVMImage:output_type -> corral.v1.RemoveVMImageResponse
+	10, // 15: corral.v1.VMService.Screenshot:output_type -> corral.v1.ScreenshotResponse
+	13, // 16: corral.v1.VMService.SendInput:output_type -> corral.v1.SendInputResponse
+	15, // 17: corral.v1.VMService.LiveView:output_type -> corral.v1.LiveViewResponse
+	11, // [11:18] is the sub-list for method output_type
+	4,  // [4:11] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -933,7 +1117,7 @@ func file_corral_v1_vm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_vm_proto_rawDesc), len(file_corral_v1_vm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -143,7 +143,7 @@ func (a *agentConn) stream(ctx context.Context, req agentproto.Request) (*yamux.
 		return nil, nil, errdefs.Unavailable("corral-agent stream: %v", err)
 	}
 	fs := agentproto.NewStream(st)
-	req.Version, req.Secret = agentproto.Version, a.secret
+	req.Version, req.Secret = agentproto.MinVersion(req.Op), a.secret
 	if err := fs.WriteJSON(agentproto.KindRequest, req); err != nil {
 		st.Close()
 		return nil, nil, errdefs.Unavailable("corral-agent: %v", err)

@@ -47,6 +47,9 @@ func qemuArgs(bin string, m *machine) []string {
 		// A guest reboot ends QEMU (and the sandbox), as a panic does.
 		"-no-reboot",
 		"-vga", "std",
+		// The screen as VNC on a unix socket in the run dir (no TCP port,
+		// nothing the guest can reach): the node's live view relays it.
+		"-vnc", "unix:"+qemuEscape(m.path(vncSock))+",share=force-shared",
 		"-serial", "file:"+m.path(consoleFile),
 		"-qmp", "unix:"+m.path(qmpSock)+",server=on,wait=off",
 		"-device", "virtio-serial-pci",

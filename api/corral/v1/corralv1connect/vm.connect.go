@@ -45,6 +45,8 @@ const (
 	VMServiceScreenshotProcedure = "/corral.v1.VMService/Screenshot"
 	// VMServiceSendInputProcedure is the fully-qualified name of the VMService's SendInput RPC.
 	VMServiceSendInputProcedure = "/corral.v1.VMService/SendInput"
+	// VMServiceLiveViewProcedure is the fully-qualified name of the VMService's LiveView RPC.
+	VMServiceLiveViewProcedure = "/corral.v1.VMService/LiveView"
 )
 
 // VMServiceClient is a client for the corral.v1.VMService service.
@@ -64,6 +66,10 @@ type VMServiceClient interface {
 	// SendInput types text, presses keys and moves, clicks and scrolls
 	// the pointer of a vm sandbox, in order.
 	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
+	// LiveView grants a one-time token that opens the sandbox's screen,
+	// keyboard and mouse as VNC (RFB) over a websocket at the returned
+	// path of the same API listener.
+	LiveView(context.Context, *connect.Request[v1.LiveViewRequest]) (*connect.Response[v1.LiveViewResponse], error)
 }
 
 // NewVMServiceClient constructs a client for the corral.v1.VMService service. By default, it uses
@@ -113,6 +119,12 @@ func NewVMServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...c
 			connect.WithSchema(vMServiceMethods.ByName("SendInput")),
 			connect.WithClientOptions(opts...),
 		),
+		liveView: connect.NewClient[v1.LiveViewRequest, v1.LiveViewResponse](
+			httpClient,
+			baseURL+VMServiceLiveViewProcedure,
+			connect.WithSchema(vMServiceMethods.ByName("LiveView")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -124,6 +136,7 @@ type vMServiceClient struct {
 	removeVMImage *connect.Client[v1.RemoveVMImageRequest, v1.RemoveVMImageResponse]
 	screenshot    *connect.Client[v1.ScreenshotRequest, v1.ScreenshotResponse]
 	sendInput     *connect.Client[v1.SendInputRequest, v1.SendInputResponse]
+	liveView      *connect.Client[v1.LiveViewRequest, v1.LiveViewResponse]
 }
 
 // ListVMImages calls corral.v1.VMService.ListVMImages.
@@ -156,6 +169,11 @@ func (c *vMServiceClient) SendInput(ctx context.Context, req *connect.Request[v1
 	return c.sendInput.CallUnary(ctx, req)
 }
 
+// LiveView calls corral.v1.VMService.LiveView.
+func (c *vMServiceClient) LiveView(ctx context.Context, req *connect.Request[v1.LiveViewRequest]) (*connect.Response[v1.LiveViewResponse], error) {
+	return c.liveView.CallUnary(ctx, req)
+}
+
 // VMServiceHandler is an implementation of the corral.v1.VMService service.
 type VMServiceHandler interface {
 	// ListVMImages lists the node's VM images.
@@ -173,6 +191,10 @@ type VMServiceHandler interface {
 	// SendInput types text, presses keys and moves, clicks and scrolls
 	// the pointer of a vm sandbox, in order.
 	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
+	// LiveView grants a one-time token that opens the sandbox's screen,
+	// keyboard and mouse as VNC (RFB) over a websocket at the returned
+	// path of the same API listener.
+	LiveView(context.Context, *connect.Request[v1.LiveViewRequest]) (*connect.Response[v1.LiveViewResponse], error)
 }
 
 // NewVMServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -218,6 +240,12 @@ func NewVMServiceHandler(svc VMServiceHandler, opts ...connect.HandlerOption) (s
 		connect.WithSchema(vMServiceMethods.ByName("SendInput")),
 		connect.WithHandlerOptions(opts...),
 	)
+	vMServiceLiveViewHandler := connect.NewUnaryHandler(
+		VMServiceLiveViewProcedure,
+		svc.LiveView,
+		connect.WithSchema(vMServiceMethods.ByName("LiveView")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/corral.v1.VMService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case VMServiceListVMImagesProcedure:
@@ -232,6 +260,8 @@ func NewVMServiceHandler(svc VMServiceHandler, opts ...connect.HandlerOption) (s
 			vMServiceScreenshotHandler.ServeHTTP(w, r)
 		case VMServiceSendInputProcedure:
 			vMServiceSendInputHandler.ServeHTTP(w, r)
+		case VMServiceLiveViewProcedure:
+			vMServiceLiveViewHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -263,4 +293,8 @@ func (UnimplementedVMServiceHandler) Screenshot(context.Context, *connect.Reques
 
 func (UnimplementedVMServiceHandler) SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.VMService.SendInput is not implemented"))
+}
+
+func (UnimplementedVMServiceHandler) LiveView(context.Context, *connect.Request[v1.LiveViewRequest]) (*connect.Response[v1.LiveViewResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.VMService.LiveView is not implemented"))
 }
