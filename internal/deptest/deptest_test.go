@@ -136,7 +136,7 @@ var rules = []rule{
 		never: []string{"internal/cli"}},
 	{pkg: "internal/cli", may: []string{"..."}, never: []string{"internal/testenv"}},
 	{pkg: "cmd/corral", may: []string{"internal/cli"}},
-	{pkg: "internal/testenv", may: []string{"client", "internal/mountinfo", "internal/server"}},
+	{pkg: "internal/testenv", may: []string{"client", "internal/mountinfo", "internal/runtime/cgroup", "internal/server"}},
 	{pkg: "test/...", may: []string{"..."}},
 }
 
