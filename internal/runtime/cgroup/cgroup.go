@@ -1,5 +1,6 @@
 // Package cgroup owns the sandbox cgroups: one directory per sandbox under a
-// configurable parent in every hierarchy corral uses, on cgroup v1+v2
+// configurable parent in every hierarchy corral uses (beside it, as
+// parent@id, in the v1 cpu hierarchy: flatcpu.go), on cgroup v1+v2
 // (hybrid) and pure v2 hosts alike. Callers see one Group type; which file
 // in which hierarchy backs a limit, the freezer or the OOM counter is decided
 // here, from a mode detected once per process. It imports the standard
