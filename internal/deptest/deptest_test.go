@@ -142,7 +142,7 @@ var rules = []rule{
 		never: []string{"internal/cli"}},
 	{pkg: "internal/cli", may: []string{"..."}, never: []string{"internal/testenv"}},
 	{pkg: "cmd/corral", may: []string{"internal/cli"}},
-	{pkg: "internal/testenv", may: []string{"client", "internal/mountinfo", "internal/server", "internal/backend/vm"}},
+	{pkg: "internal/testenv", may: []string{"client", "internal/mountinfo", "internal/runtime/cgroup", "internal/server", "internal/backend/vm"}},
 	{pkg: "test/...", may: []string{"..."}},
 }
 

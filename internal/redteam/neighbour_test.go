@@ -64,8 +64,9 @@ type load struct {
 
 // TestNoisyNeighbours runs, in sandbox A, a fork bomb, a memory bomb, a disk
 // fill, a `yes` flood to stdout and a CPU spin on every core while sandbox B
-// answers `true` execs. It prints B's exec latency under each against idle
-// (a measurement: the 2× target of issue 8 is in the table, not asserted)
+// answers `true` execs. It prints B's exec latency under each against B's
+// idle latency measured just before that attack (a measurement: the 2×
+// target of issue 8 is in the table, not asserted)
 // and asserts that A's limits held, B kept answering and the daemon
 // stayed responsive. The CPU spin runs twice: in A, of the default class,
 // and in a best-effort sandbox, whose processes must not be able to leave
@@ -114,7 +115,7 @@ func TestNoisyNeighbours(t *testing.T) {
 			{name: "cpu spin, A best-effort", cmd: spin, bestEffort: true},
 		}
 		idle50, idle99, _ := latency(b, window, 200)
-		rows := []string{fmt.Sprintf("%-24s p50 %8v  p99 %8v", "idle", idle50.Round(time.Microsecond), idle99.Round(time.Microsecond))}
+		rows := []string{fmt.Sprintf("%-24s p50 %8v  p99 %8v  load %s", "idle", idle50.Round(time.Microsecond), idle99.Round(time.Microsecond), loadAverage())}
 		answers, responsive := true, true
 		var why []string
 		for _, l := range loads {
@@ -124,6 +125,10 @@ func TestNoisyNeighbours(t *testing.T) {
 			if l.bestEffort {
 				attacker = be
 			}
+			// B's idle latency just before each attack: the host's other
+			// work drifts over the run (this machine is shared), and a
+			// single idle window at the start then decides every ratio.
+			_, idle99, _ := latency(b, window, 200)
 			go func() {
 				res, err := attacker.Run(ctx, l.cmd)
 				if err != nil {
@@ -143,8 +148,8 @@ func TestNoisyNeighbours(t *testing.T) {
 			if ratio > 2 {
 				verdict = "OVER 2x"
 			}
-			rows = append(rows, fmt.Sprintf("%-24s p50 %8v  p99 %8v  p99/idle %5.2f  %s  B failures %d",
-				l.name, p50.Round(time.Microsecond), p99.Round(time.Microsecond), ratio, verdict, failed))
+			rows = append(rows, fmt.Sprintf("%-24s p50 %8v  p99 %8v  p99/idle %5.2f  %s  (idle p99 just before %v)  B failures %d  load %s",
+				l.name, p50.Round(time.Microsecond), p99.Round(time.Microsecond), ratio, verdict, idle99.Round(time.Microsecond), failed, loadAverage()))
 			if failed > 0 || p99 == 0 {
 				answers = false
 				why = append(why, fmt.Sprintf("%s: %d failed execs of B", l.name, failed))

@@ -21,6 +21,7 @@ import (
 
 	"github.com/corral-dev/corral/client"
 	"github.com/corral-dev/corral/internal/mountinfo"
+	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/server"
 )
 
@@ -220,6 +221,11 @@ func AssertNoLeaks(t testing.TB, dataDir, cgroupParent string) {
 			}
 		}
 	}
+	// A sandbox's own cpu cgroup beside the parent (cgroup.FlatCPUSep).
+	flat, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupParent + cgroup.FlatCPUSep + "*")
+	for _, d := range flat {
+		t.Errorf("cgroup left: %s", d)
+	}
 	if pids := SandboxProcesses(cgroupParent); len(pids) > 0 {
 		t.Errorf("sandbox processes left in cgroup %s: %v", cgroupParent, pids)
 	}
@@ -253,12 +259,13 @@ func SandboxProcesses(cgroupParent string) []string {
 	entries, _ := os.ReadDir("/proc")
 	var pids []string
 	needle := []byte("/" + cgroupParent + "/")
+	flat := []byte("/" + cgroupParent + cgroup.FlatCPUSep) // the sandbox's own cpu cgroup
 	for _, e := range entries {
 		if e.Name()[0] < '0' || e.Name()[0] > '9' {
 			continue
 		}
 		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err == nil && bytes.Contains(cg, needle) && !isZombie(e.Name()) {
+		if err == nil && (bytes.Contains(cg, needle) || bytes.Contains(cg, flat)) && !isZombie(e.Name()) {
 			pids = append(pids, e.Name())
 		}
 	}

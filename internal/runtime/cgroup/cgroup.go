@@ -1,5 +1,6 @@
 // Package cgroup owns the sandbox cgroups: one directory per sandbox under a
-// configurable parent in every hierarchy corral uses, on cgroup v1+v2
+// configurable parent in every hierarchy corral uses (beside it, as
+// parent@id, in the v1 cpu hierarchy: flatcpu.go), on cgroup v1+v2
 // (hybrid) and pure v2 hosts alike. Callers see one Group type; which file
 // in which hierarchy backs a limit, the freezer or the OOM counter is decided
 // here, from a mode detected once per process. It imports the standard
@@ -94,6 +95,9 @@ func NewManager(parent string) (*Manager, error) {
 	if parent == "" || strings.Contains(parent, "..") {
 		return nil, fmt.Errorf("cgroup: invalid parent %q", parent)
 	}
+	if strings.Contains(parent, FlatCPUSep) {
+		return nil, fmt.Errorf("cgroup: invalid parent %q: must not contain %q (it names sandboxes' cpu cgroups)", parent, FlatCPUSep)
+	}
 	h, err := Detect()
 	if err != nil {
 		return nil, err
@@ -138,10 +142,14 @@ func (m *Manager) dirs() []string {
 
 // Group returns the sandbox cgroup id (it may or may not exist).
 func (m *Manager) Group(id string) *Group {
-	g := &Group{id: id, v1: map[string]string{}, unified: m.h.Unified()}
+	g := &Group{id: id, v1: map[string]string{}, roots: map[string]string{}, unified: m.h.Unified()}
 	for _, c := range v1Controllers {
 		if mnt := m.h.V1[c]; mnt != "" {
 			g.v1[c] = filepath.Join(mnt, m.parent, id)
+			if m.flatCPU() && mnt == m.h.V1["cpu"] { // cpuacct too where co-mounted
+				g.v1[c] = m.flatCPUDir(id)
+			}
+			g.roots[c] = mnt
 		}
 	}
 	if m.h.V2 != "" {
@@ -166,7 +174,14 @@ func (m *Manager) List() ([]string, error) {
 			}
 		}
 	}
-	return ids, nil
+	flat, err := m.listFlatCPU()
+	for _, id := range flat {
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	return ids, err
 }
 
 // RemoveParent removes the (empty) parent directories.

@@ -28,6 +28,7 @@ const cpuPeriodUS = 100000
 type Group struct {
 	id      string
 	v1      map[string]string // controller -> directory
+	roots   map[string]string // controller -> its hierarchy's mount point
 	v2      string            // v2 directory ("" when no v2 tree)
 	unified bool              // limits live in v2
 }
@@ -165,7 +166,7 @@ func (g *Group) EnterThread() (restore func() error, err error) {
 		if err := write(d, "tasks", tid); err != nil {
 			return nil, errors.Join(fmt.Errorf("cgroup %s: enter %s: %w", g.id, c, err), restore())
 		}
-		back = append(back, filepath.Join(filepath.Dir(filepath.Dir(d)), orig[c]))
+		back = append(back, filepath.Join(g.roots[c], orig[c]))
 	}
 	return restore, nil
 }
