@@ -181,3 +181,30 @@ func liveViewPage(t *testing.T, c *client.Client, addr, id string) {
 	}
 	t.Logf("viewer page: %q, canvas %dx%d with %d lit pixels", status(), canvas[0], canvas[1], canvas[2])
 }
+
+// TestLiveViewRefusesForgedTokens: without booting a VM, the SDK's
+// DialLiveView reaches the endpoint over the unix socket and a made-up
+// token or none is refused before anything is relayed.
+func TestLiveViewRefusesForgedTokens(t *testing.T) {
+	srv := testenv.StartServer(t)
+	c := srv.Client
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sb := testenv.NewSandbox(t, c, client.CreateOptions{})
+	for _, lv := range []struct {
+		grant client.LiveView
+		want  string
+	}{
+		{client.LiveView{Path: "/v1/liveview/" + sb.ID(), Token: "0123456789abcdef01.forged"}, "HTTP 403"},
+		{client.LiveView{Path: "/v1/liveview/" + sb.ID()}, "HTTP 401"},
+	} {
+		conn, err := c.DialLiveView(ctx, lv.grant)
+		if err == nil {
+			conn.Close()
+			t.Fatalf("token %q opened a live view", lv.grant.Token)
+		}
+		if !strings.Contains(err.Error(), lv.want) {
+			t.Errorf("token %q: %v, want %s", lv.grant.Token, err, lv.want)
+		}
+	}
+}
