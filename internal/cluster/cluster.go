@@ -2,7 +2,8 @@
 // lease and publish their load (Registrar, NodeAgent), control instances
 // watch them (Watcher), place creates by power-of-k choices with their own
 // in-flight placements overlaid (Placer) and route every per-sandbox call
-// to the node named in the sandbox id (Proxy). Control instances keep no
+// to the node named in the sandbox id (Proxy, and Rollouts for the
+// RolloutService, whose calls by label go to every node). Control instances keep no
 // per-sandbox state. Calls from control to node carry the caller's
 // iam.Principal, authenticated with the cluster secret.
 //

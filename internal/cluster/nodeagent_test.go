@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -128,5 +129,67 @@ func TestAgentLoadBetweenRecounts(t *testing.T) {
 	}
 	if l.Sandboxes != 1 || l.Labels["job=j1"] != 1 || tbl.listCount() == lists {
 		t.Fatalf("after the recount: %+v; want 1 sandbox, job=j1 1, and a List made", l)
+	}
+}
+
+// recordForks is a node's RolloutService over records: a fork is a copy
+// of the parent's record.
+type recordForks struct {
+	corralv1connect.UnimplementedRolloutServiceHandler
+	r *records
+}
+
+func (f recordForks) Fork(ctx context.Context, req *connect.Request[corralv1.ForkRequest]) (*connect.Response[corralv1.ForkResponse], error) {
+	got, err := f.r.Get(ctx, connect.NewRequest(&corralv1.GetRequest{Id: req.Msg.SandboxId}))
+	if err != nil {
+		return nil, err
+	}
+	out := &corralv1.ForkResponse{Image: "fork@1"}
+	for range req.Msg.Count {
+		p := got.Msg.Sandbox
+		made, err := f.r.Create(ctx, connect.NewRequest(&corralv1.CreateRequest{Labels: p.Labels, Resources: p.Resources}))
+		if err != nil {
+			return nil, err
+		}
+		out.Forks = append(out.Forks, &corralv1.ForkOutcome{Sandbox: made.Msg.Sandbox})
+	}
+	return connect.NewResponse(out), nil
+}
+
+// TestAgentAdmitsForks: forks through the node's edge are admitted
+// against its capacity like creates (the rest fail one by one naming what
+// ran out, none admitted fails the call) and count in its load at once.
+func TestAgentAdmitsForks(t *testing.T) {
+	ctx := context.Background()
+	tbl := &records{m: map[string]*corralv1.Sandbox{}}
+	a, err := NewNodeAgent(ctx, AgentConfig{Sandboxes: tbl, Capacity: Capacity{Sandboxes: 3}, DefaultCPUMillis: 1000, DefaultMemoryBytes: 512 << 20, RecountInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, err := a.Create(ctx, connect.NewRequest(&corralv1.CreateRequest{Labels: map[string]string{"job": "j1"},
+		Resources: &corralv1.Resources{CpuMillis: 100, MemoryBytes: 64 << 20}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := agentRollouts{RolloutServiceHandler: recordForks{r: tbl}, a: a}
+	id := parent.Msg.Sandbox.Id
+	resp, err := r.Fork(ctx, connect.NewRequest(&corralv1.ForkRequest{SandboxId: id, Count: 4}))
+	if err != nil || len(resp.Msg.Forks) != 4 {
+		t.Fatalf("fork × 4 with room for 2: %v, %v", resp, err)
+	}
+	for i, f := range resp.Msg.Forks {
+		if made := f.Sandbox != nil; made != (i < 2) || (!made && !strings.Contains(f.Error, "node admission: sandboxes")) {
+			t.Fatalf("fork %d: %+v; want the first 2 made, the others refused naming sandboxes", i, f)
+		}
+	}
+	l, _ := a.Measure(ctx)
+	if l.Sandboxes != 3 || l.CPUMillis != 300 || l.Labels["job=j1"] != 3 {
+		t.Fatalf("load after the forks: %+v; want 3 sandboxes, 300 millis, job=j1 3", l)
+	}
+	if _, err := r.Fork(ctx, connect.NewRequest(&corralv1.ForkRequest{SandboxId: id, Count: 1})); connect.CodeOf(err) != connect.CodeResourceExhausted && !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("fork on a full node: %v; want resource exhausted", err)
+	}
+	if len(tbl.m) != 3 {
+		t.Fatalf("%d sandboxes on the node; want 3", len(tbl.m))
 	}
 }

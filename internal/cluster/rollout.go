@@ -14,9 +14,20 @@ import (
 )
 
 // Rollouts is a control instance's RolloutService. A per-sandbox call goes
-// to the node in the sandbox id (rolloutUnary: one line per RPC); a call
-// by label fans out to every node (fanOut) and merges the answers, a node
-// that cannot be asked being one failure of the answer, not of the call.
+// to the node in the sandbox id (rolloutUnary); a call by label fans out
+// to every node (fanOut) and merges the answers, a node that cannot be
+// asked being one failure of the answer, not of the call.
+//
+// A new per-sandbox RPC is routed by a method whose body is one line:
+//
+//	func (r Rollouts) Snapshot(ctx context.Context, req *connect.Request[corralv1.SnapshotRequest]) (*connect.Response[corralv1.SnapshotResponse], error) {
+//		return rolloutUnary(r.P, ctx, req.Msg.SandboxId, req, corralv1connect.RolloutServiceClient.Snapshot)
+//	}
+//
+// Any id of the form <node>-<hex> routes the same way. Rollouts does not
+// embed the generated Unimplemented handler on purpose: an RPC added to
+// the proto without a route here fails the build instead of answering
+// Unimplemented through the control plane.
 type Rollouts struct{ P *Proxy }
 
 var _ corralv1connect.RolloutServiceHandler = Rollouts{}

@@ -147,9 +147,9 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
 	// RolloutService calls carry the caller's principal: by-label calls are
 	// scoped to its projects here, per-sandbox ones were checked by the
-	// control instance's guard.
-	path, h = corralv1connect.NewRolloutServiceHandler(control.NewRolloutService(cn.sandboxes), connect.WithInterceptors(control.ErrorInterceptor{}))
-	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
+	// control instance's guard; forks are admitted by the agent.
+	path, h = agent.RolloutHandler(control.NewRolloutService(cn.sandboxes), cc.Secret, connect.WithInterceptors(control.ErrorInterceptor{}))
+	mux.Handle(path, h)
 	path, h = corralv1connect.NewImageServiceHandler(nodeImages{inner: control.NewImageService(cn.sandboxes, cn.images, cn.share), ci: ci},
 		connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/corral-dev/corral/client"
 )
@@ -104,6 +105,23 @@ func TestRolloutThroughControl(t *testing.T) {
 		if ents, err := sb.ListExecs(ctx, 1); err != nil || len(ents) != 1 || ents[0].Seq != 2 {
 			t.Fatalf("ListExecs since 1 of %s: %+v, %v", id, ents, err)
 		}
+	}
+
+	// A trainer that goes away mid-command (its call cut off at the
+	// control plane): the command runs to its end on the node, and the
+	// restarted trainer's repeat attaches to it instead of running it again.
+	slow := client.Command{Shell: "sleep 1; echo late >> /work/log; wc -l < /work/log", Step: "slow"}
+	cut, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = c.Sandbox(per[n1][0]).Run(cut, slow)
+	cancel()
+	if err == nil {
+		t.Fatal("a 1 s command answered within 300 ms")
+	}
+	if res, err := c2.Sandbox(per[n1][0]).Run(ctx, slow); err != nil || !res.Replayed || string(res.Stdout) != "3\n" {
+		t.Fatalf("repeat of a command cut off at the caller: %+v, %v; want it attached (replayed, output 3)", res, err)
+	}
+	if got, err := c2.Sandbox(per[n1][0]).Run(ctx, client.Command{Args: []string{"cat", "/work/log"}}); err != nil || string(got.Stdout) != "ep0\nep1\nlate\n" {
+		t.Fatalf("log after the cut-off command: %+v, %v; want it run once", got, err)
 	}
 
 	if _, err := c2.Sandbox(n0+"x-0123").ListExecs(ctx, 0); !client.IsNotFound(err) {

@@ -200,7 +200,7 @@ func TestPauseManyByLabel(t *testing.T) {
 	}
 	other := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Labels: map[string]string{"job": "other"}})
 	count := func(s client.State) int {
-		l, err := srv.Client.List(ctx, client.ListOptions{Labels: job, State: s})
+		l, err := srv.Client.List(ctx, client.ListOptions{Labels: job, State: s, PageSize: 16}) // several pages, as 500 had
 		if err != nil {
 			t.Fatal(err)
 		}

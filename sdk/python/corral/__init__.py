@@ -39,14 +39,14 @@ from .network import Network, NetworkRefusal, NetworkStats
 from .observe import EVENT_TYPES, Event, SandboxStats, StatsSample
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream, exec_key
 from .sync import Client, Files, Sandbox, SyncExecStream
-from .types import ExecChunk, ExecLogEntry, ExecResult, FileInfo, Resources, SandboxInfo, State
+from .types import BulkResult, ExecChunk, ExecLogEntry, ExecResult, FileInfo, Resources, SandboxInfo, State
 
 __version__ = "0.1.0"
 
 DEFAULT_ADDRESS = "unix:///var/lib/corral/corral.sock"
 
 __all__ = [
-    "AsyncClient", "AsyncSandbox", "AsyncFiles", "ExecStream", "Command", "exec_key", "ExecLogEntry",
+    "AsyncClient", "AsyncSandbox", "AsyncFiles", "ExecStream", "Command", "exec_key", "ExecLogEntry", "BulkResult",
     "Client", "Sandbox", "Files", "SyncExecStream",
     "AuditEntry", "Identity", "Project", "Quota", "Token", "Usage",
     "CallResult", "Composition", "Images", "Layer", "Packed", "Removed",

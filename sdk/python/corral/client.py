@@ -18,8 +18,8 @@ from .images import images_from_json
 from .network import NetworkArg, network_json
 from .observe import _SVC as _OBS, WATCH_TIMEOUT, Event, SandboxStats, event_from_json, stats_from_json
 from .observe import watch_request
-from .sandbox import AsyncSandbox
-from .types import SandboxInfo, State, env_list, format_duration
+from .sandbox import _ROLLOUT_SVC, AsyncSandbox
+from .types import BulkResult, SandboxInfo, State, env_list, format_duration
 
 __all__ = ["AsyncClient"]
 
@@ -253,6 +253,22 @@ class AsyncClient(IAMMixin):
         msg = {"composition": {"ref": ref, "layers": list(layers), "env": env_list(env)}}
         d = await self._t.unary(_SVC + "CreateComposition", msg, timeout=request_timeout)
         return Composition._from_json(d.get("composition", {}))
+
+    async def pause_many(self, labels: Dict[str, str], *, reclaim: bool = False,
+                         request_timeout: Optional[float] = None) -> BulkResult:
+        """Pause every running sandbox of the caller's carrying all of
+        ``labels`` (at least one: a whole job at once); with ``reclaim``
+        push their memory out as ``AsyncSandbox.pause(reclaim=True)`` does.
+        Failures are per sandbox (and, through a cluster's control plane,
+        per node); see docs/rollouts.md."""
+        d = await self._t.unary(_ROLLOUT_SVC + "PauseMany", {"labels": dict(labels), "reclaim": reclaim},
+                                timeout=request_timeout)
+        return BulkResult._from_json(d, "paused")
+
+    async def resume_many(self, labels: Dict[str, str], *, request_timeout: Optional[float] = None) -> BulkResult:
+        """Resume every paused sandbox of the caller's carrying all of ``labels``."""
+        d = await self._t.unary(_ROLLOUT_SVC + "ResumeMany", {"labels": dict(labels)}, timeout=request_timeout)
+        return BulkResult._from_json(d, "resumed")
 
     async def remove_image(self, name: str, *, request_timeout: Optional[float] = None) -> Removed:
         """Remove a built image, or a composition and/or layer NAME@VERSION.

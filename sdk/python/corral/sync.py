@@ -18,7 +18,7 @@ from .images import BuiltImage, Composition, Images, Imported, ImportProgress, L
 from .network import Network, NetworkArg, NetworkStats
 from .observe import Event, SandboxStats
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
-from .types import ExecChunk, ExecLogEntry, ExecResult, FileInfo, SandboxInfo, State
+from .types import BulkResult, ExecChunk, ExecLogEntry, ExecResult, FileInfo, SandboxInfo, State
 
 __all__ = ["Client", "Sandbox", "Files", "SyncExecStream"]
 
@@ -177,6 +177,15 @@ class Client:
         """Record a composition (see :meth:`AsyncClient.create_composition`)."""
         return self._run(self._async.create_composition(ref, layers, env=env,
                                                         request_timeout=request_timeout))
+
+    def pause_many(self, labels: Dict[str, str], *, reclaim: bool = False,
+                   request_timeout: Optional[float] = None) -> BulkResult:
+        """Pause a whole job by its labels (see :meth:`AsyncClient.pause_many`)."""
+        return self._run(self._async.pause_many(labels, reclaim=reclaim, request_timeout=request_timeout))
+
+    def resume_many(self, labels: Dict[str, str], *, request_timeout: Optional[float] = None) -> BulkResult:
+        """Resume a whole job by its labels (see :meth:`AsyncClient.resume_many`)."""
+        return self._run(self._async.resume_many(labels, request_timeout=request_timeout))
 
     def remove_image(self, name: str, *, request_timeout: Optional[float] = None) -> Removed:
         """Remove an image, composition or layer (see :meth:`AsyncClient.remove_image`)."""

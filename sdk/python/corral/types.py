@@ -221,6 +221,35 @@ class ExecLogEntry:
 
 
 @dataclass
+class BulkResult:
+    """What ``pause_many`` or ``resume_many`` did.
+
+    ``done`` counts the sandboxes paused (or reclaimed) or resumed;
+    ``failures`` maps a sandbox id to why it failed (the others went on);
+    ``node_failures`` maps a node id to why it could not be asked (through
+    a cluster's control plane: a lost or unreachable node, whose sandboxes
+    were left as they were). The resident bytes sum the reclaimed
+    sandboxes' memory in RAM before and after (``reclaim=True``).
+    """
+
+    done: int
+    failures: Dict[str, str]
+    node_failures: Dict[str, str]
+    resident_before_bytes: int = 0
+    resident_after_bytes: int = 0
+
+    @classmethod
+    def _from_json(cls, d: Dict[str, Any], done_key: str) -> "BulkResult":
+        return cls(
+            done=int(d.get(done_key, 0)),
+            failures={f.get("id", ""): f.get("error", "") for f in d.get("failures", [])},
+            node_failures={f.get("nodeId", ""): f.get("error", "") for f in d.get("nodeFailures", [])},
+            resident_before_bytes=int(d.get("residentBeforeBytes", 0)),
+            resident_after_bytes=int(d.get("residentAfterBytes", 0)),
+        )
+
+
+@dataclass
 class ExecChunk:
     """One event of ``exec_stream``: output, or the final result.
 

@@ -1,5 +1,7 @@
 """Idempotency keys and the exec log against a live server."""
 
+import asyncio
+
 from live import LiveTest, corral
 
 
@@ -31,3 +33,17 @@ class ExecLogTest(LiveTest):
             await sb.pause(reclaim=True)
         self.assertIn("--swap", str(cm.exception))
         self.assertEqual((await sb.refresh()).state, corral.State.RUNNING)
+
+    async def test_pause_and_resume_a_job_by_label(self) -> None:
+        job = {**self.labels, "job": "j"}
+        members = await asyncio.gather(*(self.make(labels=job) for _ in range(3)))
+        other = await self.make(labels={**self.labels, "job": "other"})
+        with self.assertRaises(corral.InvalidArgumentError):
+            await self.c.pause_many({})
+        paused = await self.c.pause_many(job)
+        self.assertEqual((paused.done, paused.failures, paused.node_failures), (3, {}, {}))
+        self.assertEqual({(await s.refresh()).state for s in members}, {corral.State.PAUSED})
+        self.assertEqual((await other.refresh()).state, corral.State.RUNNING)
+        resumed = await self.c.resume_many(job)
+        self.assertEqual((resumed.done, resumed.failures), (3, {}))
+        self.assertEqual({(await s.refresh()).state for s in members}, {corral.State.RUNNING})

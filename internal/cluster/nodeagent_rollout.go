@@ -1,0 +1,78 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"connectrpc.com/connect"
+
+	corralv1 "github.com/corral-dev/corral/api/corral/v1"
+	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// RolloutHandler serves the node's RolloutService (inner) for control
+// instances, only calls signed with the cluster secret. Forks are new
+// sandboxes of this node: the agent admits each against the capacity as it
+// admits a create, and counts the forks made in the node's load at once.
+// Every other call goes straight to inner.
+func (a *NodeAgent) RolloutHandler(inner corralv1connect.RolloutServiceHandler, secret Secret, opts ...connect.HandlerOption) (string, http.Handler) {
+	path, h := corralv1connect.NewRolloutServiceHandler(agentRollouts{RolloutServiceHandler: inner, a: a}, opts...)
+	return path, RequireSigned(secret, h)
+}
+
+type agentRollouts struct {
+	corralv1connect.RolloutServiceHandler
+	a *NodeAgent
+}
+
+// Fork admits as many of the forks as the capacity takes (the parent's
+// resources each), forks those, and fails the rest one by one naming what
+// ran out; with none admitted the call fails and nothing is made.
+func (r agentRollouts) Fork(ctx context.Context, req *connect.Request[corralv1.ForkRequest]) (*connect.Response[corralv1.ForkResponse], error) {
+	a, m := r.a, req.Msg
+	if m.Count < 1 || m.Count > maxForks {
+		return nil, errdefs.InvalidArgument("count: %d is out of range (allowed 1 to %d)", m.Count, maxForks)
+	}
+	got, err := a.SandboxServiceHandler.Get(ctx, connect.NewRequest(&corralv1.GetRequest{Id: m.SandboxId}))
+	if err != nil {
+		return nil, err
+	}
+	cost := a.cost(&corralv1.CreateRequest{Resources: got.Msg.GetSandbox().GetResources()})
+	a.mu.Lock()
+	admitted := int32(0)
+	var why error
+	for admitted < m.Count {
+		if why = a.admitLocked(cost); why != nil {
+			break
+		}
+		a.inflight.add(cost, 1)
+		admitted++
+	}
+	a.mu.Unlock()
+	if admitted == 0 {
+		return nil, fmt.Errorf("fork sandbox %s: %w", m.SandboxId, why)
+	}
+	asked := &corralv1.ForkRequest{SandboxId: m.SandboxId, Count: admitted}
+	resp, err := r.RolloutServiceHandler.Fork(ctx, connect.NewRequest(asked))
+	a.mu.Lock()
+	a.inflight.add(Load{Sandboxes: int64(admitted), CPUMillis: int64(admitted) * cost.CPUMillis, MemoryBytes: int64(admitted) * cost.MemoryBytes}, -1)
+	if err == nil {
+		for _, f := range resp.Msg.Forks {
+			if sb := f.GetSandbox(); sb != nil {
+				a.delta.add(cost, 1)
+				a.delta.count(sb.GetBackend(), sb.GetLabels(), 1)
+				a.delta.countProject(sb, 1)
+			}
+		}
+	}
+	a.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	for i := admitted; i < m.Count; i++ {
+		resp.Msg.Forks = append(resp.Msg.Forks, &corralv1.ForkOutcome{Error: fmt.Sprintf("fork %d of sandbox %s: %v", i, m.SandboxId, why)})
+	}
+	return resp, nil
+}
