@@ -220,33 +220,14 @@ type ListOptions struct {
 	PageSize int   // per request; List fetches every page
 }
 
-// List returns every sandbox matching the filter, oldest first.
+// List returns every sandbox matching the filter, oldest first (in a
+// cluster, of the nodes that answered: ListCluster says which did not).
 func (c *Client) List(ctx context.Context, o ListOptions) ([]*Info, error) {
-	var state corralv1.SandboxState
-	for k, v := range stateFromProto {
-		if v == o.State {
-			state = k
-		}
+	l, err := c.ListCluster(ctx, o)
+	if err != nil {
+		return nil, err
 	}
-	if o.State != "" && state == corralv1.SandboxState_SANDBOX_STATE_UNSPECIFIED {
-		return nil, &Error{Code: CodeInvalidArgument, Message: "state: unknown state " + string(o.State)}
-	}
-	var out []*Info
-	token := ""
-	for {
-		resp, err := c.svc.List(ctx, connect.NewRequest(&corralv1.ListRequest{
-			Labels: o.Labels, State: state, PageSize: int32(o.PageSize), PageToken: token,
-		}))
-		if err != nil {
-			return nil, wrapErr(err)
-		}
-		for _, p := range resp.Msg.Sandboxes {
-			out = append(out, infoFromProto(p))
-		}
-		if token = resp.Msg.NextPageToken; token == "" {
-			return out, nil
-		}
-	}
+	return l.Sandboxes, nil
 }
 
 // Delete removes a sandbox by id; it succeeds if the sandbox is already gone.

@@ -4,7 +4,7 @@
 // makes one), writes its input files, runs with its limits, collects output
 // and files, and hands the sandbox back to be reset off the call's path; a
 // sandbox whose reset fails is destroyed. It imports backend, errdefs and
-// image; never node, control, server or the API packages.
+// storage/layers; never node, control, server or the API packages.
 package fncall
 
 import (

@@ -1,7 +1,7 @@
 // Package node owns the sandboxes of one machine: admission (validation and
 // defaults), lifecycle, TTLs, routing of exec/file calls to backends, and
 // recovery after a daemon restart. Its records live in internal/state. It
-// imports backends through the backend interface and the image store; it must
+// imports backends through the backend interface and storage/layers; it must
 // not import the API, control or server layers.
 package node
 

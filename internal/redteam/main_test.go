@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -32,9 +33,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	if os.Getenv("CORRAL_REDTEAM") == "" {
-		// `go test ./...` (scripts/test.sh) would run it a second time.
-		fmt.Println("redteam: skipped: set CORRAL_REDTEAM=1 or run `make redteam`")
-		os.Exit(0)
+		// `go test ./...` (scripts/test.sh) would run it a second time. Run
+		// only the test that says why, so the run reports a skip, not a pass.
+		flag.Parse()
+		_ = flag.Set("test.run", "^TestSuiteIsSwitchedOn$")
+		os.Exit(m.Run())
 	}
 	if os.Geteuid() != 0 {
 		fmt.Println("redteam: skipped: needs root (creates namespaces, mounts and cgroups, reads other processes' /proc)")
@@ -56,6 +59,17 @@ func TestMain(m *testing.M) {
 	os.RemoveAll(dir)
 	fmt.Print("\n=== red-team table (attempt × backend) ===\n" + report.Format(table))
 	os.Exit(code)
+}
+
+// TestSuiteIsSwitchedOn skips, with the reason, when the suite is off;
+// otherwise it checks that TestMain made what the attempts need.
+func TestSuiteIsSwitchedOn(t *testing.T) {
+	if os.Getenv("CORRAL_REDTEAM") == "" {
+		t.Skip("redteam: set CORRAL_REDTEAM=1 or run `make redteam`")
+	}
+	if table == nil || (os.Geteuid() == 0 && probeBin == "") {
+		t.Fatal("TestMain did not load the attempt table or build the probe")
+	}
 }
 
 // canaries are secrets planted outside every sandbox: the node's log, a

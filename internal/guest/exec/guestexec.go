@@ -1,13 +1,13 @@
 // Package guestexec holds the rules both in-sandbox supervisors apply to
 // a command before they fork it — corral-init in a container sandbox
-// (runtime/initproc) and corral-agent in a microVM guest (internal/guest/agent) —
-// so that a command fails, and holds capabilities, the same way on every
-// backend: the capability set, the user lookup, the cwd check and the PATH
-// search. Errors are errdefs kinds, checked by the backend conformance
-// suite (internal/backend/backendtest).
+// (internal/guest/init) and corral-agent in a microVM guest
+// (internal/guest/agent) — so that a command fails, and holds capabilities,
+// the same way on every backend: the capability set, the user lookup, the
+// cwd check and the PATH search. Errors are errdefs kinds, checked by the
+// backend conformance suite (internal/backend/backendtest).
 //
 // It is linked into both static supervisors: it imports errdefs,
-// runtime/passwd and x/sys/unix only.
+// guest/passwd and x/sys/unix only.
 package guestexec
 
 import (

@@ -3,9 +3,9 @@
 // namespace, drops privileges, then serves ping/exec/kill requests from the
 // node on the inherited control socket and reaps every process. It owns
 // nothing on the host. It must stay small and quick to start: it imports only
-// the standard library, golang.org/x/sys/unix, errdefs, initproto, seccomp
-// and runtime/guestexec (with runtime/passwd) — never protobuf, cobra, net,
-// the backend or node packages (internal/deptest).
+// the standard library, golang.org/x/sys/unix, errdefs, guest/initproto,
+// runtime/seccomp, runtime/spare and guest/exec (with guest/passwd) — never
+// protobuf, cobra, net, the backend or node packages (internal/deptest).
 package initproc
 
 import (

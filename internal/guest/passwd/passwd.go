@@ -1,7 +1,7 @@
 // Package passwd turns an exec's user ("name", "uid", "uid:gid", "name:group")
 // into credentials from a sandbox's own /etc/passwd and /etc/group. Both the
 // container init and the microVM guest agent use it through
-// runtime/guestexec, reading the files of the root they serve. It imports
+// internal/guest/exec, reading the files of the root they serve. It imports
 // nothing from corral (it is linked into both static supervisors).
 package passwd
 

@@ -3,14 +3,13 @@ package etcdstore_test
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"sync"
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/etcdembed"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/iam/etcdstore"
+	"github.com/corral-dev/corral/internal/iam/storetest"
 )
 
 // open starts a real single-member etcd (ports 17500-17501) and returns two
@@ -32,6 +31,25 @@ func open(t *testing.T) (a, b *etcdstore.Store) {
 		*s = st
 	}
 	return a, b
+}
+
+// TestStoreContract runs the contract every iam.Store meets; each subtest
+// gets a prefix of its own on one etcd member, and reopening is a new
+// connection on the same prefix.
+func TestStoreContract(t *testing.T) {
+	ctx := context.Background()
+	c, err := etcdembed.StartCluster(ctx, t.TempDir(), 1, 17500, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	storetest.Run(t, func(t *testing.T) iam.Store {
+		s, err := etcdstore.Open(ctx, c.Endpoints(), "/test/"+t.Name()+"/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
 }
 
 func TestStoreSemantics(t *testing.T) {
@@ -124,44 +142,6 @@ func TestStoreSemantics(t *testing.T) {
 // instances increment one counter by read-check-write with retries; no
 // increment is lost.
 func TestStoreCompareAndSwapAcrossInstances(t *testing.T) {
-	ctx := context.Background()
 	a, b := open(t)
-	if err := a.Txn(ctx, []iam.Cond{{Key: "quota/used"}}, []iam.Write{{Key: "quota/used", Value: []byte("0")}}); err != nil {
-		t.Fatal(err)
-	}
-	const per = 25
-	var wg sync.WaitGroup
-	for i := range 8 {
-		st := a
-		if i%2 == 1 {
-			st = b
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range per {
-				for {
-					v, rev, err := st.Get(ctx, "quota/used")
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					n, _ := strconv.Atoi(string(v))
-					err = st.Txn(ctx, []iam.Cond{{Key: "quota/used", Rev: rev}}, []iam.Write{{Key: "quota/used", Value: []byte(strconv.Itoa(n + 1))}})
-					if err == nil {
-						break
-					}
-					if !errdefs.IsFailedPrecondition(err) {
-						t.Error(err)
-						return
-					}
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	v, _, _ := a.Get(ctx, "quota/used")
-	if string(v) != strconv.Itoa(8*per) {
-		t.Fatalf("counter = %s, want %d", v, 8*per)
-	}
+	storetest.Increments(t, "quota/used", 25, a, b, a, b, a, b, a, b)
 }

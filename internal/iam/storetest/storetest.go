@@ -105,38 +105,7 @@ func Run(t *testing.T, open Opener) {
 	t.Run("ConcurrentIncrementsSerialise", func(t *testing.T) {
 		s := open(t)
 		defer s.Close()
-		mustTxn(t, s, nil, iam.Write{Key: "ctr", Value: []byte("0")})
-		const workers, each = 4, 10
-		var wg sync.WaitGroup
-		for range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range each {
-					for {
-						v, rev, err := s.Get(ctx, "ctr")
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						var n int
-						fmt.Sscan(string(v), &n)
-						err = s.Txn(ctx, []iam.Cond{{Key: "ctr", Rev: rev}}, []iam.Write{{Key: "ctr", Value: fmt.Appendf(nil, "%d", n+1)}})
-						if err == nil {
-							break
-						}
-						if !errdefs.IsFailedPrecondition(err) {
-							t.Error(err)
-							return
-						}
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		if v, _, _ := s.Get(ctx, "ctr"); string(v) != fmt.Sprint(workers*each) {
-			t.Fatalf("counter = %s after %d compare-and-swap increments", v, workers*each)
-		}
+		Increments(t, "ctr", 10, s, s, s, s)
 	})
 	t.Run("DurableAcrossReopen", func(t *testing.T) {
 		s := open(t)
@@ -162,5 +131,45 @@ func mustTxn(t *testing.T, s iam.Store, conds []iam.Cond, writes ...iam.Write) {
 	t.Helper()
 	if err := s.Txn(context.Background(), conds, writes); err != nil {
 		t.Fatalf("Txn: %v", err)
+	}
+}
+
+// Increments is the quota pattern: one worker per entry of stores (the same
+// store may stand several times, or instances on one cluster) increments
+// key each times by read-check-write with retries, concurrently; no
+// increment may be lost.
+func Increments(t *testing.T, key string, each int, stores ...iam.Store) {
+	t.Helper()
+	ctx := context.Background()
+	mustTxn(t, stores[0], nil, iam.Write{Key: key, Value: []byte("0")})
+	var wg sync.WaitGroup
+	for _, s := range stores {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				for {
+					v, rev, err := s.Get(ctx, key)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					var n int
+					fmt.Sscan(string(v), &n)
+					err = s.Txn(ctx, []iam.Cond{{Key: key, Rev: rev}}, []iam.Write{{Key: key, Value: fmt.Appendf(nil, "%d", n+1)}})
+					if err == nil {
+						break
+					}
+					if !errdefs.IsFailedPrecondition(err) {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if v, _, _ := stores[0].Get(ctx, key); string(v) != fmt.Sprint(len(stores)*each) {
+		t.Fatalf("%s = %s after %d compare-and-swap increments", key, v, len(stores)*each)
 	}
 }

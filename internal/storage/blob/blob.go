@@ -2,7 +2,7 @@
 // byte strings (EROFS data blobs and their chunk manifests) kept in a local
 // directory, fetched from another node over HTTP, or kept in an
 // S3-compatible object store. Readers fetch byte ranges, so a node can load
-// a layer's data on demand (package lazyblob). It imports nothing from
+// a layer's data on demand (storage/lazy). It imports nothing from
 // corral but errdefs.
 package blob
 

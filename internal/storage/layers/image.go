@@ -1,4 +1,4 @@
-// Package image owns corral's read-only root filesystems. A layer is an
+// Package layers owns corral's read-only root filesystems. A layer is an
 // EROFS image split into local metadata and a chunked data blob, content-
 // addressed and named NAME@VERSION (layer.go), mounted file-backed once per
 // node with its blob from a BlobSource (blob.go, mount.go) and shared by

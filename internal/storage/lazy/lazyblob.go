@@ -1,4 +1,4 @@
-// Package lazyblob serves layer data blobs as read-only files on a FUSE
+// Package lazy serves layer data blobs as read-only files on a FUSE
 // mount, fetching each fixed-size chunk from a blob.Store the first time it
 // is read. The kernel mounts a layer's EROFS metadata with such a file as
 // its blob device (mount -t erofs -o ro,device=<file> meta.erofs dir), so a

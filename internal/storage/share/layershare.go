@@ -1,10 +1,11 @@
-// Package layershare shares a node's layers through a blob store shared
+// Package share shares a node's layers through a blob store shared
 // by many nodes: it publishes the layers this node makes (blob, chunk
 // manifest, metadata and a layer record), lets a node learn a layer it
 // does not have from its record and metadata alone, and serves the blobs
-// of such layers as lazily fetched files (package lazyblob), watching for
-// fetch faults. It is the glue between image, blob and lazyblob, and
-// imports those and errdefs only; never a backend, the node or the API.
+// of such layers as lazily fetched files (storage/lazy), watching for
+// fetch faults. It is the glue between storage/layers, storage/blob and
+// storage/lazy, and imports those and errdefs only; never a backend, the
+// node or the API.
 package share
 
 import (
