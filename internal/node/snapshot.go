@@ -273,8 +273,8 @@ func makeSandbox(ctx context.Context, b backend.Backend, req CreateRequest, spec
 }
 
 // forkFromSnapshot forks a sandbox whose backend snapshots: one snapshot,
-// then count restores of it (each with its own disk copy and a full copy
-// of the memory, read from the snapshot file), then the snapshot goes.
+// then count restores of it (each with its own disk copy; the backend
+// shares what it can of the memory), then the snapshot goes.
 func (n *Node) forkFromSnapshot(ctx context.Context, id string, count int, labels map[string]string) (*ForkResult, error) {
 	snap, err := n.Snapshot(ctx, id)
 	if err != nil {
