@@ -122,7 +122,7 @@ func diskUsage(dir string) (int64, error) {
 // Restore implements backend.Restorer: a new run dir (and network slot)
 // with a copy of the snapshot's disk, the VMM started from its device state
 // with its RAM image mapped copy-on-write (restores of one snapshot share
-// its unwritten pages; older-style snapshots stream RAM in), then the
+// its unwritten pages; a restored VM's own snapshots stream RAM in), then the
 // restored agent,
 // reached with the snapshot's secret, takes over the new sandbox's secret,
 // hostname and (networked) MAC and addresses.
