@@ -120,12 +120,12 @@ func diskUsage(dir string) (int64, error) {
 }
 
 // Restore implements backend.Restorer: a new run dir (and network slot)
-// with a copy of the snapshot's disk, the VMM started from its device state
-// with its RAM image mapped copy-on-write (restores of one snapshot share
-// its unwritten pages; a restored VM's own snapshots stream RAM in), then the
-// restored agent,
-// reached with the snapshot's secret, takes over the new sandbox's secret,
-// hostname and (networked) MAC and addresses.
+// with a copy of the snapshot's disk, the VMM started from its device
+// state with its RAM image mapped copy-on-write (restores of one snapshot
+// share its unwritten pages; a restored VM's own snapshots stream RAM
+// instead), then the restored agent, reached with the snapshot's secret,
+// takes over the new sandbox's secret, hostname and (networked) MAC and
+// addresses.
 func (b *Backend) Restore(ctx context.Context, spec backend.Spec, dir string) (backend.Sandbox, error) {
 	mode, err := b.checkSpec(spec)
 	if err != nil {
