@@ -3,6 +3,9 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/client"
@@ -19,10 +22,15 @@ type MicroVMSnapshotFigures struct {
 	// Bytes is a snapshot's size on disk (memory file and disk copy).
 	Bytes int64 `json:"bytes"`
 	// ForkMs is one Fork × ForkN (one snapshot, ForkN restores).
-	ForkN   int     `json:"fork_n"`
-	ForkMs  float64 `json:"fork_ms"`
-	Failed  int     `json:"failed"`
-	Skipped string  `json:"skipped,omitempty"`
+	ForkN  int     `json:"fork_n"`
+	ForkMs float64 `json:"fork_ms"`
+	Failed int     `json:"failed"`
+	// ForkRSSMiB and ForkPSSMiB sum the forks' VMM processes (read from
+	// /proc when the bench runs on the node; 0 otherwise): RSS counts the
+	// pages they share from the snapshot's RAM image in each, PSS once.
+	ForkRSSMiB float64 `json:"fork_rss_mib"`
+	ForkPSSMiB float64 `json:"fork_pss_mib"`
+	Skipped    string  `json:"skipped,omitempty"`
 }
 
 // microVMSnapshots takes n snapshots of one running microVM, restores
@@ -76,6 +84,13 @@ func microVMSnapshots(ctx context.Context, t *tracker, n, forkN int) (MicroVMSna
 			return f, err
 		}
 		f.ForkMs = ms(time.Since(start))
+		var ids []string
+		for _, fk := range res.Forks {
+			if fk.Err == nil {
+				ids = append(ids, fk.Sandbox.ID())
+			}
+		}
+		f.ForkRSSMiB, f.ForkPSSMiB = vmmMemory(ids)
 		for _, fk := range res.Forks {
 			if fk.Err != nil {
 				f.Failed++
@@ -90,6 +105,32 @@ func microVMSnapshots(ctx context.Context, t *tracker, n, forkN int) (MicroVMSna
 	return f, nil
 }
 
+// vmmMemory sums RSS and PSS of the VMM processes of sandboxes ids, found
+// by their "-name corral-<id>" argument.
+func vmmMemory(ids []string) (rssMiB, pssMiB float64) {
+	want := map[string]bool{}
+	for _, id := range ids {
+		want["corral-"+id] = true
+	}
+	var rss, pss int64
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == "-name" && want[args[i+1]] {
+				rollup := filepath.Join("/proc", p.Name(), "smaps_rollup")
+				rss += statusKB(rollup, "Rss:") << 10
+				pss += statusKB(rollup, "Pss:") << 10
+			}
+		}
+	}
+	return mib(rss), mib(pss)
+}
+
 func (f MicroVMSnapshotFigures) rows() []row {
 	if f.Skipped != "" {
 		return []row{{"microVM snapshot/restore", "not measured", f.Skipped, ""}}
@@ -101,5 +142,7 @@ func (f MicroVMSnapshotFigures) rows() []row {
 			fmt.Sprintf("cold boot of the same microVM %s ms (%.2fx); E2B resume ~%d ms (published)", f3(f.BootMs), ratio(f.Restore.P50, f.BootMs), e2bResumeMs), ""},
 		{fmt.Sprintf("microVM fork × %d (processes carried)", f.ForkN), f3(f.ForkMs) + " ms",
 			fmt.Sprintf("%.2fx one cold boot; %d failed", ratio(f.ForkMs, f.BootMs), f.Failed), ""},
+		{fmt.Sprintf("microVM fork × %d: host memory of the forks (PSS)", f.ForkN), f3(f.ForkPSSMiB) + " MiB",
+			fmt.Sprintf("RSS %s MiB: the RAM image's pages are shared copy-on-write", f3(f.ForkRSSMiB)), ""},
 	}
 }

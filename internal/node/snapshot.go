@@ -236,6 +236,16 @@ func (n *Node) DeleteSnapshot(_ context.Context, id string, visible func(string)
 // identity: a new id, agent secret, hostname and (were it networked)
 // network slot.
 func (n *Node) Restore(ctx context.Context, id string, labels map[string]string, visible func(string) bool) (*Sandbox, error) {
+	l := maps.Clone(labels)
+	if l == nil {
+		l = map[string]string{}
+	}
+	l[SnapshotOfLabel] = id
+	return n.restore(ctx, id, l, visible)
+}
+
+// restore is Restore with labels laid over the source's as they are.
+func (n *Node) restore(ctx context.Context, id string, labels map[string]string, visible func(string) bool) (*Sandbox, error) {
 	info, err := n.lookupSnapshot(id, visible)
 	if err != nil {
 		return nil, err
@@ -246,7 +256,6 @@ func (n *Node) Restore(ctx context.Context, id string, labels map[string]string,
 		l = map[string]string{}
 	}
 	maps.Copy(l, labels)
-	l[SnapshotOfLabel] = id
 	idle, life := src.IdleTimeout, src.MaxLifetime
 	return n.Create(ctx, CreateRequest{
 		Project: src.Project, Backend: src.Backend, Image: src.Image,
@@ -273,8 +282,8 @@ func makeSandbox(ctx context.Context, b backend.Backend, req CreateRequest, spec
 }
 
 // forkFromSnapshot forks a sandbox whose backend snapshots: one snapshot,
-// then count restores of it (each with its own disk copy and a full copy
-// of the memory, read from the snapshot file), then the snapshot goes.
+// then count restores of it (each with its own disk copy; the backend
+// shares what it can of the memory), then the snapshot goes.
 func (n *Node) forkFromSnapshot(ctx context.Context, id string, count int, labels map[string]string) (*ForkResult, error) {
 	snap, err := n.Snapshot(ctx, id)
 	if err != nil {
@@ -293,7 +302,8 @@ func (n *Node) forkFromSnapshot(ctx context.Context, id string, count int, label
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			sb, err := n.Restore(ctx, snap.ID, labels, nil)
+			// Labelled as forks only: the snapshot goes once they are made.
+			sb, err := n.restore(ctx, snap.ID, labels, nil)
 			if err != nil {
 				err = fmt.Errorf("fork %d of sandbox %s: %w", i, id, err)
 			}

@@ -170,7 +170,7 @@ func TestMicroVMSnapshotRestoreFork(t *testing.T) {
 			t.Errorf("fork %d reuses sandbox id %s", i, f.Sandbox.ID())
 		}
 		ids[f.Sandbox.ID()] = true
-		if f.Info.Labels["corral.fork-of"] != sb.ID() {
+		if f.Info.Labels["corral.fork-of"] != sb.ID() || f.Info.Labels["job"] != "snap" || f.Info.Labels["corral.restored-from"] != "" {
 			t.Errorf("fork %d labels: %v", i, f.Info.Labels)
 		}
 		testenv.Sh(t, f.Sandbox, "echo fork-"+strconv.Itoa(i)+" > /tmp/who")

@@ -65,6 +65,10 @@ type machine struct {
 	// incoming, when set, is the memory file a restore reads instead of
 	// the run dir's snapshotFile (a restore into a new sandbox).
 	incoming string
+	// ramFile, when set with incoming, is the snapshot's guest RAM image:
+	// the restore maps it copy-on-write instead of loading RAM from the
+	// stream (which then holds the device state only).
+	ramFile string
 }
 
 func (m *machine) path(name string) string { return filepath.Join(m.dir, name) }

@@ -3,12 +3,15 @@ package microvm
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/launch"
@@ -49,8 +52,13 @@ func (q *qemu) args(m *machine, restore bool) []string {
 	// 256 MiB guest held ~180 MiB). Shared memory is not given huge pages
 	// unless the host's shmem_enabled says so.
 	machineOpts += ",memory-backend=ram"
-	args := []string{q.bin, "-M", machineOpts,
-		"-object", fmt.Sprintf("memory-backend-memfd,id=ram,size=%dM", m.MemoryMiB)}
+	ram := fmt.Sprintf("memory-backend-memfd,id=ram,size=%dM", m.MemoryMiB)
+	if restore && m.ramFile != "" {
+		// A private mapping of the snapshot's RAM image: every VM restored
+		// from it shares its page cache until it writes a page.
+		ram = fmt.Sprintf("memory-backend-file,id=ram,size=%dM,mem-path=%s,share=off", m.MemoryMiB, qemuEscape(m.ramFile))
+	}
+	args := []string{q.bin, "-M", machineOpts, "-object", ram}
 	args = append(args, accel...)
 	args = append(args,
 		"-name", "corral-"+m.id,
@@ -89,12 +97,11 @@ func (q *qemu) args(m *machine, restore bool) []string {
 			"-netdev", "tap,id=net0,fd=3",
 			"-device", "virtio-net-device,netdev=net0,mac="+m.MAC)
 	}
-	if restore {
-		src := m.path(snapshotFile)
-		if m.incoming != "" {
-			src = m.incoming
-		}
-		args = append(args, "-incoming", "exec:cat "+shellQuote(src))
+	switch {
+	case restore && m.ramFile != "":
+		args = append(args, "-incoming", "defer") // capabilities first (Start)
+	case restore:
+		args = append(args, "-incoming", "exec:cat "+shellQuote(m.incomingPath()))
 	}
 	return args
 }
@@ -176,10 +183,29 @@ func (q *qemu) Start(ctx context.Context, m *machine, restore bool) (*launch.Pro
 		return nil, err
 	}
 	defer qc.close()
+	if restore && m.ramFile != "" {
+		// The stream was saved with x-ignore-shared (guest RAM not in it),
+		// which the destination must have on to read it.
+		err := setIgnoreShared(ctx, qc, true)
+		if err == nil {
+			_, err = qc.run(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(m.incomingPath())})
+		}
+		if err != nil {
+			_ = proc.Kill()
+			return nil, err
+		}
+	}
 	if restore {
 		if err := waitIncoming(ctx, qc); err != nil {
 			_ = proc.Kill()
 			return nil, err
+		}
+		if m.ramFile != "" {
+			// Off for this VM's own snapshots: its RAM is no memfd.
+			if err := setIgnoreShared(ctx, qc, false); err != nil {
+				_ = proc.Kill()
+				return nil, err
+			}
 		}
 		if _, err := qc.run(ctx, "cont", nil); err != nil {
 			_ = proc.Kill()
@@ -268,6 +294,11 @@ func (q *qemu) Snapshot(ctx context.Context, m *machine) error {
 	if _, err := qc.run(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}); err != nil {
 		return err
 	}
+	// The RAM goes in the stream (a live snapshot cut short may have
+	// left x-ignore-shared on).
+	if err := setIgnoreShared(ctx, qc, false); err != nil {
+		return err
+	}
 	tmp := m.path(snapshotFile + ".tmp")
 	if _, err := qc.run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(tmp)}); err != nil {
 		return err
@@ -283,11 +314,17 @@ func (q *qemu) Snapshot(ctx context.Context, m *machine) error {
 	return nil
 }
 
-// SnapshotLive implements liveSnapshotter: with the vCPUs stopped, RAM
-// and device state stream to memPath; once the migration completed QEMU
-// has flushed and let go of its disks, so whileStopped copies them; then
-// the VM continues (cont takes the disks back), also when a step failed.
-func (q *qemu) SnapshotLive(ctx context.Context, m *machine, memPath string, whileStopped func() error) (err error) {
+// SnapshotLive implements liveSnapshotter: with the vCPUs stopped, device
+// state (and RAM, unless it is copied to ramPath) streams to memPath; once
+// the migration completed QEMU has flushed and let go of its disks, so
+// whileStopped copies them; then the VM continues (cont takes the disks
+// back), also when a step failed.
+//
+// Guest RAM in a memfd (every booted VM) is left out of the stream
+// (x-ignore-shared) and copied from the memfd, holes kept, to ramPath: a
+// restore maps that file copy-on-write. A VM whose RAM is not a memfd (one
+// restored that way) streams its RAM, and ramPath is not written.
+func (q *qemu) SnapshotLive(ctx context.Context, m *machine, memPath, ramPath string, whileStopped func() error) (err error) {
 	qc, err := q.qmp(ctx, m, nil)
 	if err != nil {
 		return err
@@ -301,6 +338,24 @@ func (q *qemu) SnapshotLive(ctx context.Context, m *machine, memPath string, whi
 			err = fmt.Errorf("continue after snapshot: %w", cerr)
 		}
 	}()
+	ram, err := openGuestRAM(m.Pid)
+	if err != nil {
+		return err
+	}
+	if ram != nil {
+		defer ram.Close()
+	}
+	if err := setIgnoreShared(ctx, qc, ram != nil); err != nil {
+		return err
+	}
+	if ram != nil {
+		// Off again: a later pause --reclaim must stream the RAM.
+		defer func() {
+			if serr := setIgnoreShared(context.WithoutCancel(ctx), qc, false); serr != nil && err == nil {
+				err = serr
+			}
+		}()
+	}
 	if _, err := qc.run(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}); err != nil {
 		return err
 	}
@@ -316,7 +371,82 @@ func (q *qemu) SnapshotLive(ctx context.Context, m *machine, memPath string, whi
 	if err := os.Rename(tmp, memPath); err != nil {
 		return err
 	}
+	if ram != nil {
+		if err := copySparse(ram, ramPath); err != nil {
+			return fmt.Errorf("copy guest RAM: %w", err)
+		}
+	}
 	return whileStopped()
+}
+
+func setIgnoreShared(ctx context.Context, qc *qmp, on bool) error {
+	_, err := qc.run(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": on}}})
+	return err
+}
+
+// openGuestRAM opens the memfd holding the guest RAM of VMM pid (nil when
+// its RAM is something else).
+func openGuestRAM(pid int) (*os.File, error) {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("guest RAM: %w", err)
+	}
+	for _, e := range ents {
+		target, err := os.Readlink(dir + "/" + e.Name())
+		if err == nil && strings.HasPrefix(target, "/memfd:memory-backend-memfd") {
+			f, err := os.Open(dir + "/" + e.Name())
+			if err != nil {
+				return nil, fmt.Errorf("guest RAM: %w", err)
+			}
+			return f, nil
+		}
+	}
+	return nil, nil
+}
+
+// copySparse copies src's data extents to a new file dst of src's size,
+// leaving its holes (pages the guest never touched or gave back) as holes.
+func copySparse(src *os.File, dst string) error {
+	fi, err := src.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if err := out.Truncate(fi.Size()); err != nil {
+		return err
+	}
+	fd := int(src.Fd())
+	for off := int64(0); off < fi.Size(); {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if err == unix.ENXIO {
+			break // no data past off
+		}
+		if err != nil {
+			return err
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(io.NewOffsetWriter(out, data), io.NewSectionReader(src, data, hole-data)); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return out.Close()
+}
+
+func (m *machine) incomingPath() string {
+	if m.incoming != "" {
+		return m.incoming
+	}
+	return m.path(snapshotFile)
 }
 
 // tailFile returns the end of a (log) file for error messages.

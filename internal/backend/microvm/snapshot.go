@@ -23,11 +23,12 @@ const (
 	snapStateFile = "machine.json" // the source's machineState
 	snapMemFile   = snapshotFile   // RAM and device state (QEMU's migration stream)
 	snapDiskFile  = diskFile       // copy of the writable disk at the same instant
+	snapRAMFile   = "ram.img"      // guest RAM, sparse, when it is not in snapMemFile
 )
 
 // liveSnapshotter is a driver that snapshots a VM without ending it.
 type liveSnapshotter interface {
-	SnapshotLive(ctx context.Context, m *machine, memPath string, whileStopped func() error) error
+	SnapshotLive(ctx context.Context, m *machine, memPath, ramPath string, whileStopped func() error) error
 }
 
 var (
@@ -71,7 +72,7 @@ func (s *sandbox) SnapshotTo(ctx context.Context, dir string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("sandbox %s: snapshot: detach agent: %w", s.m.id, err)
 	}
-	err = ls.SnapshotLive(ctx, s.m, filepath.Join(dir, snapMemFile), func() error {
+	err = ls.SnapshotLive(ctx, s.m, filepath.Join(dir, snapMemFile), filepath.Join(dir, snapRAMFile), func() error {
 		return copyDisk(ctx, s.m.path(diskFile), filepath.Join(dir, snapDiskFile))
 	})
 	// The agent's old session may still write its last frames into the
@@ -119,10 +120,12 @@ func diskUsage(dir string) (int64, error) {
 }
 
 // Restore implements backend.Restorer: a new run dir (and network slot)
-// with a copy of the snapshot's disk, the VMM started from its memory file
-// (read once by this VM: forks do not share RAM), then the restored agent,
-// reached with the snapshot's secret, takes over the new sandbox's secret,
-// hostname and (networked) MAC and addresses.
+// with a copy of the snapshot's disk, the VMM started from its device
+// state with its RAM image mapped copy-on-write (restores of one snapshot
+// share its unwritten pages; a restored VM's own snapshots stream RAM
+// instead), then the restored agent, reached with the snapshot's secret,
+// takes over the new sandbox's secret, hostname and (networked) MAC and
+// addresses.
 func (b *Backend) Restore(ctx context.Context, spec backend.Spec, dir string) (backend.Sandbox, error) {
 	mode, err := b.checkSpec(spec)
 	if err != nil {
@@ -168,11 +171,17 @@ func (c *creation) startRestored(ctx context.Context, dir, oldSecret string) err
 	m := c.m
 	newSecret := m.Secret
 	m.incoming = filepath.Join(dir, snapMemFile)
+	if _, err := os.Stat(filepath.Join(dir, snapRAMFile)); err == nil {
+		m.ramFile = filepath.Join(dir, snapRAMFile)
+	}
 	if err := os.Symlink(c.b.init.path, m.path(initrdFile)); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
 	defer os.Remove(m.path(initrdFile))
 	proc, err := c.b.drv.Start(ctx, m, true)
+	// A later restore of this sandbox (after pause --reclaim) reads its
+	// own run dir, not the snapshot.
+	m.incoming, m.ramFile = "", ""
 	if err != nil {
 		return fmt.Errorf("start %s: %w", c.b.drv.Name(), err)
 	}

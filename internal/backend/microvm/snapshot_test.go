@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,6 +56,13 @@ func TestSnapshotRestoreIdentity(t *testing.T) {
 	if _, err := sb.(*sandbox).SnapshotTo(ctx, dir); err != nil {
 		t.Fatal(err)
 	}
+	// A booted guest's RAM (a memfd) is copied beside the stream, which
+	// then holds only the device state.
+	ram, err1 := os.Stat(filepath.Join(dir, snapRAMFile))
+	mem, err2 := os.Stat(filepath.Join(dir, snapMemFile))
+	if err1 != nil || err2 != nil || ram.Size() != 256<<20 || mem.Size() > 16<<20 {
+		t.Errorf("snapshot files: ram %v %v, stream %v %v; want a 256 MiB RAM image and a small stream", ram, err1, mem, err2)
+	}
 	sh(t, sb, "echo after > /tmp/mark")
 
 	t.Run("RestoreRefusesOtherResources", func(t *testing.T) {
@@ -105,6 +113,31 @@ nslookup pypi.test >/dev/null; printf 'GET / HTTP/1.0\r\n\r\n' | timeout 20 nc 1
 		}
 		if got := sh(t, sb, probe); !strings.Contains(got, src.MAC+"\n"+src.Net.Addr4+"/") || !strings.Contains(got, "lab host 198.18.1.10") {
 			t.Errorf("the original's network after the restore: %q", got)
+		}
+		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", rs.m.Pid)); !strings.Contains(string(cmd), "mem-path="+filepath.Join(dir, snapRAMFile)) {
+			t.Errorf("restored VMM does not map the RAM image: %q", cmd)
+		}
+		// The copy's RAM is a private file mapping, not a memfd: its own
+		// snapshot streams the RAM, and restores as well.
+		dir2 := t.TempDir()
+		if _, err := rs.SnapshotTo(ctx, dir2); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(dir2, snapRAMFile)); !os.IsNotExist(err) {
+			t.Errorf("snapshot of a restored guest wrote a RAM image: %v", err)
+		}
+		spec2 := testSpec(t)
+		spec2.Network = spec.Network
+		r2, err := b.Restore(ctx, spec2, dir2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = r2.Stop(context.Background())
+			_ = b.Cleanup(context.Background(), spec2.ID, nil)
+		})
+		if got := sh(t, r2, "cat /tmp/mark"); got != "before\n" {
+			t.Errorf("second-generation restore: %q", got)
 		}
 		if _, err := os.Stat(filepath.Join(b.runDir(spec.ID), diskFile)); err != nil {
 			t.Errorf("restored sandbox has no disk of its own: %v", err)
