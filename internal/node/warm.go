@@ -267,7 +267,7 @@ func (w *warmPools) make(image string) (*warmSandbox, error) {
 // handOut gives rec (admitted, not yet reserved) a pooled sandbox when it
 // matches and the pool has one: ok false means make one as usual.
 func (w *warmPools) handOut(ctx context.Context, rec *state.Record, b backend.Backend, start time.Time) (*Sandbox, bool, error) {
-	if !w.matches(rec) {
+	if w == nil || !w.matches(rec) {
 		return nil, false, nil
 	}
 	ws := w.take(rec.Image)
@@ -298,6 +298,9 @@ func (w *warmPools) handOut(ctx context.Context, rec *state.Record, b backend.Ba
 
 // close stops the fillers and destroys every pooled sandbox.
 func (w *warmPools) close() {
+	if w == nil {
+		return
+	}
 	w.mu.Lock()
 	w.closed = true
 	for _, p := range w.pools {
