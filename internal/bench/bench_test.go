@@ -149,7 +149,7 @@ func TestNamesSandbox(t *testing.T) {
 }
 
 func TestTargets(t *testing.T) {
-	r := &ContainerResult{CreateReadyP50Ms: 12, CyclesPerS: 90, ExecP50Ms: 3, RuncReason: "runc not found"}
+	r := &ContainerResult{CreateReadyP50Ms: 9, CyclesPerS: 90, ExecP50Ms: 1.5, RuncReason: "runc not found"}
 	ts := containerTargets(r)
 	met := map[string]bool{}
 	for _, tg := range ts {

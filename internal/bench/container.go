@@ -65,6 +65,10 @@ type ContainerResult struct {
 	CreateReadyP99Ms float64     `json:"create_ready_p99_ms"`
 	CreateReady      Percentiles `json:"create_ready"`
 	CreateErrors     Errors      `json:"create_ready_errors"`
+	// CreateReadyCold is create→ready of creates that no warm pool
+	// serves (made from scratch), sampled after CreateReady.
+	CreateReadyColdP50Ms float64     `json:"create_ready_cold_p50_ms"`
+	CreateReadyCold      Percentiles `json:"create_ready_cold"`
 
 	ExecP50Ms     float64     `json:"exec_p50_ms"`
 	ExecP99Ms     float64     `json:"exec_p99_ms"`
@@ -103,28 +107,26 @@ func Container(ctx context.Context, c *client.Client, o ContainerOptions) (res *
 	create := client.CreateOptions{Image: o.Image}
 
 	fmt.Fprintf(o.Log, "create→ready: %d sequential samples\n", o.N)
-	ready := make([]time.Duration, 0, o.N)
-	for len(ready) < o.N {
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
-		if err := res.CreateErrors.tooMany(o.N); err != nil {
-			return res, err
-		}
-		start := time.Now()
-		sb, err := t.create(ctx, create)
-		if err != nil {
-			res.CreateErrors.add(fmt.Errorf("create: %w", err))
-			continue
-		}
-		err = runTrue(ctx, sb)
-		if err == nil {
-			ready = append(ready, time.Since(start))
-		}
-		res.CreateErrors.add(errors.Join(err, t.delete(ctx, sb)))
+	ready, err := createReady(ctx, t, create, o.N, &res.CreateErrors)
+	if err != nil {
+		return res, err
 	}
 	res.CreateReady = Summarise(ready)
 	res.CreateReadyP50Ms, res.CreateReadyP99Ms = res.CreateReady.P50, res.CreateReady.P99
+
+	// The peer: creates a node's warm pool does not serve (1 MiB less
+	// memory than the node's default), made from scratch.
+	fmt.Fprintf(o.Log, "create→ready made from scratch (no pooled sandbox): %d sequential samples\n", o.N)
+	cold, err := coldCreate(ctx, t, create)
+	if err != nil {
+		return res, err
+	}
+	coldReady, err := createReady(ctx, t, cold, o.N, &res.CreateErrors)
+	if err != nil {
+		return res, err
+	}
+	res.CreateReadyCold = Summarise(coldReady)
+	res.CreateReadyColdP50Ms = res.CreateReadyCold.P50
 
 	if o.TCPAddr != "" {
 		fmt.Fprintf(o.Log, "create→ready over TCP %s with a project token vs the unix socket: %d samples each, interleaved\n", o.TCPAddr, o.N)
@@ -165,6 +167,47 @@ func Container(ctx context.Context, c *client.Client, o ContainerOptions) (res *
 	res.RuncReason = reason
 	res.Targets = containerTargets(res)
 	return res, ctx.Err()
+}
+
+// createReady times n sequential creates until a first `true` has run,
+// deleting each (untimed).
+func createReady(ctx context.Context, t *tracker, create client.CreateOptions, n int, errs *Errors) ([]time.Duration, error) {
+	ready := make([]time.Duration, 0, n)
+	for len(ready) < n {
+		if err := ctx.Err(); err != nil {
+			return ready, err
+		}
+		if err := errs.tooMany(n); err != nil {
+			return ready, err
+		}
+		start := time.Now()
+		sb, err := t.create(ctx, create)
+		if err != nil {
+			errs.add(fmt.Errorf("create: %w", err))
+			continue
+		}
+		err = runTrue(ctx, sb)
+		if err == nil {
+			ready = append(ready, time.Since(start))
+		}
+		errs.add(errors.Join(err, t.delete(ctx, sb)))
+	}
+	return ready, nil
+}
+
+// coldCreate is create with 1 MiB less memory than the node gives by
+// default: a node's warm pool serves only default creates.
+func coldCreate(ctx context.Context, t *tracker, create client.CreateOptions) (client.CreateOptions, error) {
+	sb, err := t.create(ctx, create)
+	if err != nil {
+		return create, fmt.Errorf("create (to read the node's default memory): %w", err)
+	}
+	info, err := sb.Info(ctx)
+	if err = errors.Join(err, t.delete(ctx, sb)); err != nil {
+		return create, fmt.Errorf("read the node's default memory: %w", err)
+	}
+	create.Resources.MemoryBytes = info.Resources.MemoryBytes - 1<<20
+	return create, nil
 }
 
 func runTrue(ctx context.Context, sb *client.Sandbox) error {
@@ -322,9 +365,9 @@ func runcRate(ctx context.Context, o ContainerOptions, args []string, label stri
 
 func containerTargets(r *ContainerResult) []Target {
 	ts := []Target{
-		atMost("create_ready_p50_ms", r.CreateReadyP50Ms, 15),
+		atMost("create_ready_p50_ms", r.CreateReadyP50Ms, 10),
 		atLeast("cycles_per_s", r.CyclesPerS, 100),
-		atMost("exec_p50_ms", r.ExecP50Ms, 3),
+		atMost("exec_p50_ms", r.ExecP50Ms, 1.5),
 	}
 	if r.Auth != nil {
 		ts = append(ts, atMost("auth_overhead_p50_ms", r.Auth.OverheadP50Ms, 0.5))
@@ -350,6 +393,7 @@ func (r *ContainerResult) WriteTable(w io.Writer) error {
 	rows := []row{
 		{"create→ready p50", f3(r.CreateReadyP50Ms) + " ms", "", targetFor(r.Targets, "create_ready_p50_ms")},
 		{"create→ready p99", f3(r.CreateReadyP99Ms) + " ms", "", ""},
+		{"create→ready p50, made from scratch", f3(r.CreateReadyColdP50Ms) + " ms", "p99 " + f3(r.CreateReadyCold.P99) + " ms (a create no warm pool serves)", ""},
 		{"cycles/s (create+true+delete)", fmt.Sprintf("%s/s (%d cycles, %d errors)", f3(r.CyclesPerS), r.Cycles.Cycles, r.Cycles.Errors), runc, targetFor(r.Targets, "cycles_per_s")},
 		{"ratio vs runc", ratio, "", targetFor(r.Targets, "ratio_vs_runc")},
 		{"exec true p50", f3(r.ExecP50Ms) + " ms", "fork/exec: " + f3(r.ForkExecP50Ms) + " ms", targetFor(r.Targets, "exec_p50_ms")},

@@ -139,6 +139,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		n.abandon(rec, b)
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
+	n.warm.made(rec)
 	return n.started(rec, b, sb, start, false), nil
 }
 

@@ -110,8 +110,10 @@ type Node struct {
 	snaps   snapshots    // completed snapshots (snapshot.go)
 	keyed   keyedExecs   // those of them still running
 
-	// teardowns are the background halves of Deletes (teardown).
+	// teardowns are the background halves of Deletes (teardown); closing
+	// is closed when Close begins, ending their waits between retries.
 	teardowns sync.WaitGroup
+	closing   chan struct{}
 	warm      *warmPools
 
 	stopReaper context.CancelFunc
@@ -157,6 +159,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		log:       cfg.Logger.With("node", id),
 		sandboxes: map[string]*entry{},
 		pending:   map[*state.Record]state.Record{},
+		closing:   make(chan struct{}),
 
 		layerFaults: map[string]string{},
 	}
@@ -199,6 +202,11 @@ func (n *Node) ID() string { return n.id }
 // Close stops the reaper and closes the state database. Sandboxes keep
 // running: the next New re-attaches to them.
 func (n *Node) Close() error {
+	select {
+	case <-n.closing:
+	default:
+		close(n.closing)
+	}
 	n.warm.close()
 	n.teardowns.Wait()
 	n.stopReaper()

@@ -196,7 +196,11 @@ func (n *Node) teardown(b backend.Backend, rec *state.Record, start time.Time, s
 			return
 		}
 		n.log.Warn("delete sandbox: teardown failed; retrying", "sandbox", id, "err", err, "in", teardownRetries[i])
-		time.Sleep(teardownRetries[i])
+		select {
+		case <-time.After(teardownRetries[i]):
+		case <-n.closing: // the record stays marked deleting: the next start retries
+			return
+		}
 	}
 	n.forget(rec)
 	n.log.Debug("sandbox deleted", "sandbox", id, "project", projectOf(rec), "stop", stopped, "teardown", time.Since(began), "total", time.Since(start))

@@ -124,12 +124,17 @@ func (w *warmPools) drainLocked(p *warmPool) {
 	ready := p.ready
 	p.ready = nil
 	for _, ws := range ready {
-		w.discard(ws)
+		w.discardLocked(ws)
 	}
 }
 
-// discard destroys a pooled sandbox in the background.
-func (w *warmPools) discard(ws *warmSandbox) {
+// discardLocked destroys a pooled sandbox in the background; once the
+// pools are closed (close waits for the background), right away.
+func (w *warmPools) discardLocked(ws *warmSandbox) {
+	if w.closed {
+		w.destroy(ws.id, ws.sb)
+		return
+	}
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
@@ -153,13 +158,13 @@ func (w *warmPools) destroy(id string, sb backend.Sandbox) {
 	w.n.cfg.Images.Release(id)
 }
 
-// take returns a pooled sandbox of image, or nil (and the pool starts
-// filling for the next request).
+// take returns a pooled sandbox of image, or nil, and wakes the pool's
+// filler.
 func (w *warmPools) take(image string) *warmSandbox {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	p := w.poolLocked(image)
-	if p == nil {
+	p, ok := w.pools[image]
+	if !ok {
 		return nil
 	}
 	p.used = time.Now()
@@ -168,7 +173,7 @@ func (w *warmPools) take(image string) *warmSandbox {
 		ws, p.ready = p.ready[0], p.ready[1:]
 		select {
 		case <-ws.sb.Done(): // its init died while pooled
-			w.discard(ws)
+			w.discardLocked(ws)
 			ws = nil
 		default:
 		}
@@ -189,7 +194,7 @@ func (w *warmPools) putBack(image string, ws *warmSandbox) {
 		p.ready = append([]*warmSandbox{ws}, p.ready...)
 		return
 	}
-	w.discard(ws)
+	w.discardLocked(ws)
 }
 
 // fill keeps p at size sandboxes, one made at a time, until p is drained
@@ -228,7 +233,7 @@ func (w *warmPools) fill(p *warmPool) {
 		backoff = 0
 		w.mu.Lock()
 		if p.stopped || w.closed || len(p.ready) >= w.size {
-			w.discard(ws)
+			w.discardLocked(ws)
 		} else {
 			p.ready = append(p.ready, ws)
 		}
@@ -267,7 +272,7 @@ func (w *warmPools) make(image string) (*warmSandbox, error) {
 // handOut gives rec (admitted, not yet reserved) a pooled sandbox when it
 // matches and the pool has one: ok false means make one as usual.
 func (w *warmPools) handOut(ctx context.Context, rec *state.Record, b backend.Backend, start time.Time) (*Sandbox, bool, error) {
-	if !w.matches(rec) {
+	if w == nil || !w.matches(rec) {
 		return nil, false, nil
 	}
 	ws := w.take(rec.Image)
@@ -286,7 +291,9 @@ func (w *warmPools) handOut(ctx context.Context, rec *state.Record, b backend.Ba
 	// hand out only a sandbox made from exactly those.
 	img, err := n.cfg.Images.AcquireIn(ctx, r.Image, r.ID, "")
 	if err != nil || !slices.Equal(img.Stack, ws.img.Stack) {
-		w.discard(ws)
+		w.mu.Lock()
+		w.discardLocked(ws)
+		w.mu.Unlock()
 		return nil, false, nil
 	}
 	r.Env = mergeEnv(img.Env, r.Env)
@@ -296,8 +303,25 @@ func (w *warmPools) handOut(ctx context.Context, rec *state.Record, b backend.Ba
 	return n.started(&r, b, ws.sb, start, true), true, nil
 }
 
+// made notes a sandbox made from scratch for rec: if such creates may
+// take pooled sandboxes, its image gets a pool (only images that exist do,
+// so that names that resolve to nothing never push a pool out).
+func (w *warmPools) made(rec *state.Record) {
+	if w == nil || !w.matches(rec) {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if p := w.poolLocked(rec.Image); p != nil {
+		p.used = time.Now()
+	}
+}
+
 // close stops the fillers and destroys every pooled sandbox.
 func (w *warmPools) close() {
+	if w == nil {
+		return
+	}
 	w.mu.Lock()
 	w.closed = true
 	for _, p := range w.pools {
