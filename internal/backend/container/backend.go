@@ -30,8 +30,6 @@ import (
 	"github.com/corral-dev/corral/internal/storage/upper"
 )
 
-// WritableLayer is a sandbox's writable layer as its store handed it out.
-type WritableLayer = upper.Layer
 
 // Config configures the backend.
 type Config struct {

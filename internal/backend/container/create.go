@@ -14,6 +14,7 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 	"github.com/corral-dev/corral/internal/runtime/userns"
+	"github.com/corral-dev/corral/internal/storage/upper"
 )
 
 // creation carries the state shared by the create steps.
@@ -22,7 +23,7 @@ type creation struct {
 	spec   backend.Spec
 	dir    string
 	group  *cgroup.Group
-	layer  WritableLayer
+	layer  upper.Layer
 	ln     *os.File
 	proc   *launch.Process
 	net    *netpolicy.Sandbox
