@@ -26,8 +26,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "corral-agent: arguments are for --service mode only")
 		os.Exit(2)
 	}
-	if err := agent.Service(cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "corral-agent:", err)
-		os.Exit(1)
-	}
+	// Service returns only when it cannot serve; systemd restarts it.
+	fmt.Fprintln(os.Stderr, "corral-agent:", agent.Service(cfg))
+	os.Exit(1)
 }

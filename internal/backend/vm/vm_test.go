@@ -424,7 +424,10 @@ EOF`)
 // re-attaches to the running VM and its guest agent.
 func TestVMRecover(t *testing.T) {
 	b, sb := sharedVM(t)
+	// The old daemon's connections end with it (QEMU serves one client
+	// per agent socket).
 	sb.qga.close()
+	sb.agent.close()
 	if err := shared.net.Close(); err != nil {
 		t.Fatal(err)
 	}
