@@ -165,13 +165,6 @@ func (b *Backend) usersOf(ref string) []string {
 	return out
 }
 
-// step is one undoable part of Create: do returns the undo of what it
-// made (nil: nothing to undo).
-type step struct {
-	name string
-	do   func(ctx context.Context, c *creation) (undo func(context.Context), err error)
-}
-
 // creation is what Create's steps share.
 type creation struct {
 	b     *Backend
@@ -181,117 +174,105 @@ type creation struct {
 	proc  *launch.Process
 	s     *sandbox
 	netOn netpolicy.Mode
+	undo  backend.Undo
 }
 
-// createSteps are Create in order; a failure undoes the steps done, in
-// reverse, once, even when ctx is cancelled.
-var createSteps = []step{
-	{"run dir", func(_ context.Context, c *creation) (func(context.Context), error) {
+// undoTimeout bounds the wait for a killed QEMU when a create is undone.
+const undoTimeout = time.Minute
+
+// createSteps are Create in order (backend.RunSteps): each pushes the undo
+// of what it made; a failure undoes the steps done, in reverse, once, even
+// when ctx is cancelled.
+var createSteps = []backend.Step[*creation]{
+	{Name: "run dir", Run: func(c *creation, _ context.Context) error {
 		if err := os.Mkdir(c.m.dir, 0o700); err != nil {
 			if errors.Is(err, os.ErrExist) {
-				return nil, errdefs.AlreadyExists("sandbox %s: run dir exists", c.spec.ID)
+				return errdefs.AlreadyExists("sandbox %s: run dir exists", c.spec.ID)
 			}
-			return nil, fmt.Errorf("run dir: %w", err)
+			return fmt.Errorf("run dir: %w", err)
 		}
-		return func(context.Context) { _ = os.RemoveAll(c.m.dir) }, nil
+		c.undo.Push(func() { _ = os.RemoveAll(c.m.dir) })
+		return nil
 	}},
-	{"overlay", func(ctx context.Context, c *creation) (func(context.Context), error) {
+	{Name: "overlay", Run: func(c *creation, ctx context.Context) error {
 		// The overlay's virtual size is the disk limit; the image's file
-		// system grows into it at boot.
+		// system grows into it at boot. It lives in the run dir.
 		out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2",
 			"-b", c.img.Path(c.img.Disk), "-F", c.img.Format, c.m.path(overlayFile),
 			strconv.FormatInt(c.spec.Resources.DiskBytes, 10)).CombinedOutput()
 		if err != nil {
-			return nil, fmt.Errorf("overlay: qemu-img create: %v: %s", err, strings.TrimSpace(string(out)))
+			return fmt.Errorf("overlay: qemu-img create: %v: %s", err, strings.TrimSpace(string(out)))
 		}
-		return nil, nil // inside the run dir
+		return nil
 	}},
-	{"firmware", func(_ context.Context, c *creation) (func(context.Context), error) {
+	{Name: "firmware", Run: func(c *creation, _ context.Context) error {
 		switch c.img.Firmware {
 		case FirmwareDirect:
 			c.m.Kernel, c.m.Initrd, c.m.Cmdline = c.img.Path(imageKernel), c.img.Path(imageInitrd), c.img.Cmdline
 		case FirmwareUEFI:
 			// The VM writes its variables: its own copy, not a hard link.
 			if err := runCmd(context.Background(), "cp", ovmfVars, c.m.path(varsFile)); err != nil {
-				return nil, errdefs.NotSupported("firmware uefi: needs OVMF (apt-get install ovmf): %v", err)
+				return errdefs.NotSupported("firmware uefi: needs OVMF (apt-get install ovmf): %v", err)
 			}
 		}
-		return nil, nil
+		return nil
 	}},
-	{"network", func(ctx context.Context, c *creation) (func(context.Context), error) {
+	{Name: "network", Run: func(c *creation, ctx context.Context) error {
 		if c.netOn == netpolicy.ModeNone {
-			return nil, nil
+			return nil
 		}
 		ns, err := c.b.cfg.Network.AttachVM(ctx, c.spec.ID, netpolicy.Policy{Mode: c.netOn, Allow: c.spec.Network.Allow})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		c.m.net = ns
 		rec := ns.Record()
 		c.m.Net, c.m.MAC = &rec, ns.Guest().MAC.String()
-		return func(context.Context) { _ = ns.Close(); _ = c.b.cfg.Network.Remove(rec) }, nil
+		c.undo.Push(func() { _ = ns.Close(); _ = c.b.cfg.Network.Remove(rec) })
+		return nil
 	}},
-	{"agent secret", func(_ context.Context, c *creation) (func(context.Context), error) {
-		return nil, writeAgentSecret(c.m) // inside the run dir
+	{Name: "agent secret", Run: func(c *creation, _ context.Context) error {
+		return writeAgentSecret(c.m) // inside the run dir
 	}},
-	{"state", func(_ context.Context, c *creation) (func(context.Context), error) {
-		return nil, c.m.save()
+	{Name: "state", Run: func(c *creation, _ context.Context) error {
+		return c.m.save()
 	}},
-	{"qemu", func(ctx context.Context, c *creation) (func(context.Context), error) {
+	{Name: "qemu", Run: func(c *creation, ctx context.Context) error {
 		proc, err := startQEMU(ctx, c.b.qemu, c.m)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		c.proc = proc
-		undo := func(ctx context.Context) {
+		c.undo.Push(func() {
 			_ = proc.Kill()
 			select {
 			case <-proc.Done():
-			case <-ctx.Done():
+			case <-time.After(undoTimeout):
 			}
-		}
-		if err := c.m.save(); err != nil {
-			return undo, err
-		}
-		return undo, nil
+		})
+		return c.m.save()
 	}},
-	{"guest agent", func(ctx context.Context, c *creation) (func(context.Context), error) {
+	{Name: "guest agent", Run: func(c *creation, ctx context.Context) error {
 		c.s = c.b.newSandbox(c.m, c.proc)
-		return func(context.Context) { c.s.qga.close(); c.s.agent.close() }, c.s.waitAgent(ctx, c.b.bootTimeout())
+		c.undo.Push(func() { c.s.qga.close(); c.s.agent.close() })
+		return c.s.waitAgent(ctx, c.b.bootTimeout())
 	}},
-	{"guest setup", func(ctx context.Context, c *creation) (func(context.Context), error) {
-		return nil, c.s.setupGuest(ctx, c.spec.Hostname)
+	{Name: "guest setup", Run: func(c *creation, ctx context.Context) error {
+		return c.s.setupGuest(ctx, c.spec.Hostname)
 	}},
 }
 
 // Create implements backend.Backend as createSteps.
-func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sandbox, err error) {
+func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbox, error) {
 	c, err := b.validate(spec)
 	if err != nil {
 		return nil, err
 	}
-	var undos []func(context.Context)
-	defer func() {
-		if err != nil {
-			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			defer cancel()
-			for i := len(undos) - 1; i >= 0; i-- {
-				undos[i](uctx)
-			}
-		}
-	}()
-	for _, st := range createSteps {
-		if b.failAt == st.name {
-			return nil, fmt.Errorf("sandbox %s: %s: injected failure", spec.ID, st.name)
-		}
-		undo, err := st.do(ctx, c)
-		if undo != nil {
-			undos = append(undos, undo)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("sandbox %s: %s: %w", spec.ID, st.name, err)
-		}
+	timings, err := backend.RunSteps(ctx, c, createSteps, &c.undo, b.failAt)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
+	b.log.Debug("vm created", append([]any{"sandbox", spec.ID}, timings...)...)
 	return c.s, nil
 }
 
@@ -306,9 +287,6 @@ func (b *Backend) validate(spec backend.Spec) (*creation, error) {
 	mode, err := netpolicy.ParseMode(spec.Network.Mode)
 	if err != nil {
 		return nil, err
-	}
-	if mode == netpolicy.ModeNone && len(spec.Network.Allow) > 0 {
-		return nil, errdefs.InvalidArgument("network.allow: mode none takes no rules (use allowlist)")
 	}
 	if mode != netpolicy.ModeNone && b.cfg.Network == nil {
 		return nil, errdefs.NotSupported("network.mode: %s needs the node's network manager (this node runs without one)", mode)

@@ -42,20 +42,20 @@ func TestCreateBadInputs(t *testing.T) {
 func TestCreateStepFailures(t *testing.T) {
 	b := newBackend(t)
 	for _, st := range createSteps {
-		if st.name == "guest setup" {
+		if st.Name == "guest setup" {
 			continue // needs a booted guest; its undo is the steps' before
 		}
-		b.failAt = st.name
+		b.failAt = st.Name
 		spec := testSpec()
 		_, err := b.Create(context.Background(), spec)
 		if err == nil {
-			t.Fatalf("failAt %s: create succeeded", st.name)
+			t.Fatalf("failAt %s: create succeeded", st.Name)
 		}
 		if _, err := os.Stat(b.runDir(spec.ID)); !os.IsNotExist(err) {
-			t.Errorf("failAt %s: run dir left (%v)", st.name, err)
+			t.Errorf("failAt %s: run dir left (%v)", st.Name, err)
 		}
 		if left := qemuProcesses(b.cfg.RunDir); len(left) > 0 {
-			t.Errorf("failAt %s: qemu left: %v", st.name, left)
+			t.Errorf("failAt %s: qemu left: %v", st.Name, left)
 		}
 	}
 }
