@@ -65,9 +65,10 @@ func (h Harness) timeout() time.Duration {
 // subtests share (a microVM boot costs seconds to minutes under TCG; the
 // subtests leave it running and clean).
 type suite struct {
-	h Harness
-	b backend.Backend
-	s backend.Sandbox
+	h    Harness
+	b    backend.Backend
+	s    backend.Sandbox
+	spec backend.Spec // the shared sandbox's
 }
 
 // Run runs every conformance subtest against the harness's backend. They
@@ -77,8 +78,8 @@ func Run(t *testing.T, h Harness) {
 	st := &suite{h: h, b: h.New(t)}
 	skip := maps.Clone(h.Skip)
 	t.Run("CreateErrors", st.createErrors)
-	spec := h.Spec(t)
-	st.s = st.create(t, spec)
+	st.spec = h.Spec(t)
+	st.s = st.create(t, st.spec)
 	for _, sub := range []struct {
 		name string
 		fn   func(*testing.T)
@@ -100,6 +101,7 @@ func Run(t *testing.T, h Harness) {
 		{"MemoryLimit", st.memoryLimit},
 		{"PauseResume", st.pauseResume},
 		{"PausedStandsStill", st.pausedStandsStill},
+		{"SnapshotRestore", st.snapshotRestore},
 		{"DuplicateID", st.duplicateID},
 		{"Resettable", st.resettable},
 		{"Stop", st.stop},
