@@ -30,7 +30,6 @@ import (
 	"github.com/corral-dev/corral/internal/storage/upper"
 )
 
-
 // Config configures the backend.
 type Config struct {
 	// RunDir holds one 0700 directory per sandbox (control socket, rootfs

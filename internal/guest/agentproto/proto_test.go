@@ -61,3 +61,19 @@ func TestCheckSecret(t *testing.T) {
 		t.Error("the right secret failed")
 	}
 }
+
+// TestMinVersion: the ops of version 1 are still sent as version 1, so
+// that a guest running an older agent keeps serving them; the tree ops
+// need version 2; none needs more than this package's Version.
+func TestMinVersion(t *testing.T) {
+	for _, op := range []string{OpPing, OpExec, OpWrite, OpRead, OpList, OpStat, OpRemove, OpMkdir, OpDetach} {
+		if v := MinVersion(op); v != 1 {
+			t.Errorf("%s: version %d, want 1", op, v)
+		}
+	}
+	for _, op := range []string{OpExtract, OpArchive} {
+		if v := MinVersion(op); v != 2 || v > Version {
+			t.Errorf("%s: version %d, want 2 (Version %d)", op, v, Version)
+		}
+	}
+}
