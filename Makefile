@@ -36,4 +36,4 @@ clean:
 # available backend, checks the host side and noisy neighbours, and prints
 # the table attempt × backend → blocked / expected / GAP / FAILED. As root.
 redteam:
-	CORRAL_REDTEAM=1 $(GO) test -count=1 -timeout 20m -v ./internal/redteam
+	CORRAL_REDTEAM=1 $(GO) test -count=1 -timeout 40m -v ./internal/redteam
