@@ -14,12 +14,11 @@ func TestCreateBadInputs(t *testing.T) {
 	b := newBackend(t)
 	ctx := context.Background()
 	for name, mutate := range map[string]func(*backend.Spec){
-		"zero memory":    func(s *backend.Spec) { s.Resources.MemoryBytes = 0 },
-		"tiny memory":    func(s *backend.Spec) { s.Resources.MemoryBytes = 64 << 20 },
-		"no image":       func(s *backend.Spec) { s.Image = "" },
-		"small disk":     func(s *backend.Spec) { s.Resources.DiskBytes = 1 << 20 },
-		"bad network":    func(s *backend.Spec) { s.Network.Mode = "sometimes" },
-		"rules w/o mode": func(s *backend.Spec) { s.Network.Allow = []string{"pypi"} },
+		"zero memory": func(s *backend.Spec) { s.Resources.MemoryBytes = 0 },
+		"tiny memory": func(s *backend.Spec) { s.Resources.MemoryBytes = 64 << 20 },
+		"no image":    func(s *backend.Spec) { s.Image = "" },
+		"small disk":  func(s *backend.Spec) { s.Resources.DiskBytes = 1 << 20 },
+		"bad network": func(s *backend.Spec) { s.Network.Mode = "sometimes" },
 	} {
 		spec := testSpec()
 		mutate(&spec)
