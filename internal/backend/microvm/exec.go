@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -40,7 +41,7 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 		req.CPUSeconds = int64((spec.CPULimit + time.Second - 1) / time.Second)
 	}
 	start := time.Now()
-	st, fs, _, err := s.open(ctx, agentproto.Request{Op: agentproto.OpExec, Exec: req})
+	st, fs, _, err := s.agent.Open(ctx, agentproto.Request{Op: agentproto.OpExec, Exec: req})
 	if err != nil {
 		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: %w", s.m.id, spec.Argv[0], err)
 	}
@@ -80,7 +81,7 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 				}
 			case agentproto.KindReply:
 				var r agentproto.Reply
-				err := decodeReply(p, &r)
+				err := json.Unmarshal(p, &r)
 				results <- result{r: r, err: err}
 				return
 			}
