@@ -4,19 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"math"
 	"net"
 	"os"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/yamux"
-	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -44,9 +41,6 @@ const (
 	agentSock       = "agent.sock"   // virtio-serial org.corral.agent.0
 	agentSecretFile = "agent.secret" // fw_cfg opt/corral/agent-secret
 )
-
-// agentKill bounds the wait for the exit report after a kill.
-const agentKill = 10 * time.Second
 
 // agentQEMUArgs adds the agent's port and secret for images with the agent.
 func agentQEMUArgs(m *machine) []string {
@@ -192,9 +186,10 @@ func (s *sandbox) detachAgentLocked(ctx context.Context) error {
 	return nil
 }
 
-// agentExec is Exec through corral-agent: output streams as the command
-// writes it, stdin streams from StdinReader, and the command's process
-// group is killed on timeout or cancellation.
+// agentExec is Exec through corral-agent (internal/guest/agentclient):
+// output streams as the command writes it, stdin streams from
+// StdinReader, and the command's process group is killed on timeout or
+// cancellation.
 func (s *sandbox) agentExec(ctx context.Context, spec backend.ExecSpec, out backend.OutputFunc) (backend.ExecResult, error) {
 	if spec.PTY != nil {
 		return backend.ExecResult{}, errdefs.NotSupported("exec.pty: the vm backend has no terminals")
@@ -204,131 +199,14 @@ func (s *sandbox) agentExec(ctx context.Context, spec backend.ExecSpec, out back
 	}
 	// Shell commands run the guest's own /bin/sh: the whole VM is the
 	// sandbox, so replacing it only affects that sandbox.
-	req := &agentproto.Exec{Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd, User: spec.User,
-		Stdin: len(spec.Stdin) > 0 || spec.StdinReader != nil, OutputLimit: spec.OutputLimit}
-	if spec.CPULimit > 0 {
-		req.CPUSeconds = int64((spec.CPULimit + time.Second - 1) / time.Second)
+	res, err := s.agent.Exec(ctx, spec, out, s.done)
+	switch {
+	case errors.Is(err, agentclient.ErrEnded):
+		return res, fmt.Errorf("sandbox %s: exec %q: %w: %s", s.m.id, spec.Argv[0], err, s.ExitReason())
+	case err != nil:
+		return res, fmt.Errorf("sandbox %s: exec %q: %w", s.m.id, spec.Argv[0], err)
 	}
-	start := time.Now()
-	st, fs, _, err := s.agent.Open(ctx, agentproto.Request{Op: agentproto.OpExec, Exec: req})
-	if err != nil {
-		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: %w", s.m.id, spec.Argv[0], err)
-	}
-	defer st.Close()
-	if req.Stdin {
-		go feedStdin(fs, spec.Stdin, spec.StdinReader)
-	}
-	limit := spec.OutputLimit
-	if limit <= 0 {
-		limit = math.MaxInt64
-	}
-	lim := backend.NewOutputLimiter(limit, out)
-	type result struct {
-		r   agentproto.Reply
-		err error
-	}
-	results := make(chan result, 1)
-	outErr := make(chan error, 1)
-	go func() {
-		for {
-			kind, p, err := fs.Read()
-			if err != nil {
-				results <- result{err: fmt.Errorf("lost corral-agent stream: %w", err)}
-				return
-			}
-			switch kind {
-			case agentproto.KindStdout, agentproto.KindStderr:
-				stream := backend.Stdout
-				if kind == agentproto.KindStderr {
-					stream = backend.Stderr
-				}
-				if _, err := lim.Deliver(stream, p); err != nil {
-					select {
-					case outErr <- err:
-					default:
-					}
-				}
-			case agentproto.KindReply:
-				var r agentproto.Reply
-				err := json.Unmarshal(p, &r)
-				results <- result{r: r, err: err}
-				return
-			}
-		}
-	}()
-	var timer <-chan time.Time
-	if spec.Timeout > 0 {
-		t := time.NewTimer(spec.Timeout)
-		defer t.Stop()
-		timer = t.C
-	}
-	finish := func(x result) (backend.ExecResult, error) {
-		res := backend.ExecResult{ExitCode: -1, Duration: time.Since(start), Truncated: lim.Truncated()}
-		err := x.err
-		if err == nil {
-			err = x.r.Err()
-		}
-		if err != nil {
-			return res, fmt.Errorf("sandbox %s: exec %q: %w", s.m.id, spec.Argv[0], err)
-		}
-		res.ExitCode, res.Signal = x.r.ExitCode, x.r.Signal
-		res.CPUTime = time.Duration(x.r.CPUNanos)
-		res.OOMKilled = x.r.OOMKilled
-		res.Truncated = res.Truncated || x.r.Truncated
-		return res, nil
-	}
-	var timedOut bool
-	var cause error
-	select {
-	case x := <-results:
-		return finish(x)
-	case <-timer:
-		timedOut = true
-	case <-ctx.Done():
-		timedOut, cause = true, ctx.Err()
-	case cause = <-outErr:
-	case <-s.done:
-		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: the vm ended while the command ran: %s", s.m.id, spec.Argv[0], s.ExitReason())
-	}
-	_ = fs.WriteJSON(agentproto.KindSignal, agentproto.Signal{Signal: int(unix.SIGKILL)})
-	select {
-	case x := <-results:
-		r, err := finish(x)
-		r.TimedOut = timedOut
-		if cause != nil {
-			err = cause
-		}
-		return r, err
-	case <-s.done:
-		return backend.ExecResult{TimedOut: timedOut}, errors.Join(cause, fmt.Errorf("sandbox %s: the vm ended", s.m.id))
-	case <-time.After(agentKill):
-		return backend.ExecResult{TimedOut: timedOut}, errors.Join(cause, fmt.Errorf("sandbox %s: no exit report %v after kill", s.m.id, agentKill))
-	}
-}
-
-// feedStdin sends the command's input in frames, then end-of-input.
-func feedStdin(fs *agentproto.Stream, data []byte, r io.Reader) {
-	if r == nil {
-		for len(data) > 0 {
-			n := min(len(data), agentproto.ChunkSize)
-			if fs.Write(agentproto.KindStdin, data[:n]) != nil {
-				return
-			}
-			data = data[n:]
-		}
-	} else {
-		buf := make([]byte, agentproto.ChunkSize)
-		for {
-			n, err := r.Read(buf)
-			if n > 0 && fs.Write(agentproto.KindStdin, buf[:n]) != nil {
-				return
-			}
-			if err != nil {
-				break
-			}
-		}
-	}
-	_ = fs.Write(agentproto.KindEOF, nil)
+	return res, nil
 }
 
 // The file operations of an agent image run in the guest with safefs on
