@@ -150,33 +150,15 @@ func (s *sandbox) session(ctx context.Context) (*yamux.Session, error) {
 func (s *sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	go func() {
-		select {
-		case <-s.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	for {
-		// Each attempt is short: bytes sent before the guest opened its
-		// port may be lost, and a fresh session is the way to resend.
-		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
-		_, err := s.agent.Call(actx, agentproto.Request{Op: agentproto.OpPing, Now: time.Now().UnixNano()})
-		acancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-s.done:
-			return fmt.Errorf("guest ended before its agent answered: %s", s.ExitReason())
-		default:
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 500))
-		}
-		s.dropSession()
-		time.Sleep(50 * time.Millisecond)
+	err := s.agent.Wait(ctx, s.done, agentclient.Waiting{Attempt: 3 * time.Second, Pause: 50 * time.Millisecond,
+		Clock: true, Redial: s.dropSession})
+	switch {
+	case errors.Is(err, agentclient.ErrEnded):
+		return fmt.Errorf("guest ended before its agent answered: %s", s.ExitReason())
+	case err != nil:
+		return fmt.Errorf("agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 500))
 	}
+	return nil
 }
 
 func (s *sandbox) dropSession() {

@@ -134,32 +134,13 @@ func (a *agentConn) close() {
 func (s *sandbox) waitCorralAgent(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	go func() {
-		select {
-		case <-s.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	for {
-		// Short attempts: bytes sent before the guest opened its port may
-		// be lost, and a fresh session is the way to resend.
-		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := s.agent.Call(actx, agentproto.Request{Op: agentproto.OpPing})
-		acancel()
-		if err == nil {
-			break
-		}
-		select {
-		case <-s.done:
-			return fmt.Errorf("guest ended before corral-agent answered: %s", s.ExitReason())
-		default:
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("corral-agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 400))
-		}
-		s.agent.close()
-		time.Sleep(200 * time.Millisecond)
+	err := s.agent.Wait(ctx, s.done, agentclient.Waiting{Attempt: 5 * time.Second, Pause: 200 * time.Millisecond,
+		Redial: s.agent.close})
+	switch {
+	case errors.Is(err, agentclient.ErrEnded):
+		return fmt.Errorf("guest ended before corral-agent answered: %s", s.ExitReason())
+	case err != nil:
+		return fmt.Errorf("corral-agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 400))
 	}
 	s.m.OS, s.m.Linux = "linux", true
 	return s.m.save()

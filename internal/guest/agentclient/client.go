@@ -119,3 +119,53 @@ func (c *Client) Call(ctx context.Context, req agentproto.Request) (agentproto.R
 	st.Close()
 	return r, nil
 }
+
+// Waiting says how a backend waits for its guest's agent.
+type Waiting struct {
+	// Attempt bounds each ping: bytes sent before the guest opened its
+	// port may be lost, and a fresh session is the way to resend.
+	Attempt time.Duration
+	// Pause is the time between a failed ping and the next.
+	Pause time.Duration
+	// Clock stamps each ping with the node's time, for a guest that sets
+	// its clock from it.
+	Clock bool
+	// Redial drops the backend's session after a failed ping.
+	Redial func()
+}
+
+// Wait pings the agent until it answers, done closes (ErrEnded) or ctx
+// ends (the last ping's error).
+func (c *Client) Wait(ctx context.Context, done <-chan struct{}, w Waiting) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		req := agentproto.Request{Op: agentproto.OpPing}
+		if w.Clock {
+			req.Now = time.Now().UnixNano()
+		}
+		actx, acancel := context.WithTimeout(ctx, w.Attempt)
+		_, err := c.Call(actx, req)
+		acancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			return ErrEnded
+		default:
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		w.Redial()
+		time.Sleep(w.Pause)
+	}
+}
