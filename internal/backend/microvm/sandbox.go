@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/guest/agentclient"
 	"github.com/corral-dev/corral/internal/guest/agentproto"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/launch"
@@ -31,6 +31,7 @@ type sandbox struct {
 	mu      sync.Mutex
 	proc    *launch.Process // nil while snapshotted
 	sess    *yamux.Session
+	agent   *agentclient.Client // over sess
 	paused  bool
 	stopped bool
 	// quitProc is the VMM whose exit the sandbox asked for (snapshot,
@@ -47,12 +48,15 @@ var (
 
 func (b *Backend) newSandbox(m *machine, proc *launch.Process) *sandbox {
 	s := &sandbox{b: b, m: m, rec: recordOf(m), done: make(chan struct{})}
+	s.agent = agentclient.New(s.session, func() string { return s.m.Secret })
 	s.setProc(proc)
 	return s
 }
 
 func (b *Backend) newSnapshotted(m *machine) *sandbox {
-	return &sandbox{b: b, m: m, rec: recordOf(m), done: make(chan struct{}), paused: true}
+	s := &sandbox{b: b, m: m, rec: recordOf(m), done: make(chan struct{}), paused: true}
+	s.agent = agentclient.New(s.session, func() string { return s.m.Secret })
+	return s
 }
 
 // setProc installs a VMM process and watches it: an exit nobody asked for
@@ -134,93 +138,27 @@ func (s *sandbox) session(ctx context.Context) (*yamux.Session, error) {
 	if err != nil {
 		return nil, errdefs.Unavailable("sandbox %s: connect to agent: %v", s.m.id, err)
 	}
-	yc := yamux.DefaultConfig()
-	yc.EnableKeepAlive = false // a paused VM must not look dead
-	yc.LogOutput = io.Discard
-	yc.ConnectionWriteTimeout = time.Minute
-	sess, err := yamux.Client(conn, yc)
+	sess, err := agentclient.NewSession(conn)
 	if err != nil {
-		conn.Close()
 		return nil, fmt.Errorf("sandbox %s: agent session: %w", s.m.id, err)
 	}
 	s.sess = sess
 	return sess, nil
 }
 
-// open starts one operation: a stream with the request sent and the
-// first reply read. ctx bounds only this opening.
-func (s *sandbox) open(ctx context.Context, req agentproto.Request) (*yamux.Stream, *agentproto.Stream, agentproto.Reply, error) {
-	var r agentproto.Reply
-	sess, err := s.session(ctx)
-	if err != nil {
-		return nil, nil, r, err
-	}
-	st, err := sess.OpenStream()
-	if err != nil {
-		return nil, nil, r, errdefs.Unavailable("sandbox %s: agent stream: %v", s.m.id, err)
-	}
-	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
-	defer stop()
-	fs := agentproto.NewStream(st)
-	req.Version, req.Secret = agentproto.MinVersion(req.Op), s.m.Secret
-	if err = fs.WriteJSON(agentproto.KindRequest, req); err == nil {
-		err = fs.ReadJSON(agentproto.KindReply, &r)
-	}
-	if err != nil {
-		st.Close()
-		if ctx.Err() != nil {
-			return nil, nil, r, ctx.Err()
-		}
-		return nil, nil, r, errdefs.Unavailable("sandbox %s: agent: %v", s.m.id, err)
-	}
-	if err := r.Err(); err != nil {
-		st.Close()
-		return nil, nil, r, err
-	}
-	return st, fs, r, nil
-}
-
-// call is a request with a single reply.
-func (s *sandbox) call(ctx context.Context, req agentproto.Request) (agentproto.Reply, error) {
-	st, _, r, err := s.open(ctx, req)
-	if err != nil {
-		return r, err
-	}
-	st.Close()
-	return r, nil
-}
-
 // waitAgent pings the agent until it answers, the VMM exits or timeout.
 func (s *sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	go func() {
-		select {
-		case <-s.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	for {
-		// Each attempt is short: bytes sent before the guest opened its
-		// port may be lost, and a fresh session is the way to resend.
-		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
-		_, err := s.call(actx, agentproto.Request{Op: agentproto.OpPing, Now: time.Now().UnixNano()})
-		acancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-s.done:
-			return fmt.Errorf("guest ended before its agent answered: %s", s.ExitReason())
-		default:
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 500))
-		}
-		s.dropSession()
-		time.Sleep(50 * time.Millisecond)
+	err := s.agent.Wait(ctx, s.done, agentclient.Waiting{Attempt: 3 * time.Second, Pause: 50 * time.Millisecond,
+		Clock: true, Redial: s.dropSession})
+	switch {
+	case errors.Is(err, agentclient.ErrEnded):
+		return fmt.Errorf("guest ended before its agent answered: %s", s.ExitReason())
+	case err != nil:
+		return fmt.Errorf("agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 500))
 	}
+	return nil
 }
 
 func (s *sandbox) dropSession() {
@@ -305,7 +243,7 @@ func (s *sandbox) detachLocked(ctx context.Context) error {
 	}
 	s.paused = false // for the exchange only
 	s.mu.Unlock()
-	_, err := s.call(ctx, agentproto.Request{Op: agentproto.OpDetach})
+	_, err := s.agent.Call(ctx, agentproto.Request{Op: agentproto.OpDetach})
 	s.mu.Lock()
 	s.paused = true
 	if perr := s.b.drv.Pause(ctx, s.m); err == nil {

@@ -63,7 +63,7 @@ func (s *sandbox) SnapshotTo(ctx context.Context, dir string) (int64, error) {
 		return 0, fmt.Errorf("sandbox %s: snapshot: %w", s.m.id, err)
 	}
 	s.mu.Unlock()
-	_, err = s.call(ctx, agentproto.Request{Op: agentproto.OpDetach})
+	_, err = s.agent.Call(ctx, agentproto.Request{Op: agentproto.OpDetach})
 	s.mu.Lock()
 	if s.sess != nil {
 		s.sess.Close()
@@ -197,7 +197,7 @@ func (c *creation) startRestored(ctx context.Context, dir, oldSecret string) err
 	m.Secret = oldSecret
 	err = c.s.waitAgent(ctx, time.Minute)
 	if err == nil {
-		_, err = c.s.call(ctx, agentproto.Request{Op: agentproto.OpIdentity,
+		_, err = c.s.agent.Call(ctx, agentproto.Request{Op: agentproto.OpIdentity,
 			Identity: &agentproto.Identity{Secret: newSecret, Hostname: c.spec.Hostname, Network: c.fc.Network}})
 	}
 	m.Secret = newSecret

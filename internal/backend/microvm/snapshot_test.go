@@ -96,7 +96,7 @@ func TestSnapshotRestoreIdentity(t *testing.T) {
 		}
 		fresh := rs.m.Secret
 		rs.m.Secret = old
-		_, err = rs.call(ctx, agentproto.Request{Op: agentproto.OpPing})
+		_, err = rs.agent.Call(ctx, agentproto.Request{Op: agentproto.OpPing})
 		rs.m.Secret = fresh
 		if !errdefs.IsPermissionDenied(err) {
 			t.Errorf("the snapshot's secret on the restored agent: %v, want permission denied", err)

@@ -4,22 +4,20 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"math"
 	"net"
 	"os"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/yamux"
-	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/guest/agentclient"
 	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
 
@@ -43,9 +41,6 @@ const (
 	agentSock       = "agent.sock"   // virtio-serial org.corral.agent.0
 	agentSecretFile = "agent.secret" // fw_cfg opt/corral/agent-secret
 )
-
-// agentKill bounds the wait for the exit report after a kill.
-const agentKill = 10 * time.Second
 
 // agentQEMUArgs adds the agent's port and secret for images with the agent.
 func agentQEMUArgs(m *machine) []string {
@@ -80,8 +75,8 @@ func writeAgentSecret(m *machine) error {
 // port's socket, dialled on first use and again after it dropped (daemon
 // restart, snapshot restore).
 type agentConn struct {
-	path   string
-	secret string
+	*agentclient.Client
+	path string
 
 	mu   sync.Mutex
 	sess *yamux.Session
@@ -92,7 +87,13 @@ func agentFor(m *machine) *agentConn {
 	if !m.Agent {
 		return nil
 	}
-	return &agentConn{path: m.path(agentSock), secret: m.Secret}
+	return newAgentConn(m.path(agentSock), m.Secret)
+}
+
+func newAgentConn(path, secret string) *agentConn {
+	a := &agentConn{path: path}
+	a.Client = agentclient.New(a.session, func() string { return secret })
+	return a
 }
 
 func (a *agentConn) session(ctx context.Context) (*yamux.Session, error) {
@@ -106,13 +107,8 @@ func (a *agentConn) session(ctx context.Context) (*yamux.Session, error) {
 	if err != nil {
 		return nil, errdefs.Unavailable("connect to corral-agent: %v", err)
 	}
-	yc := yamux.DefaultConfig()
-	yc.EnableKeepAlive = false // a paused VM must not look dead
-	yc.LogOutput = io.Discard
-	yc.ConnectionWriteTimeout = time.Minute
-	sess, err := yamux.Client(conn, yc)
+	sess, err := agentclient.NewSession(conn)
 	if err != nil {
-		conn.Close()
 		return nil, fmt.Errorf("corral-agent session: %w", err)
 	}
 	a.sess = sess
@@ -132,90 +128,19 @@ func (a *agentConn) close() {
 	}
 }
 
-// stream opens a stream and sends req with the version and secret.
-func (a *agentConn) stream(ctx context.Context, req agentproto.Request) (*yamux.Stream, *agentproto.Stream, error) {
-	sess, err := a.session(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	st, err := sess.OpenStream()
-	if err != nil {
-		return nil, nil, errdefs.Unavailable("corral-agent stream: %v", err)
-	}
-	fs := agentproto.NewStream(st)
-	req.Version, req.Secret = agentproto.MinVersion(req.Op), a.secret
-	if err := fs.WriteJSON(agentproto.KindRequest, req); err != nil {
-		st.Close()
-		return nil, nil, errdefs.Unavailable("corral-agent: %v", err)
-	}
-	return st, fs, nil
-}
-
-// open is stream plus the first reply; ctx bounds only the opening.
-func (a *agentConn) open(ctx context.Context, req agentproto.Request) (*yamux.Stream, *agentproto.Stream, agentproto.Reply, error) {
-	var r agentproto.Reply
-	st, fs, err := a.stream(ctx, req)
-	if err != nil {
-		return nil, nil, r, err
-	}
-	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
-	defer stop()
-	if err := fs.ReadJSON(agentproto.KindReply, &r); err != nil {
-		st.Close()
-		if ctx.Err() != nil {
-			return nil, nil, r, ctx.Err()
-		}
-		return nil, nil, r, errdefs.Unavailable("corral-agent: %v", err)
-	}
-	if err := r.Err(); err != nil {
-		st.Close()
-		return nil, nil, r, err
-	}
-	return st, fs, r, nil
-}
-
-// call is a request with a single reply.
-func (a *agentConn) call(ctx context.Context, req agentproto.Request) (agentproto.Reply, error) {
-	st, _, r, err := a.open(ctx, req)
-	if err != nil {
-		return r, err
-	}
-	st.Close()
-	return r, nil
-}
-
 // waitCorralAgent pings corral-agent until it answers, QEMU exits or
 // timeout. The agent runs only on Linux guests (the images vm-image
 // build makes), so the POSIX wrappers apply.
 func (s *sandbox) waitCorralAgent(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	go func() {
-		select {
-		case <-s.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	for {
-		// Short attempts: bytes sent before the guest opened its port may
-		// be lost, and a fresh session is the way to resend.
-		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := s.agent.call(actx, agentproto.Request{Op: agentproto.OpPing})
-		acancel()
-		if err == nil {
-			break
-		}
-		select {
-		case <-s.done:
-			return fmt.Errorf("guest ended before corral-agent answered: %s", s.ExitReason())
-		default:
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("corral-agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 400))
-		}
-		s.agent.close()
-		time.Sleep(200 * time.Millisecond)
+	err := s.agent.Wait(ctx, s.done, agentclient.Waiting{Attempt: 5 * time.Second, Pause: 200 * time.Millisecond,
+		Redial: s.agent.close})
+	switch {
+	case errors.Is(err, agentclient.ErrEnded):
+		return fmt.Errorf("guest ended before corral-agent answered: %s", s.ExitReason())
+	case err != nil:
+		return fmt.Errorf("corral-agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 400))
 	}
 	s.m.OS, s.m.Linux = "linux", true
 	return s.m.save()
@@ -231,7 +156,7 @@ func (s *sandbox) detachAgentLocked(ctx context.Context) error {
 	if _, err := qmpRun(ctx, s.m, "cont", nil); err != nil {
 		return err
 	}
-	_, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpDetach})
+	_, err := s.agent.Call(ctx, agentproto.Request{Op: agentproto.OpDetach})
 	if _, perr := qmpRun(ctx, s.m, "stop", nil); err == nil {
 		err = perr
 	}
@@ -242,9 +167,10 @@ func (s *sandbox) detachAgentLocked(ctx context.Context) error {
 	return nil
 }
 
-// agentExec is Exec through corral-agent: output streams as the command
-// writes it, stdin streams from StdinReader, and the command's process
-// group is killed on timeout or cancellation.
+// agentExec is Exec through corral-agent (internal/guest/agentclient):
+// output streams as the command writes it, stdin streams from
+// StdinReader, and the command's process group is killed on timeout or
+// cancellation.
 func (s *sandbox) agentExec(ctx context.Context, spec backend.ExecSpec, out backend.OutputFunc) (backend.ExecResult, error) {
 	if spec.PTY != nil {
 		return backend.ExecResult{}, errdefs.NotSupported("exec.pty: the vm backend has no terminals")
@@ -254,188 +180,33 @@ func (s *sandbox) agentExec(ctx context.Context, spec backend.ExecSpec, out back
 	}
 	// Shell commands run the guest's own /bin/sh: the whole VM is the
 	// sandbox, so replacing it only affects that sandbox.
-	req := &agentproto.Exec{Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd, User: spec.User,
-		Stdin: len(spec.Stdin) > 0 || spec.StdinReader != nil, OutputLimit: spec.OutputLimit}
-	if spec.CPULimit > 0 {
-		req.CPUSeconds = int64((spec.CPULimit + time.Second - 1) / time.Second)
+	res, err := s.agent.Exec(ctx, spec, out, s.done)
+	switch {
+	case errors.Is(err, agentclient.ErrEnded):
+		return res, fmt.Errorf("sandbox %s: exec %q: %w: %s", s.m.id, spec.Argv[0], err, s.ExitReason())
+	case err != nil:
+		return res, fmt.Errorf("sandbox %s: exec %q: %w", s.m.id, spec.Argv[0], err)
 	}
-	start := time.Now()
-	st, fs, _, err := s.agent.open(ctx, agentproto.Request{Op: agentproto.OpExec, Exec: req})
-	if err != nil {
-		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: %w", s.m.id, spec.Argv[0], err)
-	}
-	defer st.Close()
-	if req.Stdin {
-		go feedStdin(fs, spec.Stdin, spec.StdinReader)
-	}
-	limit := spec.OutputLimit
-	if limit <= 0 {
-		limit = math.MaxInt64
-	}
-	lim := backend.NewOutputLimiter(limit, out)
-	type result struct {
-		r   agentproto.Reply
-		err error
-	}
-	results := make(chan result, 1)
-	outErr := make(chan error, 1)
-	go func() {
-		for {
-			kind, p, err := fs.Read()
-			if err != nil {
-				results <- result{err: fmt.Errorf("lost corral-agent stream: %w", err)}
-				return
-			}
-			switch kind {
-			case agentproto.KindStdout, agentproto.KindStderr:
-				stream := backend.Stdout
-				if kind == agentproto.KindStderr {
-					stream = backend.Stderr
-				}
-				if _, err := lim.Deliver(stream, p); err != nil {
-					select {
-					case outErr <- err:
-					default:
-					}
-				}
-			case agentproto.KindReply:
-				var r agentproto.Reply
-				err := json.Unmarshal(p, &r)
-				results <- result{r: r, err: err}
-				return
-			}
-		}
-	}()
-	var timer <-chan time.Time
-	if spec.Timeout > 0 {
-		t := time.NewTimer(spec.Timeout)
-		defer t.Stop()
-		timer = t.C
-	}
-	finish := func(x result) (backend.ExecResult, error) {
-		res := backend.ExecResult{ExitCode: -1, Duration: time.Since(start), Truncated: lim.Truncated()}
-		err := x.err
-		if err == nil {
-			err = x.r.Err()
-		}
-		if err != nil {
-			return res, fmt.Errorf("sandbox %s: exec %q: %w", s.m.id, spec.Argv[0], err)
-		}
-		res.ExitCode, res.Signal = x.r.ExitCode, x.r.Signal
-		res.CPUTime = time.Duration(x.r.CPUNanos)
-		res.OOMKilled = x.r.OOMKilled
-		res.Truncated = res.Truncated || x.r.Truncated
-		return res, nil
-	}
-	var timedOut bool
-	var cause error
-	select {
-	case x := <-results:
-		return finish(x)
-	case <-timer:
-		timedOut = true
-	case <-ctx.Done():
-		timedOut, cause = true, ctx.Err()
-	case cause = <-outErr:
-	case <-s.done:
-		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: the vm ended while the command ran: %s", s.m.id, spec.Argv[0], s.ExitReason())
-	}
-	_ = fs.WriteJSON(agentproto.KindSignal, agentproto.Signal{Signal: int(unix.SIGKILL)})
-	select {
-	case x := <-results:
-		r, err := finish(x)
-		r.TimedOut = timedOut
-		if cause != nil {
-			err = cause
-		}
-		return r, err
-	case <-s.done:
-		return backend.ExecResult{TimedOut: timedOut}, errors.Join(cause, fmt.Errorf("sandbox %s: the vm ended", s.m.id))
-	case <-time.After(agentKill):
-		return backend.ExecResult{TimedOut: timedOut}, errors.Join(cause, fmt.Errorf("sandbox %s: no exit report %v after kill", s.m.id, agentKill))
-	}
-}
-
-// feedStdin sends the command's input in frames, then end-of-input.
-func feedStdin(fs *agentproto.Stream, data []byte, r io.Reader) {
-	if r == nil {
-		for len(data) > 0 {
-			n := min(len(data), agentproto.ChunkSize)
-			if fs.Write(agentproto.KindStdin, data[:n]) != nil {
-				return
-			}
-			data = data[n:]
-		}
-	} else {
-		buf := make([]byte, agentproto.ChunkSize)
-		for {
-			n, err := r.Read(buf)
-			if n > 0 && fs.Write(agentproto.KindStdin, buf[:n]) != nil {
-				return
-			}
-			if err != nil {
-				break
-			}
-		}
-	}
-	_ = fs.Write(agentproto.KindEOF, nil)
+	return res, nil
 }
 
 // The file operations of an agent image run in the guest with safefs on
 // its root, as for a microVM.
 
-func (s *sandbox) agentFileCall(ctx context.Context, op string, f agentproto.File) (agentproto.Reply, error) {
-	if err := checkPath("path", f.Path); err != nil {
-		return agentproto.Reply{}, err
+// agentFileErr adds the sandbox, op and path to an agent error.
+func (s *sandbox) agentFileErr(op, path string, err error) error {
+	if err == nil {
+		return nil
 	}
-	r, err := s.agent.call(ctx, agentproto.Request{Op: op, File: &f})
-	if err != nil {
-		return r, fmt.Errorf("sandbox %s: %s %s: %w", s.m.id, op, f.Path, err)
-	}
-	return r, nil
+	return fmt.Errorf("sandbox %s: %s %s: %w", s.m.id, op, path, err)
 }
 
 func (s *sandbox) agentWriteFile(ctx context.Context, path string, r io.Reader, opts backend.WriteOptions) (int64, error) {
 	if err := checkPath("path", path); err != nil {
 		return 0, err
 	}
-	st, fs, err := s.agent.stream(ctx, agentproto.Request{Op: agentproto.OpWrite,
-		File: &agentproto.File{Path: path, Mode: opts.Mode, Append: opts.Append, Parents: opts.MakeParents}})
-	if err != nil {
-		return 0, fmt.Errorf("sandbox %s: write %s: %w", s.m.id, path, err)
-	}
-	defer st.Close()
-	stop := context.AfterFunc(ctx, func() { st.Close() })
-	defer stop()
-	// The agent replies early only to refuse; its reply is read after the
-	// data, so a refusal mid-stream surfaces as the reply's error.
-	buf := make([]byte, agentproto.ChunkSize)
-	for {
-		n, rerr := r.Read(buf)
-		if n > 0 {
-			if err := fs.Write(agentproto.KindData, buf[:n]); err != nil {
-				break
-			}
-		}
-		if rerr == io.EOF {
-			_ = fs.Write(agentproto.KindEOF, nil)
-			break
-		}
-		if rerr != nil {
-			return 0, fmt.Errorf("sandbox %s: write %s: read input: %w", s.m.id, path, rerr)
-		}
-	}
-	var rep agentproto.Reply
-	if err := fs.ReadJSON(agentproto.KindReply, &rep); err != nil {
-		if ctx.Err() != nil {
-			return 0, ctx.Err()
-		}
-		return 0, errdefs.Unavailable("sandbox %s: write %s: %v", s.m.id, path, err)
-	}
-	if err := rep.Err(); err != nil {
-		return 0, fmt.Errorf("sandbox %s: write %s: %w", s.m.id, path, err)
-	}
-	return rep.Written, nil
+	n, err := s.agent.WriteFile(ctx, path, r, opts)
+	return n, s.agentFileErr(agentproto.OpWrite, path, err)
 }
 
 func (s *sandbox) agentReadFile(ctx context.Context, path string, offset, limit int64) (io.ReadCloser, error) {
@@ -445,88 +216,36 @@ func (s *sandbox) agentReadFile(ctx context.Context, path string, offset, limit 
 	if offset < 0 || limit < 0 {
 		return nil, errdefs.InvalidArgument("offset, limit: must not be negative")
 	}
-	st, fs, _, err := s.agent.open(ctx, agentproto.Request{Op: agentproto.OpRead,
-		File: &agentproto.File{Path: path, Offset: offset, Limit: limit}})
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: read %s: %w", s.m.id, path, err)
-	}
-	return &agentReader{st: st, fs: fs}, nil
+	rc, err := s.agent.ReadFile(ctx, path, offset, limit)
+	return rc, s.agentFileErr(agentproto.OpRead, path, err)
 }
-
-// agentReader reads KindData frames until KindEOF; an error reply midway
-// becomes the read error.
-type agentReader struct {
-	st   *yamux.Stream
-	fs   *agentproto.Stream
-	buf  []byte
-	done bool
-}
-
-func (r *agentReader) Read(p []byte) (int, error) {
-	for len(r.buf) == 0 {
-		if r.done {
-			return 0, io.EOF
-		}
-		kind, data, err := r.fs.Read()
-		if err != nil {
-			return 0, fmt.Errorf("read from corral-agent: %w", err)
-		}
-		switch kind {
-		case agentproto.KindData:
-			r.buf = data
-		case agentproto.KindEOF:
-			r.done = true
-		case agentproto.KindReply:
-			var rep agentproto.Reply
-			if err := json.Unmarshal(data, &rep); err != nil {
-				return 0, fmt.Errorf("decode corral-agent reply: %w", err)
-			}
-			if err := rep.Err(); err != nil {
-				return 0, err
-			}
-		}
-	}
-	n := copy(p, r.buf)
-	r.buf = r.buf[n:]
-	return n, nil
-}
-
-func (r *agentReader) Close() error { return r.st.Close() }
 
 func (s *sandbox) agentListDir(ctx context.Context, path string) ([]backend.FileInfo, error) {
-	r, err := s.agentFileCall(ctx, agentproto.OpList, agentproto.File{Path: path})
-	if err != nil {
+	if err := checkPath("path", path); err != nil {
 		return nil, err
 	}
-	out := make([]backend.FileInfo, len(r.Entries))
-	for i, e := range r.Entries {
-		out[i] = fromAgent(e)
-	}
-	return out, nil
+	out, err := s.agent.ListDir(ctx, path)
+	return out, s.agentFileErr(agentproto.OpList, path, err)
 }
 
 func (s *sandbox) agentStat(ctx context.Context, path string) (backend.FileInfo, error) {
-	r, err := s.agentFileCall(ctx, agentproto.OpStat, agentproto.File{Path: path})
-	if err != nil {
+	if err := checkPath("path", path); err != nil {
 		return backend.FileInfo{}, err
 	}
-	if r.Info == nil {
-		return backend.FileInfo{}, fmt.Errorf("sandbox %s: stat %s: corral-agent sent no info", s.m.id, path)
-	}
-	return fromAgent(*r.Info), nil
+	fi, err := s.agent.Stat(ctx, path)
+	return fi, s.agentFileErr(agentproto.OpStat, path, err)
 }
 
 func (s *sandbox) agentRemove(ctx context.Context, path string, recursive bool) error {
-	_, err := s.agentFileCall(ctx, agentproto.OpRemove, agentproto.File{Path: path, Recursive: recursive})
-	return err
+	if err := checkPath("path", path); err != nil {
+		return err
+	}
+	return s.agentFileErr(agentproto.OpRemove, path, s.agent.Remove(ctx, path, recursive))
 }
 
 func (s *sandbox) agentMakeDir(ctx context.Context, path string, mode fs.FileMode, parents bool) error {
-	_, err := s.agentFileCall(ctx, agentproto.OpMkdir, agentproto.File{Path: path, Mode: mode, Parents: parents})
-	return err
-}
-
-func fromAgent(fi agentproto.FileInfo) backend.FileInfo {
-	return backend.FileInfo{Name: fi.Name, Path: fi.Path, Size: fi.Size, Mode: fi.Mode,
-		ModTime: fi.ModTime, UID: fi.UID, GID: fi.GID, LinkTarget: fi.LinkTarget}
+	if err := checkPath("path", path); err != nil {
+		return err
+	}
+	return s.agentFileErr(agentproto.OpMkdir, path, s.agent.MakeDir(ctx, path, mode, parents))
 }

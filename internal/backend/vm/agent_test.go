@@ -71,10 +71,10 @@ func TestVMAgentSecret(t *testing.T) {
 	// QEMU serves one client on the port's socket: the sandbox's own
 	// session makes way, and its next call dials again.
 	sb.agent.close()
-	bad := &agentConn{path: sb.m.path(agentSock), secret: strings.Repeat("0", len(sb.m.Secret))}
+	bad := newAgentConn(sb.m.path(agentSock), strings.Repeat("0", len(sb.m.Secret)))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := bad.call(ctx, agentproto.Request{Op: agentproto.OpPing})
+	_, err := bad.Call(ctx, agentproto.Request{Op: agentproto.OpPing})
 	bad.close()
 	if !errdefs.IsPermissionDenied(err) {
 		t.Errorf("ping with a wrong secret: %v, want permission denied", err)
