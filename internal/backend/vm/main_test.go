@@ -51,7 +51,7 @@ func setup(m *testing.M) int {
 	}
 	defer os.RemoveAll(tmpRoot)
 	agentPath = filepath.Join(tmpRoot, "corral-agent")
-	build := exec.Command("go", "build", "-trimpath", "-o", agentPath, "github.com/corral-dev/corral/cmd/corral-agent")
+	build := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-o", agentPath, "github.com/corral-dev/corral/cmd/corral-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Printf("build corral-agent: %v\n%s", err, out)
