@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -141,7 +142,24 @@ func (s *ImageService) ImportImage(ctx context.Context, req *connect.Request[cor
 		Layers: layersToProto(res.Layers), Cached: res.Cached}}})
 }
 
+// settleWait bounds how long an image removal waits for the teardowns of
+// sandboxes deleted just before it (a teardown that takes longer leaves
+// its image in use, and the removal says so).
+const settleWait = 10 * time.Second
+
+// settle waits for the background halves of earlier Deletes on the local
+// node, so that their image pins are gone before an image is removed.
+func (s *Service) settle(ctx context.Context) {
+	if s == nil || s.local == nil {
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, settleWait)
+	defer cancel()
+	_ = s.local.Settle(sctx)
+}
+
 func (s *ImageService) RemoveImage(ctx context.Context, req *connect.Request[corralv1.RemoveImageRequest]) (*connect.Response[corralv1.RemoveImageResponse], error) {
+	s.sandboxes.settle(ctx)
 	rm, err := s.images.Remove(ctx, req.Msg.Name)
 	if err != nil {
 		return nil, err
@@ -150,6 +168,7 @@ func (s *ImageService) RemoveImage(ctx context.Context, req *connect.Request[cor
 }
 
 func (s *ImageService) CollectGarbage(ctx context.Context, _ *connect.Request[corralv1.CollectGarbageRequest]) (*connect.Response[corralv1.CollectGarbageResponse], error) {
+	s.sandboxes.settle(ctx)
 	rm, err := s.images.GC(ctx)
 	if err != nil {
 		return nil, err

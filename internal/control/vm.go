@@ -120,6 +120,7 @@ func (s *VMService) RemoveVMImage(ctx context.Context, req *connect.Request[corr
 	if err != nil {
 		return nil, err
 	}
+	s.sandboxes.settle(ctx) // vm sandboxes deleted just before hold the image until their run dir goes
 	if err := st.Remove(req.Msg.Ref); err != nil {
 		return nil, err
 	}

@@ -114,7 +114,11 @@ type Node struct {
 	// is closed when Close begins, ending their waits between retries.
 	teardowns sync.WaitGroup
 	closing   chan struct{}
-	warm      *warmPools
+	// inTeardown are the teardowns in flight, each channel closed when
+	// its teardown is over (Settle).
+	teardownMu sync.Mutex
+	inTeardown map[string]chan struct{}
+	warm       *warmPools
 
 	stopReaper context.CancelFunc
 	reaperDone chan struct{}

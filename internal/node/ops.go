@@ -165,8 +165,10 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 	delete(n.sandboxes, id)
 	n.mu.Unlock()
 	n.teardowns.Add(1)
+	done := n.startTeardown(id)
 	go func() {
 		defer n.teardowns.Done()
+		defer n.endTeardown(id, done)
 		n.teardown(e.backend, rec, start, stopped)
 	}()
 	n.cfg.Metrics.ObserveOp(rec.Backend, metrics.OpDelete, stopped)
@@ -204,6 +206,49 @@ func (n *Node) teardown(b backend.Backend, rec *state.Record, start time.Time, s
 	}
 	n.forget(rec)
 	n.log.Debug("sandbox deleted", "sandbox", id, "project", projectOf(rec), "stop", stopped, "teardown", time.Since(began), "total", time.Since(start))
+}
+
+// startTeardown records that id's teardown is in flight (for Settle);
+// endTeardown, with the channel it returned, says it is over.
+func (n *Node) startTeardown(id string) chan struct{} {
+	done := make(chan struct{})
+	n.teardownMu.Lock()
+	defer n.teardownMu.Unlock()
+	if n.inTeardown == nil {
+		n.inTeardown = map[string]chan struct{}{}
+	}
+	n.inTeardown[id] = done
+	return done
+}
+
+func (n *Node) endTeardown(id string, done chan struct{}) {
+	n.teardownMu.Lock()
+	defer n.teardownMu.Unlock()
+	if n.inTeardown[id] == done {
+		delete(n.inTeardown, id)
+	}
+	close(done)
+}
+
+// Settle waits until the teardowns of the sandboxes deleted before it was
+// called are over, or ctx ends: a Delete answers before its sandbox's image
+// pins and writable layer are released, and a caller that removes an image
+// right after deleting its last sandbox must not find it still in use.
+func (n *Node) Settle(ctx context.Context) error {
+	n.teardownMu.Lock()
+	waits := make([]chan struct{}, 0, len(n.inTeardown))
+	for _, done := range n.inTeardown {
+		waits = append(waits, done)
+	}
+	n.teardownMu.Unlock()
+	for _, done := range waits {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // forget drops a torn-down sandbox's record, exec log and image pins.
