@@ -14,31 +14,45 @@ import (
 	"github.com/corral-dev/corral/internal/backend/vm"
 )
 
-// VMImageCache is where internal/backend/vm's tests keep the Debian VM
-// image they build; other tests adopt it with AdoptVMImage.
-var VMImageCache = filepath.Join(os.TempDir(), "corral-vm-image-cache", vm.DebianRecipe)
+// vmImageCache is where internal/backend/vm's tests keep the Debian VM
+// images they build, one directory per recipe and agent binary
+// (<recipe>-<hash>); other tests adopt the newest with AdoptVMImage.
+var vmImageCache = filepath.Join(os.TempDir(), "corral-vm-image-cache")
 
-// RequireVMImage skips the test unless the cached Debian VM image and
-// QEMU are there.
+// vmImage returns the directory of the newest complete cached image of the
+// current recipe ("" when there is none).
+func vmImage() string {
+	dirs, _ := filepath.Glob(filepath.Join(vmImageCache, vm.DebianRecipe+"-*", "disk.qcow2"))
+	newest, at := "", time.Time{}
+	for _, d := range dirs {
+		if fi, err := os.Stat(d); err == nil && fi.ModTime().After(at) {
+			newest, at = filepath.Dir(d), fi.ModTime()
+		}
+	}
+	return newest
+}
+
+// RequireVMImage skips the test unless a cached Debian VM image and QEMU
+// are there.
 func RequireVMImage(t testing.TB) {
 	t.Helper()
 	RequireRoot(t)
-	if _, err := os.Stat(filepath.Join(VMImageCache, "disk.qcow2")); err != nil {
-		t.Skipf("needs the Debian VM image that internal/backend/vm's tests build into %s: %v", VMImageCache, err)
+	if vmImage() == "" {
+		t.Skipf("needs the Debian VM image that internal/backend/vm's tests build under %s (run them first: go test ./internal/backend/vm/)", vmImageCache)
 	}
 	if _, err := vm.New(vm.Config{RunDir: t.TempDir(), ImageDir: t.TempDir()}); err != nil {
 		t.Skipf("vm backend unavailable: %v", err)
 	}
 }
 
-// AdoptVMImage installs the cached Debian VM image (see RequireVMImage) as
+// AdoptVMImage installs the newest cached Debian VM image (see RequireVMImage) as
 // ref into the VM image store of a server's data dir, before or while the
 // server runs.
 func AdoptVMImage(t testing.TB, dataDir, ref string) {
 	t.Helper()
 	b, err := vm.New(vm.Config{RunDir: filepath.Join(dataDir, "vms"), ImageDir: filepath.Join(dataDir, "vm-images")})
 	if err == nil {
-		_, err = b.Images().Adopt(VMImageCache, ref)
+		_, err = b.Images().Adopt(vmImage(), ref)
 	}
 	if err != nil {
 		t.Fatalf("adopt vm image: %v", err)
