@@ -110,12 +110,11 @@ type Node struct {
 	snaps   snapshots    // completed snapshots (snapshot.go)
 	keyed   keyedExecs   // those of them still running
 
-	// teardowns are the background halves of Deletes (teardown); closing
-	// is closed when Close begins, ending their waits between retries.
-	teardowns sync.WaitGroup
-	closing   chan struct{}
-	// inTeardown are the teardowns in flight, each channel closed when
-	// its teardown is over (Settle).
+	// closing is closed when Close begins, ending the waits of background
+	// teardowns between retries.
+	closing chan struct{}
+	// inTeardown are the background halves of Deletes (teardown) in
+	// flight, each channel closed when its teardown is over (Settle, Close).
 	teardownMu sync.Mutex
 	inTeardown map[string]chan struct{}
 	warm       *warmPools
@@ -212,7 +211,7 @@ func (n *Node) Close() error {
 		close(n.closing)
 	}
 	n.warm.close()
-	n.teardowns.Wait()
+	_ = n.Settle(context.Background())
 	n.stopReaper()
 	<-n.reaperDone
 	<-n.samplerDone
