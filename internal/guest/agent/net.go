@@ -61,27 +61,8 @@ func configureNetwork(cfg *agentproto.GuestNetwork) error {
 	for _, k := range []string{"accept_ra", "autoconf", "accept_dad"} {
 		_ = os.WriteFile("/proc/sys/net/ipv6/conf/eth0/"+k, []byte("0"), 0)
 	}
-	for _, a := range []string{cfg.Addr4, cfg.Addr6} {
-		addr, err := netlink.ParseAddr(a)
-		if err != nil {
-			return fmt.Errorf("network: address %q: %w", a, err)
-		}
-		addr.Flags = unix.IFA_F_NODAD
-		if err := netlink.AddrAdd(nic, addr); err != nil {
-			return fmt.Errorf("network: eth0 address %s: %w", a, err)
-		}
-	}
-	if err := netlink.LinkSetUp(nic); err != nil {
-		return fmt.Errorf("network: eth0 up: %w", err)
-	}
-	for _, gw := range []string{cfg.Gateway4, cfg.Gateway6} {
-		ip := net.ParseIP(gw)
-		if ip == nil {
-			return fmt.Errorf("network: gateway %q is not an address", gw)
-		}
-		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: nic.Attrs().Index, Gw: ip}); err != nil {
-			return fmt.Errorf("network: default route via %s: %w", gw, err)
-		}
+	if err := addressUp(nic, cfg, netlink.RouteAdd); err != nil {
+		return err
 	}
 	logf("network: eth0 %s %s", cfg.Addr4, cfg.Addr6)
 	return nil
@@ -115,6 +96,18 @@ func readdressNetwork(cfg *agentproto.GuestNetwork) error {
 			return fmt.Errorf("network: remove %s: %w", a.IPNet, err)
 		}
 	}
+	if err := addressUp(nic, cfg, netlink.RouteReplace); err != nil {
+		return err
+	}
+	logf("network: eth0 readdressed %s %s", cfg.Addr4, cfg.Addr6)
+	return nil
+}
+
+// addressUp gives nic the slot's addresses (no duplicate address
+// detection: the slot's addresses are the guest's alone), brings it up and
+// sets the default routes through the gateways with route (RouteAdd at
+// boot, RouteReplace when a restored guest moves to a new slot).
+func addressUp(nic netlink.Link, cfg *agentproto.GuestNetwork, route func(*netlink.Route) error) error {
 	for _, a := range []string{cfg.Addr4, cfg.Addr6} {
 		addr, err := netlink.ParseAddr(a)
 		if err != nil {
@@ -133,10 +126,9 @@ func readdressNetwork(cfg *agentproto.GuestNetwork) error {
 		if ip == nil {
 			return fmt.Errorf("network: gateway %q is not an address", gw)
 		}
-		if err := netlink.RouteReplace(&netlink.Route{LinkIndex: nic.Attrs().Index, Gw: ip}); err != nil {
+		if err := route(&netlink.Route{LinkIndex: nic.Attrs().Index, Gw: ip}); err != nil {
 			return fmt.Errorf("network: default route via %s: %w", gw, err)
 		}
 	}
-	logf("network: eth0 readdressed %s %s", cfg.Addr4, cfg.Addr6)
 	return nil
 }
