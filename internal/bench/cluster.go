@@ -147,7 +147,9 @@ func simulated(ctx context.Context, o ClusterOptions, eps []string, log *slog.Lo
 
 func placementRun(ctx context.Context, o ClusterOptions, eps []string, fleet *simnode.Fleet, name string, k int, log *slog.Logger) (PlacementRun, error) {
 	for _, n := range fleet.Nodes() {
-		n.Reset()
+		if err := n.Reset(ctx); err != nil {
+			return PlacementRun{}, fmt.Errorf("reset simulated node %s: %w", n.ID, err)
+		}
 	}
 	var placeMu sync.Mutex
 	var places []time.Duration

@@ -193,6 +193,11 @@ func (l *Load) countProject(sb *corralv1.Sandbox, sign int64) {
 // also refreshes the request-id index. What the agent served while the
 // list was taken stays in delta: counted twice at worst until the next
 // recount, never missed.
+// Recount lists every sandbox of the node now, as Measure does when its
+// RecountInterval has passed, for when the caller knows the table changed
+// behind the agent.
+func (a *NodeAgent) Recount(ctx context.Context) (Load, error) { return a.recount(ctx) }
+
 func (a *NodeAgent) recount(ctx context.Context) (Load, error) {
 	a.mu.Lock()
 	start, before := time.Now(), a.delta.clone()

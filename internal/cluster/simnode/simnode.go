@@ -140,10 +140,14 @@ func (n *Node) Created() int {
 }
 
 // Reset deletes every sandbox of the node.
-func (n *Node) Reset() {
+func (n *Node) Reset(ctx context.Context) error {
 	n.table.mu.Lock()
 	n.table.sandboxes = map[string]*corralv1.Sandbox{}
 	n.table.mu.Unlock()
+	// The agent counts what it served since its last recount; without a
+	// recount now the next reports would still carry the removed sandboxes.
+	_, err := n.agent.Recount(ctx)
+	return err
 }
 
 // Kill stops the node's registration without revoking its lease, as a
