@@ -216,6 +216,49 @@ class TransportTest(unittest.IsolatedAsyncioTestCase):
             await c.attach("n1-ab").pause()  # not idempotent: not retried
         self.assertEqual(calls["n"], 3)
 
+    async def test_fork_failures_are_per_fork(self) -> None:
+        resp = {"image": "", "processesCarried": True, "snapshotId": "snap-00000000000000aa",
+                "forks": [{"sandbox": {"id": "n1-000000000001", "labels": {"corral.fork-of": "n1-ab"}}},
+                          {"error": "quota: sandboxes 4 of 4 in use"}]}
+        srv, c = await self.serve(lambda p, b: (200, [], [json.dumps(resp).encode()]))
+        res = await c.attach("n1-ab").fork(2)
+        self.assertEqual(srv.requests[0][0], "/corral.v1.RolloutService/Fork")
+        self.assertEqual((res.processes_carried, res.snapshot, len(res.forks)), (True, "snap-00000000000000aa", 2))
+        first, second = res.forks
+        self.assertTrue(first.ok)
+        self.assertEqual((first.sandbox.id, first.info.labels["corral.fork-of"]), ("n1-000000000001", "n1-ab"))
+        self.assertIsNone(second.sandbox)
+        self.assertIsInstance(second.error, corral.InternalError)
+        self.assertIn("quota", second.error.message)
+        self.assertEqual(res.failures, [second.error])
+        with self.assertRaises(TypeError):
+            await c.attach("n1-ab").fork("2")  # type: ignore[arg-type]
+
+    async def test_snapshot_list_with_missing_nodes(self) -> None:
+        resp = {"snapshots": [{"id": "snap-00000000000000aa", "sandboxId": "n1-ab", "backend": "microvm",
+                               "bytes": "4096", "created": "2026-01-02T03:04:05Z"}],
+                "nodeFailures": [{"nodeId": "n2", "error": "unreachable"}]}
+        _, c = await self.serve(lambda p, b: (200, [], [json.dumps(resp).encode()]))
+        with self.assertRaises(corral.UnavailableError) as cm:
+            await c.list_snapshots()
+        self.assertIn("n2: unreachable", cm.exception.message)
+        snaps = cm.exception.snapshots  # type: ignore[attr-defined]
+        self.assertEqual((snaps[0].id, snaps[0].bytes, snaps[0].created.year), ("snap-00000000000000aa", 4096, 2026))
+
+    async def test_live_view_grant(self) -> None:
+        resp = {"path": "/v1/liveview/n1-ab", "token": "t/k+1", "expiresUnix": "1767225600"}
+        srv, c = await self.serve(lambda p, b: (200, [], [json.dumps(resp).encode()]))
+        lv = await c.live_view("n1-ab", ttl=30)
+        self.assertEqual(srv.requests[0][0], "/corral.v1.VMService/LiveView")
+        self.assertEqual(lv.url_path, "/v1/liveview/n1-ab?token=t%2Fk%2B1")
+        self.assertEqual(lv.url("http://h:1/"), "ws://h:1/v1/liveview/n1-ab?token=t%2Fk%2B1")
+        self.assertEqual(lv.url("https://h:1"), "wss://h:1/v1/liveview/n1-ab?token=t%2Fk%2B1")
+        self.assertEqual(lv.expires.year, 2026)
+        with self.assertRaises(ValueError):
+            lv.url("unix:///run/corral.sock")
+        with self.assertRaises(ValueError):
+            await c.live_view("n1-ab", ttl=-1)
+
     async def test_streaming_chunked_envelopes(self) -> None:
         msgs = [envelope(0, {"stdout": "aGkK"}), envelope(0, {"stderr": "ZQ=="}),
                 envelope(0, {"result": {"exitCode": 3, "duration": "1.5s"}}), envelope(2, {})]
