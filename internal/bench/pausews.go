@@ -26,9 +26,9 @@ type WorkingSetFigures struct {
 	Reclaim Percentiles `json:"reclaim"`
 	// ReclaimTouch is the part of Reclaim the process spent reading its
 	// pages (bringing them back from swap), by its own clock.
-	ReclaimTouch  Percentiles `json:"reclaim_touch"`
-	ReclaimFreed  float64     `json:"reclaim_freed_pct"`
-	Skipped       string      `json:"skipped,omitempty"`
+	ReclaimTouch   Percentiles `json:"reclaim_touch"`
+	ReclaimFreed   float64     `json:"reclaim_freed_pct"`
+	Skipped        string      `json:"skipped,omitempty"`
 	ReclaimSkipped string      `json:"reclaim_skipped,omitempty"`
 }
 
