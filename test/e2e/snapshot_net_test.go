@@ -12,6 +12,7 @@ import (
 	"github.com/corral-dev/corral/client"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/netpolicy/netlab"
+	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/server"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -20,7 +21,8 @@ import (
 // internet each get a network identity of their own (MAC and IPv4 address,
 // distinct from each other and from the parent's), keep the parent's
 // policy (the allowed host answers, a denied one does not), and the parent
-// keeps its identity and its network. One boot; the forks are restores.
+// keeps its identity and its network. The node's snapshot limit refuses a
+// snapshot (and a fork) over it. One boot; the forks are restores.
 func TestMicroVMNetworkedFork(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
 		t.Skip("microvm: needs qemu-system-x86_64 (package qemu-system-x86)")
@@ -44,6 +46,7 @@ func TestMicroVMNetworkedFork(t *testing.T) {
 			Presets:   map[string][]string{"pypi": {"pypi.test:80"}},
 			PoolSize:  1,
 		}
+		c.Snapshots = node.SnapshotLimits{Count: 1}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -69,6 +72,28 @@ func TestMicroVMNetworkedFork(t *testing.T) {
 	}
 	parentID := testenv.Sh(t, parent, identity)
 	reaches("parent before the fork", parent)
+
+	// The node keeps one snapshot (--max-snapshots 1): a second, and a
+	// fork (which needs one), are refused before anything is written.
+	snap, err := parent.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parent.Snapshot(ctx); !client.IsResourceExhausted(err) || !strings.Contains(err.Error(), "at most 1 (--max-snapshots) and holds 1") {
+		t.Errorf("snapshot over the limit: %v, want resource exhausted naming the limit and the use", err)
+	}
+	if _, err := parent.Fork(ctx, 2); !client.IsResourceExhausted(err) {
+		t.Errorf("fork over the snapshot limit: %v, want resource exhausted", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(srv.Config.DataDir, "snapshots")); len(ents) != 1 {
+		t.Errorf("snapshot dirs after the refusals: %v, want only %s", ents, snap.ID)
+	}
+	if all, _ := srv.Client.List(ctx, client.ListOptions{}); len(all) != 1 {
+		t.Errorf("%d sandboxes after a refused fork, want 1", len(all))
+	}
+	if err := srv.Client.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
 
 	start := time.Now()
 	res, err := parent.Fork(ctx, 2)
