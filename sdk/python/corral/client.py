@@ -18,6 +18,7 @@ from .images import images_from_json
 from .network import NetworkArg, network_json
 from .observe import _SVC as _OBS, WATCH_TIMEOUT, Event, SandboxStats, event_from_json, stats_from_json
 from .observe import watch_request
+from ._websocket import LiveViewConnection, dial as _dial_ws
 from .rollout import LiveView, Snapshot
 from .sandbox import _ROLLOUT_SVC, _VM_SVC, AsyncSandbox
 from .types import BulkResult, SandboxInfo, State, env_list, format_duration
@@ -312,6 +313,12 @@ class AsyncClient(IAMMixin):
             raise ValueError(f"ttl: {ttl!r} must not be negative")
         msg = {"sandboxId": sandbox_id, "ttlSeconds": min(int(ttl), 2**31 - 1)}  # the server names the limit
         return LiveView._from_json(await self._t.unary(_VM_SVC + "LiveView", msg, timeout=request_timeout))
+
+    async def dial_live_view(self, lv: LiveView, *, timeout: Optional[float] = None) -> LiveViewConnection:
+        """Open the live view ``lv`` grants (using up its token) on this
+        client's address, unix socket or TCP, and return the VNC (RFB) byte
+        stream. A refused token raises :class:`PermissionDeniedError`."""
+        return await _dial_ws(self._t.addr, self._t.pool._ssl, lv.url_path, self._t.budget(timeout))
 
     async def remove_image(self, name: str, *, request_timeout: Optional[float] = None) -> Removed:
         """Remove a built image, or a composition and/or layer NAME@VERSION.

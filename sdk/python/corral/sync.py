@@ -17,11 +17,12 @@ from .iam import AuditEntry, Identity, Project, Quota, Token
 from .images import BuiltImage, Composition, Images, Imported, ImportProgress, Layer, Packed, Removed
 from .network import Network, NetworkArg, NetworkStats
 from .observe import Event, SandboxStats
+from ._websocket import LiveViewConnection
 from .rollout import ForkResult, LiveView, Snapshot
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
 from .types import BulkResult, ExecChunk, ExecLogEntry, ExecResult, FileInfo, SandboxInfo, State
 
-__all__ = ["Client", "Sandbox", "Files", "SyncExecStream"]
+__all__ = ["Client", "Sandbox", "Files", "SyncExecStream", "SyncLiveView"]
 
 T = TypeVar("T")
 
@@ -205,6 +206,10 @@ class Client:
     def live_view(self, sandbox_id: str, *, ttl: float = 0, request_timeout: Optional[float] = None) -> LiveView:
         """A one-time live-view grant (see :meth:`AsyncClient.live_view`)."""
         return self._run(self._async.live_view(sandbox_id, ttl=ttl, request_timeout=request_timeout))
+
+    def dial_live_view(self, lv: LiveView, *, timeout: Optional[float] = None) -> "SyncLiveView":
+        """Open a live view's VNC stream (see :meth:`AsyncClient.dial_live_view`)."""
+        return SyncLiveView(self, self._run(self._async.dial_live_view(lv, timeout=timeout)))
 
     def remove_image(self, name: str, *, request_timeout: Optional[float] = None) -> Removed:
         """Remove an image, composition or layer (see :meth:`AsyncClient.remove_image`)."""
@@ -428,6 +433,37 @@ class SyncExecStream:
     def wait(self) -> ExecResult:
         """Read to the end; the result then holds the collected output."""
         return self._c._run(self._a.wait())
+
+
+class SyncLiveView:
+    """Blocking :class:`corral._websocket.LiveViewConnection`; a context
+    manager that closes it."""
+
+    def __init__(self, client: Client, inner: LiveViewConnection) -> None:
+        self._c = client
+        self._a = inner
+
+    def read(self, n: int = 65536) -> bytes:
+        """Up to n bytes of the VNC stream (b"" at its end)."""
+        return self._c._run(self._a.read(n))
+
+    def readexactly(self, n: int) -> bytes:
+        """Exactly n bytes of the VNC stream."""
+        return self._c._run(self._a.readexactly(n))
+
+    def write(self, data: bytes) -> None:
+        """Send bytes to the VNC server."""
+        self._c._run(self._a.write(data))
+
+    def close(self) -> None:
+        """Close the websocket."""
+        self._c._run(self._a.close())
+
+    def __enter__(self) -> "SyncLiveView":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class Files:
