@@ -62,7 +62,9 @@ class SnapshotTest(LiveTest):
     def test_blocking_client_fork(self) -> None:
         with corral.Client(self.c.addr, token=self.c._t.token) as c:
             parent = c.create(image="busybox", memory_mb=64, labels=self.labels, idle_timeout=300)
-            parent.run("mkdir -p /work; echo x > /work/x", idempotent=True)
+            first = parent.run("mkdir -p /work; echo x >> /work/x", idempotent=True)
+            again = c.attach(parent.id).run("mkdir -p /work; echo x >> /work/x", idempotent=True)
+            self.assertEqual((first.replayed, again.replayed, again.exec_seq), (False, True, first.exec_seq))
             res = parent.fork(1)
             fork = res.forks[0].sandbox
             self.assertIsInstance(fork, corral.Sandbox)
