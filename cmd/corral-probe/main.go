@@ -33,7 +33,9 @@
 // steps of attacks across fncalls (calls.go); "flood PATH SECS" and
 // "syncwrites PATH N" are the disk I/O row's attacker and victim (kres.go);
 // "pagecache" probes a shared layer file's page-cache state and "resident
-// PATH" prints how many of a file's pages are cached (neighbours.go).
+// PATH" prints how many of a file's pages are cached (neighbours.go);
+// "workingset MIB DIR" is `corral bench pause`'s re-touched working set
+// (workingset.go).
 // Run under any other
 // name (after "overwrite" replaced a binary) it prints HijackMarker.
 package main
@@ -222,6 +224,8 @@ func main() {
 		for _, r := range kres() {
 			emit(r)
 		}
+	case "workingset":
+		workingSet(os.Args[2:])
 	case "noop":
 	default:
 		fmt.Fprintln(os.Stderr, "corral-probe: unknown mode", mode)

@@ -33,7 +33,10 @@ type PauseOptions struct {
 	// Job is the sandboxes of the job paused and resumed by label
 	// (default 500; negative: not measured).
 	Job int
-	Log io.Writer
+	// Probe is the host path of the static corral-probe, whose workingset
+	// mode holds the re-read working set ("": those rows not measured).
+	Probe string
+	Log   io.Writer
 }
 
 func (o *PauseOptions) defaults() {
@@ -76,6 +79,8 @@ type PauseSize struct {
 	Exec        Percentiles `json:"exec_running"` // peer: exec on the running sandbox
 	Freeze      PauseLevel  `json:"freeze"`
 	Reclaim     PauseLevel  `json:"reclaim"`
+	// WorkingSet: time until the whole working set is in RAM again.
+	WorkingSet WorkingSetFigures `json:"working_set"`
 }
 
 // ForkFigures time Fork × 8 of a container beside 8 plain creates.
@@ -113,6 +118,10 @@ func Pause(ctx context.Context, c *client.Client, o PauseOptions) (res *PauseRes
 		s, err := pauseSize(ctx, t, mib, o)
 		if err != nil {
 			return res, fmt.Errorf("%d MiB: %w", mib, err)
+		}
+		// After pauseSize deleted its sandbox, so that its swapped pages are gone.
+		if s.WorkingSet, err = workingSet(ctx, t, mib, o.Probe, o); err != nil {
+			return res, fmt.Errorf("%d MiB working set: %w", mib, err)
 		}
 		res.Sizes = append(res.Sizes, s)
 		res.Targets = append(res.Targets, atMost(fmt.Sprintf("resume_to_first_exec_p50_ms_%dmib_freeze", mib), s.Freeze.ResumeExec.P50, 5))
@@ -308,6 +317,7 @@ func (r *PauseResult) WriteTable(w io.Writer) error {
 		)
 		if s.Reclaim.Skipped != "" {
 			rows = append(rows, row{fmt.Sprintf("%d MiB reclaim", s.MiB), "not measured", s.Reclaim.Skipped, ""})
+			rows = append(rows, s.WorkingSet.rows(s.MiB)...)
 			continue
 		}
 		rows = append(rows,
@@ -318,6 +328,7 @@ func (r *PauseResult) WriteTable(w io.Writer) error {
 				fmt.Sprintf("%.1fx a running exec; AgentENV < %d ms, E2B ~%d ms (published)", ratio(s.Reclaim.ResumeExec.P50, s.Exec.P50), agentEnvResumeMs, e2bResumeMs),
 				targetFor(r.Targets, fmt.Sprintf("resume_to_first_exec_p50_ms_%dmib_reclaim", s.MiB))},
 		)
+		rows = append(rows, s.WorkingSet.rows(s.MiB)...)
 	}
 	rows = append(rows, row{fmt.Sprintf("fork × %d (16 MiB of files, processes not carried)", r.Fork.N), f3(r.Fork.ForkMs) + " ms",
 		fmt.Sprintf("%d plain creates at once %s ms (%.1fx); %d failed", r.Fork.N, f3(r.Fork.CreateMs), ratio(r.Fork.ForkMs, r.Fork.CreateMs), r.Fork.Failed), ""})

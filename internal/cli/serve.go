@@ -29,7 +29,7 @@ func newServeCmd() *cobra.Command {
 	var nodeCgroup, nodeMemLow string
 	var logLevel, logFormat, diskPool, defMemory, defDisk, subnet4, subnet6, presetsFile string
 	var presets []string
-	var swap string
+	var swap, snapBytes string
 	var d node.Defaults
 	var bf blobFlags
 	var e2bCfg server.E2BConfig
@@ -66,6 +66,17 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 				if cfg.SwapBytes, err = parseBytes("swap", swap); err != nil {
 					return err
 				}
+			}
+			switch snapBytes {
+			case "none":
+				cfg.Snapshots.Bytes = -1
+			default:
+				if cfg.Snapshots.Bytes, err = parseBytes("snapshot-bytes", snapBytes); err != nil {
+					return err
+				}
+			}
+			if cfg.Snapshots.Count == 0 {
+				cfg.Snapshots.Count = -1 // --max-snapshots 0: no limit
 			}
 			if d.MemoryBytes, err = parseBytes("default-memory", defMemory); err != nil {
 				return err
@@ -131,6 +142,8 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 		"how long a paused microVM (or vm sandbox without network) keeps its RAM before its memory and device state go to disk and its VMM exits (0: at pause; negative: never)")
 	fl.StringVar(&cfg.DiskStore, "disk-store", server.DiskStoreAuto, "how sandbox disks are limited: auto (xfs when the kernel has XFS quota, else ext4-image), xfs or ext4-image")
 	fl.StringVar(&swap, "swap", "", "size of a swap file the node makes under --data-dir (and removes at exit) for pause --reclaim, e.g. 4Gi; none when empty")
+	fl.IntVar(&cfg.Snapshots.Count, "max-snapshots", node.DefaultMaxSnapshots, "most snapshots the node keeps (fork's count while it runs); one more is refused with resource exhausted before anything is written (0: no limit)")
+	fl.StringVar(&snapBytes, "snapshot-bytes", "", "most bytes the node's snapshots take on disk, e.g. 200Gi (default half the filesystem of --data-dir; none: no limit)")
 	fl.StringVar(&diskPool, "disk-pool", "64Gi", "size of the sparse XFS filesystem holding all writable layers (--disk-store xfs)")
 	fl.BoolVar(&cfg.CleanupOnExit, "cleanup-on-exit", false, "delete every sandbox when the daemon exits")
 	fl.BoolVar(&cfg.NoRaiseLimits, "no-raise-limits", false, "leave the host's limits as they are (by default the node raises kernel.pid_max to 4194304 and its own RLIMIT_NOFILE soft limit to the hard one)")

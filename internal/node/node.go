@@ -83,6 +83,9 @@ type Config struct {
 	// of demand per image, for creates with the default resources and no
 	// network (warm.go); 0: none.
 	WarmPool int
+
+	// Snapshots bound the snapshots the node keeps (snapshotlimit.go).
+	Snapshots SnapshotLimits
 }
 
 // Node is one machine's sandbox manager.

@@ -50,6 +50,10 @@ type SnapshotInfo struct {
 type snapshots struct {
 	mu   sync.Mutex
 	byID map[string]*SnapshotInfo
+	// making and makingBytes are the snapshots being written, admitted
+	// under the node's limits (reserveSnapshot).
+	making      int
+	makingBytes int64
 }
 
 func (n *Node) snapshotRoot() string { return filepath.Join(n.cfg.DataDir, "snapshots") }
@@ -102,6 +106,11 @@ func (n *Node) Snapshot(ctx context.Context, id string) (*SnapshotInfo, error) {
 	if in := e.inflight.Load(); in > 1 {
 		return nil, errdefs.FailedPrecondition("sandbox %s: %d other calls are in flight; a snapshot restarts the agent's session, which would cut them (retry once they end)", id, in-1)
 	}
+	release, err := n.reserveSnapshot(rec.MemoryBytes)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot sandbox %s: %w", id, err)
+	}
+	defer release()
 	snapID, err := newSnapshotID()
 	if err != nil {
 		return nil, err

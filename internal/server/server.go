@@ -95,6 +95,9 @@ type Config struct {
 	// WarmPool is how many container sandboxes the node keeps made ahead
 	// of demand per image (node.Config.WarmPool); 0: none.
 	WarmPool int
+	// Snapshots bound the snapshots the node keeps
+	// (node.Config.Snapshots; zero fields take the node's defaults).
+	Snapshots node.SnapshotLimits
 	// Network configures sandbox networking (bridge, NAT, DNS proxy,
 	// presets). Nothing on the host changes until a sandbox asks for a
 	// network mode other than none.
@@ -290,6 +293,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 		PerProjectLayerMounts: cfg.LayerMounts == LayerMountsPerProject,
 		WarmPool:              cfg.WarmPool,
+		Snapshots:             cfg.Snapshots,
 	})
 	if err != nil {
 		swap.Close()

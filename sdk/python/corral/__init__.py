@@ -37,8 +37,10 @@ from .iam import AuditEntry, Identity, Project, Quota, Token, Usage
 from .images import BuiltImage, Composition, Images, Imported, ImportProgress, LazyBlob, Layer, Packed, Removed
 from .network import Network, NetworkRefusal, NetworkStats
 from .observe import EVENT_TYPES, Event, SandboxStats, StatsSample
+from .rollout import ForkOutcome, ForkResult, LiveView, Snapshot
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream, exec_key
-from .sync import Client, Files, Sandbox, SyncExecStream
+from ._websocket import LiveViewConnection
+from .sync import Client, Files, Sandbox, SyncExecStream, SyncLiveView
 from .types import BulkResult, ExecChunk, ExecLogEntry, ExecResult, FileInfo, Resources, SandboxInfo, State
 
 __version__ = "0.1.0"
@@ -47,6 +49,7 @@ DEFAULT_ADDRESS = "unix:///var/lib/corral/corral.sock"
 
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncFiles", "ExecStream", "Command", "exec_key", "ExecLogEntry", "BulkResult",
+    "Snapshot", "ForkResult", "ForkOutcome", "LiveView", "LiveViewConnection", "SyncLiveView",
     "Client", "Sandbox", "Files", "SyncExecStream",
     "AuditEntry", "Identity", "Project", "Quota", "Token", "Usage",
     "CallResult", "Composition", "Images", "Layer", "Packed", "Removed",

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Set, Unio
 from ._connect import Transport
 from ._http import default_address
 from ._tar import file_messages, tar_tree
-from .errors import InternalError, NotFoundError
+from .errors import InternalError, NotFoundError, UnavailableError
 from .fncall import _BATCH, _CALL, CallResult, call_request
 from .iam import IAMMixin
 from .images import _SVC, BuiltImage, Composition, Images, Imported, ImportProgress, Layer, Removed
@@ -18,7 +18,9 @@ from .images import images_from_json
 from .network import NetworkArg, network_json
 from .observe import _SVC as _OBS, WATCH_TIMEOUT, Event, SandboxStats, event_from_json, stats_from_json
 from .observe import watch_request
-from .sandbox import _ROLLOUT_SVC, AsyncSandbox
+from ._websocket import LiveViewConnection, dial as _dial_ws
+from .rollout import LiveView, Snapshot
+from .sandbox import _ROLLOUT_SVC, _VM_SVC, AsyncSandbox
 from .types import BulkResult, SandboxInfo, State, env_list, format_duration
 
 __all__ = ["AsyncClient"]
@@ -269,6 +271,54 @@ class AsyncClient(IAMMixin):
         """Resume every paused sandbox of the caller's carrying all of ``labels``."""
         d = await self._t.unary(_ROLLOUT_SVC + "ResumeMany", {"labels": dict(labels)}, timeout=request_timeout)
         return BulkResult._from_json(d, "resumed")
+
+    async def restore(self, snapshot_id: str, *, labels: Optional[Dict[str, str]] = None,
+                      request_timeout: Optional[float] = None) -> AsyncSandbox:
+        """Make a new sandbox from a snapshot, continuing its processes with
+        a fresh identity (sandbox id, agent secret, hostname, addresses) in
+        the snapshot's project; ``labels`` are laid over the source's."""
+        msg: Dict[str, Any] = {"snapshotId": snapshot_id}
+        if labels:
+            msg["labels"] = {str(k): str(v) for k, v in labels.items()}
+        d = await self._t.unary(_ROLLOUT_SVC + "Restore", msg, timeout=request_timeout)
+        info = SandboxInfo._from_json(d.get("sandbox") or {})
+        return AsyncSandbox(self, info.id, info)
+
+    async def list_snapshots(self, *, request_timeout: Optional[float] = None) -> List[Snapshot]:
+        """The snapshots the caller may see, oldest first. Through a cluster
+        whose nodes did not all answer it raises :class:`UnavailableError`
+        naming them, with the snapshots it got in its ``snapshots``."""
+        d = await self._t.unary(_ROLLOUT_SVC + "ListSnapshots", {}, idempotent=True, timeout=request_timeout)
+        out = [Snapshot._from_json(s) for s in d.get("snapshots", [])]
+        failed = d.get("nodeFailures", [])
+        if failed:
+            why = "; ".join(f"{f.get('nodeId', '')}: {f.get('error', '')}" for f in failed)
+            err = UnavailableError(f"snapshots of {len(failed)} node(s) missing: {why}")
+            err.snapshots = out  # type: ignore[attr-defined]
+            raise err
+        return out
+
+    async def delete_snapshot(self, snapshot_id: str, *, request_timeout: Optional[float] = None) -> None:
+        """Remove a snapshot; sandboxes restored from it stay."""
+        await self._t.unary(_ROLLOUT_SVC + "DeleteSnapshot", {"snapshotId": snapshot_id}, timeout=request_timeout)
+
+    async def live_view(self, sandbox_id: str, *, ttl: float = 0,
+                        request_timeout: Optional[float] = None) -> LiveView:
+        """Grant a live view of a vm sandbox's screen, keyboard and mouse:
+        a one-time token for one websocket connection (VNC/RFB) to
+        ``LiveView.url(addr)`` on this server's TCP listener. ``ttl``
+        seconds (0: a minute, at most an hour) bound how long the token
+        waits for its connection."""
+        if ttl < 0:
+            raise ValueError(f"ttl: {ttl!r} must not be negative")
+        msg = {"sandboxId": sandbox_id, "ttlSeconds": min(int(ttl), 2**31 - 1)}  # the server names the limit
+        return LiveView._from_json(await self._t.unary(_VM_SVC + "LiveView", msg, timeout=request_timeout))
+
+    async def dial_live_view(self, lv: LiveView, *, timeout: Optional[float] = None) -> LiveViewConnection:
+        """Open the live view ``lv`` grants (using up its token) on this
+        client's address, unix socket or TCP, and return the VNC (RFB) byte
+        stream. A refused token raises :class:`PermissionDeniedError`."""
+        return await _dial_ws(self._t.addr, self._t.pool._ssl, lv.url_path, self._t.budget(timeout))
 
     async def remove_image(self, name: str, *, request_timeout: Optional[float] = None) -> Removed:
         """Remove a built image, or a composition and/or layer NAME@VERSION.

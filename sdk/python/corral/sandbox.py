@@ -14,6 +14,7 @@ from .errors import InternalError, NotFoundError
 from .images import _SVC as _IMAGE_SVC
 from .images import Packed, packed_from_json
 from .network import Network, NetworkStats, mode_json
+from .rollout import ForkResult, Snapshot, fork_outcomes
 from .types import ExecChunk, ExecLogEntry, ExecResult, FileInfo, SandboxInfo
 from .types import b64decode, b64encode, env_list, format_duration
 
@@ -185,6 +186,28 @@ class AsyncSandbox:
         msg = {"sandboxId": self.id, "name": name, "exclude": list(exclude or []),
                "noDefaultExcludes": not default_excludes, "noComposition": not composition}
         return packed_from_json(await self._c._t.unary(_IMAGE_SVC + "Pack", msg, timeout=request_timeout))
+
+    async def snapshot(self, *, request_timeout: Optional[float] = None) -> Snapshot:
+        """Save the sandbox's memory, devices and writable disk while it keeps
+        running (microVMs; a paused one is resumed first). The snapshot is
+        durable: it survives a daemon kill and restart. A container sandbox
+        raises :class:`UnimplementedError` naming why (CRIU)."""
+        d = await self._c._t.unary(_ROLLOUT_SVC + "Snapshot", {"sandboxId": self.id}, timeout=request_timeout)
+        return Snapshot._from_json(d.get("snapshot"))
+
+    async def fork(self, count: int, *, request_timeout: Optional[float] = None) -> ForkResult:
+        """Make ``count`` (1 to 64) new sandboxes starting from this one as
+        it is now, with its resources, settings and labels plus
+        ``corral.fork-of``: a microVM's from one snapshot restored ``count``
+        times (processes carried, each with a fresh identity), a container's
+        from its files (``processes_carried`` False). Failures are per fork
+        (``ForkResult.forks[i].error``); a bad count raises
+        :class:`InvalidArgumentError` naming it."""
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"count: want an int, got {count!r}")
+        d = await self._c._t.unary(_ROLLOUT_SVC + "Fork", {"sandboxId": self.id, "count": count},
+                                   timeout=request_timeout)
+        return fork_outcomes(d, lambda sid, info: AsyncSandbox(self._c, sid, info))
 
     async def list_execs(self, since_seq: int = 0, *, request_timeout: Optional[float] = None) -> List[ExecLogEntry]:
         """The sandbox's logged commands (those that carried an idempotency

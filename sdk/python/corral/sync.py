@@ -17,10 +17,12 @@ from .iam import AuditEntry, Identity, Project, Quota, Token
 from .images import BuiltImage, Composition, Images, Imported, ImportProgress, Layer, Packed, Removed
 from .network import Network, NetworkArg, NetworkStats
 from .observe import Event, SandboxStats
+from ._websocket import LiveViewConnection
+from .rollout import ForkResult, LiveView, Snapshot
 from .sandbox import AsyncFiles, AsyncSandbox, Command, ExecStream
 from .types import BulkResult, ExecChunk, ExecLogEntry, ExecResult, FileInfo, SandboxInfo, State
 
-__all__ = ["Client", "Sandbox", "Files", "SyncExecStream"]
+__all__ = ["Client", "Sandbox", "Files", "SyncExecStream", "SyncLiveView"]
 
 T = TypeVar("T")
 
@@ -187,6 +189,28 @@ class Client:
         """Resume a whole job by its labels (see :meth:`AsyncClient.resume_many`)."""
         return self._run(self._async.resume_many(labels, request_timeout=request_timeout))
 
+    def restore(self, snapshot_id: str, *, labels: Optional[Dict[str, str]] = None,
+                request_timeout: Optional[float] = None) -> "Sandbox":
+        """A new sandbox from a snapshot (see :meth:`AsyncClient.restore`)."""
+        return Sandbox(self, self._run(self._async.restore(snapshot_id, labels=labels,
+                                                           request_timeout=request_timeout)))
+
+    def list_snapshots(self, *, request_timeout: Optional[float] = None) -> List[Snapshot]:
+        """The caller's snapshots, oldest first (see :meth:`AsyncClient.list_snapshots`)."""
+        return self._run(self._async.list_snapshots(request_timeout=request_timeout))
+
+    def delete_snapshot(self, snapshot_id: str, *, request_timeout: Optional[float] = None) -> None:
+        """Remove a snapshot; sandboxes restored from it stay."""
+        self._run(self._async.delete_snapshot(snapshot_id, request_timeout=request_timeout))
+
+    def live_view(self, sandbox_id: str, *, ttl: float = 0, request_timeout: Optional[float] = None) -> LiveView:
+        """A one-time live-view grant (see :meth:`AsyncClient.live_view`)."""
+        return self._run(self._async.live_view(sandbox_id, ttl=ttl, request_timeout=request_timeout))
+
+    def dial_live_view(self, lv: LiveView, *, timeout: Optional[float] = None) -> "SyncLiveView":
+        """Open a live view's VNC stream (see :meth:`AsyncClient.dial_live_view`)."""
+        return SyncLiveView(self, self._run(self._async.dial_live_view(lv, timeout=timeout)))
+
     def remove_image(self, name: str, *, request_timeout: Optional[float] = None) -> Removed:
         """Remove an image, composition or layer (see :meth:`AsyncClient.remove_image`)."""
         return self._run(self._async.remove_image(name, request_timeout=request_timeout))
@@ -336,19 +360,38 @@ class Sandbox:
     def run(self, cmd: Command, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
             user: Optional[str] = None, stdin: Union[bytes, str, IO[bytes], None] = None,
             timeout: Optional[float] = None, output_limit: Optional[int] = None,
-            request_timeout: Optional[float] = None) -> ExecResult:
-        """Run a command; arguments as :meth:`AsyncSandbox.run`."""
+            request_timeout: Optional[float] = None, idempotent: bool = False,
+            step: Optional[str] = None, idempotency_key: Optional[str] = None) -> ExecResult:
+        """Run a command; arguments as :meth:`AsyncSandbox.run` (``idempotent``,
+        ``step`` and ``idempotency_key`` included)."""
         return self._c._run(self._a.run(cmd, env=env, cwd=cwd, user=user, stdin=stdin, timeout=timeout,
-                                        output_limit=output_limit, request_timeout=request_timeout))
+                                        output_limit=output_limit, request_timeout=request_timeout,
+                                        idempotent=idempotent, step=step, idempotency_key=idempotency_key))
 
     def exec_stream(self, cmd: Command, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
                     user: Optional[str] = None, stdin: Union[bytes, str, None] = None,
                     timeout: Optional[float] = None, output_limit: Optional[int] = None,
-                    request_timeout: Optional[float] = None) -> "SyncExecStream":
+                    request_timeout: Optional[float] = None, idempotent: bool = False,
+                    step: Optional[str] = None, idempotency_key: Optional[str] = None) -> "SyncExecStream":
         """Run a command, iterating its output chunks then the result chunk."""
         return SyncExecStream(self._c, self._a.exec_stream(cmd, env=env, cwd=cwd, user=user, stdin=stdin,
                                                            timeout=timeout, output_limit=output_limit,
-                                                           request_timeout=request_timeout))
+                                                           request_timeout=request_timeout,
+                                                           idempotent=idempotent, step=step,
+                                                           idempotency_key=idempotency_key))
+
+    def snapshot(self, *, request_timeout: Optional[float] = None) -> Snapshot:
+        """Save the running sandbox's state (see :meth:`AsyncSandbox.snapshot`)."""
+        return self._c._run(self._a.snapshot(request_timeout=request_timeout))
+
+    def fork(self, count: int, *, request_timeout: Optional[float] = None) -> ForkResult:
+        """Make count new sandboxes from this one (see :meth:`AsyncSandbox.fork`);
+        the forks' handles are blocking :class:`Sandbox` objects."""
+        res = self._c._run(self._a.fork(count, request_timeout=request_timeout))
+        for f in res.forks:
+            if f.sandbox is not None:
+                f.sandbox = Sandbox(self._c, f.sandbox)
+        return res
 
     def list_execs(self, since_seq: int = 0, **kw: Any) -> List[ExecLogEntry]:
         """The sandbox's exec log above since_seq (see :meth:`AsyncSandbox.list_execs`)."""
@@ -390,6 +433,37 @@ class SyncExecStream:
     def wait(self) -> ExecResult:
         """Read to the end; the result then holds the collected output."""
         return self._c._run(self._a.wait())
+
+
+class SyncLiveView:
+    """Blocking :class:`corral._websocket.LiveViewConnection`; a context
+    manager that closes it."""
+
+    def __init__(self, client: Client, inner: LiveViewConnection) -> None:
+        self._c = client
+        self._a = inner
+
+    def read(self, n: int = 65536) -> bytes:
+        """Up to n bytes of the VNC stream (b"" at its end)."""
+        return self._c._run(self._a.read(n))
+
+    def readexactly(self, n: int) -> bytes:
+        """Exactly n bytes of the VNC stream."""
+        return self._c._run(self._a.readexactly(n))
+
+    def write(self, data: bytes) -> None:
+        """Send bytes to the VNC server."""
+        self._c._run(self._a.write(data))
+
+    def close(self) -> None:
+        """Close the websocket."""
+        self._c._run(self._a.close())
+
+    def __enter__(self) -> "SyncLiveView":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class Files:

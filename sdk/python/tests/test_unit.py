@@ -216,6 +216,49 @@ class TransportTest(unittest.IsolatedAsyncioTestCase):
             await c.attach("n1-ab").pause()  # not idempotent: not retried
         self.assertEqual(calls["n"], 3)
 
+    async def test_fork_failures_are_per_fork(self) -> None:
+        resp = {"image": "", "processesCarried": True, "snapshotId": "snap-00000000000000aa",
+                "forks": [{"sandbox": {"id": "n1-000000000001", "labels": {"corral.fork-of": "n1-ab"}}},
+                          {"error": "quota: sandboxes 4 of 4 in use"}]}
+        srv, c = await self.serve(lambda p, b: (200, [], [json.dumps(resp).encode()]))
+        res = await c.attach("n1-ab").fork(2)
+        self.assertEqual(srv.requests[0][0], "/corral.v1.RolloutService/Fork")
+        self.assertEqual((res.processes_carried, res.snapshot, len(res.forks)), (True, "snap-00000000000000aa", 2))
+        first, second = res.forks
+        self.assertTrue(first.ok)
+        self.assertEqual((first.sandbox.id, first.info.labels["corral.fork-of"]), ("n1-000000000001", "n1-ab"))
+        self.assertIsNone(second.sandbox)
+        self.assertIsInstance(second.error, corral.InternalError)
+        self.assertIn("quota", second.error.message)
+        self.assertEqual(res.failures, [second.error])
+        with self.assertRaises(TypeError):
+            await c.attach("n1-ab").fork("2")  # type: ignore[arg-type]
+
+    async def test_snapshot_list_with_missing_nodes(self) -> None:
+        resp = {"snapshots": [{"id": "snap-00000000000000aa", "sandboxId": "n1-ab", "backend": "microvm",
+                               "bytes": "4096", "created": "2026-01-02T03:04:05Z"}],
+                "nodeFailures": [{"nodeId": "n2", "error": "unreachable"}]}
+        _, c = await self.serve(lambda p, b: (200, [], [json.dumps(resp).encode()]))
+        with self.assertRaises(corral.UnavailableError) as cm:
+            await c.list_snapshots()
+        self.assertIn("n2: unreachable", cm.exception.message)
+        snaps = cm.exception.snapshots  # type: ignore[attr-defined]
+        self.assertEqual((snaps[0].id, snaps[0].bytes, snaps[0].created.year), ("snap-00000000000000aa", 4096, 2026))
+
+    async def test_live_view_grant(self) -> None:
+        resp = {"path": "/v1/liveview/n1-ab", "token": "t/k+1", "expiresUnix": "1767225600"}
+        srv, c = await self.serve(lambda p, b: (200, [], [json.dumps(resp).encode()]))
+        lv = await c.live_view("n1-ab", ttl=30)
+        self.assertEqual(srv.requests[0][0], "/corral.v1.VMService/LiveView")
+        self.assertEqual(lv.url_path, "/v1/liveview/n1-ab?token=t%2Fk%2B1")
+        self.assertEqual(lv.url("http://h:1/"), "ws://h:1/v1/liveview/n1-ab?token=t%2Fk%2B1")
+        self.assertEqual(lv.url("https://h:1"), "wss://h:1/v1/liveview/n1-ab?token=t%2Fk%2B1")
+        self.assertEqual(lv.expires.year, 2026)
+        with self.assertRaises(ValueError):
+            lv.url("unix:///run/corral.sock")
+        with self.assertRaises(ValueError):
+            await c.live_view("n1-ab", ttl=-1)
+
     async def test_streaming_chunked_envelopes(self) -> None:
         msgs = [envelope(0, {"stdout": "aGkK"}), envelope(0, {"stderr": "ZQ=="}),
                 envelope(0, {"result": {"exitCode": 3, "duration": "1.5s"}}), envelope(2, {})]
@@ -283,3 +326,89 @@ class TransportTest(unittest.IsolatedAsyncioTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LiveViewSocketTest(unittest.IsolatedAsyncioTestCase):
+    """The live view's websocket client against a small RFC 6455 server."""
+
+    async def ws_server(self, refuse: int = 0) -> Tuple[str, List[Tuple[int, bytes]]]:
+        import base64
+        import hashlib
+        got: List[Tuple[int, bytes]] = []
+
+        async def read_frame(r: asyncio.StreamReader) -> Tuple[int, bytes]:
+            b0, b1 = await r.readexactly(2)
+            self.assertTrue(b1 & 0x80, "client frames must be masked")
+            n = b1 & 0x7F
+            if n == 126:
+                (n,) = struct.unpack(">H", await r.readexactly(2))
+            elif n == 127:
+                (n,) = struct.unpack(">Q", await r.readexactly(8))
+            key = await r.readexactly(4)
+            data = bytes(c ^ key[i % 4] for i, c in enumerate(await r.readexactly(n)))
+            return b0 & 0x0F, data
+
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                await serve1(r, w)
+            except Exception as e:  # surfaces in the test's assertions
+                got.append((-1, repr(e).encode()))
+                w.close()
+
+        async def serve1(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            head = (await r.readuntil(b"\r\n\r\n")).decode()
+            got.append((0, head.split("\r\n")[0].encode()))
+            if refuse:
+                body = b"live view: permission denied: token refused"
+                w.write(b"HTTP/1.1 %d Forbidden\r\nContent-Length: %d\r\n\r\n%s" % (refuse, len(body), body))
+                await w.drain()
+                w.close()
+                return
+            key = [ln.split(":", 1)[1].strip() for ln in head.split("\r\n") if ln.lower().startswith("sec-websocket-key")][0]
+            acc = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+            w.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    b"Sec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+            w.write(b"\x82\x0cRFB 003.008\n")  # one binary message
+            w.write(b"\x89\x02hi")  # a ping the client must answer
+            big = bytes(range(256)) * 300
+            w.write(b"\x82\x7f" + struct.pack(">Q", len(big)) + big)
+            await w.drain()
+            while True:
+                op, data = await read_frame(r)
+                got.append((op, data))
+                if op == 8:
+                    w.write(b"\x88\x02\x03\xe8")
+                    await w.drain()
+                    w.close()
+                    return
+
+        srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+        self.addAsyncCleanup(srv.wait_closed)
+        self.addCleanup(srv.close)
+        return "127.0.0.1:%d" % srv.sockets[0].getsockname()[1], got
+
+    async def test_stream_over_websocket(self) -> None:
+        addr, got = await self.ws_server()
+        c = corral.AsyncClient(addr, timeout=5)
+        self.addAsyncCleanup(c.close)
+        lv = corral.LiveView(path="/v1/liveview/n1-ab", token="t k", expires=None)
+        conn = await c.dial_live_view(lv)
+        self.assertEqual(await conn.readexactly(12), b"RFB 003.008\n")
+        await conn.write(b"RFB 003.008\n")
+        big = await conn.readexactly(256 * 300)
+        self.assertEqual(big[:3] + big[-1:], b"\x00\x01\x02\xff")
+        await conn.write(b"x" * 70000)  # a frame with a 64-bit length
+        await conn.write(b"y" * 300)  # and a 16-bit one
+        await conn.close()
+        self.assertEqual(got[0], (0, b"GET /v1/liveview/n1-ab?token=t%20k HTTP/1.1"))
+        # The client's version, then the pong it sent on reading past the ping.
+        self.assertEqual([op for op, _ in got[1:]], [2, 10, 2, 2, 8])
+        self.assertEqual((got[1][1], got[2][1], len(got[3][1]), got[4][1]), (b"RFB 003.008\n", b"hi", 70000, b"y" * 300))
+
+    async def test_refused_token(self) -> None:
+        addr, _ = await self.ws_server(refuse=403)
+        c = corral.AsyncClient(addr, timeout=5)
+        self.addAsyncCleanup(c.close)
+        with self.assertRaises(corral.PermissionDeniedError) as cm:
+            await c.dial_live_view(corral.LiveView(path="/v1/liveview/n1-ab", token="x", expires=None))
+        self.assertIn("token refused", cm.exception.message)
