@@ -62,6 +62,8 @@ tcp_token=$(bin/corral --addr "unix://$sock" token create --project pytest --rol
 
 status=0
 export CORRAL_TEST_RUN_ID="pytest$RANDOM"
+# One microVM snapshot → restore → fork per address (~15 s each under TCG).
+export CORRAL_TEST_MICROVM=${CORRAL_TEST_MICROVM:-1}
 for addr in "unix://$sock" "127.0.0.1:$port"; do
   echo "== Python SDK tests against $addr"
   token=""
