@@ -57,12 +57,7 @@ func TestFnCallCACerts(t *testing.T) {
 // disk, like its other layers) and has SSL_CERT_FILE: a program in it
 // verifies a certificate signed by the node's extra CA.
 func TestMicroVMCACerts(t *testing.T) {
-	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
-		t.Skip("microvm: needs qemu-system-x86_64 (package qemu-system-x86)")
-	}
-	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
-		t.Skip("microvm: needs a guest kernel (package linux-image-amd64)")
-	}
+	requireMicroVM(t)
 	dir := t.TempDir()
 	caFile, certFile, keyFile := testPKI(t, dir, "registry.test")
 	bin := buildTLSCheck(t, dir)

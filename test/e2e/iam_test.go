@@ -495,7 +495,7 @@ func TestRevokedAndExpiredTokensFailAtOnce(t *testing.T) {
 func TestAuditSurvivesKill9(t *testing.T) {
 	testenv.RequireRoot(t)
 	addr := tcpAddr(t)
-	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	d := newDaemon(t, testenv.Binaries(t))
 	ctx := context.Background()
 	admin := d.start("--listen", addr)
 	mustProject(t, admin, "audited", client.Quota{})

@@ -205,7 +205,7 @@ func TestMemoryBombYieldsOOMKilledEvent(t *testing.T) {
 
 func TestEventsResumeAcrossDaemonRestart(t *testing.T) {
 	testenv.RequireRoot(t)
-	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	d := newDaemon(t, testenv.Binaries(t))
 	ctx := context.Background()
 	c := d.start()
 	sb, err := c.Create(ctx, client.CreateOptions{Labels: map[string]string{"run": "a"}})

@@ -15,6 +15,12 @@ import (
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
+// newDaemon is a daemon of binaries bins over a fresh data dir and cgroup
+// parent.
+func newDaemon(t *testing.T, bins string) *daemon {
+	return &daemon{t: t, bins: bins, dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+}
+
 // daemon is `corral serve` as a child process, so the test can SIGKILL it.
 type daemon struct {
 	t       *testing.T
@@ -92,7 +98,7 @@ func cgroupPids(parent, id string) []int {
 
 func TestDaemonCrashKeepsOrCleansEverySandbox(t *testing.T) {
 	testenv.RequireRoot(t)
-	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	d := newDaemon(t, testenv.Binaries(t))
 	ctx := context.Background()
 	c := d.start()
 
