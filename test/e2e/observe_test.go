@@ -268,9 +268,7 @@ func TestEventsResumeAcrossDaemonRestart(t *testing.T) {
 	if out, err := exec.Command(filepath.Join(d.bins, "corral"), "--addr", sock, "events", "--filter", "colour=red").CombinedOutput(); err == nil || !strings.Contains(string(out), "--filter") {
 		t.Errorf("corral events with a bad filter: %v %s", err, out)
 	}
-	d.stop(syscall.SIGTERM)
-	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
-	testenv.RemoveCgroupParent(d.parent)
+	d.stopLeavingNothing()
 }
 
 // readEvents reads n events after seq (that match filter, if given).

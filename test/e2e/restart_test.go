@@ -78,6 +78,15 @@ func (d *daemon) stop(sig syscall.Signal) {
 	<-d.exited
 }
 
+// stopLeavingNothing stops the daemon with SIGTERM, checks that nothing
+// of it is left on the host and removes its cgroup parent.
+func (d *daemon) stopLeavingNothing() {
+	d.t.Helper()
+	d.stop(syscall.SIGTERM)
+	testenv.AssertNoLeaks(d.t, d.dataDir, d.parent)
+	testenv.RemoveCgroupParent(d.parent)
+}
+
 // cgroupPids lists the processes in a sandbox's pids cgroup (v1) or its v2 dir.
 func cgroupPids(parent, id string) []int {
 	var pids []int
