@@ -70,17 +70,7 @@ func TestMicroVMCACerts(t *testing.T) {
 	defer cancel()
 	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: "microvm",
 		Resources: client.Resources{MemoryBytes: 256 << 20, CPUMillis: 1000}})
-	for local, remote := range map[string]string{bin: "/root/tlscheck", certFile: "/root/server.pem", keyFile: "/root/server.key"} {
-		f, err := os.Open(local)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = sb.Files().WriteFrom(ctx, remote, f, 0o755)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	upload(t, ctx, sb, map[string]string{bin: "/root/tlscheck", certFile: "/root/server.pem", keyFile: "/root/server.key"})
 	res, err := sb.Run(ctx, client.Command{Args: []string{"/root/tlscheck", "/root/server.pem", "/root/server.key", "registry.test"}})
 	if err != nil {
 		t.Fatal(err)
