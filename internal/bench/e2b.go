@@ -224,19 +224,27 @@ func e2bSide(ctx context.Context, o E2BOptions, dir, label string) (e2bRun, erro
 	return run, nil
 }
 
+// searchDirs is where a peer's files are looked for: dir when given, else
+// rel in the working directory (a checkout) and rel beside the directory
+// that holds this binary's (bin/ of a checkout or an unpacked release).
+func searchDirs(dir, rel string) []string {
+	if dir != "" {
+		return []string{dir}
+	}
+	dirs := []string{rel}
+	if self, err := os.Executable(); err == nil {
+		dirs = append(dirs, filepath.Join(filepath.Dir(filepath.Dir(self)), rel))
+	}
+	return dirs
+}
+
 // findE2BSDK finds the directory with bench.mjs and the installed e2b
 // package.
 func findE2BSDK(dir string) (string, error) {
 	if _, err := exec.LookPath("node"); err != nil {
 		return "", fmt.Errorf("e2b bench: node is not installed: %w", err)
 	}
-	candidates := []string{dir}
-	if dir == "" {
-		candidates = []string{"test/e2b"}
-		if self, err := os.Executable(); err == nil {
-			candidates = append(candidates, filepath.Join(filepath.Dir(filepath.Dir(self)), "test", "e2b"))
-		}
-	}
+	candidates := searchDirs(dir, "test/e2b")
 	for _, d := range candidates {
 		if _, err := os.Stat(filepath.Join(d, "node_modules", "e2b", "package.json")); err == nil {
 			return d, nil

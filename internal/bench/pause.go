@@ -172,16 +172,7 @@ func forkFigures(ctx context.Context, t *tracker, n int) (ForkFigures, error) {
 		return f, err
 	}
 	f.ForkMs = ms(time.Since(start))
-	for _, fk := range res.Forks {
-		if fk.Err != nil {
-			f.Failed++
-			continue
-		}
-		t.mu.Lock()
-		t.live[fk.Sandbox.ID()] = struct{}{}
-		t.mu.Unlock()
-		_ = t.delete(context.WithoutCancel(ctx), fk.Sandbox)
-	}
+	f.Failed += t.deleteForks(ctx, res.Forks)
 	start = time.Now()
 	made := make([]*client.Sandbox, n)
 	parallel(ctx, n, n, func(ctx context.Context, i int) {

@@ -91,16 +91,7 @@ func microVMSnapshots(ctx context.Context, t *tracker, n, forkN int) (MicroVMSna
 			}
 		}
 		f.ForkRSSMiB, f.ForkPSSMiB = vmmMemory(ids)
-		for _, fk := range res.Forks {
-			if fk.Err != nil {
-				f.Failed++
-				continue
-			}
-			t.mu.Lock()
-			t.live[fk.Sandbox.ID()] = struct{}{}
-			t.mu.Unlock()
-			_ = t.delete(context.WithoutCancel(ctx), fk.Sandbox)
-		}
+		f.Failed += t.deleteForks(ctx, res.Forks)
 	}
 	return f, nil
 }

@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,17 +11,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-)
 
-// busyboxCandidates are where Debian's busybox-static puts the binary.
-var busyboxCandidates = []string{"/bin/busybox", "/usr/bin/busybox"}
+	"github.com/corral-dev/corral/internal/storage/layers"
+)
 
 // BuildRootfs fills dir (which must exist) with a minimal busybox root
 // filesystem: a static busybox, one relative symlink per applet in /bin,
 // and the usual mount points. It is the runc peer's default rootfs, so the
 // benchmark works without knowing where the server keeps its images.
 func BuildRootfs(dir string) error {
-	src, err := findStaticBusybox()
+	src, err := layers.StaticBusybox()
 	if err != nil {
 		return err
 	}
@@ -50,24 +48,6 @@ func BuildRootfs(dir string) error {
 		}
 	}
 	return nil
-}
-
-func findStaticBusybox() (string, error) {
-	for _, p := range busyboxCandidates {
-		f, err := elf.Open(p)
-		if err != nil {
-			continue
-		}
-		dynamic := false
-		for _, prog := range f.Progs {
-			dynamic = dynamic || prog.Type == elf.PT_INTERP
-		}
-		f.Close()
-		if !dynamic {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("no static busybox in %s (apt-get install -y busybox-static)", strings.Join(busyboxCandidates, ", "))
 }
 
 func copyFile(src, dst string, mode os.FileMode) error {

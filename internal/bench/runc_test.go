@@ -6,10 +6,12 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/corral-dev/corral/internal/storage/layers"
 )
 
 func TestBuildRootfs(t *testing.T) {
-	if _, err := findStaticBusybox(); err != nil {
+	if _, err := layers.StaticBusybox(); err != nil {
 		t.Skip(err)
 	}
 	dir := t.TempDir()
@@ -37,7 +39,7 @@ func TestRuncPeer(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("runc peer: needs root to create containers")
 	}
-	if _, err := findStaticBusybox(); err != nil {
+	if _, err := layers.StaticBusybox(); err != nil {
 		t.Skip("runc peer: ", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

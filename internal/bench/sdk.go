@@ -190,15 +190,8 @@ func findPythonSDK(ctx context.Context, o SDKOptions) (python, pypath, reason st
 	if err != nil {
 		return "", "", fmt.Sprintf("python %q: %v", o.Python, err)
 	}
-	candidates := []string{o.PythonPath}
-	if o.PythonPath == "" {
-		candidates = []string{"sdk/python"}
-		if self, err := os.Executable(); err == nil {
-			candidates = append(candidates, filepath.Join(filepath.Dir(filepath.Dir(self)), "sdk", "python"))
-		}
-	}
 	var tried []string
-	for _, dir := range candidates {
+	for _, dir := range searchDirs(o.PythonPath, "sdk/python") {
 		abs, err := filepath.Abs(dir)
 		if err != nil {
 			continue

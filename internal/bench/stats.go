@@ -3,10 +3,12 @@
 // the container lifecycle, a plain fork/exec for exec latency, the host's
 // MemAvailable for density. It drives the server only through the Go SDK
 // (package client) and must not import the server's internal packages —
-// except Lazy, which measures the node's lazy image path (image, blob,
-// lazyblob, seaweed) directly on this host until sandboxes use it, and
-// Cluster, which runs its own etcd, simulated nodes and control plane
-// (etcdembed, cluster, server) in this process.
+// except Lazy, which measures the node's lazy image path (storage/layers,
+// storage/blob, storage/lazy, seaweed) directly on this host until
+// sandboxes use it, the runc peer, whose rootfs takes the host's static
+// busybox as storage/layers finds it, and Cluster, which runs its own etcd,
+// simulated nodes and control plane (etcdembed, cluster, cluster/simnode,
+// server) in this process.
 package bench
 
 import (

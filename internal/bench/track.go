@@ -69,6 +69,23 @@ func (t *tracker) delete(ctx context.Context, sb *client.Sandbox) error {
 	return nil
 }
 
+// deleteForks deletes the sandboxes that forks made (each tracked first, so
+// that the final sweep gets it should the delete fail), even after ctx
+// ends, and returns how many forks failed.
+func (t *tracker) deleteForks(ctx context.Context, forks []client.ForkOutcome) (failed int) {
+	for _, fk := range forks {
+		if fk.Err != nil {
+			failed++
+			continue
+		}
+		t.mu.Lock()
+		t.live[fk.Sandbox.ID()] = struct{}{}
+		t.mu.Unlock()
+		_ = t.delete(context.WithoutCancel(ctx), fk.Sandbox)
+	}
+	return failed
+}
+
 // remaining lists this run's sandboxes the server still knows.
 func (t *tracker) remaining(ctx context.Context) ([]string, error) {
 	infos, err := t.c.List(ctx, client.ListOptions{Labels: map[string]string{LabelKey: t.label}})

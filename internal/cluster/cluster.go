@@ -7,7 +7,8 @@
 // per-sandbox state. Calls from control to node carry the caller's
 // iam.Principal, authenticated with the cluster secret.
 //
-// It imports the API types, errdefs, iam and the etcd client; it must not
+// It imports the API types, errdefs, iam, liveview (the live-view relay)
+// and the etcd client; it must not
 // import the node, backend, server or CLI packages (a node's sandboxes are
 // reached through the SandboxService handler it is given).
 package cluster

@@ -210,22 +210,7 @@ func (s *Service) Run(ctx context.Context, req *connect.Request[corralv1.ExecReq
 }
 
 func (s *Service) WriteFile(ctx context.Context, req *connect.Request[corralv1.WriteFileRequest]) (*connect.Response[corralv1.WriteFileResponse], error) {
-	m := req.Msg
-	n, err := s.route(m.SandboxId)
-	if err != nil {
-		return nil, err
-	}
-	mode, err := modeFromProto("mode", m.Mode, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	size, err := n.WriteFile(ctx, m.SandboxId, m.Path, bytes.NewReader(m.Content), backend.WriteOptions{
-		Mode: mode, Append: m.Append, MakeParents: m.MakeParents,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&corralv1.WriteFileResponse{Size: size}), nil
+	return s.writeFile(ctx, req.Msg, bytes.NewReader(req.Msg.Content))
 }
 
 func (s *Service) ReadFile(ctx context.Context, req *connect.Request[corralv1.ReadFileRequest], stream *connect.ServerStream[corralv1.ReadFileResponse]) error {

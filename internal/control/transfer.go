@@ -20,6 +20,12 @@ func (s *Service) UploadFile(ctx context.Context, stream *connect.ClientStream[c
 	if err != nil {
 		return nil, err
 	}
+	return s.writeFile(ctx, m, r)
+}
+
+// writeFile writes r to the file m names, as WriteFile (content in m) and
+// UploadFile (content streamed) do alike.
+func (s *Service) writeFile(ctx context.Context, m *corralv1.WriteFileRequest, r io.Reader) (*connect.Response[corralv1.WriteFileResponse], error) {
 	n, err := s.route(m.SandboxId)
 	if err != nil {
 		return nil, err

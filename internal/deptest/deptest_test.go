@@ -92,8 +92,9 @@ var rules = []rule{
 	{pkg: "internal/storage/upper/open", may: []string{"internal/storage/upper", "internal/storage/upper/xfs", "internal/storage/upper/ext4img", "internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/safefs", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/importroot", may: []string{"internal/errdefs", "internal/safefs"}, never: cat(backends, stateful)},
-	{pkg: "internal/state", may: []string{"internal/errdefs"}, never: cat([]string{"internal/backend/..."}, upper)},
-	{pkg: "internal/execlog", may: []string{"internal/errdefs"}, never: cat([]string{"internal/backend/..."}, upper)},
+	{pkg: "internal/boltfile", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
+	{pkg: "internal/state", may: []string{"internal/errdefs", "internal/boltfile"}, never: cat([]string{"internal/backend/..."}, upper)},
+	{pkg: "internal/execlog", may: []string{"internal/errdefs", "internal/boltfile"}, never: cat([]string{"internal/backend/..."}, upper)},
 	{pkg: "internal/hostlimit", may: []string{"internal/errdefs", "internal/runtime/cgroup", "internal/runtime/spare"}, never: cat(backends, stateful)},
 	{pkg: "internal/swaparea", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 
@@ -120,7 +121,7 @@ var rules = []rule{
 		never: cat(backends, []string{"internal/server", "internal/cli", "internal/control", "api/...", "client", "internal/iam/...", "internal/cluster/..."})},
 
 	// IAM and the cluster: no sandboxes.
-	{pkg: "internal/iam", may: []string{"internal/errdefs"}, never: cat([]string{"internal/node", "internal/backend/..."}, upper)},
+	{pkg: "internal/iam", may: []string{"internal/errdefs", "internal/boltfile"}, never: cat([]string{"internal/node", "internal/backend/..."}, upper)},
 	{pkg: "internal/iam/etcdstore", may: []string{"internal/errdefs", "internal/iam"}, never: cat([]string{"internal/node", "internal/backend/..."}, upper)},
 	{pkg: "internal/iam/storetest", may: []string{"internal/errdefs", "internal/iam"}, never: cat([]string{"internal/node", "internal/backend/..."}, upper)},
 	{pkg: "internal/cluster", may: []string{"api/...", "internal/errdefs", "internal/iam", "internal/liveview"},

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -307,12 +306,8 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 	if err := stream.Send(&filesystempb.WatchDirResponse{Event: &filesystempb.WatchDirResponse_Start{Start: &filesystempb.WatchDirResponse_StartEvent{}}}); err != nil {
 		return err
 	}
-	var keepalive <-chan time.Time
-	if sec, err := strconv.Atoi(req.Header().Get("Keepalive-Ping-Interval")); err == nil && sec > 0 {
-		t := time.NewTicker(min(time.Duration(sec)*time.Second, maxKeepalive))
-		defer t.Stop()
-		keepalive = t.C
-	}
+	keepalive, stop := keepaliveTicks(req.Header())
+	defer stop()
 	for {
 		select {
 		case ev := <-events:

@@ -25,6 +25,18 @@ import (
 // maxKeepalive bounds the keepalive interval a client may ask for.
 const maxKeepalive = 5 * time.Minute
 
+// keepaliveTicks ticks at the Keepalive-Ping-Interval (seconds) a stream's
+// client asked for in h, at most maxKeepalive apart; nil, never ticking,
+// when it asked for none. stop releases the ticker.
+func keepaliveTicks(h http.Header) (ticks <-chan time.Time, stop func()) {
+	sec, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval"))
+	if err != nil || sec <= 0 {
+		return nil, func() {}
+	}
+	t := time.NewTicker(min(time.Duration(sec)*time.Second, maxKeepalive))
+	return t.C, t.Stop
+}
+
 // processService implements envd's process.Process on the node's
 // long-running processes.
 type processService struct{ s *Server }
@@ -156,12 +168,8 @@ func follow(ctx context.Context, h http.Header, proc *node.Process, sub *node.Su
 			}
 		}
 	}()
-	var keepalive <-chan time.Time
-	if sec, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval")); err == nil && sec > 0 {
-		t := time.NewTicker(min(time.Duration(sec)*time.Second, maxKeepalive))
-		defer t.Stop()
-		keepalive = t.C
-	}
+	keepalive, stop := keepaliveTicks(h)
+	defer stop()
 	for {
 		select {
 		case ev := <-events:

@@ -11,13 +11,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/corral-dev/corral/internal/boltfile"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -87,15 +86,9 @@ var (
 // keeps them); a host crash may lose the latest, as it loses the
 // sandboxes themselves.
 func Open(path string) (*Log, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("exec log dir: %w", err)
-	}
-	b, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoSync: true})
+	b, err := boltfile.Open(path, "exec log", true)
 	if err != nil {
-		if errors.Is(err, bolterrors.ErrTimeout) {
-			return nil, errdefs.Unavailable("exec log %s is locked: is another corral serve using this --data-dir?", path)
-		}
-		return nil, fmt.Errorf("open exec log %s: %w", path, err)
+		return nil, err
 	}
 	return &Log{bolt: b}, nil
 }

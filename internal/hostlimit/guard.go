@@ -10,8 +10,9 @@
 // so that busy sandboxes cannot take the node's reserve either.
 //
 // It owns no sandbox state: use is read from the kernel, and the cost of a
-// sandbox is tracked from the sandboxes' own cgroups. It imports errdefs and
-// the cgroup package's layout detection only, never node, backend or server.
+// sandbox is tracked from the sandboxes' own cgroups. It imports errdefs,
+// the cgroup package's layout detection and runtime/spare only, never node,
+// backend or server.
 package hostlimit
 
 import (

@@ -4,15 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"time"
 
 	bolt "go.etcd.io/bbolt"
-	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/corral-dev/corral/internal/boltfile"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -35,27 +31,9 @@ var _ Store = (*BoltStore)(nil)
 // OpenBolt opens (creating if needed) the store at path. Every Txn is
 // fsynced before it returns.
 func OpenBolt(path string) (*BoltStore, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("iam store dir: %w", err)
-	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	db, err := boltfile.Open(path, "iam store", false, boltRecords, boltMeta)
 	if err != nil {
-		if errors.Is(err, bolterrors.ErrTimeout) {
-			return nil, errdefs.Unavailable("iam store %s is locked: is another corral serve using this --data-dir?", path)
-		}
-		return nil, fmt.Errorf("open iam store %s: %w", path, err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{boltRecords, boltMeta} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("init iam store %s: %w", path, err)
+		return nil, err
 	}
 	return &BoltStore{db: db}, nil
 }

@@ -1,7 +1,7 @@
 // Package iam owns who may do what on corral: the authenticated caller of a
 // request (a Principal carried in its context), projects and their nested
 // quotas, tokens, and the Store their records live in (bbolt on a single
-// node, etcd in a cluster). It may import errdefs and the state/store
+// node, etcd in a cluster). It may import errdefs, boltfile and the store
 // libraries; it must not import the API, control, node or server packages.
 package iam
 

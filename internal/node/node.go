@@ -1,8 +1,9 @@
 // Package node owns the sandboxes of one machine: admission (validation and
 // defaults), lifecycle, TTLs, routing of exec/file calls to backends, and
 // recovery after a daemon restart. Its records live in internal/state. It
-// imports backends through the backend interface and storage/layers; it must
-// not import the API, control or server layers.
+// imports backends only through the backend interface, and storage/layers,
+// state, execlog, events, metrics, netpolicy and errdefs; it must not import
+// a backend implementation or the API, control or server layers.
 package node
 
 import (

@@ -7,8 +7,10 @@
 // This file holds the expected-outcome table (testdata/expected.json: one
 // column per backend, "*" for what every backend must do) and the
 // comparison; it is plain Go, testable without a server. The package is
-// test-only in spirit: nothing outside it imports it, and it imports only the
-// SDK and internal/testenv (from its tests).
+// test-only in spirit: nothing outside it imports it, and it imports nothing
+// from corral; its tests import the SDK, internal/testenv, internal/server
+// (the servers they start), runtime/cgroup, netpolicy and netpolicy/netlab
+// (the host and network attacks).
 package redteam
 
 import (

@@ -20,17 +20,7 @@ const maxDepth = 512
 // mounts below path (like rm --one-file-system): such a mount point is
 // reported and left. Removing "/" is refused.
 func (f *FS) Remove(ctx context.Context, p string, recursive bool) error {
-	p, err := cleanPath(p)
-	if err != nil {
-		return err
-	}
-	if p == "/" {
-		return errdefs.InvalidArgument("path %q: the root cannot be removed", p)
-	}
-	if err := live(ctx); err != nil {
-		return err
-	}
-	parent, name, err := f.openDataParent(p)
+	parent, name, p, err := f.openEntryParent(ctx, p, "the root cannot be removed")
 	if err != nil {
 		return err
 	}

@@ -190,6 +190,23 @@ func (f *FS) openDataParent(p string) (*os.File, string, error) {
 	return parent, name, nil
 }
 
+// openEntryParent is openDataParent for a call that changes the entry at
+// the caller's path p (cleaned and returned as clean): the root is refused
+// with onRoot, and a done ctx stops it before anything is opened.
+func (f *FS) openEntryParent(ctx context.Context, p, onRoot string) (parent *os.File, name, clean string, err error) {
+	if clean, err = cleanPath(p); err != nil {
+		return nil, "", "", err
+	}
+	if clean == "/" {
+		return nil, "", "", errdefs.InvalidArgument("path %q: %s", clean, onRoot)
+	}
+	if err := live(ctx); err != nil {
+		return nil, "", "", err
+	}
+	parent, name, err = f.openDataParent(clean)
+	return parent, name, clean, err
+}
+
 // openChild opens the single entry name of dir without following a symlink
 // or a magic link; with sameMount it also refuses to cross into another
 // mount (used while walking a tree being removed).

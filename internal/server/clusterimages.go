@@ -288,6 +288,12 @@ func (s ClusterImageService) ImportImage(ctx context.Context, req *connect.Reque
 		return err
 	}
 	in, err := c.ImportImage(ctx, connect.NewRequest(req.Msg))
+	return relay(v, in, err, out)
+}
+
+// relay copies node v's answer stream in (opened with err) to out; v's
+// errors name it.
+func relay[T any](v *cluster.NodeView, in *connect.ServerStreamForClient[T], err error, out *connect.ServerStream[T]) error {
 	if err != nil {
 		return onNode(v, err)
 	}

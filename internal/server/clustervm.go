@@ -109,16 +109,7 @@ func (s ClusterVMService) BuildVMImage(ctx context.Context, req *connect.Request
 	}
 	req.Msg.Node = v.ID
 	in, err := s.proxy.NodeVMs(v).BuildVMImage(ctx, connect.NewRequest(req.Msg))
-	if err != nil {
-		return onNode(v, err)
-	}
-	defer in.Close()
-	for in.Receive() {
-		if err := out.Send(in.Msg()); err != nil {
-			return err
-		}
-	}
-	return onNode(v, in.Err())
+	return relay(v, in, err, out)
 }
 
 func (s ClusterVMService) RemoveVMImage(ctx context.Context, req *connect.Request[corralv1.RemoveVMImageRequest]) (*connect.Response[corralv1.RemoveVMImageResponse], error) {

@@ -7,16 +7,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	bolterrors "go.etcd.io/bbolt/errors"
 
-	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/boltfile"
 )
 
 var (
@@ -113,27 +109,9 @@ type DB struct {
 // cache), and after a host crash the node's leftover sweep removes whatever
 // a lost record described. That keeps Create off the disk's fsync latency.
 func Open(path string) (*DB, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("state dir: %w", err)
-	}
-	b, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoSync: true})
+	b, err := boltfile.Open(path, "state", true, bucketSandboxes, bucketMeta, bucketSlots, bucketSlotOwners)
 	if err != nil {
-		if errors.Is(err, bolterrors.ErrTimeout) {
-			return nil, errdefs.Unavailable("state %s is locked: is another corral serve using this --data-dir?", path)
-		}
-		return nil, fmt.Errorf("open state %s: %w", path, err)
-	}
-	err = b.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketSandboxes, bucketMeta, bucketSlots, bucketSlotOwners} {
-			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		b.Close()
-		return nil, fmt.Errorf("init state %s: %w", path, err)
+		return nil, err
 	}
 	return &DB{bolt: b}, nil
 }

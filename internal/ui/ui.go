@@ -1,7 +1,7 @@
-// Package ui serves corral's dashboard at /ui: the page and its bundle
-// (built from web/ by `make ui` with esbuild and committed in dist/, so the
-// binary needs no network and no CDN) and a server-sent event stream of
-// lifecycle events. The page reads everything else from the public API and
+// Package ui serves corral's dashboard at /ui: the pages (from web/src)
+// and their bundle (built from web/ by `make ui` with esbuild and committed
+// in dist/, so the binary needs no network and no CDN) and a server-sent
+// event stream of lifecycle events. The page reads everything else from the public API and
 // /metrics. It imports the event log, iam (the caller) and control (for the
 // events' API form); never the node or server packages.
 package ui
@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -20,16 +21,30 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 )
 
-//go:embed dist
-var dist embed.FS
+// The pages are served from their sources; dist holds only what esbuild
+// writes (the bundled scripts and styles), so no page is committed twice.
+//
+//go:embed dist web/src/index.html web/src/liveview.html
+var files embed.FS
+
+// site serves a page from web/src and everything else from dist.
+type site struct{ pages, bundle fs.FS }
+
+func (s site) Open(name string) (fs.File, error) {
+	if strings.HasSuffix(name, ".html") {
+		return s.pages.Open(name)
+	}
+	return s.bundle.Open(name)
+}
 
 // Register serves the dashboard on mux under /ui/, with events from log.
 // The page itself is public (it holds no data); guard authenticates the
 // event stream, which then carries only the events of projects the
 // caller sees.
 func Register(mux *http.ServeMux, log *events.Log, guard func(http.HandlerFunc) http.HandlerFunc) {
-	static, _ := fs.Sub(dist, "dist")
-	mux.Handle("GET /ui/", http.StripPrefix("/ui/", http.FileServerFS(static)))
+	pages, _ := fs.Sub(files, "web/src")
+	bundle, _ := fs.Sub(files, "dist")
+	mux.Handle("GET /ui/", http.StripPrefix("/ui/", http.FileServerFS(site{pages, bundle})))
 	mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusFound))
 	mux.HandleFunc("GET /ui/api/events", guard(eventStream(log)))
 }

@@ -57,12 +57,7 @@ func TestFnCallCACerts(t *testing.T) {
 // disk, like its other layers) and has SSL_CERT_FILE: a program in it
 // verifies a certificate signed by the node's extra CA.
 func TestMicroVMCACerts(t *testing.T) {
-	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
-		t.Skip("microvm: needs qemu-system-x86_64 (package qemu-system-x86)")
-	}
-	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
-		t.Skip("microvm: needs a guest kernel (package linux-image-amd64)")
-	}
+	requireMicroVM(t)
 	dir := t.TempDir()
 	caFile, certFile, keyFile := testPKI(t, dir, "registry.test")
 	bin := buildTLSCheck(t, dir)
@@ -75,17 +70,7 @@ func TestMicroVMCACerts(t *testing.T) {
 	defer cancel()
 	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: "microvm",
 		Resources: client.Resources{MemoryBytes: 256 << 20, CPUMillis: 1000}})
-	for local, remote := range map[string]string{bin: "/root/tlscheck", certFile: "/root/server.pem", keyFile: "/root/server.key"} {
-		f, err := os.Open(local)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = sb.Files().WriteFrom(ctx, remote, f, 0o755)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	upload(t, ctx, sb, map[string]string{bin: "/root/tlscheck", certFile: "/root/server.pem", keyFile: "/root/server.key"})
 	res, err := sb.Run(ctx, client.Command{Args: []string{"/root/tlscheck", "/root/server.pem", "/root/server.key", "registry.test"}})
 	if err != nil {
 		t.Fatal(err)

@@ -53,6 +53,23 @@ func testPKI(t *testing.T, dir, name string) (caFile, certFile, keyFile string) 
 	return caFile, certFile, keyFile
 }
 
+// upload writes each host file of files (host path → sandbox path) into sb,
+// mode 0755.
+func upload(t *testing.T, ctx context.Context, sb *client.Sandbox, files map[string]string) {
+	t.Helper()
+	for local, remote := range files {
+		f, err := os.Open(local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = sb.Files().WriteFrom(ctx, remote, f, 0o755)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // buildTLSCheck builds testdata/tlscheck, static, into dir.
 func buildTLSCheck(t *testing.T, dir string) string {
 	t.Helper()
@@ -78,17 +95,7 @@ func TestSandboxCACerts(t *testing.T) {
 	srv := testenv.StartServer(t, func(c *server.Config) { c.SandboxCACerts = caFile })
 	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
 	ctx := context.Background()
-	for local, remote := range map[string]string{bin: "/tmp/tlscheck", certFile: "/tmp/server.pem", keyFile: "/tmp/server.key"} {
-		f, err := os.Open(local)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = sb.Files().WriteFrom(ctx, remote, f, 0o755)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	upload(t, ctx, sb, map[string]string{bin: "/tmp/tlscheck", certFile: "/tmp/server.pem", keyFile: "/tmp/server.key"})
 	check := func(env map[string]string) string {
 		res := testenv.Run(t, sb, client.Command{Args: []string{"/tmp/tlscheck", "/tmp/server.pem", "/tmp/server.key", "registry.test"}, Env: env})
 		return strings.TrimSpace(string(res.Stdout) + string(res.Stderr))

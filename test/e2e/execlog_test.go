@@ -188,7 +188,7 @@ func TestExecKeyReplayAttachAndErrors(t *testing.T) {
 // running has an unknown outcome: its repeat fails instead of running twice.
 func TestExecLogSurvivesDaemonKill(t *testing.T) {
 	testenv.RequireRoot(t)
-	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	d := newDaemon(t, testenv.Binaries(t))
 	ctx := context.Background()
 	c := d.start()
 	sb, err := c.Create(ctx, client.CreateOptions{})
@@ -225,9 +225,7 @@ func TestExecLogSurvivesDaemonKill(t *testing.T) {
 	if err := sb.Delete(ctx); err != nil {
 		t.Fatal(err)
 	}
-	d.stop(syscall.SIGTERM)
-	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
-	testenv.RemoveCgroupParent(d.parent)
+	d.stopLeavingNothing()
 }
 
 func waitFor(t *testing.T, cond func() bool) {

@@ -57,16 +57,23 @@ func wantCode(t *testing.T, err error, code client.Code, substr string) {
 
 func hasLayer(t *testing.T, c *client.Client, ref string) bool {
 	t.Helper()
+	_, ok := findLayer(t, c, ref)
+	return ok
+}
+
+// findLayer looks layer ref up in the server's image store.
+func findLayer(t *testing.T, c *client.Client, ref string) (client.Layer, bool) {
+	t.Helper()
 	imgs, err := c.ListImages(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range imgs.Layers {
 		if l.Ref == ref {
-			return true
+			return l, true
 		}
 	}
-	return false
+	return client.Layer{}, false
 }
 
 // TestNoHostPathsOverTCP is the reproduction: an unprivileged user

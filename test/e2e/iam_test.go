@@ -495,7 +495,7 @@ func TestRevokedAndExpiredTokensFailAtOnce(t *testing.T) {
 func TestAuditSurvivesKill9(t *testing.T) {
 	testenv.RequireRoot(t)
 	addr := tcpAddr(t)
-	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	d := newDaemon(t, testenv.Binaries(t))
 	ctx := context.Background()
 	admin := d.start("--listen", addr)
 	mustProject(t, admin, "audited", client.Quota{})
@@ -602,9 +602,7 @@ func TestAuditSurvivesKill9(t *testing.T) {
 
 	d.stop(syscall.SIGTERM)
 	d.start("--cleanup-on-exit")
-	d.stop(syscall.SIGTERM)
-	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
-	testenv.RemoveCgroupParent(d.parent)
+	d.stopLeavingNothing()
 }
 
 // selfSigned writes a certificate for 127.0.0.1 and its key as PEM files.

@@ -47,8 +47,8 @@ func TestLazyLayerFromSharedStore(t *testing.T) {
 	store := []string{"--blob-store", "s3://corral-e2e?endpoint=" + s3.Endpoint,
 		"--blob-fetch-timeout", timeout.String(), "--cleanup-on-exit"}
 	bins := testenv.Binaries(t)
-	nodeA := &daemon{t: t, bins: bins, dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
-	nodeB := &daemon{t: t, bins: bins, dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	nodeA := newDaemon(t, bins)
+	nodeB := newDaemon(t, bins)
 	// Registered before the daemons' own cleanups, so it runs after them:
 	// a failed test leaves no mount or lazy blob server behind.
 	t.Cleanup(func() {
@@ -204,8 +204,8 @@ func TestLazyLayerFromPeer(t *testing.T) {
 	peerAddr := ln.Addr().String()
 	ln.Close()
 	bins := testenv.Binaries(t)
-	nodeA := &daemon{t: t, bins: bins, dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
-	nodeB := &daemon{t: t, bins: bins, dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	nodeA := newDaemon(t, bins)
+	nodeB := newDaemon(t, bins)
 	t.Cleanup(func() {
 		for _, d := range []*daemon{nodeA, nodeB} {
 			detachLeftovers(d.dataDir)
@@ -332,17 +332,11 @@ func sha256Of(t *testing.T, sb *client.Sandbox, name string) string {
 
 func layerOn(t *testing.T, c *client.Client, ref string) client.Layer {
 	t.Helper()
-	imgs, err := c.ListImages(context.Background())
-	if err != nil {
-		t.Fatal(err)
+	l, ok := findLayer(t, c, ref)
+	if !ok {
+		t.Fatalf("no layer %s", ref)
 	}
-	for _, l := range imgs.Layers {
-		if l.Ref == ref {
-			return l
-		}
-	}
-	t.Fatalf("no layer %s", ref)
-	return client.Layer{}
+	return l
 }
 
 // lazyServerPid asks a node's lazy blob server for its pid.

@@ -16,9 +16,9 @@ import (
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
-// startMicroVMServer starts a server with the microvm backend, or skips
-// when this host cannot run it (no QEMU or no guest kernel).
-func startMicroVMServer(t *testing.T) *testenv.Server {
+// requireMicroVM skips a test when this host cannot boot microVMs (no
+// QEMU or no guest kernel).
+func requireMicroVM(t *testing.T) {
 	t.Helper()
 	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
 		t.Skip("microvm: needs qemu-system-x86_64 (package qemu-system-x86)")
@@ -26,6 +26,13 @@ func startMicroVMServer(t *testing.T) *testenv.Server {
 	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
 		t.Skip("microvm: needs a guest kernel (package linux-image-amd64)")
 	}
+}
+
+// startMicroVMServer starts a server with the microvm backend, or skips
+// when this host cannot run it (no QEMU or no guest kernel).
+func startMicroVMServer(t *testing.T) *testenv.Server {
+	t.Helper()
+	requireMicroVM(t)
 	bins := testenv.Binaries(t)
 	return testenv.StartServer(t, func(c *server.Config) {
 		c.AgentBinary = filepath.Join(bins, "corral-agent")
@@ -106,12 +113,7 @@ func TestMicroVMThroughTheAPI(t *testing.T) {
 // NetworkStats work as for containers (refusals counted by the tc program
 // on the VM's veth, hook "tap").
 func TestMicroVMNetworkThroughTheAPI(t *testing.T) {
-	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
-		t.Skip("microvm: needs qemu-system-x86_64 (package qemu-system-x86)")
-	}
-	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
-		t.Skip("microvm: needs a guest kernel (package linux-image-amd64)")
-	}
+	requireMicroVM(t)
 	testenv.RequireRoot(t)
 	lab, err := netlab.New()
 	if err != nil {

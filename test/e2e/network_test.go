@@ -156,7 +156,7 @@ func TestNetworkSurvivesDaemonCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lab.Close()
-	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	d := newDaemon(t, testenv.Binaries(t))
 	netFlags := []string{"--net-node-netns", lab.NodePath, "--net-bridge", testenv.UniqueName("cr")[:11],
 		"--net-dns-upstream", netip.AddrPortFrom(netlab.DNS4, 53).String(),
 		"--net-preset", "pypi=pypi.test:80", "--net-preset", "npm=npm.test:80", "--net-pool", "1"}

@@ -205,7 +205,7 @@ func TestMemoryBombYieldsOOMKilledEvent(t *testing.T) {
 
 func TestEventsResumeAcrossDaemonRestart(t *testing.T) {
 	testenv.RequireRoot(t)
-	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	d := newDaemon(t, testenv.Binaries(t))
 	ctx := context.Background()
 	c := d.start()
 	sb, err := c.Create(ctx, client.CreateOptions{Labels: map[string]string{"run": "a"}})
@@ -268,9 +268,7 @@ func TestEventsResumeAcrossDaemonRestart(t *testing.T) {
 	if out, err := exec.Command(filepath.Join(d.bins, "corral"), "--addr", sock, "events", "--filter", "colour=red").CombinedOutput(); err == nil || !strings.Contains(string(out), "--filter") {
 		t.Errorf("corral events with a bad filter: %v %s", err, out)
 	}
-	d.stop(syscall.SIGTERM)
-	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
-	testenv.RemoveCgroupParent(d.parent)
+	d.stopLeavingNothing()
 }
 
 // readEvents reads n events after seq (that match filter, if given).

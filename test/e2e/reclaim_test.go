@@ -229,13 +229,8 @@ func TestPauseManyByLabel(t *testing.T) {
 // restart, an exec restores it and its running process goes on counting.
 func TestMicroVMReclaimSurvivesDaemonKill(t *testing.T) {
 	testenv.RequireRoot(t)
-	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
-		t.Skip("microvm: needs qemu-system-x86_64 (package qemu-system-x86)")
-	}
-	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
-		t.Skip("microvm: needs a guest kernel (package linux-image-amd64)")
-	}
-	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	requireMicroVM(t)
+	d := newDaemon(t, testenv.Binaries(t))
 	ctx := context.Background()
 	c := d.start("--microvm-snapshot-after", "1h") // only reclaim snapshots
 	sb, err := c.Create(ctx, client.CreateOptions{Backend: "microvm", Resources: client.Resources{MemoryBytes: 256 << 20}})
@@ -268,9 +263,7 @@ func TestMicroVMReclaimSurvivesDaemonKill(t *testing.T) {
 	if err := sb.Delete(ctx); err != nil {
 		t.Fatal(err)
 	}
-	d.stop(syscall.SIGTERM)
-	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
-	testenv.RemoveCgroupParent(d.parent)
+	d.stopLeavingNothing()
 }
 
 // TestForkContainerFiles: forks of a container start from its files and

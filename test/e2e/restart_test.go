@@ -15,6 +15,12 @@ import (
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
+// newDaemon is a daemon of binaries bins over a fresh data dir and cgroup
+// parent.
+func newDaemon(t *testing.T, bins string) *daemon {
+	return &daemon{t: t, bins: bins, dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+}
+
 // daemon is `corral serve` as a child process, so the test can SIGKILL it.
 type daemon struct {
 	t       *testing.T
@@ -72,6 +78,15 @@ func (d *daemon) stop(sig syscall.Signal) {
 	<-d.exited
 }
 
+// stopLeavingNothing stops the daemon with SIGTERM, checks that nothing
+// of it is left on the host and removes its cgroup parent.
+func (d *daemon) stopLeavingNothing() {
+	d.t.Helper()
+	d.stop(syscall.SIGTERM)
+	testenv.AssertNoLeaks(d.t, d.dataDir, d.parent)
+	testenv.RemoveCgroupParent(d.parent)
+}
+
 // cgroupPids lists the processes in a sandbox's pids cgroup (v1) or its v2 dir.
 func cgroupPids(parent, id string) []int {
 	var pids []int
@@ -92,7 +107,7 @@ func cgroupPids(parent, id string) []int {
 
 func TestDaemonCrashKeepsOrCleansEverySandbox(t *testing.T) {
 	testenv.RequireRoot(t)
-	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	d := newDaemon(t, testenv.Binaries(t))
 	ctx := context.Background()
 	c := d.start()
 

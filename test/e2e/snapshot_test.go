@@ -54,13 +54,8 @@ func assertCounting(t *testing.T, what string, sb *client.Sandbox, from int) int
 // nothing behind. One booted microVM serves every step.
 func TestMicroVMSnapshotRestoreFork(t *testing.T) {
 	testenv.RequireRoot(t)
-	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
-		t.Skip("microvm: needs qemu-system-x86_64 (package qemu-system-x86)")
-	}
-	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
-		t.Skip("microvm: needs a guest kernel (package linux-image-amd64)")
-	}
-	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	requireMicroVM(t)
+	d := newDaemon(t, testenv.Binaries(t))
 	ctx := context.Background()
 	c := d.start("--microvm-snapshot-after", "1h")
 	snapRoot := filepath.Join(d.dataDir, "snapshots")

@@ -59,7 +59,7 @@ func waitUntil(t *testing.T, what string, limit time.Duration, ok func() bool) {
 // process, loop device or mount.
 func TestWarmPoolAndBackgroundDeletesAcrossACrash(t *testing.T) {
 	testenv.RequireRoot(t)
-	d := &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+	d := newDaemon(t, testenv.Binaries(t))
 	ctx := context.Background()
 	c := d.start("--warm-pool", "3")
 	waitUntil(t, "3 pooled sandboxes", 2*time.Minute, func() bool { return len(sandboxCgroups(d.parent)) == 3 })

@@ -1,11 +1,12 @@
 // Package backendtest is the conformance suite of backend.Backend: one set
 // of behaviours (exec, streaming, stdin, timeouts, output caps, files and
-// path traversal, tree copy, memory limits, pause/resume, error kinds, cleanup,
-// restart recovery) that every backend must show, run by each backend's
-// own tests through Run with a Harness that builds it. A behaviour a
-// backend does not offer is skipped only when the backend says so with an
-// errdefs.NotSupported error, which the suite checks; nothing passes by
-// being left out. docs/ARCHITECTURE.md says how to plug a new backend in.
+// path traversal, tree copy, memory, CPU, pids and disk limits,
+// pause/resume, error kinds, cleanup, restart recovery) that every backend
+// must show, run by each backend's own tests through Run with a Harness
+// that builds it. A behaviour a backend does not offer is skipped only
+// when the backend says so with an errdefs.NotSupported error (for a
+// limit, through backend.LimitEnforcer), which the suite checks; nothing
+// passes by being left out. docs/ARCHITECTURE.md says how to plug a new backend in.
 //
 // It imports backend and errdefs only (tests of a backend import it, never
 // production code).
@@ -99,6 +100,9 @@ func Run(t *testing.T, h Harness) {
 		{"FileErrors", st.fileErrors},
 		{"Trees", st.trees},
 		{"MemoryLimit", st.memoryLimit},
+		{"CPULimit", st.cpuLimit},
+		{"PidsLimit", st.pidsLimit},
+		{"DiskLimit", st.diskLimit},
 		{"PauseResume", st.pauseResume},
 		{"PausedStandsStill", st.pausedStandsStill},
 		{"SnapshotRestore", st.snapshotRestore},

@@ -5,7 +5,8 @@
 // inside the sandbox). It owns the sandbox's run dir (control socket, rootfs
 // and disk mount points), cgroups and init process, and delegates file
 // operations to safefs. It imports backend, errdefs, safefs, storage/upper
-// (the store interface), loopdev, netpolicy and the runtime packages; never
+// (the store interface), loopdev, netpolicy, guest/initproto (init's
+// protocol) and the runtime packages; never
 // the node, control, state or API layers, nor the layer, blob or
 // writable-layer store implementations (internal/deptest).
 package container

@@ -3,7 +3,8 @@
 // dedupe, load measurement) and Registrar over an in-memory sandbox table
 // with a modelled create latency, served over the real node API (many
 // nodes on one listener, each under its own path). No sandbox is real. It
-// imports cluster, iam and the API; it must not import node, backend or server.
+// imports cluster, iam, errdefs and the API; it must not import node,
+// backend or server.
 package simnode
 
 import (

@@ -11,8 +11,8 @@
 // orphans, and the agent only serves its port; its diagnostics go to
 // stderr (the guest's journal) and carry no secret.
 //
-// It imports agentproto, safefs, errdefs, runtime/guestexec and the backend
-// types only.
+// It imports agentproto, safefs, errdefs, guest/exec and the backend types
+// only.
 package agent
 
 import (

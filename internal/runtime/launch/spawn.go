@@ -2,8 +2,8 @@
 // control socket, starts corral-init inside fresh namespaces and the
 // sandbox's cgroups, watches it through a pidfd and talks to it with the
 // initproto protocol. It never sets up namespaces in the calling (daemon)
-// process. It imports the runtime packages, errdefs and x/sys/unix; never the
-// backend, node or API layers.
+// process. It imports the runtime packages, guest/initproto, errdefs and
+// x/sys/unix; never the backend, node or API layers.
 package launch
 
 import (

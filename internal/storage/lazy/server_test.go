@@ -14,19 +14,25 @@ import (
 	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
+// serverLayer is a layer of sourceTree in a directory blob store for a
+// server test (root only): the store's dir, the layer, and a dir for the
+// server's mount point, cache and socket.
+func serverLayer(t *testing.T) (storeDir string, l *layer, dir string) {
+	requireRoot(t)
+	storeDir = filepath.Join(t.TempDir(), "store")
+	store, err := blob.OpenDir(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return storeDir, makeLayer(t, sourceTree(t), store, 512<<10), t.TempDir()
+}
+
 // The FS runs in a server process of its own: a second client (a
 // restarted daemon) finds the same server and the same files, layers keep
 // reading, figures come over the socket, and Shutdown refuses while a
 // layer is mounted and ends the server once none is.
 func TestServerOutlivesClients(t *testing.T) {
-	requireRoot(t)
-	storeDir := filepath.Join(t.TempDir(), "store")
-	store, err := blob.OpenDir(storeDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := makeLayer(t, sourceTree(t), store, 512<<10)
-	dir := t.TempDir()
+	storeDir, l, dir := serverLayer(t)
 	sc := ServerConfig{
 		Config:           Config{Mountpoint: filepath.Join(dir, "mnt"), CacheDir: filepath.Join(dir, "cache")},
 		Store:            blob.Config{Kind: "dir", Dir: storeDir},
@@ -136,14 +142,7 @@ func TestServerOutlivesClients(t *testing.T) {
 // A server killed outright leaves a dead FUSE mount; the next Start runs a
 // new server over it that serves from the cache the dead one filled.
 func TestServerRestartAfterCrash(t *testing.T) {
-	requireRoot(t)
-	storeDir := filepath.Join(t.TempDir(), "store")
-	store, err := blob.OpenDir(storeDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := makeLayer(t, sourceTree(t), store, 512<<10)
-	dir := t.TempDir()
+	storeDir, l, dir := serverLayer(t)
 	sc := ServerConfig{
 		Config: Config{Mountpoint: filepath.Join(dir, "mnt"), CacheDir: filepath.Join(dir, "cache"), FlushInterval: 50 * time.Millisecond},
 		Store:  blob.Config{Kind: "dir", Dir: storeDir},
