@@ -39,6 +39,11 @@ type rule struct {
 	sandbox string
 	// audit records the call in the audit log.
 	audit bool
+	// auditEarly (with audit): the entry is written while the call runs,
+	// not after it (iam.BeginRecord), for calls that take about as long as
+	// the audit log's sync: an exec's answer waits for one or the other,
+	// not both in turn.
+	auditEarly bool
 }
 
 // rules classifies every procedure of every service. A procedure missing
@@ -49,8 +54,8 @@ var rules = map[string]rule{
 	corralv1connect.SandboxServiceGetProcedure:           {access: accessRead, sandbox: "id"},
 	corralv1connect.SandboxServiceListProcedure:          {access: accessRead},
 	corralv1connect.SandboxServiceDeleteProcedure:        {access: accessWrite, sandbox: "id", audit: true},
-	corralv1connect.SandboxServiceExecProcedure:          {access: accessWrite, sandbox: "sandbox_id", audit: true},
-	corralv1connect.SandboxServiceRunProcedure:           {access: accessWrite, sandbox: "sandbox_id", audit: true},
+	corralv1connect.SandboxServiceExecProcedure:          {access: accessWrite, sandbox: "sandbox_id", audit: true, auditEarly: true},
+	corralv1connect.SandboxServiceRunProcedure:           {access: accessWrite, sandbox: "sandbox_id", audit: true, auditEarly: true},
 	corralv1connect.SandboxServiceWriteFileProcedure:     {access: accessWrite, sandbox: "sandbox_id"},
 	corralv1connect.SandboxServiceReadFileProcedure:      {access: accessRead, sandbox: "sandbox_id"},
 	corralv1connect.SandboxServiceListDirProcedure:       {access: accessRead, sandbox: "sandbox_id"},
@@ -375,6 +380,22 @@ func (g *Guard) audit(ctx context.Context, p iam.Principal, procedure string, re
 	return err
 }
 
+// beginAudit starts the entry of an auditEarly call (nil for others).
+func (g *Guard) beginAudit(p iam.Principal, procedure string, req any) *iam.AuditBegun {
+	if r := rules[procedure]; !r.audit || !r.auditEarly {
+		return nil
+	}
+	return g.IAM.BeginRecord(p, iam.AuditEntry{Procedure: procedure, Summary: summarize(req, nil)})
+}
+
+// finishAudit completes a begun entry with the call's result, as audit does.
+func finishAudit(b *iam.AuditBegun, procedure string, err error) error {
+	if rerr := b.Finish(resultOf(err)); rerr != nil && err == nil {
+		return fmt.Errorf("%s done but not recorded: %w", procedure, rerr)
+	}
+	return err
+}
+
 func (g *Guard) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if req.Spec().IsClient {
@@ -388,13 +409,19 @@ func (g *Guard) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if err := g.authorize(ctx, p, procedure, req.Any()); err != nil {
 			return nil, g.audit(ctx, p, procedure, req.Any(), nil, err)
 		}
+		early := g.beginAudit(p, procedure, req.Any())
 		resp, err := next(ctx, req)
 		var msg any
 		if resp != nil {
 			msg = resp.Any()
 			g.filter(ctx, p, msg)
 		}
-		if err = g.audit(ctx, p, procedure, req.Any(), msg, err); err != nil {
+		if early != nil {
+			err = finishAudit(early, procedure, err)
+		} else {
+			err = g.audit(ctx, p, procedure, req.Any(), msg, err)
+		}
+		if err != nil {
 			return nil, err
 		}
 		return resp, nil
@@ -415,7 +442,11 @@ func (g *Guard) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.
 		gc := &guardedConn{StreamingHandlerConn: conn, check: func(msg any) error {
 			return g.authorize(ctx, p, procedure, msg)
 		}}
+		gc.begin = func(msg any) *iam.AuditBegun { return g.beginAudit(p, procedure, msg) }
 		err = next(ctx, gc)
+		if gc.early != nil {
+			return finishAudit(gc.early, procedure, err)
+		}
 		return g.audit(ctx, p, procedure, gc.req, nil, err)
 	}
 }
@@ -426,16 +457,27 @@ type guardedConn struct {
 	connect.StreamingHandlerConn
 	check func(msg any) error
 	req   any
+	// begin starts the entry of an auditEarly call once its first message
+	// passed the check; early is what it returned.
+	begin func(msg any) *iam.AuditBegun
+	early *iam.AuditBegun
 }
 
 func (c *guardedConn) Receive(msg any) error {
 	if err := c.StreamingHandlerConn.Receive(msg); err != nil {
 		return err
 	}
-	if c.req == nil {
+	first := c.req == nil
+	if first {
 		c.req = msg
 	}
-	return c.check(msg)
+	if err := c.check(msg); err != nil {
+		return err
+	}
+	if first {
+		c.early = c.begin(msg)
+	}
+	return nil
 }
 
 // filter removes from a response what p may not see.

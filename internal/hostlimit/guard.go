@@ -53,7 +53,7 @@ func (c Cost) add(o Cost) Cost {
 // container sandbox's idle init, its ext4 writable layer, and a microVM's
 // QEMU (its guest memory is charged per create by the caller).
 var DefaultCosts = map[string]Cost{
-	"container": {PIDs: 7, KernelPIDs: 1, MemoryBytes: 2 << 20, FDs: 2, DiskBytes: 1 << 20, Inodes: 8},
+	"container": {PIDs: 7, KernelPIDs: 1, MemoryBytes: 2 << 20, FDs: 3, DiskBytes: 1 << 20, Inodes: 8},
 	"microvm":   {PIDs: 16, MemoryBytes: 64 << 20, FDs: 16, DiskBytes: 8 << 20, Inodes: 16},
 	"vm":        {PIDs: 16, MemoryBytes: 64 << 20, FDs: 16, DiskBytes: 8 << 20, Inodes: 16},
 }

@@ -35,19 +35,79 @@ const auditPrefix = "audit/"
 // disk before it returns): callers record before they answer. Concurrent
 // records share one transaction, so one sync serves them all.
 func (s *Service) Record(ctx context.Context, p Principal, e AuditEntry) error {
+	rec := s.newAuditWrite(p, e)
+	if err := s.enqueueAudit(rec); err != nil {
+		return err
+	}
+	return s.awaitAudit(rec)
+}
+
+// AuditBegun is an entry written while its call runs (see BeginRecord).
+type AuditBegun struct {
+	s   *Service
+	rec auditWrite
+	err error // the entry could not even be queued
+}
+
+// BeginRecord starts writing e, with Result "ok", without waiting: for calls
+// that take about as long as the store's sync (an exec), whose entry is thus
+// synced while the call runs instead of after it. Finish must follow; the
+// call is still answered only once its entry, with its final result, is
+// durable. Followers see the entry once, at Finish.
+func (s *Service) BeginRecord(p Principal, e AuditEntry) *AuditBegun {
+	e.Result = "ok"
+	rec := s.newAuditWrite(p, e)
+	rec.quiet = true
+	return &AuditBegun{s: s, rec: rec, err: s.enqueueAudit(rec)}
+}
+
+// Finish waits until the begun entry is durable; a failed call (result not
+// "ok") then has its entry rewritten with the failure, durably too, before
+// Finish returns. A daemon killed in between leaves the entry saying "ok"
+// for a call it never answered.
+func (b *AuditBegun) Finish(result string) error {
+	if b.err != nil {
+		return b.err
+	}
+	if err := b.s.awaitAudit(b.rec); err != nil {
+		return err
+	}
+	e := b.rec.entry
+	if result != e.Result {
+		e.Result = result
+		val, _ := json.Marshal(e)
+		rec := auditWrite{entry: e, value: val, done: make(chan error, 1), rewrite: true}
+		if err := b.s.enqueueAudit(rec); err != nil {
+			return err
+		}
+		return b.s.awaitAudit(rec) // published by the writer
+	}
+	b.s.publish(e)
+	return nil
+}
+
+func (s *Service) newAuditWrite(p Principal, e AuditEntry) auditWrite {
 	e.Time = s.now().UTC()
 	e.NodeAdmin, e.TokenID, e.Project = p.NodeAdmin, p.TokenID, p.Project
 	rnd := make([]byte, 4)
 	_, _ = rand.Read(rnd)
 	e.Key = fmt.Sprintf("%s%020d-%s", auditPrefix, e.Time.UnixNano(), hex.EncodeToString(rnd))
 	val, _ := json.Marshal(e)
-	rec := auditWrite{entry: e, value: val, done: make(chan error, 1)}
-	// The request is done: a cancelled caller still waits for its entry.
+	return auditWrite{entry: e, value: val, done: make(chan error, 1)}
+}
+
+func (s *Service) enqueueAudit(rec auditWrite) error {
 	select {
 	case s.auditQ <- rec:
+		return nil
 	case <-s.stopAudit:
 		return errdefs.Unavailable("audit log: closed")
 	}
+}
+
+// awaitAudit waits for rec's transaction; the request is done, so a
+// cancelled caller still waits for its entry.
+func (s *Service) awaitAudit(rec auditWrite) error {
 	var err error
 	select {
 	case err = <-rec.done:
@@ -70,6 +130,9 @@ type auditWrite struct {
 	entry AuditEntry
 	value []byte
 	done  chan error
+	// quiet: not published when written (BeginRecord's Finish does);
+	// rewrite: replaces the entry of the same key (a failed begun call).
+	quiet, rewrite bool
 }
 
 // maxAuditBatch bounds the entries of one audit transaction.
@@ -96,15 +159,17 @@ func (s *Service) writeAudit() {
 				break drain
 			}
 		}
-		conds := make([]Cond, len(batch))
+		conds := make([]Cond, 0, len(batch))
 		writes := make([]Write, len(batch))
 		for i, w := range batch {
-			conds[i] = Cond{Key: w.entry.Key, Rev: 0}
+			if !w.rewrite {
+				conds = append(conds, Cond{Key: w.entry.Key, Rev: 0})
+			}
 			writes[i] = Write{Key: w.entry.Key, Value: w.value}
 		}
 		err := s.store.Txn(context.Background(), conds, writes)
 		for _, w := range batch {
-			if err == nil {
+			if err == nil && !w.quiet {
 				s.publish(w.entry)
 			}
 			w.done <- err

@@ -343,9 +343,11 @@ func (s *Server) listen() error {
 	// counted outermost: it records the code the client sees.
 	guard := connect.WithInterceptors(control.MetricsInterceptor{M: s.metrics}, control.ErrorInterceptor{}, g)
 	s.sandboxes = sandboxes
+	// As for fncall below: an exec's reply is usually a few bytes, and
+	// gzipping it was 4% of the daemon's CPU per exec.
 	path, h := corralv1connect.NewSandboxServiceHandler(sandboxes,
 		guard,
-		connect.WithReadMaxBytes(80<<20))
+		connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
 	if s.share != nil {
 		sandboxes.SetLazyReads(s.lazyReads)

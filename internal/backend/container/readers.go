@@ -34,8 +34,14 @@ func (r *readers) start(f *os.File, stream backend.Stream) {
 	}()
 }
 
+// readBufs are the readers' buffers, reused across execs: two fresh 32 KiB
+// buffers per exec were most of an exec's garbage.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 func (r *readers) copy(f *os.File, stream backend.Stream) {
-	buf := make([]byte, 32<<10)
+	bp := readBufs.Get().(*[]byte)
+	defer readBufs.Put(bp)
+	buf := *bp
 	for {
 		n, err := f.Read(buf)
 		if n > 0 && !r.deliver(stream, buf[:n]) {

@@ -40,7 +40,7 @@ type sandbox struct {
 var _ backend.Sandbox = (*sandbox)(nil)
 
 func (b *Backend) newSandbox(id string, g *cgroup.Group, proc *launch.Process, net *netpolicy.Sandbox, ids userns.Range) *sandbox {
-	s := &sandbox{b: b, id: id, group: g, proc: proc, client: launch.Client{Path: b.sockPath(id)}, net: net, ids: ids}
+	s := &sandbox{b: b, id: id, group: g, proc: proc, client: launch.NewClient(b.sockPath(id)), net: net, ids: ids}
 	s.FS = safefs.New(s.openRoot)
 	return s
 }
@@ -157,6 +157,7 @@ func (s *sandbox) Stop(ctx context.Context) error {
 		return fmt.Errorf("sandbox %s: stop: %w", s.id, ctx.Err())
 	}
 	exited := time.Since(start)
+	s.client.Close()
 	s.stopPool()
 	errs = append(errs, s.group.Remove(ctx))
 	s.b.log.Debug("sandbox stopped", "sandbox", s.id, "kill", killed, "exit", exited-killed, "cgroup", time.Since(start)-exited)

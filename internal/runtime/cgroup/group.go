@@ -1,7 +1,6 @@
 package cgroup
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -232,21 +231,39 @@ func (g *Group) OOMKills() (uint64, error) {
 	return v, nil
 }
 
+// readKey reads one "key value" line of a small cgroup file. It reads with
+// plain syscalls: os.Open would register the file with Go's poller (kernfs
+// files are pollable) and unregister it again, and an exec reads the OOM
+// counter twice.
 func readKey(file, key string) (uint64, error) {
-	f, err := os.Open(file)
+	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0, err
+		return 0, &os.PathError{Op: "open", Path: file, Err: err}
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), " ")
+	buf := make([]byte, 0, 4096)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			unix.Close(fd)
+			return 0, &os.PathError{Op: "read", Path: file, Err: err}
+		}
+		if n == 0 {
+			break
+		}
+		buf = buf[:len(buf)+n]
+	}
+	unix.Close(fd)
+	for line := range strings.Lines(string(buf)) {
+		k, v, ok := strings.Cut(strings.TrimSuffix(line, "\n"), " ")
 		if ok && k == key {
 			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
 	}
 	return 0, fmt.Errorf("%s: no %q", file, key)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -12,8 +13,79 @@ import (
 )
 
 // Client talks to one init over its control socket; every call is one
-// connection, so a restarted daemon simply dials again.
-type Client struct{ Path string }
+// connection, so a restarted daemon simply dials again. A Client made by
+// NewClient keeps one connection dialed ahead for the next exec (dialed
+// while the previous one runs), so that an exec does not wait for a connect
+// and init's accept; Close drops it.
+type Client struct {
+	Path  string
+	spare *spareConn // nil: every exec dials
+}
+
+// spareConn is the connection a Client keeps for its next exec.
+type spareConn struct {
+	mu     sync.Mutex
+	conn   *initproto.Conn
+	closed bool
+}
+
+// NewClient returns a Client of init's socket at path that keeps a
+// connection ready for execs.
+func NewClient(path string) Client { return Client{Path: path, spare: &spareConn{}} }
+
+// take returns the kept connection (kept true), or dials one.
+func (c Client) take() (conn *initproto.Conn, kept bool, err error) {
+	if c.spare != nil {
+		c.spare.mu.Lock()
+		conn, c.spare.conn = c.spare.conn, nil
+		c.spare.mu.Unlock()
+		if conn != nil {
+			return conn, true, nil
+		}
+	}
+	conn, err = initproto.Dial(c.Path)
+	return conn, false, err
+}
+
+// refill dials the connection the next exec takes, unless one is kept or
+// the Client is closed. Failures are left to that exec's own dial.
+func (c Client) refill() {
+	sp := c.spare
+	if sp == nil {
+		return
+	}
+	sp.mu.Lock()
+	busy := sp.conn != nil || sp.closed
+	sp.mu.Unlock()
+	if busy {
+		return
+	}
+	conn, err := initproto.Dial(c.Path)
+	if err != nil {
+		return
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.conn != nil || sp.closed {
+		conn.Close()
+		return
+	}
+	sp.conn = conn
+}
+
+// Close drops the kept connection; later execs dial their own.
+func (c Client) Close() {
+	if c.spare == nil {
+		return
+	}
+	c.spare.mu.Lock()
+	defer c.spare.mu.Unlock()
+	c.spare.closed = true
+	if c.spare.conn != nil {
+		c.spare.conn.Close()
+		c.spare.conn = nil
+	}
+}
 
 func (c Client) dial(ctx context.Context) (*initproto.Conn, func(), error) {
 	conn, err := initproto.Dial(c.Path)
@@ -105,9 +177,10 @@ func (r *Resetter) Close() {
 
 // Exec is a started command.
 type Exec struct {
-	Pid  int // also its process group, as init sees it
-	conn *initproto.Conn
-	exit chan ExitResult
+	Pid    int // also its process group, as init sees it
+	conn   *initproto.Conn
+	exit   chan ExitResult
+	client Client
 }
 
 // ExitResult is how the command's main process ended.
@@ -120,19 +193,28 @@ type ExitResult struct {
 // Exec starts a command with the given stdio (stdin may be nil). The caller
 // closes its copies of the fds after the call and must Close the Exec.
 func (c Client) Exec(ctx context.Context, req initproto.ExecRequest, stdout, stderr, stdin *os.File) (*Exec, error) {
-	conn, err := initproto.Dial(c.Path)
+	conn, kept, err := c.take()
 	if err != nil {
 		return nil, errdefs.Unavailable("connect to init: %v", err)
 	}
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
-	defer stop()
 	fds := []int{int(stdout.Fd()), int(stderr.Fd())}
 	if stdin != nil {
 		req.Stdin = true
 		fds = append(fds, int(stdin.Fd()))
 	}
+	msg := initproto.Request{Version: initproto.Version, Op: initproto.OpExec, Exec: &req}
+	stop, err := sendCancellable(ctx, conn, msg, fds)
+	if err != nil && kept && ctx.Err() == nil {
+		// Init no longer serves the kept connection: dial as before.
+		stop()
+		conn.Close()
+		if conn, err = initproto.Dial(c.Path); err != nil {
+			return nil, errdefs.Unavailable("connect to init: %v", err)
+		}
+		stop, err = sendCancellable(ctx, conn, msg, fds)
+	}
+	defer stop()
 	var r initproto.Reply
-	err = conn.Send(initproto.Request{Version: initproto.Version, Op: initproto.OpExec, Exec: &req}, fds...)
 	if err == nil {
 		_, err = conn.Recv(&r)
 	}
@@ -144,12 +226,21 @@ func (c Client) Exec(ctx context.Context, req initproto.ExecRequest, stdout, std
 		return nil, ctxOr(ctx, err)
 	}
 	conn.SetDeadline(time.Time{})
-	e := &Exec{Pid: r.Pid, conn: conn, exit: make(chan ExitResult, 1)}
+	e := &Exec{Pid: r.Pid, conn: conn, exit: make(chan ExitResult, 1), client: c}
 	go e.wait()
 	return e, nil
 }
 
+// sendCancellable sends msg with a deadline of now once ctx ends; stop ends
+// that.
+func sendCancellable(ctx context.Context, conn *initproto.Conn, msg initproto.Request, fds []int) (stop func() bool, err error) {
+	stop = context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	return stop, conn.Send(msg, fds...)
+}
+
 func (e *Exec) wait() {
+	// While the command runs: the next exec's connection.
+	e.client.refill()
 	var r initproto.Reply
 	_, err := e.conn.Recv(&r)
 	if err == nil && r.Op != initproto.OpExit {

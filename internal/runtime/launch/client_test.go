@@ -1,0 +1,155 @@
+package launch
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/guest/initproto"
+	"golang.org/x/sys/unix"
+)
+
+// fakeInit serves execs as init does (started, then exit 0) on a
+// SOCK_SEQPACKET socket, counting accepted connections; closeIdle closes the
+// connections that wait for their first request (as an init that is gone).
+type fakeInit struct {
+	path     string
+	accepted atomic.Int32
+	mu       sync.Mutex
+	idle     map[*initproto.Conn]bool
+}
+
+func (f *fakeInit) closeIdle() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for c := range f.idle {
+		c.Close()
+		delete(f.idle, c)
+	}
+}
+
+func startFakeInit(t *testing.T) *fakeInit {
+	t.Helper()
+	f := &fakeInit{path: filepath.Join(t.TempDir(), "ctl"), idle: map[*initproto.Conn]bool{}}
+	ln, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(ln, &unix.SockaddrUnix{Name: f.path}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(ln, 16); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Shutdown(ln, unix.SHUT_RDWR); unix.Close(ln) })
+	go func() {
+		for {
+			fd, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
+			if err != nil {
+				return
+			}
+			f.accepted.Add(1)
+			c, err := initproto.NewConn(fd, "conn")
+			if err != nil {
+				continue
+			}
+			f.mu.Lock()
+			f.idle[c] = true
+			f.mu.Unlock()
+			go f.serve(c)
+		}
+	}()
+	return f
+}
+
+func (f *fakeInit) serve(c *initproto.Conn) {
+	defer c.Close()
+	var req initproto.Request
+	fds, err := c.Recv(&req)
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	f.mu.Lock()
+	delete(f.idle, c)
+	f.mu.Unlock()
+	if err != nil {
+		return
+	}
+	_ = c.Send(initproto.Reply{Op: initproto.OpStarted, Pid: 42})
+	_ = c.Send(initproto.Reply{Op: initproto.OpExit})
+}
+
+func execOnce(t *testing.T, c Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	e, err := c.Exec(ctx, initproto.ExecRequest{Argv: []string{"true"}}, w, w, nil)
+	if err != nil {
+		t.Fatalf("exec: %v", err)
+	}
+	defer e.Close()
+	select {
+	case x := <-e.Exited():
+		if x.Err != nil {
+			t.Fatalf("exit: %v", x.Err)
+		}
+	case <-ctx.Done():
+		t.Fatal("no exit")
+	}
+}
+
+// TestClientKeepsAConnectionForTheNextExec: an exec takes the connection
+// dialed during the one before (each exec costs init one accept, not two
+// in turn), a kept connection init dropped is replaced by a dial, and
+// Close releases it.
+func TestClientKeepsAConnectionForTheNextExec(t *testing.T) {
+	f := startFakeInit(t)
+	c := NewClient(f.path)
+	for range 5 {
+		execOnce(t, c)
+	}
+	// Five execs: the first dialed, each dialed the next one's while it ran.
+	waitFor(t, func() bool { return f.accepted.Load() == 6 }, "6 connections for 5 execs")
+	if c.spare.conn == nil {
+		t.Fatal("no connection kept after an exec")
+	}
+
+	// The kept connection's peer goes away: the next exec notices on its
+	// send, dials, and keeps another.
+	f.closeIdle()
+	execOnce(t, c)
+	waitFor(t, func() bool { return f.accepted.Load() == 8 }, "a dial after the dropped connection, and the next kept one")
+
+	c.Close()
+	c.spare.mu.Lock()
+	kept := c.spare.conn
+	c.spare.mu.Unlock()
+	if kept != nil {
+		t.Error("Close left a connection kept")
+	}
+	// A closed Client still works; it dials per exec and keeps nothing.
+	execOnce(t, c)
+	if c.spare.conn != nil {
+		t.Error("a closed Client kept a connection")
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
