@@ -49,22 +49,26 @@ type AuditBegun struct {
 	err error // the entry could not even be queued
 }
 
-// BeginRecord starts writing e, with Result "ok", without waiting: for calls
-// that take about as long as the store's sync (an exec), whose entry is thus
-// synced while the call runs instead of after it. Finish must follow; the
-// call is still answered only once its entry, with its final result, is
-// durable. Followers see the entry once, at Finish.
+// AuditStarted is the result of an entry whose call began and whose end is
+// not recorded (BeginRecord's entry until Finish's rewrite is on disk).
+const AuditStarted = "started"
+
+// BeginRecord starts writing e, with Result "started", without waiting: for
+// calls that take about as long as the store's sync (an exec), whose entry
+// is thus synced while the call runs instead of after it. Finish must
+// follow. Followers see the entry once, with its final result.
 func (s *Service) BeginRecord(p Principal, e AuditEntry) *AuditBegun {
-	e.Result = "ok"
+	e.Result = AuditStarted
 	rec := s.newAuditWrite(p, e)
 	rec.quiet = true
 	return &AuditBegun{s: s, rec: rec, err: s.enqueueAudit(rec)}
 }
 
-// Finish waits until the begun entry is durable; a failed call (result not
-// "ok") then has its entry rewritten with the failure, durably too, before
-// Finish returns. A daemon killed in between leaves the entry saying "ok"
-// for a call it never answered.
+// Finish waits until the begun entry is durable, then rewrites it with the
+// call's result: a failure durably before Finish returns (the caller
+// answers after it), a success without waiting, so a daemon killed just
+// after answering leaves "started" — the call was made, its outcome not
+// recorded — and never a result that did not happen.
 func (b *AuditBegun) Finish(result string) error {
 	if b.err != nil {
 		return b.err
@@ -73,17 +77,16 @@ func (b *AuditBegun) Finish(result string) error {
 		return err
 	}
 	e := b.rec.entry
-	if result != e.Result {
-		e.Result = result
-		val, _ := json.Marshal(e)
-		rec := auditWrite{entry: e, value: val, done: make(chan error, 1), rewrite: true}
-		if err := b.s.enqueueAudit(rec); err != nil {
-			return err
-		}
-		return b.s.awaitAudit(rec) // published by the writer
+	e.Result = result
+	val, _ := json.Marshal(e)
+	rec := auditWrite{entry: e, value: val, done: make(chan error, 1), rewrite: true}
+	if err := b.s.enqueueAudit(rec); err != nil {
+		return err
 	}
-	b.s.publish(e)
-	return nil
+	if result == "ok" {
+		return nil
+	}
+	return b.s.awaitAudit(rec) // published by the writer
 }
 
 func (s *Service) newAuditWrite(p Principal, e AuditEntry) auditWrite {
@@ -139,41 +142,52 @@ type auditWrite struct {
 const maxAuditBatch = 256
 
 // writeAudit commits queued entries, as many per transaction as are
-// waiting, until stopAudit closes.
+// waiting, until stopAudit closes; what is queued then is committed last
+// (Finish's rewrites of successful calls, which nobody waits for).
 func (s *Service) writeAudit() {
 	defer close(s.auditDone)
 	for {
-		var batch []auditWrite
+		select {
+		case w := <-s.auditQ:
+			s.commitAudit(s.takeQueued([]auditWrite{w}))
+		case <-s.stopAudit:
+			for batch := s.takeQueued(nil); len(batch) > 0; batch = s.takeQueued(nil) {
+				s.commitAudit(batch)
+			}
+			return
+		}
+	}
+}
+
+// takeQueued adds what is queued now to batch, up to maxAuditBatch.
+func (s *Service) takeQueued(batch []auditWrite) []auditWrite {
+	for len(batch) < maxAuditBatch {
 		select {
 		case w := <-s.auditQ:
 			batch = append(batch, w)
-		case <-s.stopAudit:
-			return
+		default:
+			return batch
 		}
-	drain:
-		for len(batch) < maxAuditBatch {
-			select {
-			case w := <-s.auditQ:
-				batch = append(batch, w)
-			default:
-				break drain
-			}
+	}
+	return batch
+}
+
+// commitAudit writes batch in one transaction and answers each entry.
+func (s *Service) commitAudit(batch []auditWrite) {
+	conds := make([]Cond, 0, len(batch))
+	writes := make([]Write, len(batch))
+	for i, w := range batch {
+		if !w.rewrite {
+			conds = append(conds, Cond{Key: w.entry.Key, Rev: 0})
 		}
-		conds := make([]Cond, 0, len(batch))
-		writes := make([]Write, len(batch))
-		for i, w := range batch {
-			if !w.rewrite {
-				conds = append(conds, Cond{Key: w.entry.Key, Rev: 0})
-			}
-			writes[i] = Write{Key: w.entry.Key, Value: w.value}
+		writes[i] = Write{Key: w.entry.Key, Value: w.value}
+	}
+	err := s.store.Txn(context.Background(), conds, writes)
+	for _, w := range batch {
+		if err == nil && !w.quiet {
+			s.publish(w.entry)
 		}
-		err := s.store.Txn(context.Background(), conds, writes)
-		for _, w := range batch {
-			if err == nil && !w.quiet {
-				s.publish(w.entry)
-			}
-			w.done <- err
-		}
+		w.done <- err
 	}
 }
 

@@ -36,6 +36,29 @@ func TestAuditBeginFinish(t *testing.T) {
 
 	ok := svc.BeginRecord(admin, iam.AuditEntry{Procedure: "/t/Run", Summary: "good"})
 	bad := svc.BeginRecord(admin, iam.AuditEntry{Procedure: "/t/Run", Summary: "bad"})
+	// Until Finish the log says the calls started, not how they ended.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		got, err := svc.ListAudit(ctx, admin, iam.AuditFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		started := 0
+		for _, e := range got {
+			if e.Procedure == "/t/Run" {
+				if e.Result != iam.AuditStarted {
+					t.Fatalf("before Finish %s is logged %q, want %q", e.Summary, e.Result, iam.AuditStarted)
+				}
+				started++
+			}
+		}
+		if started == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 2 begun entries written", started)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err := ok.Finish("ok"); err != nil {
 		t.Fatal(err)
 	}
