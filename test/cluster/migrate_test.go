@@ -1,0 +1,205 @@
+package cluster_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// counter counts in the background, five times a second, into /tmp/count
+// (renamed into place, so a read never sees a half write).
+const counter = "/.corral/sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.2; done' >/dev/null 2>&1 &"
+
+func count(t *testing.T, sb *client.Sandbox) int {
+	t.Helper()
+	n, err := strconv.Atoi(strings.TrimSpace(testenv.Sh(t, sb, "cat /tmp/count")))
+	if err != nil {
+		t.Fatalf("sandbox %s: counter: %v", sb.ID(), err)
+	}
+	return n
+}
+
+// TestMigrateMicroVM moves a running microVM between the two nodes of a
+// cluster (real etcd, microVM under TCG, one boot): through the control
+// instance the same id then reaches the new node, whose copy has the
+// file written before and a counter going on from at least its value
+// before the move; the old node keeps nothing of it, and a delete
+// leaves nothing on either. Bad inputs are refused naming the field, and
+// a snapshot and restore on one node is timed beside the migration.
+func TestMigrateMicroVM(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
+		t.Skip("microvm: needs qemu-system-x86_64 (package qemu-system-x86)")
+	}
+	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
+		t.Skip("microvm: needs a guest kernel (package linux-image-amd64)")
+	}
+	r := startRig(t, false, 1, 2, "--microvm-snapshot-after", "1h")
+	c := r.cli[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	n0, n1 := nodeID(t, r, 0), nodeID(t, r, 1)
+	on0 := client.Placement{NodeLabels: map[string]string{"rack": "r0"}}
+
+	if _, err := c.Sandbox(n0+"-000000000000").Migrate(ctx, n1); !client.IsNotFound(err) {
+		t.Errorf("migrate of an unknown sandbox: %v, want not found", err)
+	}
+	ctr, err := c.Create(ctx, client.CreateOptions{Placement: on0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctr.Migrate(ctx, n1); !client.IsUnimplemented(err) || !strings.Contains(err.Error(), "CRIU") {
+		t.Errorf("migrate of a container: %v, want unimplemented naming CRIU", err)
+	}
+	if err := ctr.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	sb, err := c.Create(ctx, client.CreateOptions{Backend: "microvm", Resources: client.Resources{MemoryBytes: 256 << 20},
+		Labels: map[string]string{"job": "migrate"}, Placement: on0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := sb.Info(ctx); err != nil || info.NodeID != n0 {
+		t.Fatalf("microVM on node %s: %+v, %v", n0, info, err)
+	}
+	for _, bad := range []struct {
+		node  string
+		check func(error) bool
+	}{{"", client.IsInvalidArgument}, {"nosuchnode", client.IsInvalidArgument}, {n0, client.IsFailedPrecondition}} {
+		if _, err := sb.Migrate(ctx, bad.node); !bad.check(err) || !strings.Contains(err.Error(), "target_node") {
+			t.Errorf("migrate to %q: %v, want an error naming target_node", bad.node, err)
+		}
+	}
+	testenv.Sh(t, sb, "echo written-before > /root/kept; sync")
+	testenv.Sh(t, sb, counter)
+	deadline := time.Now().Add(time.Minute)
+	for testenv.Run(t, sb, client.Command{Args: []string{"test", "-s", "/tmp/count"}}).ExitCode != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the counter never started")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	// The peer, in the same run: a snapshot and a restore on one node.
+	start := time.Now()
+	snap, err := sb.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapTook := time.Since(start)
+	start = time.Now()
+	copyOf, _, err := c.Restore(ctx, snap.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restoreTook := time.Since(start)
+	if err := copyOf.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	if len(vmmOf(r, 0, sb.ID())) == 0 {
+		t.Fatalf("no VMM of sandbox %s found on node 0 (the leftover checks would see nothing)", sb.ID())
+	}
+	before := count(t, sb)
+	m, err := sb.Migrate(ctx, n1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("migration of a 256 MiB microVM: %v (snapshot %v, copy %v of %d MiB, restore %v); on one node snapshot %v + restore %v = %v",
+		m.Total, m.SnapshotTime, m.CopyTime, m.BytesCopied>>20, m.RestoreTime, snapTook, restoreTook, snapTook+restoreTook)
+	if m.SourceNode != n0 || m.Sandbox.ID != sb.ID() || m.Sandbox.NodeID != n1 || m.Warning != "" {
+		t.Errorf("migration: %+v", m)
+	}
+
+	// The same id, through the control instance, now reaches node 1.
+	info, err := sb.Info(ctx)
+	if err != nil || info.NodeID != n1 || info.ID != sb.ID() || info.Labels["job"] != "migrate" {
+		t.Fatalf("after the migration: %+v, %v", info, err)
+	}
+	if got := strings.TrimSpace(testenv.Sh(t, sb, "cat /root/kept")); got != "written-before" {
+		t.Errorf("file after the migration: %q", got)
+	}
+	first := count(t, sb)
+	if first < before {
+		t.Errorf("counter %d after the migration, want at least %d (its value before)", first, before)
+	}
+	for deadline := time.Now().Add(20 * time.Second); count(t, sb) <= first; time.Sleep(300 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("counter stuck at %d after the migration", first)
+		}
+	}
+	list, err := c.List(ctx, client.ListOptions{Labels: map[string]string{"job": "migrate"}})
+	if err != nil || len(list) != 1 || list[0].ID != sb.ID() || list[0].NodeID != n1 {
+		t.Errorf("list after the migration: %+v, %v", list, err)
+	}
+	if len(vmmOf(r, 1, sb.ID())) == 0 {
+		t.Errorf("no VMM of sandbox %s on node 1 after the migration", sb.ID())
+	}
+	assertNothingOf(t, r, 0, sb.ID())
+	if snaps, err := c.ListSnapshots(ctx); err != nil || len(snaps) != 0 {
+		t.Errorf("snapshots left by the migration: %+v, %v", snaps, err)
+	}
+
+	if err := sb.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Info(ctx); !client.IsNotFound(err) {
+		t.Errorf("get after the delete: %v, want not found", err)
+	}
+	for i := range 2 {
+		assertNothingOf(t, r, i, sb.ID())
+	}
+}
+
+// vmmOf lists the processes of node i's sandbox id: those whose command
+// line names the node's data dir and the id (its VMM).
+func vmmOf(r *rig, i int, id string) []string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, _ := os.ReadFile(p)
+		if s := string(b); strings.Contains(s, r.nodeDir[i]) && strings.Contains(s, id) {
+			out = append(out, "process "+filepath.Base(filepath.Dir(p))+": "+strings.ReplaceAll(s, "\x00", " "))
+		}
+	}
+	return out
+}
+
+// assertNothingOf checks that node i holds nothing of sandbox id: no VMM
+// (vmmOf), no file or mount named by the id under its data dir (run dir,
+// disk overlay).
+func assertNothingOf(t *testing.T, r *rig, i int, id string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second) // a delete's teardown finishes in the background
+	for {
+		left := vmmOf(r, i, id)
+		_ = filepath.WalkDir(r.nodeDir[i], func(p string, d os.DirEntry, err error) error {
+			if err == nil && strings.Contains(d.Name(), id) {
+				left = append(left, "file "+p)
+			}
+			return nil
+		})
+		for _, mp := range testenv.MountsUnder(r.nodeDir[i]) {
+			if strings.Contains(mp, id) {
+				left = append(left, "mount "+mp)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %d still holds sandbox %s: %s", i, id, strings.Join(left, "; "))
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
