@@ -139,7 +139,7 @@ func exportFile(path, name string, buf []byte, send func(SnapshotChunk) error) e
 // name is a plain name (snapshotFileName), written once, with data inside
 // its declared size; the record must come and name a backend of this
 // node that restores. A stream that breaks, or anything refused, leaves
-// nothing: the dir goes, and it has no record until everything is synced.
+// nothing: the dir goes, and it has no record until every file is written.
 func (n *Node) ImportSnapshot(ctx context.Context, recv func() (SnapshotChunk, error)) (*SnapshotInfo, error) {
 	snapID, err := newSnapshotID()
 	if err != nil {
@@ -249,10 +249,9 @@ func (n *Node) importInto(ctx context.Context, dir, snapID string, recv func() (
 	if err != nil {
 		return nil, err
 	}
-	info.ID = snapID
-	if err := syncTree(dir); err != nil {
-		return nil, fmt.Errorf("sync: %w", err)
-	}
+	// Not synced: the copy lives for one migration, and a start removes
+	// it (Incoming) rather than trust it.
+	info.ID, info.Incoming = snapID, true
 	if err := writeFileSync(filepath.Join(dir, snapshotRecordFile), info); err != nil {
 		return nil, err
 	}

@@ -136,8 +136,16 @@ func TestSnapshotExportImport(t *testing.T) {
 		t.Errorf("ram.img takes %d bytes on the target: not sparse", blocks)
 	}
 	var rec SnapshotInfo
-	if b, err := os.ReadFile(filepath.Join(out, snapshotRecordFile)); err != nil || json.Unmarshal(b, &rec) != nil || rec.ID != got.ID {
+	if b, err := os.ReadFile(filepath.Join(out, snapshotRecordFile)); err != nil || json.Unmarshal(b, &rec) != nil || rec.ID != got.ID || !rec.Incoming {
 		t.Errorf("record on the target: %+v %v", rec, err)
+	}
+	// A start finds a migration's copy whose migration ended with the
+	// daemon: it goes (its files were never synced).
+	if err := dst.loadSnapshots(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) || len(dst.snaps.byID) != 0 {
+		t.Errorf("a migration's copy survived a start: %v, %d listed", err, len(dst.snaps.byID))
 	}
 }
 
