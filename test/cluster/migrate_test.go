@@ -31,8 +31,10 @@ func count(t *testing.T, sb *client.Sandbox) int {
 // instance the same id then reaches the new node, whose copy has the
 // file written before and a counter going on from at least its value
 // before the move; the old node keeps nothing of it, and a delete
-// leaves nothing on either. Bad inputs are refused naming the field, and
-// a snapshot and restore on one node is timed beside the migration.
+// leaves nothing on either. Bad inputs are refused naming the field; a
+// migration failing half way (the target lacks the image) leaves the
+// original running and nothing on the target; a snapshot and restore on
+// one node is timed beside the migration.
 func TestMigrateMicroVM(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
 		t.Skip("microvm: needs qemu-system-x86_64 (package qemu-system-x86)")
@@ -61,7 +63,25 @@ func TestMigrateMicroVM(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sb, err := c.Create(ctx, client.CreateOptions{Backend: "microvm", Resources: client.Resources{MemoryBytes: 256 << 20},
+	// The VM's image is a composition over busybox's layers that node 1
+	// lacks at first: a migration there fails at the restore, half way.
+	comp := client.Composition{Ref: "migrate@1"}
+	imgs, err := nodeClient(t, r, 0).ListImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range imgs.Built {
+		if b.Name == "busybox" {
+			comp.Env = b.Env
+			for _, l := range b.Layers {
+				comp.Layers = append(comp.Layers, l.Ref)
+			}
+		}
+	}
+	if _, err := nodeClient(t, r, 0).CreateComposition(ctx, comp); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := c.Create(ctx, client.CreateOptions{Backend: "microvm", Image: comp.Ref, Resources: client.Resources{MemoryBytes: 256 << 20},
 		Labels: map[string]string{"job": "migrate"}, Placement: on0})
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +130,30 @@ func TestMigrateMicroVM(t *testing.T) {
 	if len(vmmOf(r, 0, sb.ID())) == 0 {
 		t.Fatalf("no VMM of sandbox %s found on node 0 (the leftover checks would see nothing)", sb.ID())
 	}
+
+	// A migration that fails after the copy (node 1 has no such image)
+	// leaves the original running and nothing on node 1.
 	before := count(t, sb)
+	_, err = sb.Migrate(ctx, n1)
+	if err == nil || !strings.Contains(err.Error(), comp.Ref) {
+		t.Errorf("migrate to a node without the image: %v, want an error naming %s", err, comp.Ref)
+	}
+	t.Logf("migration to a node without the image: %v", err)
+	assertNothingOf(t, r, 1, sb.ID())
+	if info, err := sb.Info(ctx); err != nil || info.NodeID != n0 {
+		t.Errorf("after a failed migration: %+v, %v", info, err)
+	}
+	if got := count(t, sb); got < before {
+		t.Errorf("counter %d after a failed migration, want at least %d", got, before)
+	}
+	if snaps, err := c.ListSnapshots(ctx); err != nil || len(snaps) != 0 {
+		t.Errorf("snapshots left by a failed migration: %+v, %v", snaps, err)
+	}
+	if _, err := nodeClient(t, r, 1).CreateComposition(ctx, comp); err != nil {
+		t.Fatal(err)
+	}
+
+	before = count(t, sb)
 	m, err := sb.Migrate(ctx, n1)
 	if err != nil {
 		t.Fatal(err)
@@ -159,6 +202,17 @@ func TestMigrateMicroVM(t *testing.T) {
 	for i := range 2 {
 		assertNothingOf(t, r, i, sb.ID())
 	}
+}
+
+// nodeClient is a client of node i's own socket, as its administrator.
+func nodeClient(t *testing.T, r *rig, i int) *client.Client {
+	t.Helper()
+	c, err := client.New("unix://" + filepath.Join(r.nodeDir[i], "corral.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // vmmOf lists the processes of node i's sandbox id: those whose command
