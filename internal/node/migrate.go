@@ -12,11 +12,13 @@ import (
 	"regexp"
 	"sort"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/execlog"
 )
 
 // A migration moves a snapshot between nodes as a stream of chunks
@@ -41,6 +43,10 @@ const (
 	maxImportFiles     = 16
 	maxImportFileBytes = 1 << 40
 	maxRecordBytes     = 1 << 20
+	// maxExecLogBytes bounds the exec log a migration carries.
+	maxExecLogBytes = 256 << 20
+	// execLogFile carries the sandbox's exec log in a migration's copy.
+	execLogFile = "execlog.json"
 )
 
 // snapshotFileName is what a file of a snapshot dir may be called: a
@@ -79,7 +85,7 @@ func (n *Node) ExportSnapshot(ctx context.Context, id string, send func(Snapshot
 	}
 	sort.Strings(names)
 	buf := make([]byte, chunkBytes)
-	for _, name := range append(names, snapshotRecordFile) {
+	for _, name := range names {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -87,7 +93,72 @@ func (n *Node) ExportSnapshot(ctx context.Context, id string, send func(Snapshot
 			return fmt.Errorf("export snapshot %s: %s: %w", id, name, err)
 		}
 	}
+	// The exec log travels beside the snapshot, as it is now.
+	if err := n.exportExecLog(info.SandboxID, send); err != nil {
+		return fmt.Errorf("export snapshot %s: %w", id, err)
+	}
+	if err := exportFile(filepath.Join(dir, snapshotRecordFile), snapshotRecordFile, buf, send); err != nil {
+		return fmt.Errorf("export snapshot %s: %s: %w", id, snapshotRecordFile, err)
+	}
 	return nil
+}
+
+// exportExecLog sends sandbox's exec log as the file execLogFile (nothing
+// when it has none).
+func (n *Node) exportExecLog(sandbox string, send func(SnapshotChunk) error) error {
+	d, err := n.execLog.Export(sandbox, time.Now())
+	if err != nil || d == nil {
+		return err
+	}
+	raw, err := json.Marshal(d)
+	if err != nil {
+		return err
+	}
+	if len(raw) > maxExecLogBytes {
+		return errdefs.FailedPrecondition("the exec log of sandbox %s is %d bytes, more than a migration carries (%d)", sandbox, len(raw), maxExecLogBytes)
+	}
+	size := int64(len(raw))
+	if err := send(SnapshotChunk{Name: execLogFile, Size: size}); err != nil {
+		return err
+	}
+	for off := 0; off < len(raw); off += chunkBytes {
+		if err := send(SnapshotChunk{Name: execLogFile, Size: size, Offset: int64(off), Data: raw[off:min(len(raw), off+chunkBytes)]}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// importExecLog makes the exec log that came with snapshot dir the log of
+// sandbox (nothing when none came).
+func (n *Node) importExecLog(dir, sandbox string) error {
+	raw, err := readBounded(filepath.Join(dir, execLogFile), maxExecLogBytes)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("exec log: %w", err)
+	}
+	var d execlog.Dump
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return errdefs.InvalidArgument("%s: %v", execLogFile, err)
+	}
+	if len(d.Entries) > maxLoggedExecs {
+		return errdefs.InvalidArgument("%s: %d entries, at most %d", execLogFile, len(d.Entries), maxLoggedExecs)
+	}
+	return n.execLog.Import(sandbox, &d)
+}
+
+// readBounded reads path when it has at most limit bytes.
+func readBounded(path string, limit int64) ([]byte, error) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > limit {
+		return nil, errdefs.InvalidArgument("%s: not a regular file of at most %d bytes", filepath.Base(path), limit)
+	}
+	return os.ReadFile(path)
 }
 
 // exportFile sends one file: a chunk naming it, then its data extents.
@@ -284,8 +355,9 @@ func (n *Node) checkImported(raw []byte) (*SnapshotInfo, error) {
 // AdoptSnapshot restores snapshot snapID into a sandbox that keeps the
 // id, creation time, labels, project and settings of the sandbox it was
 // taken of (sandboxID), with a fresh agent secret and network slot as in
-// any restore. The snapshot is a migration's copy: it is removed
-// afterwards, also when the restore fails.
+// any restore, and the exec log that came with the snapshot. The
+// snapshot is a migration's copy: it is removed afterwards, also when
+// the restore fails.
 func (n *Node) AdoptSnapshot(ctx context.Context, snapID, sandboxID string) (*Sandbox, error) {
 	info, err := n.lookupSnapshot(snapID, nil)
 	if err != nil {
@@ -302,6 +374,10 @@ func (n *Node) AdoptSnapshot(ctx context.Context, snapID, sandboxID string) (*Sa
 	if n.Has(sandboxID) {
 		return nil, errdefs.AlreadyExists("sandbox %s is already on this node", sandboxID)
 	}
+	dir := filepath.Join(n.snapshotRoot(), info.ID)
+	if err := n.importExecLog(dir, sandboxID); err != nil {
+		return nil, fmt.Errorf("adopt sandbox %s: %w", sandboxID, err)
+	}
 	src := info.Source
 	idle, life := src.IdleTimeout, src.MaxLifetime
 	sb, err := n.Create(ctx, CreateRequest{
@@ -311,10 +387,13 @@ func (n *Node) AdoptSnapshot(ctx context.Context, snapID, sandboxID string) (*Sa
 		Env: src.Env, Workdir: src.Workdir, User: src.User, Labels: maps.Clone(src.Labels),
 		IdleTimeout: &idle, MaxLifetime: &life, IdleAction: src.IdleAction,
 		Network:     backend.Network{Mode: src.NetworkMode, Allow: src.NetworkAllow},
-		restoreFrom: filepath.Join(n.snapshotRoot(), info.ID),
+		restoreFrom: dir,
 		keepID:      sandboxID, createdAt: src.CreatedAt,
 	})
 	if err != nil {
+		if derr := n.execLog.Drop(sandboxID); derr != nil {
+			n.log.Error("drop the exec log of a failed adoption", "sandbox", sandboxID, "err", derr)
+		}
 		return nil, fmt.Errorf("adopt sandbox %s: %w", sandboxID, err)
 	}
 	return sb, nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/execlog"
 	"github.com/corral-dev/corral/internal/state"
 	"github.com/corral-dev/corral/internal/storage/layers"
 )
@@ -40,6 +41,11 @@ func migrationNode(t *testing.T, id string) *Node {
 	n := &Node{id: id, cfg: Config{DataDir: t.TempDir(), Images: &pinImages{pinned: map[string]bool{}}},
 		log: slog.New(slog.DiscardHandler), backends: map[string]backend.Backend{"microvm": restoringBackend{}}}
 	n.snaps.byID = map[string]*SnapshotInfo{}
+	var err error
+	if n.execLog, err = execlog.Open(filepath.Join(n.cfg.DataDir, "execlog.db")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.execLog.Close() })
 	return n
 }
 
@@ -49,6 +55,16 @@ func recordOf(t *testing.T, info SnapshotInfo) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func chunkNames(chunks []SnapshotChunk) []string {
+	var out []string
+	for _, c := range chunks {
+		if len(out) == 0 || out[len(out)-1] != c.Name {
+			out = append(out, c.Name)
+		}
+	}
+	return out
 }
 
 // feed returns a recv over chunks, then io.EOF (or end, when set).
@@ -96,6 +112,18 @@ func TestSnapshotExportImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	src.snaps.byID[info.ID] = &info
+	// Its exec log: one command done (with output), one still running.
+	done, _, err := src.execLog.Begin(info.SandboxID, execlog.Entry{Key: "k1", Argv: []string{"true"}}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done.State, done.Result.ExitCode = execlog.Done, 3
+	if err := src.execLog.Finish(info.SandboxID, done, []execlog.Chunk{{Stream: 1, Data: []byte("out")}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := src.execLog.Begin(info.SandboxID, execlog.Entry{Key: "k2", Argv: []string{"sleep"}}, 10); err != nil {
+		t.Fatal(err)
+	}
 
 	var chunks []SnapshotChunk
 	sent := 0
@@ -120,6 +148,24 @@ func TestSnapshotExportImport(t *testing.T) {
 	}
 	if got.ID == info.ID || !snapshotIDPattern.MatchString(got.ID) || got.SandboxID != info.SandboxID || got.Source.Labels["job"] != "x" {
 		t.Errorf("imported: %+v", got)
+	}
+	if names := chunkNames(chunks); strings.Join(names, " ") != "memory.snap ram.img execlog.json snapshot.json" {
+		t.Errorf("files sent: %v", names)
+	}
+	// The exec log arrives with the adoption: the running command is
+	// lost there (its end is not seen), the done one replays.
+	if err := dst.importExecLog(filepath.Join(dst.snapshotRoot(), got.ID), info.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	ents, _, err := dst.execLog.Since(info.SandboxID, 0, 10)
+	if err != nil || len(ents) != 2 || ents[0].State != execlog.Done || ents[0].Result.ExitCode != 3 || ents[1].State != execlog.Lost {
+		t.Errorf("exec log on the target: %+v, %v", ents, err)
+	}
+	if out, err := dst.execLog.Output(info.SandboxID, ents[0].Seq); err != nil || len(out) != 1 || string(out[0].Data) != "out" {
+		t.Errorf("output on the target: %+v, %v", out, err)
+	}
+	if e, found, err := dst.execLog.Begin(info.SandboxID, execlog.Entry{Key: "k3"}, 10); err != nil || found || e.Seq != 3 {
+		t.Errorf("next command on the target: %+v %v %v, want seq 3", e, found, err)
 	}
 	if _, err := dst.lookupSnapshot(got.ID, nil); err != nil || !dst.cfg.Images.(*pinImages).pinned[got.ID] {
 		t.Errorf("imported snapshot not listed or not pinned: %v", err)

@@ -31,7 +31,8 @@ func count(t *testing.T, sb *client.Sandbox) int {
 // instance the same id then reaches the new node, whose copy has the
 // file written before and a counter going on from at least its value
 // before the move; the old node keeps nothing of it, and a delete
-// leaves nothing on either. Bad inputs are refused naming the field; a
+// leaves nothing on either; a keyed command replays from the exec log
+// that came along. Bad inputs are refused naming the field; a
 // migration failing half way (the target lacks the image) leaves the
 // original running and nothing on the target; a snapshot and restore on
 // one node is timed beside the migration.
@@ -98,6 +99,10 @@ func TestMigrateMicroVM(t *testing.T) {
 		}
 	}
 	testenv.Sh(t, sb, "echo written-before > /root/kept; sync")
+	keyed := client.Command{Shell: "echo once >> /root/once", IdempotencyKey: "migrate-1"}
+	if res, err := sb.Run(ctx, keyed); err != nil || res.ExitCode != 0 || res.Replayed {
+		t.Fatalf("keyed command: %+v, %v", res, err)
+	}
 	testenv.Sh(t, sb, counter)
 	deadline := time.Now().Add(time.Minute)
 	for testenv.Run(t, sb, client.Command{Args: []string{"test", "-s", "/tmp/count"}}).ExitCode != 0 {
@@ -171,6 +176,13 @@ func TestMigrateMicroVM(t *testing.T) {
 	}
 	if got := strings.TrimSpace(testenv.Sh(t, sb, "cat /root/kept")); got != "written-before" {
 		t.Errorf("file after the migration: %q", got)
+	}
+	// The exec log came along: the keyed command replays, not runs again.
+	if res, err := sb.Run(ctx, keyed); err != nil || !res.Replayed {
+		t.Errorf("keyed command repeated after the migration: %+v, %v, want replayed", res, err)
+	}
+	if got := testenv.Sh(t, sb, "cat /root/once"); got != "once\n" {
+		t.Errorf("the keyed command's file after the migration: %q, want one line", got)
 	}
 	first := count(t, sb)
 	if first < before {
