@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -52,6 +53,23 @@ func TestMigrateMicroVM(t *testing.T) {
 
 	if _, err := c.Sandbox(n0+"-000000000000").Migrate(ctx, n1); !client.IsNotFound(err) {
 		t.Errorf("migrate of an unknown sandbox: %v, want not found", err)
+	}
+	// A project's token may not pick nodes: migration is the cluster
+	// administrator's.
+	if _, err := c.CreateProject(ctx, "mig", client.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	_, secret, err := c.CreateToken(ctx, client.TokenOptions{Project: "mig"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	member, err := client.New(fmt.Sprintf("127.0.0.1:%d", controlBase), client.WithToken(secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer member.Close()
+	if _, err := member.Sandbox(n0+"-000000000000").Migrate(ctx, n1); !client.IsPermissionDenied(err) {
+		t.Errorf("migrate with a project's token: %v, want permission denied", err)
 	}
 	ctr, err := c.Create(ctx, client.CreateOptions{Placement: on0})
 	if err != nil {
