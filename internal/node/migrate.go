@@ -53,6 +53,10 @@ const (
 // plain name, so that nothing an import writes lands outside its dir.
 var snapshotFileName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
+// migratedID is what the id of a sandbox from another node may be (the
+// form newID makes): it names the sandbox's run dir and disks here.
+var migratedID = regexp.MustCompile(`^[A-Za-z0-9]{1,64}-[0-9a-f]{1,32}$`)
+
 // Has reports whether sandbox id is one of this node's (also one migrated
 // here, whose id names the node it was made on).
 func (n *Node) Has(id string) bool {
@@ -335,8 +339,8 @@ func (n *Node) checkImported(raw []byte) (*SnapshotInfo, error) {
 	if err := json.Unmarshal(raw, &info); err != nil {
 		return nil, errdefs.InvalidArgument("%s: %v", snapshotRecordFile, err)
 	}
-	if _, err := NodeOf(info.SandboxID); err != nil {
-		return nil, errdefs.InvalidArgument("%s: sandbox id: %v", snapshotRecordFile, err)
+	if !migratedID.MatchString(info.SandboxID) {
+		return nil, errdefs.InvalidArgument("%s: sandbox id %q is not of the form <node>-<hex>", snapshotRecordFile, truncate(info.SandboxID))
 	}
 	if info.Source.ID != info.SandboxID || info.Source.Backend != info.Backend || info.Source.Project != info.Project {
 		return nil, errdefs.InvalidArgument("%s: the source record (sandbox %q) does not match the snapshot's (sandbox %q)", snapshotRecordFile, truncate(info.Source.ID), info.SandboxID)

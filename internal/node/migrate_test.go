@@ -208,8 +208,9 @@ func TestSnapshotImportRefusals(t *testing.T) {
 		return SnapshotChunk{Name: snapshotRecordFile, Size: int64(len(b)), Data: b}
 	}
 	file := func(name string) SnapshotChunk { return SnapshotChunk{Name: name, Size: 4, Data: []byte("data")} }
-	mismatched, container, unknown := good, good, good
+	mismatched, container, unknown, badID := good, good, good, good
 	mismatched.Source.ID = "nsrc01-ffffffffffff"
+	badID.SandboxID, badID.Source.ID = "n1-../../../etc", "n1-../../../etc"
 	container.Backend, container.Source.Backend = "container", "container"
 	unknown.Backend, unknown.Source.Backend = "nosuch", "nosuch"
 	for _, tc := range []struct {
@@ -233,6 +234,7 @@ func TestSnapshotImportRefusals(t *testing.T) {
 		{"after the record", []SnapshotChunk{rec(good), file("a")}, nil, errdefs.IsInvalidArgument, "after the record"},
 		{"bad record", []SnapshotChunk{{Name: snapshotRecordFile, Size: 3, Data: []byte("{{{")}}, nil, errdefs.IsInvalidArgument, snapshotRecordFile},
 		{"mismatched record", []SnapshotChunk{file("a"), rec(mismatched)}, nil, errdefs.IsInvalidArgument, "source record"},
+		{"bad sandbox id", []SnapshotChunk{file("a"), rec(badID)}, nil, errdefs.IsInvalidArgument, "sandbox id"},
 		{"container", []SnapshotChunk{file("a"), rec(container)}, nil, errdefs.IsNotSupported, "container"},
 		{"unknown backend", []SnapshotChunk{file("a"), rec(unknown)}, nil, errdefs.IsInvalidArgument, "backend"},
 		{"broken stream", []SnapshotChunk{file("a")}, errors.New("stream reset"), func(err error) bool { return err != nil }, "stream reset"},
