@@ -34,6 +34,7 @@ type Client struct {
 	obs  corralv1connect.ObserveServiceClient
 	iam  corralv1connect.IAMServiceClient
 	roll corralv1connect.RolloutServiceClient
+	mig  corralv1connect.MigrationServiceClient
 	vm   corralv1connect.VMServiceClient
 	http *http.Client
 	// h2 carries bidirectional streams (exec with streamed stdin), which
@@ -118,6 +119,7 @@ func New(addr string, opts ...Option) (*Client, error) {
 		obs:  corralv1connect.NewObserveServiceClient(hc, baseURL, copts...),
 		iam:  corralv1connect.NewIAMServiceClient(hc, baseURL, copts...),
 		roll: corralv1connect.NewRolloutServiceClient(hc, baseURL, copts...),
+		mig:  corralv1connect.NewMigrationServiceClient(hc, baseURL, copts...),
 		vm:   corralv1connect.NewVMServiceClient(hc, baseURL, copts...),
 		http: hc,
 		h2:   corralv1connect.NewSandboxServiceClient(&http.Client{Transport: rt2}, baseURL, copts...),

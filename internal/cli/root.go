@@ -52,7 +52,7 @@ Start a server with 'corral serve', then create sandboxes and run commands:
 	root.AddCommand(
 		newServeCmd(),
 		newCreateCmd(g), newRunCmd(g), newExecCmd(g), newLsCmd(g), newGetCmd(g),
-		newRmCmd(g), newCpCmd(g), newPauseCmd(g), newResumeCmd(g), newNetCmd(g), newExecsCmd(g), newForkCmd(g), newSnapshotCmd(g), newRestoreCmd(g), newSnapshotsCmd(g),
+		newRmCmd(g), newCpCmd(g), newPauseCmd(g), newResumeCmd(g), newNetCmd(g), newExecsCmd(g), newForkCmd(g), newSnapshotCmd(g), newRestoreCmd(g), newSnapshotsCmd(g), newMigrateCmd(g),
 		newImageCmd(g),
 		newLayerCmd(g),
 		newPackCmd(g),

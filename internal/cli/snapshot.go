@@ -110,3 +110,41 @@ func newSnapshotsCmd(g *globals) *cobra.Command {
 		},
 	}
 }
+
+func newMigrateCmd(g *globals) *cobra.Command {
+	var to string
+	cmd := &cobra.Command{
+		Use:   "migrate SANDBOX --to NODE",
+		Short: "Move a microVM to another node of the cluster under the same id (processes and files go on)",
+		Long: `Move a sandbox to another node: it is snapshotted on its node, the snapshot is
+copied to NODE and restored there under the same id, calls with the id go to
+the new node from then on, and the original is deleted. Through a control
+instance, as the cluster's administrator. MicroVMs only: containers are
+refused (live checkpoints of processes need CRIU).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if to == "" {
+				return fmt.Errorf("--to: required (a node id, see 'corral nodes')")
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			m, err := c.Sandbox(args[0]).Migrate(cmd.Context(), to)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(m)
+			}
+			fmt.Printf("%s: %s -> %s, %d MiB copied, snapshot %v, copy %v, restore %v, total %v\n", args[0], m.SourceNode, m.Sandbox.NodeID,
+				m.BytesCopied>>20, m.SnapshotTime.Round(time.Millisecond), m.CopyTime.Round(time.Millisecond), m.RestoreTime.Round(time.Millisecond), m.Total.Round(time.Millisecond))
+			if m.Warning != "" {
+				fmt.Fprintln(os.Stderr, "corral: warning:", m.Warning)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&to, "to", "", "the node to move it to")
+	return cmd
+}

@@ -35,6 +35,9 @@ const (
 	membersPrefix = "/corral/cluster/members/"
 	// drainPrefix marks drained nodes.
 	drainPrefix = "/corral/cluster/drain/"
+	// movesPrefix routes a migrated sandbox: its id -> the node it is on
+	// now (its id names the node it was made on).
+	movesPrefix = "/corral/cluster/moves/"
 )
 
 // Label keys with a meaning to placement.

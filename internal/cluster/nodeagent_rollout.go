@@ -13,10 +13,10 @@ import (
 )
 
 // RolloutHandler serves the node's RolloutService (inner) for control
-// instances, only calls signed with the cluster secret. Forks are new
-// sandboxes of this node: the agent admits each against the capacity as it
-// admits a create, and counts the forks made in the node's load at once.
-// Every other call goes straight to inner.
+// instances, only calls signed with the cluster secret. Forks and restores
+// are new sandboxes of this node: the agent admits each against the
+// capacity as it admits a create, and counts those made in the node's
+// load at once. Every other call goes straight to inner.
 func (a *NodeAgent) RolloutHandler(inner corralv1connect.RolloutServiceHandler, secret Secret, opts ...connect.HandlerOption) (string, http.Handler) {
 	path, h := corralv1connect.NewRolloutServiceHandler(agentRollouts{RolloutServiceHandler: inner, a: a}, opts...)
 	return path, RequireSigned(secret, h)
@@ -75,4 +75,43 @@ func (r agentRollouts) Fork(ctx context.Context, req *connect.Request[corralv1.F
 		resp.Msg.Forks = append(resp.Msg.Forks, &corralv1.ForkOutcome{Error: fmt.Sprintf("fork %d of sandbox %s: %v", i, m.SandboxId, why)})
 	}
 	return resp, nil
+}
+
+// Restore admits the new sandbox against the capacity with the
+// snapshot's resources, as a create, and counts it in the node's load
+// once made.
+func (r agentRollouts) Restore(ctx context.Context, req *connect.Request[corralv1.RestoreRequest]) (*connect.Response[corralv1.RestoreResponse], error) {
+	a := r.a
+	list, err := r.RolloutServiceHandler.ListSnapshots(ctx, connect.NewRequest(&corralv1.ListSnapshotsRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	var res *corralv1.Resources
+	for _, s := range list.Msg.Snapshots {
+		if s.Id == req.Msg.SnapshotId {
+			res = s.GetResources()
+		}
+	}
+	if res == nil {
+		return r.RolloutServiceHandler.Restore(ctx, req) // its NotFound or InvalidArgument
+	}
+	cost := a.cost(&corralv1.CreateRequest{Resources: res})
+	a.mu.Lock()
+	if err := a.admitLocked(cost); err != nil {
+		a.mu.Unlock()
+		return nil, fmt.Errorf("restore snapshot %s: %w", req.Msg.SnapshotId, err)
+	}
+	a.inflight.add(cost, 1)
+	a.mu.Unlock()
+	resp, err := r.RolloutServiceHandler.Restore(ctx, req)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.inflight.add(cost, -1)
+	if err == nil {
+		sb := resp.Msg.GetSandbox()
+		a.delta.add(cost, 1)
+		a.delta.count(sb.GetBackend(), sb.GetLabels(), 1)
+		a.delta.countProject(sb, 1)
+	}
+	return resp, err
 }

@@ -60,7 +60,8 @@ type Proxy struct {
 type nodeClient struct {
 	addr string
 	corralv1connect.SandboxServiceClient
-	rollout corralv1connect.RolloutServiceClient
+	rollout   corralv1connect.RolloutServiceClient
+	migration corralv1connect.MigrationServiceClient
 }
 
 var _ corralv1connect.SandboxServiceHandler = (*Proxy)(nil)
@@ -109,7 +110,8 @@ func (p *Proxy) nodeClient(v *NodeView) nodeClient {
 		sign := connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret})
 		c = nodeClient{addr: v.Address,
 			SandboxServiceClient: corralv1connect.NewSandboxServiceClient(p.http, p.url(v), sign),
-			rollout:              corralv1connect.NewRolloutServiceClient(p.http, p.url(v), sign)}
+			rollout:              corralv1connect.NewRolloutServiceClient(p.http, p.url(v), sign),
+			migration:            corralv1connect.NewMigrationServiceClient(p.http, p.url(v), sign)}
 		p.clients[v.ID] = c
 	}
 	return c
@@ -121,6 +123,9 @@ func (p *Proxy) nodeFor(id string) (*NodeView, corralv1connect.SandboxServiceCli
 	nodeID, err := nodeOf(id)
 	if err != nil {
 		return nil, nil, err
+	}
+	if to, ok := p.cfg.Watcher.MovedTo(id); ok {
+		nodeID = to // migrated (moves.go)
 	}
 	v := p.cfg.Watcher.Snapshot().Node(nodeID)
 	if v == nil {
@@ -333,6 +338,9 @@ func (p *Proxy) Delete(ctx context.Context, req *connect.Request[corralv1.Delete
 	if err == nil {
 		if f, ok := decodeFreed(resp.Header().Get(freedHeader)); ok {
 			p.cfg.Placer.Freed(v.ID, f.Project, f.Usage)
+		}
+		if uerr := p.cfg.Watcher.Unmove(ctx, req.Msg.Id); uerr != nil {
+			p.cfg.Logger.Warn("deleted sandbox keeps its route", "sandbox", req.Msg.Id, "err", uerr)
 		}
 	}
 	return resp, unreachable(v, err)

@@ -46,12 +46,61 @@ func (r Rollouts) ListSnapshots(ctx context.Context, req *connect.Request[corral
 	return connect.NewResponse(out), nil
 }
 
-// Restore makes the new sandbox on the snapshot's node, which admits it
-// against its capacity and the project's quota.
+// Restore makes the new sandbox on the snapshot's node. It is admitted
+// first as a create on that node is: against the node's capacity and the
+// project's quota over the cluster, counted in flight until the node
+// reports it; the node's edge admits it again. A snapshot no listing
+// shows is asked of every node as before (which answers NotFound, or
+// InvalidArgument for a malformed id).
 func (r Rollouts) Restore(ctx context.Context, req *connect.Request[corralv1.RestoreRequest]) (*connect.Response[corralv1.RestoreResponse], error) {
-	return onHolder(r.P, req.Msg.SnapshotId, func(c corralv1connect.RolloutServiceClient) (*connect.Response[corralv1.RestoreResponse], error) {
+	restore := func(c corralv1connect.RolloutServiceClient) (*connect.Response[corralv1.RestoreResponse], error) {
 		return c.Restore(ctx, connect.NewRequest(req.Msg))
+	}
+	v, snap := r.findSnapshot(ctx, req.Msg.SnapshotId)
+	if v == nil {
+		return onHolder(r.P, req.Msg.SnapshotId, restore)
+	}
+	res := snap.GetResources()
+	want := Want{Backend: snap.GetBackend(), CPUMillis: res.GetCpuMillis(), MemoryBytes: res.GetMemoryBytes(), DiskBytes: res.GetDiskBytes()}
+	if project := snap.GetProject(); project != "" && r.P.cfg.Quotas != nil {
+		qs, err := r.P.cfg.Quotas(ctx, project)
+		if err != nil {
+			return nil, err
+		}
+		want.Project, want.Quotas = project, qs
+	}
+	pls, why := r.P.cfg.Placer.Reserve(v.ID, want, 1)
+	if len(pls) == 0 {
+		return nil, fmt.Errorf("restore snapshot %s: %w", snap.GetId(), why)
+	}
+	resp, err := restore(r.P.nodeClient(v).rollout)
+	pls[0].Done(err == nil)
+	return resp, unreachable(v, err)
+}
+
+// findSnapshot is the node holding snapshot id and its listing there, as
+// the caller may see it (nil when no node that answered lists it).
+func (r Rollouts) findSnapshot(ctx context.Context, id string) (*NodeView, *corralv1.Snapshot) {
+	var (
+		mu    sync.Mutex
+		found *NodeView
+		snap  *corralv1.Snapshot
+	)
+	_, _ = fanOut(r.P, func(v *NodeView, c corralv1connect.RolloutServiceClient) error {
+		resp, err := c.ListSnapshots(ctx, connect.NewRequest(&corralv1.ListSnapshotsRequest{}))
+		if err != nil {
+			return err
+		}
+		for _, s := range resp.Msg.Snapshots {
+			if s.Id == id {
+				mu.Lock()
+				found, snap = v, s
+				mu.Unlock()
+			}
+		}
+		return nil
 	})
+	return found, snap
 }
 
 func (r Rollouts) DeleteSnapshot(ctx context.Context, req *connect.Request[corralv1.DeleteSnapshotRequest]) (*connect.Response[corralv1.DeleteSnapshotResponse], error) {

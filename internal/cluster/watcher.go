@@ -56,6 +56,7 @@ type Watcher struct {
 	members map[string]MemberRecord
 	drained map[string]bool
 	goneAt  map[string]time.Time // when this instance saw a node's record go
+	moves   moves                // migrated sandboxes' nodes (moves.go)
 	// views are the nodes of the last snapshot, by id, in order; dirty
 	// the ids whose records changed since. A report changes one node:
 	// the next snapshot shares every other node's view.
@@ -92,6 +93,7 @@ func (w *Watcher) load(ctx context.Context) (int64, error) {
 	}
 	w.mu.Lock()
 	w.nodes, w.members, w.drained = map[string]NodeRecord{}, map[string]MemberRecord{}, map[string]bool{}
+	w.resetMovesLocked()
 	if w.goneAt == nil {
 		w.goneAt = map[string]time.Time{}
 	}
@@ -133,6 +135,8 @@ func (w *Watcher) applyLocked(key string, value []byte, deleted bool) {
 			return
 		}
 		w.members[id] = m
+	case strings.HasPrefix(key, movesPrefix):
+		w.applyMoveLocked(idFromKey(movesPrefix, key), value, deleted)
 	case strings.HasPrefix(key, drainPrefix):
 		id := idFromKey(drainPrefix, key)
 		w.dirty[id] = true

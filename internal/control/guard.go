@@ -126,6 +126,17 @@ var rules = map[string]rule{
 	corralv1connect.RolloutServiceListSnapshotsProcedure:  {access: accessRead},
 	corralv1connect.RolloutServiceDeleteSnapshotProcedure: {access: accessWrite, audit: true},
 
+	// A migration picks the node a sandbox runs on, which is placement's
+	// and the operator's business (as draining a node is), not a
+	// project's: the cluster administrator's. The node-side steps name
+	// snapshots of any project and are served only on a node's cluster
+	// listener, behind the cluster secret; the rules keep tokens off them
+	// wherever they might be served.
+	corralv1connect.MigrationServiceMigrateProcedure:        {access: accessNode, audit: true},
+	corralv1connect.MigrationServiceExportSnapshotProcedure: {access: accessNode, audit: true},
+	corralv1connect.MigrationServiceImportSnapshotProcedure: {access: accessNode, audit: true},
+	corralv1connect.MigrationServiceAdoptSnapshotProcedure:  {access: accessNode, audit: true},
+
 	corralv1connect.FnCallServiceCallProcedure:      {access: accessWrite},
 	corralv1connect.FnCallServiceCallBatchProcedure: {access: accessWrite},
 

@@ -57,6 +57,9 @@ func (s *Service) route(id string) (*node.Node, error) {
 		return nil, err
 	}
 	n, ok := s.nodes[nodeID]
+	if !ok && s.local.Has(id) {
+		return s.local, nil // migrated here: its id names the node it was made on
+	}
 	if !ok {
 		return nil, errdefs.NotFound("sandbox %s: node %s is not known to this server", id, nodeID)
 	}

@@ -119,7 +119,8 @@ func (r *RolloutService) Fork(ctx context.Context, req *connect.Request[corralv1
 
 func snapshotToProto(s *node.SnapshotInfo) *corralv1.Snapshot {
 	return &corralv1.Snapshot{Id: s.ID, SandboxId: s.SandboxID, Backend: s.Backend, Bytes: s.Bytes,
-		Created: timestamppb.New(s.CreatedAt), Project: s.Project}
+		Created: timestamppb.New(s.CreatedAt), Project: s.Project,
+		Resources: &corralv1.Resources{CpuMillis: s.Source.CPUMillis, MemoryBytes: s.Source.MemoryBytes, DiskBytes: s.Source.DiskBytes}}
 }
 
 func (r *RolloutService) Snapshot(ctx context.Context, req *connect.Request[corralv1.SnapshotRequest]) (*connect.Response[corralv1.SnapshotResponse], error) {

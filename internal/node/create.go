@@ -52,6 +52,10 @@ type CreateRequest struct {
 
 	// restoreFrom is the snapshot dir a Restore makes the sandbox from.
 	restoreFrom string
+	// keepID and createdAt, when set, are the id and creation time of a
+	// migrated sandbox (AdoptSnapshot) instead of new ones.
+	keepID    string
+	createdAt time.Time
 }
 
 // Sandbox describes a sandbox to callers.
@@ -86,7 +90,7 @@ func (n *Node) checkID(id string) error {
 	if err != nil {
 		return err
 	}
-	if nodeID != n.id {
+	if nodeID != n.id && !n.Has(id) { // a sandbox migrated here keeps its id
 		return errdefs.NotFound("sandbox %s belongs to node %s, not to this node (%s)", id, nodeID, n.id)
 	}
 	return nil
@@ -110,6 +114,9 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	}
 	if rec.ID, err = n.newID(); err != nil {
 		return nil, fmt.Errorf("sandbox id: %w", err)
+	}
+	if req.keepID != "" {
+		rec.ID, rec.CreatedAt = req.keepID, req.createdAt
 	}
 	if err := n.reserve(ctx, rec); err != nil {
 		return nil, err

@@ -44,6 +44,10 @@ type SnapshotInfo struct {
 	// Source is the sandbox's record at the snapshot: a restore makes a
 	// sandbox with its image, resources and settings.
 	Source state.Record `json:"source"`
+	// Incoming marks a migration's copy on its target (ImportSnapshot): it
+	// lives until AdoptSnapshot, and a start finds it half-used, so the
+	// start removes it (its files were not synced).
+	Incoming bool `json:"incoming,omitempty"`
 }
 
 // snapshots are the node's completed snapshots, by id.
@@ -75,6 +79,9 @@ func (n *Node) loadSnapshots() error {
 		var info SnapshotInfo
 		if err == nil {
 			err = json.Unmarshal(raw, &info)
+		}
+		if err == nil && info.Incoming {
+			err = errors.New("a migration's copy, whose migration ended with the daemon")
 		}
 		if err != nil || info.ID != e.Name() {
 			n.log.Info("removing snapshot that never completed", "snapshot", e.Name(), "err", err)

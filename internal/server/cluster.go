@@ -150,6 +150,11 @@ func (cn *ClusterNode) join(ctx context.Context, cc ClusterNodeConfig) error {
 	// control instance's guard; forks are admitted by the agent.
 	path, h = agent.RolloutHandler(control.NewRolloutService(cn.sandboxes), cc.Secret, connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, h)
+	// A migration's steps; snapshot files are not compressed (RAM and disk
+	// images: gzip costs more CPU than the copy saves).
+	path, h = agent.MigrationHandler(control.NewMigrationService(cn.sandboxes), cc.Secret, connect.WithInterceptors(control.ErrorInterceptor{}),
+		connect.WithCompression("gzip", nil, nil), connect.WithReadMaxBytes(4<<20))
+	mux.Handle(path, h)
 	path, h = corralv1connect.NewImageServiceHandler(nodeImages{inner: control.NewImageService(cn.sandboxes, cn.images, cn.share), ci: ci},
 		connect.WithInterceptors(control.ErrorInterceptor{}))
 	mux.Handle(path, cluster.RequireSigned(cc.Secret, h))
@@ -318,6 +323,8 @@ func StartControl(ctx context.Context, cc ControlConfig) (*Control, error) {
 		guard, connect.WithReadMaxBytes(80<<20), connect.WithCompressMinBytes(64<<10))
 	mux.Handle(path, h)
 	path, h = corralv1connect.NewRolloutServiceHandler(cluster.Rollouts{P: c.proxy}, guard)
+	mux.Handle(path, h)
+	path, h = corralv1connect.NewMigrationServiceHandler(cluster.Migrations{P: c.proxy}, guard)
 	mux.Handle(path, h)
 	path, h = corralv1connect.NewIAMServiceHandler(control.NewIAMService(c.iam, g.Images), guard)
 	mux.Handle(path, h)

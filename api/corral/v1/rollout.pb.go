@@ -89,9 +89,12 @@ type Snapshot struct {
 	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	Backend   string `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
 	// Bytes on the node's disk (memory file and disk copy, allocated blocks).
-	Bytes         int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Created       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created,proto3" json:"created,omitempty"`
-	Project       string                 `protobuf:"bytes,6,opt,name=project,proto3" json:"project,omitempty"`
+	Bytes   int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Created *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created,proto3" json:"created,omitempty"`
+	Project string                 `protobuf:"bytes,6,opt,name=project,proto3" json:"project,omitempty"`
+	// The source sandbox's resources, which a restore takes (a control
+	// instance admits the restore with them).
+	Resources     *Resources `protobuf:"bytes,7,opt,name=resources,proto3" json:"resources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -166,6 +169,13 @@ func (x *Snapshot) GetProject() string {
 		return x.Project
 	}
 	return ""
+}
+
+func (x *Snapshot) GetResources() *Resources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
 }
 
 type SnapshotRequest struct {
@@ -1294,7 +1304,7 @@ var File_corral_v1_rollout_proto protoreflect.FileDescriptor
 
 const file_corral_v1_rollout_proto_rawDesc = "" +
 	"\n" +
-	"\x17corral/v1/rollout.proto\x12\tcorral.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17corral/v1/sandbox.proto\"\xb9\x01\n" +
+	"\x17corral/v1/rollout.proto\x12\tcorral.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17corral/v1/sandbox.proto\"\xed\x01\n" +
 	"\bSnapshot\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -1302,7 +1312,8 @@ const file_corral_v1_rollout_proto_rawDesc = "" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x12\x14\n" +
 	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x124\n" +
 	"\acreated\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12\x18\n" +
-	"\aproject\x18\x06 \x01(\tR\aproject\"0\n" +
+	"\aproject\x18\x06 \x01(\tR\aproject\x122\n" +
+	"\tresources\x18\a \x01(\v2\x14.corral.v1.ResourcesR\tresources\"0\n" +
 	"\x0fSnapshotRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"C\n" +
@@ -1445,50 +1456,52 @@ var file_corral_v1_rollout_proto_goTypes = []any{
 	nil,                            // 23: corral.v1.PauseManyRequest.LabelsEntry
 	nil,                            // 24: corral.v1.ResumeManyRequest.LabelsEntry
 	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
-	(*Sandbox)(nil),                // 26: corral.v1.Sandbox
-	(*ExecResult)(nil),             // 27: corral.v1.ExecResult
+	(*Resources)(nil),              // 26: corral.v1.Resources
+	(*Sandbox)(nil),                // 27: corral.v1.Sandbox
+	(*ExecResult)(nil),             // 28: corral.v1.ExecResult
 }
 var file_corral_v1_rollout_proto_depIdxs = []int32{
 	25, // 0: corral.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
-	1,  // 1: corral.v1.SnapshotResponse.snapshot:type_name -> corral.v1.Snapshot
-	22, // 2: corral.v1.RestoreRequest.labels:type_name -> corral.v1.RestoreRequest.LabelsEntry
-	26, // 3: corral.v1.RestoreResponse.sandbox:type_name -> corral.v1.Sandbox
-	1,  // 4: corral.v1.ListSnapshotsResponse.snapshots:type_name -> corral.v1.Snapshot
-	16, // 5: corral.v1.ListSnapshotsResponse.node_failures:type_name -> corral.v1.NodeFailure
-	26, // 6: corral.v1.ForkOutcome.sandbox:type_name -> corral.v1.Sandbox
-	11, // 7: corral.v1.ForkResponse.forks:type_name -> corral.v1.ForkOutcome
-	23, // 8: corral.v1.PauseManyRequest.labels:type_name -> corral.v1.PauseManyRequest.LabelsEntry
-	14, // 9: corral.v1.PauseManyResponse.failures:type_name -> corral.v1.SandboxFailure
-	16, // 10: corral.v1.PauseManyResponse.node_failures:type_name -> corral.v1.NodeFailure
-	24, // 11: corral.v1.ResumeManyRequest.labels:type_name -> corral.v1.ResumeManyRequest.LabelsEntry
-	14, // 12: corral.v1.ResumeManyResponse.failures:type_name -> corral.v1.SandboxFailure
-	16, // 13: corral.v1.ResumeManyResponse.node_failures:type_name -> corral.v1.NodeFailure
-	0,  // 14: corral.v1.ExecLogEntry.state:type_name -> corral.v1.ExecState
-	27, // 15: corral.v1.ExecLogEntry.result:type_name -> corral.v1.ExecResult
-	25, // 16: corral.v1.ExecLogEntry.started_at:type_name -> google.protobuf.Timestamp
-	25, // 17: corral.v1.ExecLogEntry.ended_at:type_name -> google.protobuf.Timestamp
-	20, // 18: corral.v1.ListExecsResponse.entries:type_name -> corral.v1.ExecLogEntry
-	19, // 19: corral.v1.RolloutService.ListExecs:input_type -> corral.v1.ListExecsRequest
-	13, // 20: corral.v1.RolloutService.PauseMany:input_type -> corral.v1.PauseManyRequest
-	17, // 21: corral.v1.RolloutService.ResumeMany:input_type -> corral.v1.ResumeManyRequest
-	10, // 22: corral.v1.RolloutService.Fork:input_type -> corral.v1.ForkRequest
-	2,  // 23: corral.v1.RolloutService.Snapshot:input_type -> corral.v1.SnapshotRequest
-	4,  // 24: corral.v1.RolloutService.Restore:input_type -> corral.v1.RestoreRequest
-	6,  // 25: corral.v1.RolloutService.ListSnapshots:input_type -> corral.v1.ListSnapshotsRequest
-	8,  // 26: corral.v1.RolloutService.DeleteSnapshot:input_type -> corral.v1.DeleteSnapshotRequest
-	21, // 27: corral.v1.RolloutService.ListExecs:output_type -> corral.v1.ListExecsResponse
-	15, // 28: corral.v1.RolloutService.PauseMany:output_type -> corral.v1.PauseManyResponse
-	18, // 29: corral.v1.RolloutService.ResumeMany:output_type -> corral.v1.ResumeManyResponse
-	12, // 30: corral.v1.RolloutService.Fork:output_type -> corral.v1.ForkResponse
-	3,  // 31: corral.v1.RolloutService.Snapshot:output_type -> corral.v1.SnapshotResponse
-	5,  // 32: corral.v1.RolloutService.Restore:output_type -> corral.v1.RestoreResponse
-	7,  // 33: corral.v1.RolloutService.ListSnapshots:output_type -> corral.v1.ListSnapshotsResponse
-	9,  // 34: corral.v1.RolloutService.DeleteSnapshot:output_type -> corral.v1.DeleteSnapshotResponse
-	27, // [27:35] is the sub-list for method output_type
-	19, // [19:27] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	26, // 1: corral.v1.Snapshot.resources:type_name -> corral.v1.Resources
+	1,  // 2: corral.v1.SnapshotResponse.snapshot:type_name -> corral.v1.Snapshot
+	22, // 3: corral.v1.RestoreRequest.labels:type_name -> corral.v1.RestoreRequest.LabelsEntry
+	27, // 4: corral.v1.RestoreResponse.sandbox:type_name -> corral.v1.Sandbox
+	1,  // 5: corral.v1.ListSnapshotsResponse.snapshots:type_name -> corral.v1.Snapshot
+	16, // 6: corral.v1.ListSnapshotsResponse.node_failures:type_name -> corral.v1.NodeFailure
+	27, // 7: corral.v1.ForkOutcome.sandbox:type_name -> corral.v1.Sandbox
+	11, // 8: corral.v1.ForkResponse.forks:type_name -> corral.v1.ForkOutcome
+	23, // 9: corral.v1.PauseManyRequest.labels:type_name -> corral.v1.PauseManyRequest.LabelsEntry
+	14, // 10: corral.v1.PauseManyResponse.failures:type_name -> corral.v1.SandboxFailure
+	16, // 11: corral.v1.PauseManyResponse.node_failures:type_name -> corral.v1.NodeFailure
+	24, // 12: corral.v1.ResumeManyRequest.labels:type_name -> corral.v1.ResumeManyRequest.LabelsEntry
+	14, // 13: corral.v1.ResumeManyResponse.failures:type_name -> corral.v1.SandboxFailure
+	16, // 14: corral.v1.ResumeManyResponse.node_failures:type_name -> corral.v1.NodeFailure
+	0,  // 15: corral.v1.ExecLogEntry.state:type_name -> corral.v1.ExecState
+	28, // 16: corral.v1.ExecLogEntry.result:type_name -> corral.v1.ExecResult
+	25, // 17: corral.v1.ExecLogEntry.started_at:type_name -> google.protobuf.Timestamp
+	25, // 18: corral.v1.ExecLogEntry.ended_at:type_name -> google.protobuf.Timestamp
+	20, // 19: corral.v1.ListExecsResponse.entries:type_name -> corral.v1.ExecLogEntry
+	19, // 20: corral.v1.RolloutService.ListExecs:input_type -> corral.v1.ListExecsRequest
+	13, // 21: corral.v1.RolloutService.PauseMany:input_type -> corral.v1.PauseManyRequest
+	17, // 22: corral.v1.RolloutService.ResumeMany:input_type -> corral.v1.ResumeManyRequest
+	10, // 23: corral.v1.RolloutService.Fork:input_type -> corral.v1.ForkRequest
+	2,  // 24: corral.v1.RolloutService.Snapshot:input_type -> corral.v1.SnapshotRequest
+	4,  // 25: corral.v1.RolloutService.Restore:input_type -> corral.v1.RestoreRequest
+	6,  // 26: corral.v1.RolloutService.ListSnapshots:input_type -> corral.v1.ListSnapshotsRequest
+	8,  // 27: corral.v1.RolloutService.DeleteSnapshot:input_type -> corral.v1.DeleteSnapshotRequest
+	21, // 28: corral.v1.RolloutService.ListExecs:output_type -> corral.v1.ListExecsResponse
+	15, // 29: corral.v1.RolloutService.PauseMany:output_type -> corral.v1.PauseManyResponse
+	18, // 30: corral.v1.RolloutService.ResumeMany:output_type -> corral.v1.ResumeManyResponse
+	12, // 31: corral.v1.RolloutService.Fork:output_type -> corral.v1.ForkResponse
+	3,  // 32: corral.v1.RolloutService.Snapshot:output_type -> corral.v1.SnapshotResponse
+	5,  // 33: corral.v1.RolloutService.Restore:output_type -> corral.v1.RestoreResponse
+	7,  // 34: corral.v1.RolloutService.ListSnapshots:output_type -> corral.v1.ListSnapshotsResponse
+	9,  // 35: corral.v1.RolloutService.DeleteSnapshot:output_type -> corral.v1.DeleteSnapshotResponse
+	28, // [28:36] is the sub-list for method output_type
+	20, // [20:28] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_rollout_proto_init() }

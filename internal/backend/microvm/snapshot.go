@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"syscall"
 	"time"
@@ -145,7 +144,7 @@ func (b *Backend) Restore(ctx context.Context, spec backend.Spec, dir string) (b
 		return nil, errdefs.FailedPrecondition("snapshot %s: taken with %s (kvm %v), this node runs %s (kvm %v)", filepath.Base(dir), src.Driver, src.KVM, b.drv.Name(), b.kvm)
 	case src.VCPUs != vcpus || src.MemoryMiB != spec.Resources.MemoryBytes>>20:
 		return nil, errdefs.InvalidArgument("resources: a restore keeps the snapshot's %d vCPUs and %d MiB", src.VCPUs, src.MemoryMiB)
-	case !reflect.DeepEqual(src.Layers, spec.LayerDisks):
+	case !sameLayers(src.Layers, spec.LayerDisks):
 		return nil, errdefs.FailedPrecondition("snapshot %s: the image's layer files changed since the snapshot", filepath.Base(dir))
 	}
 	c := &creation{b: b, spec: spec, mode: mode}

@@ -1,0 +1,289 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/testenv"
+)
+
+// counter counts in the background, five times a second, into /tmp/count
+// (renamed into place, so a read never sees a half write).
+const counter = "/.corral/sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.2; done' >/dev/null 2>&1 &"
+
+func count(t *testing.T, sb *client.Sandbox) int {
+	t.Helper()
+	n, err := strconv.Atoi(strings.TrimSpace(testenv.Sh(t, sb, "cat /tmp/count")))
+	if err != nil {
+		t.Fatalf("sandbox %s: counter: %v", sb.ID(), err)
+	}
+	return n
+}
+
+// TestMigrateMicroVM moves a running microVM between the two nodes of a
+// cluster (real etcd, microVM under TCG, one boot): through the control
+// instance the same id then reaches the new node, whose copy has the
+// file written before and a counter going on from at least its value
+// before the move; the old node keeps nothing of it, and a delete
+// leaves nothing on either; a keyed command replays from the exec log
+// that came along. Bad inputs are refused naming the field; a
+// migration failing half way (the target lacks the image) leaves the
+// original running and nothing on the target; a snapshot and restore on
+// one node is timed beside the migration.
+func TestMigrateMicroVM(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
+		t.Skip("microvm: needs qemu-system-x86_64 (package qemu-system-x86)")
+	}
+	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
+		t.Skip("microvm: needs a guest kernel (package linux-image-amd64)")
+	}
+	r := startRig(t, false, 1, 2, "--microvm-snapshot-after", "1h")
+	c := r.cli[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	n0, n1 := nodeID(t, r, 0), nodeID(t, r, 1)
+	on0 := client.Placement{NodeLabels: map[string]string{"rack": "r0"}}
+
+	if _, err := c.Sandbox(n0+"-000000000000").Migrate(ctx, n1); !client.IsNotFound(err) {
+		t.Errorf("migrate of an unknown sandbox: %v, want not found", err)
+	}
+	// A project's token may not pick nodes: migration is the cluster
+	// administrator's.
+	if _, err := c.CreateProject(ctx, "mig", client.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	_, secret, err := c.CreateToken(ctx, client.TokenOptions{Project: "mig"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	member, err := client.New(fmt.Sprintf("127.0.0.1:%d", controlBase), client.WithToken(secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer member.Close()
+	if _, err := member.Sandbox(n0+"-000000000000").Migrate(ctx, n1); !client.IsPermissionDenied(err) {
+		t.Errorf("migrate with a project's token: %v, want permission denied", err)
+	}
+	ctr, err := c.Create(ctx, client.CreateOptions{Placement: on0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctr.Migrate(ctx, n1); !client.IsUnimplemented(err) || !strings.Contains(err.Error(), "CRIU") {
+		t.Errorf("migrate of a container: %v, want unimplemented naming CRIU", err)
+	}
+	if err := ctr.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The VM's image is a composition over busybox's layers that node 1
+	// lacks at first: a migration there fails at the restore, half way.
+	comp := client.Composition{Ref: "migrate@1"}
+	imgs, err := nodeClient(t, r, 0).ListImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range imgs.Built {
+		if b.Name == "busybox" {
+			comp.Env = b.Env
+			for _, l := range b.Layers {
+				comp.Layers = append(comp.Layers, l.Ref)
+			}
+		}
+	}
+	if _, err := nodeClient(t, r, 0).CreateComposition(ctx, comp); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := c.Create(ctx, client.CreateOptions{Backend: "microvm", Image: comp.Ref, Resources: client.Resources{MemoryBytes: 256 << 20},
+		Labels: map[string]string{"job": "migrate"}, Placement: on0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := sb.Info(ctx); err != nil || info.NodeID != n0 {
+		t.Fatalf("microVM on node %s: %+v, %v", n0, info, err)
+	}
+	for _, bad := range []struct {
+		node  string
+		check func(error) bool
+	}{{"", client.IsInvalidArgument}, {"nosuchnode", client.IsInvalidArgument}, {n0, client.IsFailedPrecondition}} {
+		if _, err := sb.Migrate(ctx, bad.node); !bad.check(err) || !strings.Contains(err.Error(), "target_node") {
+			t.Errorf("migrate to %q: %v, want an error naming target_node", bad.node, err)
+		}
+	}
+	testenv.Sh(t, sb, "echo written-before > /root/kept; sync")
+	keyed := client.Command{Shell: "echo once >> /root/once", IdempotencyKey: "migrate-1"}
+	if res, err := sb.Run(ctx, keyed); err != nil || res.ExitCode != 0 || res.Replayed {
+		t.Fatalf("keyed command: %+v, %v", res, err)
+	}
+	testenv.Sh(t, sb, counter)
+	deadline := time.Now().Add(time.Minute)
+	for testenv.Run(t, sb, client.Command{Args: []string{"test", "-s", "/tmp/count"}}).ExitCode != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the counter never started")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	// The peer, in the same run: a snapshot and a restore on one node.
+	start := time.Now()
+	snap, err := sb.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapTook := time.Since(start)
+	start = time.Now()
+	copyOf, _, err := c.Restore(ctx, snap.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restoreTook := time.Since(start)
+	if err := copyOf.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	if len(vmmOf(r, 0, sb.ID())) == 0 {
+		t.Fatalf("no VMM of sandbox %s found on node 0 (the leftover checks would see nothing)", sb.ID())
+	}
+
+	// A migration that fails after the copy (node 1 has no such image)
+	// leaves the original running and nothing on node 1.
+	before := count(t, sb)
+	_, err = sb.Migrate(ctx, n1)
+	if err == nil || !strings.Contains(err.Error(), comp.Ref) {
+		t.Errorf("migrate to a node without the image: %v, want an error naming %s", err, comp.Ref)
+	}
+	t.Logf("migration to a node without the image: %v", err)
+	assertNothingOf(t, r, 1, sb.ID())
+	if info, err := sb.Info(ctx); err != nil || info.NodeID != n0 {
+		t.Errorf("after a failed migration: %+v, %v", info, err)
+	}
+	if got := count(t, sb); got < before {
+		t.Errorf("counter %d after a failed migration, want at least %d", got, before)
+	}
+	if snaps, err := c.ListSnapshots(ctx); err != nil || len(snaps) != 0 {
+		t.Errorf("snapshots left by a failed migration: %+v, %v", snaps, err)
+	}
+	if _, err := nodeClient(t, r, 1).CreateComposition(ctx, comp); err != nil {
+		t.Fatal(err)
+	}
+
+	before = count(t, sb)
+	m, err := sb.Migrate(ctx, n1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("migration of a 256 MiB microVM: %v (snapshot %v, copy %v of %d MiB, restore %v); on one node snapshot %v + restore %v = %v",
+		m.Total, m.SnapshotTime, m.CopyTime, m.BytesCopied>>20, m.RestoreTime, snapTook, restoreTook, snapTook+restoreTook)
+	if m.SourceNode != n0 || m.Sandbox.ID != sb.ID() || m.Sandbox.NodeID != n1 || m.Warning != "" {
+		t.Errorf("migration: %+v", m)
+	}
+
+	// The same id, through the control instance, now reaches node 1.
+	info, err := sb.Info(ctx)
+	if err != nil || info.NodeID != n1 || info.ID != sb.ID() || info.Labels["job"] != "migrate" {
+		t.Fatalf("after the migration: %+v, %v", info, err)
+	}
+	if got := strings.TrimSpace(testenv.Sh(t, sb, "cat /root/kept")); got != "written-before" {
+		t.Errorf("file after the migration: %q", got)
+	}
+	// The exec log came along: the keyed command replays, not runs again.
+	if res, err := sb.Run(ctx, keyed); err != nil || !res.Replayed {
+		t.Errorf("keyed command repeated after the migration: %+v, %v, want replayed", res, err)
+	}
+	if got := testenv.Sh(t, sb, "cat /root/once"); got != "once\n" {
+		t.Errorf("the keyed command's file after the migration: %q, want one line", got)
+	}
+	first := count(t, sb)
+	if first < before {
+		t.Errorf("counter %d after the migration, want at least %d (its value before)", first, before)
+	}
+	for deadline := time.Now().Add(20 * time.Second); count(t, sb) <= first; time.Sleep(300 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("counter stuck at %d after the migration", first)
+		}
+	}
+	list, err := c.List(ctx, client.ListOptions{Labels: map[string]string{"job": "migrate"}})
+	if err != nil || len(list) != 1 || list[0].ID != sb.ID() || list[0].NodeID != n1 {
+		t.Errorf("list after the migration: %+v, %v", list, err)
+	}
+	if len(vmmOf(r, 1, sb.ID())) == 0 {
+		t.Errorf("no VMM of sandbox %s on node 1 after the migration", sb.ID())
+	}
+	assertNothingOf(t, r, 0, sb.ID())
+	if snaps, err := c.ListSnapshots(ctx); err != nil || len(snaps) != 0 {
+		t.Errorf("snapshots left by the migration: %+v, %v", snaps, err)
+	}
+
+	if err := sb.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Info(ctx); !client.IsNotFound(err) {
+		t.Errorf("get after the delete: %v, want not found", err)
+	}
+	for i := range 2 {
+		assertNothingOf(t, r, i, sb.ID())
+	}
+}
+
+// nodeClient is a client of node i's own socket, as its administrator.
+func nodeClient(t *testing.T, r *rig, i int) *client.Client {
+	t.Helper()
+	c, err := client.New("unix://" + filepath.Join(r.nodeDir[i], "corral.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// vmmOf lists the processes of node i's sandbox id: those whose command
+// line names the node's data dir and the id (its VMM).
+func vmmOf(r *rig, i int, id string) []string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, _ := os.ReadFile(p)
+		if s := string(b); strings.Contains(s, r.nodeDir[i]) && strings.Contains(s, id) {
+			out = append(out, "process "+filepath.Base(filepath.Dir(p))+": "+strings.ReplaceAll(s, "\x00", " "))
+		}
+	}
+	return out
+}
+
+// assertNothingOf checks that node i holds nothing of sandbox id: no VMM
+// (vmmOf), no file or mount named by the id under its data dir (run dir,
+// disk overlay).
+func assertNothingOf(t *testing.T, r *rig, i int, id string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second) // a delete's teardown finishes in the background
+	for {
+		left := vmmOf(r, i, id)
+		_ = filepath.WalkDir(r.nodeDir[i], func(p string, d os.DirEntry, err error) error {
+			if err == nil && strings.Contains(d.Name(), id) {
+				left = append(left, "file "+p)
+			}
+			return nil
+		})
+		for _, mp := range testenv.MountsUnder(r.nodeDir[i]) {
+			if strings.Contains(mp, id) {
+				left = append(left, "mount "+mp)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %d still holds sandbox %s: %s", i, id, strings.Join(left, "; "))
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
