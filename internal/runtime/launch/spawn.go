@@ -108,19 +108,26 @@ func Spawn(sc SpawnConfig) (*Process, *initproto.Conn, error) {
 		setup.Close()
 		return nil, nil, fmt.Errorf("start %s: %w", sc.InitPath, err)
 	}
-	// The spawner, not the node, is the parent of what it spawned.
-	p, err := newProcess(pid, pidfd, !viaSpawner)
-	if err == nil && viaSpawner && !p.Alive() {
-		// Exited and reaped already: the start time read may be another's.
-		p.Release()
-		err = fmt.Errorf("init %d exited at start", pid)
+	if viaSpawner {
+		// The spawner, not the node, is init's parent and reaps it: a pid
+		// may then be reused at once, so nothing here kills by pid.
+		p, err := newProcess(pid, pidfd, false)
+		if err == nil && !p.Alive() {
+			// Exited already: the start time read may be another's.
+			p.Release()
+			err = fmt.Errorf("init %d exited at start", pid)
+		}
+		if err != nil {
+			setup.Close()
+			return nil, nil, err
+		}
+		return p, setup, nil
 	}
+	p, err := newProcess(pid, pidfd, true)
 	if err != nil {
 		unix.Kill(pid, unix.SIGKILL)
-		if !viaSpawner {
-			var ws unix.WaitStatus
-			unix.Wait4(pid, &ws, 0, nil)
-		}
+		var ws unix.WaitStatus
+		unix.Wait4(pid, &ws, 0, nil)
 		setup.Close()
 		return nil, nil, err
 	}
