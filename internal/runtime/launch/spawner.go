@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/guest/initproto"
 	"github.com/corral-dev/corral/internal/runtime/spawner"
 	"golang.org/x/sys/unix"
@@ -284,7 +285,8 @@ func (p *spawnerProc) request(sc SpawnConfig, setupChild *os.File) (pid, pidfd i
 	var rep spawner.Reply
 	got, err := reply.Recv(&rep)
 	if err != nil {
-		return 0, 0, true, fmt.Errorf("start init: spawner %d: %w", p.pid, err)
+		// Retrying is the caller's business: this request may have cloned.
+		return 0, 0, true, errdefs.Unavailable("start init: spawner %d ended during the request: %v", p.pid, err)
 	}
 	if rep.Error != "" {
 		closeFds(got)
