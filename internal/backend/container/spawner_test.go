@@ -38,8 +38,32 @@ func TestInitsComeFromTheSpawner(t *testing.T) {
 	if r := sh(t, s, "echo ok"); r.stdout != "ok\n" {
 		t.Fatalf("exec: %+v", r)
 	}
-	if got := parentPid(t, s.(*sandbox).proc.Pid); got != sp {
+	pid := s.(*sandbox).proc.Pid
+	if got := parentPid(t, pid); got != sp {
 		t.Errorf("init's parent is %d, want the spawner %d (the test process is %d)", got, sp, os.Getpid())
+	}
+	// The spawner placed init in every v1 hierarchy of the sandbox.
+	cg, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	placed := 0
+	for _, line := range strings.Split(string(cg), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			if c == "memory" || c == "pids" || c == "cpu" || c == "blkio" || c == "freezer" {
+				if !strings.Contains(parts[2], s.ID()) {
+					t.Errorf("init's %s cgroup is %s, not the sandbox's", c, parts[2])
+				}
+				placed++
+			}
+		}
+	}
+	if placed == 0 {
+		t.Errorf("no v1 hierarchy in init's cgroups:\n%s", cg)
 	}
 }
 
