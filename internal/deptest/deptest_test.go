@@ -68,13 +68,14 @@ var rules = []rule{
 		never: cat(staticBad, stateful)},
 	{pkg: "internal/guest/agentclient", may: []string{"internal/guest/agentproto", "internal/errdefs", "internal/backend"},
 		never: cat(staticBad, stateful)},
-	{pkg: "cmd/corral-init", may: []string{"internal/guest/init"}, never: cat([]string{"net"}, staticBad)},
+	{pkg: "internal/runtime/spawner", may: []string{"internal/guest/initproto"}, never: cat([]string{"net"}, staticBad)},
+	{pkg: "cmd/corral-init", may: []string{"internal/guest/init", "internal/runtime/spawner"}, never: cat([]string{"net"}, staticBad)},
 	{pkg: "cmd/corral-agent", may: []string{"internal/guest/agent"}, never: staticBad},
 	{pkg: "cmd/corral-probe", never: []string{"internal/...", "client", "api/..."}},
 
 	// The runtime: processes, namespaces, cgroups; no backend above it.
 	{pkg: "internal/runtime/cgroup", may: []string{"internal/mountinfo"}, never: cat([]string{"internal/backend/..."}, stateful)},
-	{pkg: "internal/runtime/launch", may: []string{"internal/errdefs", "internal/runtime/cgroup", "internal/guest/initproto", "internal/runtime/userns"},
+	{pkg: "internal/runtime/launch", may: []string{"internal/errdefs", "internal/runtime/cgroup", "internal/guest/initproto", "internal/runtime/userns", "internal/runtime/spawner"},
 		never: cat([]string{"internal/backend/..."}, stateful)},
 
 	// Storage and files.

@@ -88,6 +88,7 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 	case errdefs.IsNotSupported(err):
 		cfg.Logger.Warn("microvm backend unavailable", "err", err)
 	case err != nil:
+		ctr.Close()
 		store.Close(ctx, false)
 		return nil, err
 	default:
@@ -95,6 +96,7 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 		st.backends = append(st.backends, vm)
 	}
 	if err := st.addFullVM(cfg, network); err != nil {
+		ctr.Close()
 		store.Close(ctx, false)
 		return nil, err
 	}
@@ -134,7 +136,7 @@ func (s *stack) addFullVM(cfg Config, network *netpolicy.Manager) error {
 func (s *stack) close(ctx context.Context, cleanup bool) error {
 	// The bridge and NAT stay while sandboxes that outlive the server
 	// still use them.
-	errs := []error{s.network.Close()}
+	errs := []error{s.network.Close(), s.container.Close()}
 	if cleanup {
 		errs = append(errs, s.container.RemoveCgroupParent())
 	}

@@ -83,6 +83,8 @@ type Backend struct {
 	cg          *cgroup.Manager
 	cgIdle      *cgroup.Manager // best-effort sandboxes (cgroup.Manager.Idle)
 	log         *slog.Logger
+	// spawner clones inits, so that the daemon does not fork itself.
+	spawner *launch.Spawner
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -137,8 +139,13 @@ func New(cfg Config) (*Backend, error) {
 	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("container backend: run dir: %w", err)
 	}
-	return &Backend{cfg: cfg, seccomp: filter, poolSeccomp: poolFilter, cg: cg, cgIdle: cg.Idle(), log: cfg.Logger.With("backend", "container")}, nil
+	log := cfg.Logger.With("backend", "container")
+	return &Backend{cfg: cfg, seccomp: filter, poolSeccomp: poolFilter, cg: cg, cgIdle: cg.Idle(), log: log,
+		spawner: launch.NewSpawner(cfg.InitPath, log)}, nil
 }
+
+// Close stops the backend's spawner; its sandboxes keep running.
+func (b *Backend) Close() error { return b.spawner.Close() }
 
 func compile(p *seccomp.Profile) ([]byte, error) {
 	prog, err := seccomp.Compile(p)

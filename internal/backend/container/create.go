@@ -195,7 +195,7 @@ func (c *creation) spawn(ctx context.Context) error {
 	defer logf.Close()
 	sc := launch.SpawnConfig{
 		InitPath: c.b.cfg.InitPath, Group: c.group, Listener: c.ln, Stderr: logf,
-		Dir: filepath.Join(c.dir, "rootfs"), IDs: c.ids,
+		Dir: filepath.Join(c.dir, "rootfs"), IDs: c.ids, Spawner: c.b.spawner,
 	}
 	if c.net != nil {
 		sc.Netns = c.net.Netns()

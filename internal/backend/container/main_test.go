@@ -148,6 +148,7 @@ func newBackend(t testing.TB) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { b.Close() })
 	return b
 }
 
@@ -180,6 +181,7 @@ func newDiskBackend(t testing.TB) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { b.Close() })
 	return b
 }
 

@@ -170,6 +170,30 @@ func (g *Group) EnterThread() (restore func() error, err error) {
 	return restore, nil
 }
 
+// OpenTasks opens the tasks file of each of the group's v1 hierarchies for
+// writing, for a process that moves one of its own threads in (the
+// spawner, which gets them with a request); the caller closes them.
+func (g *Group) OpenTasks() ([]*os.File, error) {
+	var files []*os.File
+	seen := map[string]bool{}
+	for _, c := range v1Controllers {
+		d := g.v1[c]
+		if d == "" || seen[d] {
+			continue
+		}
+		seen[d] = true
+		f, err := os.OpenFile(filepath.Join(d, "tasks"), os.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil, fmt.Errorf("cgroup %s: open %s tasks: %w", g.id, c, err)
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
+
 // threadCgroups maps each v1 controller to the calling thread's cgroup path.
 func threadCgroups() (map[string]string, error) {
 	return readCgroups("/proc/thread-self/cgroup")

@@ -2,8 +2,10 @@
 // control socket, starts corral-init inside fresh namespaces and the
 // sandbox's cgroups, watches it through a pidfd and talks to it with the
 // initproto protocol. It never sets up namespaces in the calling (daemon)
-// process. It imports the runtime packages, guest/initproto, errdefs and
-// x/sys/unix; never the backend, node or API layers.
+// process; the clones themselves come from a spawner process it starts
+// (Spawner), or from the node when none is running. It imports the runtime
+// packages, guest/initproto, errdefs and x/sys/unix; never the backend,
+// node or API layers.
 package launch
 
 import (
@@ -14,12 +16,12 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/guest/initproto"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
+	"github.com/corral-dev/corral/internal/runtime/spawner"
 	"github.com/corral-dev/corral/internal/runtime/userns"
 	"golang.org/x/sys/unix"
 )
@@ -28,9 +30,6 @@ import (
 // the child already sits in its cgroups, so its cgroup root is its own.
 const cloneFlags = unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS |
 	unix.CLONE_NEWIPC | unix.CLONE_NEWNET | unix.CLONE_NEWCGROUP
-
-// initFd is where init finds its own binary at exec (see spawnOnThread).
-const initFd = initproto.SetupFd + 1
 
 // Listen binds the SOCK_SEQPACKET control socket at path (its directory must
 // be private to root) and returns the listening socket for init.
@@ -69,10 +68,13 @@ type SpawnConfig struct {
 	// starts as its root (host IDs.Host), with every capability inside
 	// the namespace and none outside it.
 	IDs userns.Range
+	// Spawner, when set, clones init (see Spawner); nil: the node does.
+	Spawner *Spawner
 }
 
-// Spawn starts init in new namespaces inside Group. The returned Setup must
-// be completed with Process.Setup.
+// Spawn starts init in new namespaces inside Group, through sc.Spawner if
+// set (directly if it has none running). The returned Setup must be
+// completed with Process.Setup.
 func Spawn(sc SpawnConfig) (*Process, *initproto.Conn, error) {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -84,6 +86,57 @@ func Spawn(sc SpawnConfig) (*Process, *initproto.Conn, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("setup socket: %w", err)
 	}
+	if sc.IDs.Size == 0 {
+		setup.Close()
+		return nil, nil, errors.New("start init: no id range for its user namespace")
+	}
+	var (
+		pid, pidfd int
+		viaSpawner bool
+	)
+	if sc.Spawner != nil {
+		pid, pidfd, viaSpawner, err = sc.Spawner.spawn(sc, child)
+	}
+	if !viaSpawner {
+		pid, pidfd, err = spawnDirect(sc, child)
+	}
+	if errors.Is(err, unix.EAGAIN) {
+		// No PID to spare: the host's, or the sandboxes' parent cgroup's.
+		setup.Close()
+		return nil, nil, errdefs.ResourceExhausted("start %s: %v: no PID left for a new sandbox", sc.InitPath, err)
+	}
+	if err != nil {
+		setup.Close()
+		return nil, nil, fmt.Errorf("start %s: %w", sc.InitPath, err)
+	}
+	if viaSpawner {
+		// The spawner, not the node, is init's parent and reaps it: a pid
+		// may then be reused at once, so nothing here kills by pid.
+		p, err := newProcess(pid, pidfd, false)
+		if err == nil && !p.Alive() {
+			// Exited already: the start time read may be another's.
+			p.Release()
+			err = fmt.Errorf("init %d exited at start", pid)
+		}
+		if err != nil {
+			setup.Close()
+			return nil, nil, err
+		}
+		return p, setup, nil
+	}
+	p, err := newProcess(pid, pidfd, true)
+	if err != nil {
+		unix.Kill(pid, unix.SIGKILL)
+		var ws unix.WaitStatus
+		unix.Wait4(pid, &ws, 0, nil)
+		setup.Close()
+		return nil, nil, err
+	}
+	return p, setup, nil
+}
+
+// spawnDirect clones init from the daemon, on a thread of its own.
+func spawnDirect(sc SpawnConfig, child *os.File) (pid, pidfd int, err error) {
 	type result struct {
 		pid, pidfd int
 		err        error
@@ -97,19 +150,7 @@ func Spawn(sc SpawnConfig) (*Process, *initproto.Conn, error) {
 		res <- result{pid, pidfd, err}
 	}()
 	r := <-res
-	if r.err != nil {
-		setup.Close()
-		return nil, nil, r.err
-	}
-	p, err := newProcess(r.pid, r.pidfd, true)
-	if err != nil {
-		unix.Kill(r.pid, unix.SIGKILL)
-		var ws unix.WaitStatus
-		unix.Wait4(r.pid, &ws, 0, nil)
-		setup.Close()
-		return nil, nil, err
-	}
-	return p, setup, nil
+	return r.pid, r.pidfd, r.err
 }
 
 func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err error) {
@@ -173,56 +214,21 @@ func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err err
 		}
 		flags &^= unix.CLONE_NEWNET
 	}
-	pidfd = -1
-	if sc.IDs.Size == 0 {
-		return 0, 0, errors.New("start init: no id range for its user namespace")
-	}
-	// CLONE_NEWUSER comes first in the kernel, so the other namespaces
-	// belong to the new user namespace (a pooled network namespace
-	// joined above stays owned by the node's: the sandbox cannot
-	// reconfigure it). Go writes the maps from here before init runs;
-	// setgroups stays allowed for execs' groups.
-	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(sc.IDs.Host), Size: int(sc.IDs.Size)}}
-	attr := &syscall.SysProcAttr{
-		Cloneflags: flags | unix.CLONE_NEWUSER, PidFD: &pidfd,
-		UidMappings: idmap, GidMappings: idmap, GidMappingsEnableSetgroups: true,
-		Credential: &syscall.Credential{Uid: 0, Gid: 0},
-	}
+	// A pooled network namespace joined above stays owned by the node's
+	// user namespace: the sandbox cannot reconfigure it.
+	c := spawner.Clone{Flags: flags, Host: sc.IDs.Host, Size: sc.IDs.Size, CgroupFD: -1,
+		Stdin: int(null.Fd()), Stderr: int(stderr.Fd()), Listener: int(sc.Listener.Fd()), Setup: int(setupChild.Fd())}
 	if cgfd != nil {
 		defer cgfd.Close()
-		attr.UseCgroupFD, attr.CgroupFD = true, int(cgfd.Fd())
+		c.CgroupFD = int(cgfd.Fd())
 	}
-	// Init execs as root of its user namespace, a host uid that may not
-	// traverse the directories on InitPath: it runs the file the node
-	// opened (inherited as initFd, which init closes first thing).
 	bin, err := os.Open(sc.InitPath)
 	if err != nil {
 		return 0, 0, fmt.Errorf("start init: %w", err)
 	}
 	defer bin.Close()
-	files := []uintptr{null.Fd(), stderr.Fd(), stderr.Fd(), sc.Listener.Fd(), setupChild.Fd(), bin.Fd()}
-	restoreOwner, err := becomeOwner(sc.IDs.Host)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer func() {
-		if rerr := restoreOwner(); rerr != nil && err == nil {
-			err = rerr
-		}
-	}()
-	pid, err = syscall.ForkExec(fmt.Sprintf("/proc/self/fd/%d", initFd), []string{"corral-init"}, &syscall.ProcAttr{
-		// One P from the start (init's own setting comes after the
-		// runtime has started threads for every CPU).
-		Env: []string{"GOMAXPROCS=1"}, Files: files, Sys: attr,
-	})
-	if errors.Is(err, unix.EAGAIN) {
-		// No PID to spare: the host's, or the sandboxes' parent cgroup's.
-		return 0, 0, errdefs.ResourceExhausted("start %s: %v: no PID left for a new sandbox", sc.InitPath, err)
-	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("start %s: %w", sc.InitPath, err)
-	}
-	return pid, pidfd, nil
+	c.Bin = int(bin.Fd())
+	return spawner.Start(c)
 }
 
 // enterNetns moves the calling (locked) thread into ns, so that the clone
