@@ -359,7 +359,7 @@ func checkPartitioned(path string) error {
 		return errdefs.InvalidArgument("file: shorter than one sector: not a disk image")
 	}
 	if binary.LittleEndian.Uint16(sector[510:]) != 0xaa55 {
-		return errdefs.InvalidArgument("file: a raw file without a partition table (no MBR signature at byte 510): not a bootable disk image")
+		return errdefs.InvalidArgument("file: not a disk image: no partition table (no MBR signature at byte 510; import takes qcow2 or a raw disk with an MBR or GPT)")
 	}
 	return nil
 }

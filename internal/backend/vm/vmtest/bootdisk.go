@@ -26,7 +26,7 @@ import (
 
 // Recipe versions what BootDisk builds; a change bumps it, so cached
 // disks of an earlier recipe are not reused.
-const Recipe = "bootdisk-1"
+const Recipe = "bootdisk-2"
 
 // Firmware values, as `vm-image import --firmware` takes them.
 const (
@@ -39,7 +39,11 @@ var (
 	syslinuxMBR  = "/usr/lib/syslinux/mbr/mbr.bin"                 // syslinux-common
 	systemdBoot  = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi" // systemd-boot-efi
 	ovmfCodeFile = "/usr/share/OVMF/OVMF_CODE_4M.fd"               // ovmf
-	bootCmdline  = "root=/dev/vda2 rw console=ttyS0 console=tty0 panic=-1 systemd.show_status=0"
+	// As the built image's (quiet: every console line is emulated I/O
+	// under TCG), with tsc=reliable for the TSC rate the direct boot
+	// passes and a boot loader's fixed configuration cannot: a loaded TCG
+	// host otherwise makes the guest distrust its TSC and read the HPET.
+	bootCmdline = "root=/dev/vda2 rw console=ttyS0 console=tty0 quiet loglevel=3 panic=-1 systemd.show_status=0 tsc=reliable"
 )
 
 // Missing says which Debian package the host lacks to build (and boot) a
@@ -120,6 +124,14 @@ func BootDisk(ctx context.Context, src, cacheRoot, firmware string) (string, err
 			return out, nil
 		}
 		return "", err
+	}
+	// Disks of this firmware from older sources or recipes are not used
+	// again (the newest Debian image is the source): hundreds of MiB each.
+	old, _ := filepath.Glob(filepath.Join(cacheRoot, "bootdisk-*-"+firmware+"-*"))
+	for _, o := range old {
+		if o != dir {
+			_ = os.RemoveAll(o)
+		}
 	}
 	return out, nil
 }
