@@ -12,6 +12,9 @@ pkgs+=(chromium)
 # The vm backend: qemu-img makes sandbox overlays, seabios and ovmf boot
 # bios and uefi images; mmdebstrap (above) builds the Debian VM image.
 pkgs+=(qemu-utils seabios ovmf)
+# The firmware boot tests build disks with their own boot loader
+# (internal/backend/vm/vmtest): partition tables, FAT, syslinux, systemd-boot.
+pkgs+=(fdisk dosfstools mtools syslinux syslinux-common systemd-boot-efi)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

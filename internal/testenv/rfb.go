@@ -32,6 +32,14 @@ func vmImage() string {
 	return newest
 }
 
+// VMImageCache is the directory of cached VM disks (see vmImageCache);
+// tests that build disks from the Debian image keep theirs beside it.
+func VMImageCache() string { return vmImageCache }
+
+// VMImageDir is the directory of the newest cached Debian VM image (after
+// RequireVMImage): disk.qcow2, vmlinuz, initrd.img.
+func VMImageDir() string { return vmImage() }
+
 // RequireVMImage skips the test unless a cached Debian VM image and QEMU
 // are there.
 func RequireVMImage(t testing.TB) {

@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -211,21 +212,75 @@ type diskInfo struct {
 	} `json:"format-specific"`
 }
 
-func qemuImgInfo(ctx context.Context, path string) (diskInfo, error) {
+// qemuImgInfo runs qemu-img info on path as format ("": let qemu-img
+// probe; only for disks the node made itself).
+func qemuImgInfo(ctx context.Context, path string, format ...string) (diskInfo, error) {
 	var di diskInfo
-	out, err := exec.CommandContext(ctx, "qemu-img", "info", "--output=json", path).Output()
+	args := []string{"info", "--output=json"}
+	if len(format) > 0 {
+		args = append(args, "-f", format[0])
+	}
+	out, err := exec.CommandContext(ctx, "qemu-img", append(args, path)...).Output()
 	if err != nil {
 		msg := err.Error()
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			msg = strings.TrimSpace(string(ee.Stderr))
 		}
-		return di, errdefs.InvalidArgument("not a disk image: qemu-img info: %s", msg)
+		return di, errdefs.InvalidArgument("file: not a disk image: qemu-img info: %s", msg)
 	}
 	if err := json.Unmarshal(out, &di); err != nil {
 		return di, fmt.Errorf("qemu-img info: %w", err)
 	}
 	return di, nil
+}
+
+// qcow2 header fields (the format's specification, version 2 and 3).
+const (
+	qcow2Magic          = "QFI\xfb"
+	qcow2IncompatOffset = 72     // incompatible_features, version 3
+	qcow2ExternalData   = 1 << 2 // incompatible feature: data in another file
+)
+
+// sniffFormat tells an uploaded disk's format from its first bytes,
+// before any qemu tool opens it: a probe would follow what the file
+// names, and a qcow2's backing or data file, a VMDK's extents, are paths
+// on the node. A qcow2 naming such a file is refused here; other formats
+// qemu knows are refused by name; anything else is raw.
+func sniffFormat(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	var h [4096]byte // the header and, as qemu-img writes it, the backing file's name
+	n, _ := io.ReadFull(f, h[:])
+	head := h[:n]
+	switch {
+	case bytes.HasPrefix(head, []byte(qcow2Magic)) && n >= qcow2IncompatOffset+8:
+		version := binary.BigEndian.Uint32(head[4:])
+		backingOffset := binary.BigEndian.Uint64(head[8:])
+		if backingOffset != 0 {
+			name := ""
+			if size := binary.BigEndian.Uint32(head[16:]); backingOffset+uint64(size) <= uint64(n) && size <= 1023 {
+				name = string(head[backingOffset : backingOffset+uint64(size)])
+			}
+			return "", errdefs.InvalidArgument("file: the qcow2 names a backing file (%q), a path on the node: flatten it first (qemu-img convert -O qcow2)", name)
+		}
+		if version >= 3 && binary.BigEndian.Uint64(head[qcow2IncompatOffset:])&qcow2ExternalData != 0 {
+			return "", errdefs.InvalidArgument("file: the qcow2 keeps its data in an external data file, a path on the node: convert it first (qemu-img convert -O qcow2)")
+		}
+		return "qcow2", nil
+	case bytes.HasPrefix(head, []byte(qcow2Magic)):
+		return "", errdefs.InvalidArgument("file: a truncated qcow2 header: not a disk image")
+	}
+	for magic, format := range map[string]string{"KDMV": "vmdk", "# Disk DescriptorFile": "vmdk", "vhdxfile": "vhdx",
+		"conectix": "vpc", "<<< ": "vdi"} {
+		if bytes.HasPrefix(head, []byte(magic)) {
+			return "", errdefs.InvalidArgument("file: a %s disk; import takes qcow2 or raw (qemu-img convert -O qcow2 first)", format)
+		}
+	}
+	return "raw", nil
 }
 
 // Import stores a qcow2 or raw disk read from r as ref. The disk is
@@ -262,12 +317,18 @@ func (s *Images) Import(ctx context.Context, ref, firmware string, r io.Reader) 
 	if n == 0 {
 		return Image{}, errdefs.InvalidArgument("file: empty: not a disk image")
 	}
-	di, err := qemuImgInfo(ctx, filepath.Join(tmp, "disk"))
+	format, err := sniffFormat(filepath.Join(tmp, "disk"))
+	if err != nil {
+		return Image{}, fmt.Errorf("vm image %s: %w", ref, err)
+	}
+	// The format is given, so qemu-img probes nothing.
+	di, err := qemuImgInfo(ctx, filepath.Join(tmp, "disk"), format)
 	if err != nil {
 		return Image{}, fmt.Errorf("vm image %s: %w", ref, err)
 	}
 	switch di.Format {
 	case "qcow2":
+		// sniffFormat refused these already; qemu-img's reading agrees.
 		if di.BackingFilename != "" || di.FormatSpecific.Data.DataFile != "" {
 			return Image{}, errdefs.InvalidArgument("file: the qcow2 names a backing or data file (%q): flatten it first (qemu-img convert -O qcow2)", di.BackingFilename+di.FormatSpecific.Data.DataFile)
 		}
@@ -298,7 +359,7 @@ func checkPartitioned(path string) error {
 		return errdefs.InvalidArgument("file: shorter than one sector: not a disk image")
 	}
 	if binary.LittleEndian.Uint16(sector[510:]) != 0xaa55 {
-		return errdefs.InvalidArgument("file: a raw file without a partition table (no MBR signature at byte 510): not a bootable disk image")
+		return errdefs.InvalidArgument("file: not a disk image: no partition table (no MBR signature at byte 510; import takes qcow2 or a raw disk with an MBR or GPT)")
 	}
 	return nil
 }

@@ -220,10 +220,13 @@ echo "nameserver $7" > /etc/resolv.conf`
 	// systemd stops a service one of whose processes the OOM killer took
 	// (OOMPolicy=stop): qemu-ga would restart and forget every running
 	// command, so a memory bomb in one command would lose the others. Last,
-	// as the reload must not race the NIC's setup.
+	// as the reload must not race the NIC's setup; in the background, as
+	// a reload of a loaded TCG guest can take longer than a guest command
+	// may (its output to /dev/null, so qemu-ga need not wait for it).
 	if _, err := s.sh(ctx, `[ -d /run/systemd/system ] || exit 0
 d=/run/systemd/system/qemu-guest-agent.service.d
-mkdir -p "$d" && printf '[Service]\nOOMPolicy=continue\n' > "$d/corral-oom.conf" && exec systemctl daemon-reload`); err != nil {
+mkdir -p "$d" && printf '[Service]\nOOMPolicy=continue\n' > "$d/corral-oom.conf" || exit 1
+systemctl daemon-reload </dev/null >/dev/null 2>&1 &`); err != nil {
 		return fmt.Errorf("guest setup: agent oom policy: %w", err)
 	}
 	return nil
