@@ -14,9 +14,8 @@ import (
 
 // MigrationService is a node's side of a migration: the steps a control
 // instance drives (fence and snapshot, export, import, adopt, hold or
-// lift the fence). It is served on the node's
-// cluster listener only, behind the cluster secret; the node's own API
-// does not serve it.
+// lift the fence). It is served on the node's cluster listener only,
+// behind the cluster secret; the node's own API does not serve it.
 type MigrationService struct {
 	sandboxes *Service
 }

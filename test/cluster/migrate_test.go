@@ -166,8 +166,19 @@ func TestMigrateMicroVM(t *testing.T) {
 	if info, err := sb.Info(ctx); err != nil || info.NodeID != n0 {
 		t.Errorf("after a failed migration: %+v, %v", info, err)
 	}
-	if got := count(t, sb); got < before {
+	// The fence was lifted: the original is no longer paused, counts on
+	// and serves calls.
+	if info, err := nodeClient(t, r, 0).Sandbox(sb.ID()).Info(ctx); err != nil || info.MigratingTo != "" || info.State != client.StateRunning {
+		t.Errorf("on node 0 after a failed migration: %+v, %v, want running and not migrating", info, err)
+	}
+	got := count(t, sb)
+	if got < before {
 		t.Errorf("counter %d after a failed migration, want at least %d", got, before)
+	}
+	for deadline := time.Now().Add(20 * time.Second); count(t, sb) <= got; time.Sleep(300 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("counter stuck at %d after a failed migration: the original was not resumed", got)
+		}
 	}
 	if snaps, err := c.ListSnapshots(ctx); err != nil || len(snaps) != 0 {
 		t.Errorf("snapshots left by a failed migration: %+v, %v", snaps, err)
@@ -177,7 +188,42 @@ func TestMigrateMicroVM(t *testing.T) {
 	}
 
 	before = count(t, sb)
-	m, err := sb.Migrate(ctx, n1)
+	type migrated struct {
+		m   *client.Migration
+		err error
+	}
+	done := make(chan migrated, 1)
+	go func() {
+		m, err := sb.Migrate(ctx, n1)
+		done <- migrated{m, err}
+	}()
+	// While it migrates the original is fenced: node 0 shows it so, and
+	// an exec sent to node 0 itself is refused UNAVAILABLE naming the
+	// migration. The fence lasts from before the snapshot until the
+	// original's delete after the switch, and never lifts in a migration
+	// that succeeds, so seen before and after the exec it held at the
+	// exec.
+	on0sb := nodeClient(t, r, 0).Sandbox(sb.ID())
+	fenced := func() bool {
+		info, err := on0sb.Info(ctx)
+		return err == nil && info.MigratingTo == n1
+	}
+	for !fenced() {
+		select {
+		case res := <-done:
+			t.Fatalf("the migration ended (%v) before node 0 showed the sandbox fenced", res.err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	_, execErr := on0sb.Run(ctx, client.Command{Shell: "echo after-the-fence > /root/kept"})
+	if !fenced() {
+		t.Fatal("the fence ended before the check of the exec (the migration outran the test); nothing was learnt")
+	}
+	if !client.IsUnavailable(execErr) || !strings.Contains(execErr.Error(), "is migrating to node "+n1+"; retry") {
+		t.Errorf("exec on node 0 during the migration: %v, want unavailable naming the migration", execErr)
+	}
+	res := <-done
+	m, err := res.m, res.err
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,8 +62,10 @@ type MigrationServiceClient interface {
 	// target_node, restores it there under the same id (same labels,
 	// project and settings; a fresh agent secret and network slot), points
 	// the cluster's routing for the id at the new node and deletes the
-	// original. Any failure before the routing switch leaves the original
-	// running and nothing on the target. Containers fail UNIMPLEMENTED
+	// original. From the snapshot until the switch the original is fenced
+	// on its node (paused; calls to it refused UNAVAILABLE), so nothing it
+	// is asked to do is lost. Any failure before the routing switch lifts
+	// the fence, leaving the original running, and nothing on the target. Containers fail UNIMPLEMENTED
 	// (live checkpoints need CRIU).
 	Migrate(context.Context, *connect.Request[v1.MigrateRequest]) (*connect.Response[v1.MigrateResponse], error)
 	// ExportSnapshot streams a snapshot's files (data extents only: holes
@@ -202,8 +204,10 @@ type MigrationServiceHandler interface {
 	// target_node, restores it there under the same id (same labels,
 	// project and settings; a fresh agent secret and network slot), points
 	// the cluster's routing for the id at the new node and deletes the
-	// original. Any failure before the routing switch leaves the original
-	// running and nothing on the target. Containers fail UNIMPLEMENTED
+	// original. From the snapshot until the switch the original is fenced
+	// on its node (paused; calls to it refused UNAVAILABLE), so nothing it
+	// is asked to do is lost. Any failure before the routing switch lifts
+	// the fence, leaving the original running, and nothing on the target. Containers fail UNIMPLEMENTED
 	// (live checkpoints need CRIU).
 	Migrate(context.Context, *connect.Request[v1.MigrateRequest]) (*connect.Response[v1.MigrateResponse], error)
 	// ExportSnapshot streams a snapshot's files (data extents only: holes
