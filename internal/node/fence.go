@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -17,7 +18,8 @@ import (
 // paused right after its snapshot and every call to it here but Get,
 // List and the migration's own Delete is refused, so nothing changes the
 // original after the instant the target resumes from. The fence ends by
-// LiftFence (the migration failed: the sandbox resumes), by its lapse
+// LiftFence (the migration failed: the sandbox resumes, unless it was
+// paused before), by its lapse
 // (the control instance died: it resumes, logged), by a restart of this
 // node (a mark file says which sandboxes to resume), or — once held
 // (HoldFence, before the routing switch) — by the sandbox's Delete.
@@ -36,6 +38,15 @@ type fence struct {
 	timer  *time.Timer
 	held   bool // the migration switches: no lapse, Delete accepted
 	paused bool // the fence paused the VM (and so resumes it)
+	// wasPaused: the sandbox was paused before the fence, and stays so
+	// when the fence ends.
+	wasPaused bool
+}
+
+// fenceMark is a fence's file under fenceRoot, read after a restart.
+type fenceMark struct {
+	Target    string `json:"target"`
+	WasPaused bool   `json:"was_paused,omitempty"`
 }
 
 func (f *fence) refusal(id string) error {
@@ -60,8 +71,8 @@ func (n *Node) SnapshotFenced(ctx context.Context, id, target string, lapse time
 	if err != nil {
 		return nil, err
 	}
-	f := &fence{target: truncate(target)}
-	if err := n.writeFenceMark(id, f.target); err != nil {
+	f := &fence{target: truncate(target), wasPaused: e.snapshot().Phase == state.PhasePaused}
+	if err := n.writeFenceMark(id, fenceMark{Target: f.target, WasPaused: f.wasPaused}); err != nil {
 		return nil, err
 	}
 	e.mu.Lock()
@@ -121,8 +132,8 @@ func (n *Node) HoldFence(_ context.Context, id string) error {
 	return nil
 }
 
-// LiftFence ends sandbox id's fence and resumes it (nothing when it has
-// none).
+// LiftFence ends sandbox id's fence and resumes it unless it was paused
+// before (nothing when it has none).
 func (n *Node) LiftFence(ctx context.Context, id string) error {
 	e, err := n.lookupAny(id)
 	if err != nil {
@@ -146,8 +157,8 @@ func (n *Node) unfence(ctx context.Context, e *entry, id string, f *fence, why s
 		f.timer.Stop()
 	}
 	n.removeFenceMark(id)
-	n.log.Warn("migration fence ended; the original runs on", "sandbox", id, "to", f.target, "reason", why)
-	if !f.paused || e.deleting || e.sb == nil || e.rec.Phase != state.PhasePaused {
+	n.log.Warn("migration fence ended; the original goes on as before", "sandbox", id, "to", f.target, "reason", why)
+	if !f.paused || f.wasPaused || e.deleting || e.sb == nil || e.rec.Phase != state.PhasePaused {
 		return
 	}
 	if err := e.sb.Resume(ctx); err != nil {
@@ -163,11 +174,11 @@ func (n *Node) unfence(ctx context.Context, e *entry, id string, f *fence, why s
 
 // writeFenceMark records on disk that sandbox id is fenced, so that a
 // restart resumes it (dropFences).
-func (n *Node) writeFenceMark(id, target string) error {
+func (n *Node) writeFenceMark(id string, m fenceMark) error {
 	if err := os.MkdirAll(n.fenceRoot(), 0o700); err != nil {
 		return fmt.Errorf("fence sandbox %s: %w", id, err)
 	}
-	if err := writeFileSync(filepath.Join(n.fenceRoot(), id), target); err != nil {
+	if err := writeFileSync(filepath.Join(n.fenceRoot(), id), m); err != nil {
 		return fmt.Errorf("fence sandbox %s: %w", id, err)
 	}
 	return nil
@@ -192,7 +203,15 @@ func (n *Node) dropFences(ctx context.Context) {
 	}
 	for _, d := range ents {
 		id := d.Name()
-		if e, err := n.lookupAny(id); err == nil && e.snapshot().Phase == state.PhasePaused {
+		var m fenceMark
+		raw, err := readBounded(filepath.Join(n.fenceRoot(), id), maxRecordBytes)
+		if err == nil {
+			err = json.Unmarshal(raw, &m)
+		}
+		if err != nil {
+			n.log.Warn("unreadable fence mark; resuming the sandbox", "sandbox", id, "err", err)
+		}
+		if e, err := n.lookupAny(id); err == nil && !m.WasPaused && e.snapshot().Phase == state.PhasePaused {
 			if err := n.Resume(ctx, id); err != nil {
 				n.log.Error("resume a sandbox fenced before the restart", "sandbox", id, "err", err)
 			} else {

@@ -82,8 +82,9 @@ func refusedAsMigrating(t *testing.T, what string, err error, id string) {
 
 // TestSnapshotFenced: a migration's snapshot leaves the sandbox paused
 // and every call but Get (which shows it), List and — once held — Delete
-// refused UNAVAILABLE naming the migration; lifting the fence resumes it,
-// so does its lapse, and so does a restart of the node.
+// refused UNAVAILABLE naming the migration; lifting the fence resumes it
+// (one paused before stays paused), so does its lapse, and so does a
+// restart of the node.
 func TestSnapshotFenced(t *testing.T) {
 	ctx := context.Background()
 	n, vm, id := fenceNode(t)
@@ -97,7 +98,7 @@ func TestSnapshotFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !vm.isPaused() || n.sandboxes[id].rec.Phase != state.PhasePaused {
+	if !vm.isPaused() || n.sandboxes[id].snapshot().Phase != state.PhasePaused {
 		t.Fatal("the fenced sandbox is not paused after its snapshot")
 	}
 	if _, err := os.Stat(filepath.Join(n.fenceRoot(), id)); err != nil {
@@ -133,12 +134,16 @@ func TestSnapshotFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	vm.waitResumed(t)
-	if n.sandboxes[id].rec.Phase != state.PhaseRunning {
+	if n.sandboxes[id].snapshot().Phase != state.PhaseRunning {
 		t.Error("not running after the fence was lifted")
 	}
 	if err := n.Pause(ctx, id); err != nil {
 		t.Errorf("pause after the fence: %v", err)
 	}
+	if err := n.Resume(ctx, id); err != nil {
+		t.Errorf("resume after the fence: %v", err)
+	}
+	vm.waitResumed(t)
 	if err := n.HoldFence(ctx, id); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("hold without a fence: %v, want failed precondition", err)
 	}
@@ -152,11 +157,30 @@ func TestSnapshotFenced(t *testing.T) {
 	if _, err := n.SnapshotFenced(ctx, id, "ndst01", time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	vm.waitResumed(t) // the snapshot's transparent resume of the paused sandbox
-	vm.waitResumed(t) // the lapse
+	vm.waitResumed(t)
 	if err := n.HoldFence(ctx, id); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "must not switch") {
 		t.Errorf("hold after the lapse: %v, want failed precondition", err)
 	}
+
+	// A sandbox paused before its migration is resumed for the snapshot
+	// (as by any request) and stays paused when the fence is lifted.
+	if err := n.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.SnapshotFenced(ctx, id, "ndst01", 0); err != nil {
+		t.Fatal(err)
+	}
+	vm.waitResumed(t)
+	if err := n.LiftFence(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if !vm.isPaused() || n.sandboxes[id].snapshot().Phase != state.PhasePaused {
+		t.Error("a sandbox paused before its failed migration is not paused after it")
+	}
+	if err := n.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	vm.waitResumed(t)
 
 	// Held (the switch): it stays fenced and paused.
 	if _, err := n.SnapshotFenced(ctx, id, "ndst01", 0); err != nil {
@@ -174,7 +198,7 @@ func TestSnapshotFenced(t *testing.T) {
 		sandboxes: map[string]*entry{id: {rec: n.sandboxes[id].snapshot(), sb: vm, backend: restoringBackend{}}}}
 	restarted.dropFences(ctx)
 	vm.waitResumed(t)
-	if got := restarted.sandboxes[id].rec.Phase; got != state.PhaseRunning {
+	if got := restarted.sandboxes[id].snapshot().Phase; got != state.PhaseRunning {
 		t.Errorf("after a restart the fenced sandbox is %s, want running", got)
 	}
 	if _, err := os.Stat(filepath.Join(n.fenceRoot(), id)); !os.IsNotExist(err) {
