@@ -109,6 +109,9 @@ type Info struct {
 	Memory *Memory
 	// IdleAction is what IdleTimeout does: stop, pause or reclaim.
 	IdleAction string
+	// MigratingTo is set on the sandbox's node while a migration to that
+	// node has it fenced (paused; other calls fail Unavailable: retry).
+	MigratingTo string
 }
 
 // LazyReads count a sandbox's reads of lazily loaded layer data.
@@ -140,6 +143,8 @@ func infoFromProto(p *corralv1.Sandbox) *Info {
 		Project:    p.Project,
 		Memory:     memoryFromProto(p.GetMemory()),
 		IdleAction: p.IdleAction,
+
+		MigratingTo: p.MigratingTo,
 	}
 }
 

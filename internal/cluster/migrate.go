@@ -28,14 +28,21 @@ var _ corralv1connect.MigrationServiceHandler = Migrations{}
 // sandbox to its new node.
 const switchTimeout = 10 * time.Second
 
+// fenceLapse is how long the source stays fenced without the switch: a
+// control instance that dies mid-migration leaves the original paused
+// for at most this long.
+const fenceLapse = 10 * time.Minute
+
 // Migrate moves a sandbox to another node under the same id: it is
 // admitted on the target (its capacity; the project's quota does not
 // change, the sandbox only moves), snapshotted on its node, the snapshot
 // streamed from node to node through this instance, restored on the
 // target under the same id, the route switched, and the original deleted.
-// Until the switch any failure leaves the original running and nothing
-// on the target (its import and restore undo themselves; the source's
-// snapshot is always removed).
+// The original is fenced from its snapshot on (paused; calls to it on
+// its node are refused UNAVAILABLE), so nothing it does after the
+// snapshot is lost. Until the switch any failure lifts the fence, leaving
+// the original running, and nothing on the target (its import and
+// restore undo themselves; the source's snapshot is always removed).
 func (m Migrations) Migrate(ctx context.Context, req *connect.Request[corralv1.MigrateRequest]) (*connect.Response[corralv1.MigrateResponse], error) {
 	start := time.Now()
 	p, id, target := m.P, req.Msg.SandboxId, req.Msg.TargetNode
@@ -72,10 +79,23 @@ func (m Migrations) Migrate(ctx context.Context, req *connect.Request[corralv1.M
 	admitted := false
 	defer func() { pls[0].Done(admitted) }()
 
-	snap, err := p.nodeClient(src).rollout.Snapshot(ctx, connect.NewRequest(&corralv1.SnapshotRequest{SandboxId: id}))
+	// From the fence on, the original is paused and refuses calls: what
+	// the target resumes from is all there is. Every failure before the
+	// switch lifts the fence, and the original runs on.
+	snap, err := p.nodeClient(src).migration.FenceSnapshot(ctx, connect.NewRequest(&corralv1.FenceSnapshotRequest{
+		SandboxId: id, TargetNode: dst.ID, Lapse: durationpb.New(fenceLapse)}))
 	if err != nil {
 		return nil, unreachable(src, err)
 	}
+	switched := false
+	defer func() {
+		if switched {
+			return
+		}
+		if _, err := p.nodeClient(src).migration.LiftFence(context.WithoutCancel(ctx), connect.NewRequest(&corralv1.FenceRequest{SandboxId: id})); err != nil {
+			p.cfg.Logger.Error("lift a failed migration's fence; it lapses on its own", "node", src.ID, "sandbox", id, "lapse", fenceLapse, "err", err)
+		}
+	}()
 	snapID := snap.Msg.GetSnapshot().GetId()
 	defer func() {
 		// The source's snapshot was the migration's only: it goes either way.
@@ -104,7 +124,14 @@ func (m Migrations) Migrate(ctx context.Context, req *connect.Request[corralv1.M
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), switchTimeout)
 	defer cancel()
-	if err := p.cfg.Watcher.Move(sctx, id, dst.ID); err != nil {
+	// A fence that lapsed let the original run on: no switch then.
+	_, err = p.nodeClient(src).migration.HoldFence(sctx, connect.NewRequest(&corralv1.FenceRequest{SandboxId: id}))
+	if err == nil {
+		err = p.cfg.Watcher.Move(sctx, id, dst.ID)
+	} else {
+		err = unreachable(src, err)
+	}
+	if err != nil {
 		// The copy must not run beside the original: it goes, the
 		// original stays where its route points.
 		admitted = false
@@ -113,6 +140,7 @@ func (m Migrations) Migrate(ctx context.Context, req *connect.Request[corralv1.M
 		}
 		return nil, fmt.Errorf("migrate sandbox %s: %w", id, err)
 	}
+	switched = true
 	out := &corralv1.MigrateResponse{Sandbox: adopted.Msg.GetSandbox(), SourceNode: src.ID, BytesCopied: copied}
 	resp, err := p.client(src).Delete(sctx, connect.NewRequest(&corralv1.DeleteRequest{Id: id}))
 	if err != nil {

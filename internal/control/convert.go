@@ -60,6 +60,7 @@ func sandboxToProto(sb *node.Sandbox) *corralv1.Sandbox {
 		Network:      networkToProto(sb.NetworkMode, sb.NetworkAllow),
 		Degraded:     sb.Degraded,
 		Project:      sb.Project,
+		MigratingTo:  sb.MigratingTo,
 		IdleAction:   idleActionOf(sb.IdleAction),
 	}
 }

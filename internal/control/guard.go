@@ -136,6 +136,9 @@ var rules = map[string]rule{
 	corralv1connect.MigrationServiceExportSnapshotProcedure: {access: accessNode, audit: true},
 	corralv1connect.MigrationServiceImportSnapshotProcedure: {access: accessNode, audit: true},
 	corralv1connect.MigrationServiceAdoptSnapshotProcedure:  {access: accessNode, audit: true},
+	corralv1connect.MigrationServiceFenceSnapshotProcedure:  {access: accessNode, audit: true},
+	corralv1connect.MigrationServiceHoldFenceProcedure:      {access: accessNode, audit: true},
+	corralv1connect.MigrationServiceLiftFenceProcedure:      {access: accessNode, audit: true},
 
 	corralv1connect.FnCallServiceCallProcedure:      {access: accessWrite},
 	corralv1connect.FnCallServiceCallBatchProcedure: {access: accessWrite},

@@ -13,9 +13,9 @@ import (
 )
 
 // MigrationService is a node's side of a migration: the steps a control
-// instance drives (export, import, adopt). It is served on the node's
-// cluster listener only, behind the cluster secret; the node's own API
-// does not serve it.
+// instance drives (fence and snapshot, export, import, adopt, hold or
+// lift the fence). It is served on the node's cluster listener only,
+// behind the cluster secret; the node's own API does not serve it.
 type MigrationService struct {
 	sandboxes *Service
 }
@@ -61,4 +61,26 @@ func (m *MigrationService) AdoptSnapshot(ctx context.Context, req *connect.Reque
 		return nil, err
 	}
 	return connect.NewResponse(&corralv1.AdoptSnapshotResponse{Sandbox: sandboxToProto(sb)}), nil
+}
+
+func (m *MigrationService) FenceSnapshot(ctx context.Context, req *connect.Request[corralv1.FenceSnapshotRequest]) (*connect.Response[corralv1.FenceSnapshotResponse], error) {
+	info, err := m.sandboxes.local.SnapshotFenced(ctx, req.Msg.SandboxId, req.Msg.TargetNode, req.Msg.GetLapse().AsDuration())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.FenceSnapshotResponse{Snapshot: snapshotToProto(info)}), nil
+}
+
+func (m *MigrationService) HoldFence(ctx context.Context, req *connect.Request[corralv1.FenceRequest]) (*connect.Response[corralv1.FenceResponse], error) {
+	if err := m.sandboxes.local.HoldFence(ctx, req.Msg.SandboxId); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.FenceResponse{}), nil
+}
+
+func (m *MigrationService) LiftFence(ctx context.Context, req *connect.Request[corralv1.FenceRequest]) (*connect.Response[corralv1.FenceResponse], error) {
+	if err := m.sandboxes.local.LiftFence(ctx, req.Msg.SandboxId); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&corralv1.FenceResponse{}), nil
 }

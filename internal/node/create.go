@@ -65,6 +65,8 @@ type Sandbox struct {
 	LastActiveAt time.Time
 	// Degraded says why a layer of the sandbox cannot be read ("": healthy).
 	Degraded string
+	// MigratingTo is the node a migration's fence holds it for ("": none).
+	MigratingTo string
 }
 
 // NewID returns a fresh sandbox id for this node: "<node id>-<12 hex>".

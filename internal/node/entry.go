@@ -34,6 +34,10 @@ type entry struct {
 	inflight   atomic.Int32 // requests running now
 
 	obs observed // samples, recent execs and event counters (observe.go)
+
+	// fence is set while a migration holds the sandbox (fence.go);
+	// changed under mu.
+	fence atomic.Pointer[fence]
 }
 
 func (e *entry) touch() { e.lastActive.Store(time.Now().UnixNano()) }
@@ -85,18 +89,31 @@ func (n *Node) acquire(ctx context.Context, id string) (*entry, backend.Sandbox,
 	if err != nil {
 		return nil, nil, err
 	}
+	sb, err := n.acquireEntry(ctx, e, id, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return e, sb, nil
+}
+
+// acquireEntry is acquire of e; a fence other than own refuses it (checked
+// again under the lock: a fence set after the lookup still holds).
+func (n *Node) acquireEntry(ctx context.Context, e *entry, id string, own *fence) (backend.Sandbox, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if f := e.fence.Load(); f != nil && f != own {
+		return nil, f.refusal(id)
+	}
 	if e.deleting {
-		return nil, nil, errdefs.NotFound("sandbox %s is being deleted", id)
+		return nil, errdefs.NotFound("sandbox %s is being deleted", id)
 	}
 	switch e.rec.Phase {
 	case state.PhaseStopped:
-		return nil, nil, errdefs.FailedPrecondition("sandbox %s is stopped (%s); create a new one", id, e.rec.StopReason)
+		return nil, errdefs.FailedPrecondition("sandbox %s is stopped (%s); create a new one", id, e.rec.StopReason)
 	case state.PhasePaused:
 		start := time.Now()
 		if err := e.sb.Resume(ctx); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		n.cfg.Metrics.ObserveOp(e.rec.Backend, metrics.OpResume, time.Since(start))
 		e.rec.Phase = state.PhaseRunning
@@ -106,7 +123,7 @@ func (n *Node) acquire(ctx context.Context, id string) (*entry, backend.Sandbox,
 	}
 	e.inflight.Add(1)
 	e.touch()
-	return e, e.sb, nil
+	return e.sb, nil
 }
 
 func (e *entry) release() {
@@ -120,7 +137,21 @@ func (n *Node) putLocked(e *entry) {
 	}
 }
 
+// lookup finds sandbox id for a call, which a migration's fence refuses
+// (every entry point but Get, List and Delete comes through here).
 func (n *Node) lookup(id string) (*entry, error) {
+	e, err := n.lookupAny(id)
+	if err != nil {
+		return nil, err
+	}
+	if f := e.fence.Load(); f != nil {
+		return nil, f.refusal(id)
+	}
+	return e, nil
+}
+
+// lookupAny finds sandbox id, fenced or not.
+func (n *Node) lookupAny(id string) (*entry, error) {
 	if err := n.checkID(id); err != nil {
 		return nil, err
 	}

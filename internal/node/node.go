@@ -189,6 +189,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		db.Close()
 		return nil, fmt.Errorf("recover node %s: %w", id, err)
 	}
+	n.dropFences(ctx)
 	n.warm = newWarmPools(n, cfg.WarmPool)
 	reapCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.stopReaper = cancel

@@ -24,12 +24,15 @@ func (n *Node) describe(e *entry) *Sandbox {
 		LastActiveAt: time.Unix(0, e.lastActive.Load()),
 	}
 	s.Degraded = n.degradedReason(s)
+	if f := e.fence.Load(); f != nil {
+		s.MigratingTo = f.target
+	}
 	return s
 }
 
 // Get describes one sandbox. It does not count as activity.
 func (n *Node) Get(_ context.Context, id string) (*Sandbox, error) {
-	e, err := n.lookup(id)
+	e, err := n.lookupAny(id)
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +128,7 @@ func decodePageToken(tok string) (string, error) {
 // layer, run dir, id range, record) runs in the background (teardown), and
 // a restart finishes what a crash interrupted.
 func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) {
-	e, err := n.lookup(id)
+	e, err := n.lookupAny(id)
 	if errdefs.IsNotFound(err) {
 		return false, n.checkID(id)
 	}
@@ -136,6 +139,12 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 	if e.deleting {
 		e.mu.Unlock()
 		return true, nil
+	}
+	// A fenced sandbox goes only once its migration switched (HoldFence).
+	f := e.fence.Load()
+	if f != nil && !f.held {
+		e.mu.Unlock()
+		return true, f.refusal(id)
 	}
 	e.deleting = true
 	sb, rec := e.sb, e.snapshotLocked()
@@ -164,6 +173,9 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 	n.mu.Lock()
 	delete(n.sandboxes, id)
 	n.mu.Unlock()
+	if f != nil {
+		n.removeFenceMark(id)
+	}
 	done := n.startTeardown(id)
 	go func() {
 		defer n.endTeardown(id, done)
@@ -371,6 +383,9 @@ func (n *Node) setPaused(ctx context.Context, id string, pause bool) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if f := e.fence.Load(); f != nil {
+		return f.refusal(id)
+	}
 	e.touch()
 	start := time.Now()
 	switch {

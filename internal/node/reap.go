@@ -35,6 +35,9 @@ func (n *Node) reapOnce(ctx context.Context, now time.Time) {
 	}
 	n.mu.Unlock()
 	for _, e := range entries {
+		if e.fence.Load() != nil {
+			continue // its migration decides; a lapse resumes it
+		}
 		rec := e.snapshot()
 		switch {
 		case rec.Phase == state.PhaseStopped:

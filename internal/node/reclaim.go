@@ -74,6 +74,9 @@ func (n *Node) PauseReclaim(ctx context.Context, id string) (Reclaimed, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if f := e.fence.Load(); f != nil {
+		return Reclaimed{}, f.refusal(id)
+	}
 	r, err := n.reclaimLocked(ctx, e)
 	if err != nil && !wasPaused && e.sb != nil && e.rec.Phase == state.PhasePaused {
 		if rerr := e.sb.Resume(ctx); rerr == nil {

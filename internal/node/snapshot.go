@@ -100,7 +100,17 @@ func (n *Node) loadSnapshots() error {
 // keeps running (a paused one is resumed first, as for any request). It
 // is written to disk and synced before the record that makes it visible.
 func (n *Node) Snapshot(ctx context.Context, id string) (*SnapshotInfo, error) {
-	e, sb, err := n.acquire(ctx, id)
+	e, err := n.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	return n.snapshotEntry(ctx, e, id, nil)
+}
+
+// snapshotEntry is Snapshot of e; with own (a migration's fence of e) the
+// sandbox is paused right after the snapshot and stays so.
+func (n *Node) snapshotEntry(ctx context.Context, e *entry, id string, own *fence) (*SnapshotInfo, error) {
+	sb, err := n.acquireEntry(ctx, e, id, own)
 	if err != nil {
 		return nil, err
 	}
@@ -134,6 +144,11 @@ func (n *Node) Snapshot(ctx context.Context, id string) (*SnapshotInfo, error) {
 	err = func() error {
 		if info.Bytes, err = ss.SnapshotTo(ctx, dir); err != nil {
 			return err
+		}
+		if own != nil {
+			if err := n.fencePause(ctx, e, own); err != nil {
+				return err
+			}
 		}
 		info.CreatedAt = time.Now()
 		if err := syncTree(dir); err != nil {

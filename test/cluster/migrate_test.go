@@ -33,9 +33,12 @@ func count(t *testing.T, sb *client.Sandbox) int {
 // file written before and a counter going on from at least its value
 // before the move; the old node keeps nothing of it, and a delete
 // leaves nothing on either; a keyed command replays from the exec log
-// that came along. Bad inputs are refused naming the field; a
-// migration failing half way (the target lacks the image) leaves the
-// original running and nothing on the target; a snapshot and restore on
+// that came along. While it migrates, the original is fenced: an exec
+// on its node or through the control instance is refused UNAVAILABLE
+// naming the migration. Bad inputs are refused naming the field; a
+// migration failing half way (the target lacks the image) lifts the
+// fence, leaving the original running (counting again), and nothing on
+// the target; a snapshot and restore on
 // one node is timed beside the migration.
 func TestMigrateMicroVM(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
@@ -166,8 +169,19 @@ func TestMigrateMicroVM(t *testing.T) {
 	if info, err := sb.Info(ctx); err != nil || info.NodeID != n0 {
 		t.Errorf("after a failed migration: %+v, %v", info, err)
 	}
-	if got := count(t, sb); got < before {
+	// The fence was lifted: the original is no longer paused, counts on
+	// and serves calls.
+	if info, err := nodeClient(t, r, 0).Sandbox(sb.ID()).Info(ctx); err != nil || info.MigratingTo != "" || info.State != client.StateRunning {
+		t.Errorf("on node 0 after a failed migration: %+v, %v, want running and not migrating", info, err)
+	}
+	got := count(t, sb)
+	if got < before {
 		t.Errorf("counter %d after a failed migration, want at least %d", got, before)
+	}
+	for deadline := time.Now().Add(20 * time.Second); count(t, sb) <= got; time.Sleep(300 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("counter stuck at %d after a failed migration: the original was not resumed", got)
+		}
 	}
 	if snaps, err := c.ListSnapshots(ctx); err != nil || len(snaps) != 0 {
 		t.Errorf("snapshots left by a failed migration: %+v, %v", snaps, err)
@@ -177,7 +191,46 @@ func TestMigrateMicroVM(t *testing.T) {
 	}
 
 	before = count(t, sb)
-	m, err := sb.Migrate(ctx, n1)
+	type migrated struct {
+		m   *client.Migration
+		err error
+	}
+	done := make(chan migrated, 1)
+	go func() {
+		m, err := sb.Migrate(ctx, n1)
+		done <- migrated{m, err}
+	}()
+	// While it migrates the original is fenced: node 0 shows it so, and
+	// an exec sent to node 0 itself is refused UNAVAILABLE naming the
+	// migration. The fence lasts from before the snapshot until the
+	// original's delete after the switch, and never lifts in a migration
+	// that succeeds, so seen before and after the exec it held at the
+	// exec.
+	on0sb := nodeClient(t, r, 0).Sandbox(sb.ID())
+	fenced := func() bool {
+		info, err := on0sb.Info(ctx)
+		return err == nil && info.MigratingTo == n1
+	}
+	for !fenced() {
+		select {
+		case res := <-done:
+			t.Fatalf("the migration ended (%v) before node 0 showed the sandbox fenced", res.err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	_, execErr := on0sb.Run(ctx, client.Command{Shell: "echo after-the-fence > /root/kept"})
+	// Through the control instance, which still routes the id to node 0.
+	_, viaControl := sb.Run(ctx, client.Command{Shell: "echo after-the-fence > /root/kept"})
+	if !fenced() {
+		t.Fatal("the fence ended before the check of the execs (the migration outran the test); nothing was learnt")
+	}
+	for what, err := range map[string]error{"on node 0's socket": execErr, "through the control instance": viaControl} {
+		if !client.IsUnavailable(err) || !strings.Contains(err.Error(), "is migrating to node "+n1+"; retry") {
+			t.Errorf("exec %s during the migration: %v, want unavailable naming the migration", what, err)
+		}
+	}
+	res := <-done
+	m, err := res.m, res.err
 	if err != nil {
 		t.Fatal(err)
 	}

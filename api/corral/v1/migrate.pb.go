@@ -22,6 +22,194 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type FenceSnapshotRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The node the sandbox migrates to, named in the refusals.
+	TargetNode string `protobuf:"bytes,2,opt,name=target_node,json=targetNode,proto3" json:"target_node,omitempty"`
+	// How long the fence lasts unless held (default 10 minutes, at most
+	// an hour): a control instance that dies mid-migration leaves the
+	// original running again after it.
+	Lapse         *durationpb.Duration `protobuf:"bytes,3,opt,name=lapse,proto3" json:"lapse,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceSnapshotRequest) Reset() {
+	*x = FenceSnapshotRequest{}
+	mi := &file_corral_v1_migrate_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceSnapshotRequest) ProtoMessage() {}
+
+func (x *FenceSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_migrate_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*FenceSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *FenceSnapshotRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *FenceSnapshotRequest) GetTargetNode() string {
+	if x != nil {
+		return x.TargetNode
+	}
+	return ""
+}
+
+func (x *FenceSnapshotRequest) GetLapse() *durationpb.Duration {
+	if x != nil {
+		return x.Lapse
+	}
+	return nil
+}
+
+type FenceSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      *Snapshot              `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceSnapshotResponse) Reset() {
+	*x = FenceSnapshotResponse{}
+	mi := &file_corral_v1_migrate_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceSnapshotResponse) ProtoMessage() {}
+
+func (x *FenceSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_migrate_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*FenceSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *FenceSnapshotResponse) GetSnapshot() *Snapshot {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+type FenceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceRequest) Reset() {
+	*x = FenceRequest{}
+	mi := &file_corral_v1_migrate_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceRequest) ProtoMessage() {}
+
+func (x *FenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_migrate_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
+func (*FenceRequest) Descriptor() ([]byte, []int) {
+	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *FenceRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type FenceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceResponse) Reset() {
+	*x = FenceResponse{}
+	mi := &file_corral_v1_migrate_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceResponse) ProtoMessage() {}
+
+func (x *FenceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_v1_migrate_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
+func (*FenceResponse) Descriptor() ([]byte, []int) {
+	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{3}
+}
+
 type MigrateRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -33,7 +221,7 @@ type MigrateRequest struct {
 
 func (x *MigrateRequest) Reset() {
 	*x = MigrateRequest{}
-	mi := &file_corral_v1_migrate_proto_msgTypes[0]
+	mi := &file_corral_v1_migrate_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +233,7 @@ func (x *MigrateRequest) String() string {
 func (*MigrateRequest) ProtoMessage() {}
 
 func (x *MigrateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_migrate_proto_msgTypes[0]
+	mi := &file_corral_v1_migrate_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +246,7 @@ func (x *MigrateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrateRequest.ProtoReflect.Descriptor instead.
 func (*MigrateRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{0}
+	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *MigrateRequest) GetSandboxId() string {
@@ -99,7 +287,7 @@ type MigrateResponse struct {
 
 func (x *MigrateResponse) Reset() {
 	*x = MigrateResponse{}
-	mi := &file_corral_v1_migrate_proto_msgTypes[1]
+	mi := &file_corral_v1_migrate_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -111,7 +299,7 @@ func (x *MigrateResponse) String() string {
 func (*MigrateResponse) ProtoMessage() {}
 
 func (x *MigrateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_migrate_proto_msgTypes[1]
+	mi := &file_corral_v1_migrate_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -124,7 +312,7 @@ func (x *MigrateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrateResponse.ProtoReflect.Descriptor instead.
 func (*MigrateResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{1}
+	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *MigrateResponse) GetSandbox() *Sandbox {
@@ -192,7 +380,7 @@ type ExportSnapshotRequest struct {
 
 func (x *ExportSnapshotRequest) Reset() {
 	*x = ExportSnapshotRequest{}
-	mi := &file_corral_v1_migrate_proto_msgTypes[2]
+	mi := &file_corral_v1_migrate_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -204,7 +392,7 @@ func (x *ExportSnapshotRequest) String() string {
 func (*ExportSnapshotRequest) ProtoMessage() {}
 
 func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_migrate_proto_msgTypes[2]
+	mi := &file_corral_v1_migrate_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -217,7 +405,7 @@ func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{2}
+	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExportSnapshotRequest) GetSnapshotId() string {
@@ -242,7 +430,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_corral_v1_migrate_proto_msgTypes[3]
+	mi := &file_corral_v1_migrate_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -254,7 +442,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_migrate_proto_msgTypes[3]
+	mi := &file_corral_v1_migrate_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -267,7 +455,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{3}
+	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SnapshotChunk) GetName() string {
@@ -307,7 +495,7 @@ type ImportSnapshotResponse struct {
 
 func (x *ImportSnapshotResponse) Reset() {
 	*x = ImportSnapshotResponse{}
-	mi := &file_corral_v1_migrate_proto_msgTypes[4]
+	mi := &file_corral_v1_migrate_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -319,7 +507,7 @@ func (x *ImportSnapshotResponse) String() string {
 func (*ImportSnapshotResponse) ProtoMessage() {}
 
 func (x *ImportSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_migrate_proto_msgTypes[4]
+	mi := &file_corral_v1_migrate_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -332,7 +520,7 @@ func (x *ImportSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*ImportSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{4}
+	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ImportSnapshotResponse) GetSnapshot() *Snapshot {
@@ -357,7 +545,7 @@ type AdoptSnapshotRequest struct {
 
 func (x *AdoptSnapshotRequest) Reset() {
 	*x = AdoptSnapshotRequest{}
-	mi := &file_corral_v1_migrate_proto_msgTypes[5]
+	mi := &file_corral_v1_migrate_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -369,7 +557,7 @@ func (x *AdoptSnapshotRequest) String() string {
 func (*AdoptSnapshotRequest) ProtoMessage() {}
 
 func (x *AdoptSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_migrate_proto_msgTypes[5]
+	mi := &file_corral_v1_migrate_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -382,7 +570,7 @@ func (x *AdoptSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*AdoptSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{5}
+	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AdoptSnapshotRequest) GetSnapshotId() string {
@@ -415,7 +603,7 @@ type AdoptSnapshotResponse struct {
 
 func (x *AdoptSnapshotResponse) Reset() {
 	*x = AdoptSnapshotResponse{}
-	mi := &file_corral_v1_migrate_proto_msgTypes[6]
+	mi := &file_corral_v1_migrate_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +615,7 @@ func (x *AdoptSnapshotResponse) String() string {
 func (*AdoptSnapshotResponse) ProtoMessage() {}
 
 func (x *AdoptSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_v1_migrate_proto_msgTypes[6]
+	mi := &file_corral_v1_migrate_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +628,7 @@ func (x *AdoptSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*AdoptSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{6}
+	return file_corral_v1_migrate_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AdoptSnapshotResponse) GetSandbox() *Sandbox {
@@ -454,7 +642,19 @@ var File_corral_v1_migrate_proto protoreflect.FileDescriptor
 
 const file_corral_v1_migrate_proto_rawDesc = "" +
 	"\n" +
-	"\x17corral/v1/migrate.proto\x12\tcorral.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17corral/v1/rollout.proto\x1a\x17corral/v1/sandbox.proto\"P\n" +
+	"\x17corral/v1/migrate.proto\x12\tcorral.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17corral/v1/rollout.proto\x1a\x17corral/v1/sandbox.proto\"\x87\x01\n" +
+	"\x14FenceSnapshotRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
+	"\vtarget_node\x18\x02 \x01(\tR\n" +
+	"targetNode\x12/\n" +
+	"\x05lapse\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lapse\"H\n" +
+	"\x15FenceSnapshotResponse\x12/\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x13.corral.v1.SnapshotR\bsnapshot\"-\n" +
+	"\fFenceRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x0f\n" +
+	"\rFenceResponse\"P\n" +
 	"\x0eMigrateRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
@@ -488,12 +688,15 @@ const file_corral_v1_migrate_proto_rawDesc = "" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x122\n" +
 	"\tresources\x18\x03 \x01(\v2\x14.corral.v1.ResourcesR\tresources\"E\n" +
 	"\x15AdoptSnapshotResponse\x12,\n" +
-	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox2\xc9\x02\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox2\x9d\x04\n" +
 	"\x10MigrationService\x12@\n" +
 	"\aMigrate\x12\x19.corral.v1.MigrateRequest\x1a\x1a.corral.v1.MigrateResponse\x12N\n" +
 	"\x0eExportSnapshot\x12 .corral.v1.ExportSnapshotRequest\x1a\x18.corral.v1.SnapshotChunk0\x01\x12O\n" +
 	"\x0eImportSnapshot\x12\x18.corral.v1.SnapshotChunk\x1a!.corral.v1.ImportSnapshotResponse(\x01\x12R\n" +
-	"\rAdoptSnapshot\x12\x1f.corral.v1.AdoptSnapshotRequest\x1a .corral.v1.AdoptSnapshotResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
+	"\rAdoptSnapshot\x12\x1f.corral.v1.AdoptSnapshotRequest\x1a .corral.v1.AdoptSnapshotResponse\x12R\n" +
+	"\rFenceSnapshot\x12\x1f.corral.v1.FenceSnapshotRequest\x1a .corral.v1.FenceSnapshotResponse\x12>\n" +
+	"\tHoldFence\x12\x17.corral.v1.FenceRequest\x1a\x18.corral.v1.FenceResponse\x12>\n" +
+	"\tLiftFence\x12\x17.corral.v1.FenceRequest\x1a\x18.corral.v1.FenceResponseB5Z3github.com/corral-dev/corral/api/corral/v1;corralv1b\x06proto3"
 
 var (
 	file_corral_v1_migrate_proto_rawDescOnce sync.Once
@@ -507,42 +710,54 @@ func file_corral_v1_migrate_proto_rawDescGZIP() []byte {
 	return file_corral_v1_migrate_proto_rawDescData
 }
 
-var file_corral_v1_migrate_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_corral_v1_migrate_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_corral_v1_migrate_proto_goTypes = []any{
-	(*MigrateRequest)(nil),         // 0: corral.v1.MigrateRequest
-	(*MigrateResponse)(nil),        // 1: corral.v1.MigrateResponse
-	(*ExportSnapshotRequest)(nil),  // 2: corral.v1.ExportSnapshotRequest
-	(*SnapshotChunk)(nil),          // 3: corral.v1.SnapshotChunk
-	(*ImportSnapshotResponse)(nil), // 4: corral.v1.ImportSnapshotResponse
-	(*AdoptSnapshotRequest)(nil),   // 5: corral.v1.AdoptSnapshotRequest
-	(*AdoptSnapshotResponse)(nil),  // 6: corral.v1.AdoptSnapshotResponse
-	(*Sandbox)(nil),                // 7: corral.v1.Sandbox
-	(*durationpb.Duration)(nil),    // 8: google.protobuf.Duration
-	(*Snapshot)(nil),               // 9: corral.v1.Snapshot
-	(*Resources)(nil),              // 10: corral.v1.Resources
+	(*FenceSnapshotRequest)(nil),   // 0: corral.v1.FenceSnapshotRequest
+	(*FenceSnapshotResponse)(nil),  // 1: corral.v1.FenceSnapshotResponse
+	(*FenceRequest)(nil),           // 2: corral.v1.FenceRequest
+	(*FenceResponse)(nil),          // 3: corral.v1.FenceResponse
+	(*MigrateRequest)(nil),         // 4: corral.v1.MigrateRequest
+	(*MigrateResponse)(nil),        // 5: corral.v1.MigrateResponse
+	(*ExportSnapshotRequest)(nil),  // 6: corral.v1.ExportSnapshotRequest
+	(*SnapshotChunk)(nil),          // 7: corral.v1.SnapshotChunk
+	(*ImportSnapshotResponse)(nil), // 8: corral.v1.ImportSnapshotResponse
+	(*AdoptSnapshotRequest)(nil),   // 9: corral.v1.AdoptSnapshotRequest
+	(*AdoptSnapshotResponse)(nil),  // 10: corral.v1.AdoptSnapshotResponse
+	(*durationpb.Duration)(nil),    // 11: google.protobuf.Duration
+	(*Snapshot)(nil),               // 12: corral.v1.Snapshot
+	(*Sandbox)(nil),                // 13: corral.v1.Sandbox
+	(*Resources)(nil),              // 14: corral.v1.Resources
 }
 var file_corral_v1_migrate_proto_depIdxs = []int32{
-	7,  // 0: corral.v1.MigrateResponse.sandbox:type_name -> corral.v1.Sandbox
-	8,  // 1: corral.v1.MigrateResponse.snapshot_time:type_name -> google.protobuf.Duration
-	8,  // 2: corral.v1.MigrateResponse.copy_time:type_name -> google.protobuf.Duration
-	8,  // 3: corral.v1.MigrateResponse.restore_time:type_name -> google.protobuf.Duration
-	8,  // 4: corral.v1.MigrateResponse.total_time:type_name -> google.protobuf.Duration
-	9,  // 5: corral.v1.ImportSnapshotResponse.snapshot:type_name -> corral.v1.Snapshot
-	10, // 6: corral.v1.AdoptSnapshotRequest.resources:type_name -> corral.v1.Resources
-	7,  // 7: corral.v1.AdoptSnapshotResponse.sandbox:type_name -> corral.v1.Sandbox
-	0,  // 8: corral.v1.MigrationService.Migrate:input_type -> corral.v1.MigrateRequest
-	2,  // 9: corral.v1.MigrationService.ExportSnapshot:input_type -> corral.v1.ExportSnapshotRequest
-	3,  // 10: corral.v1.MigrationService.ImportSnapshot:input_type -> corral.v1.SnapshotChunk
-	5,  // 11: corral.v1.MigrationService.AdoptSnapshot:input_type -> corral.v1.AdoptSnapshotRequest
-	1,  // 12: corral.v1.MigrationService.Migrate:output_type -> corral.v1.MigrateResponse
-	3,  // 13: corral.v1.MigrationService.ExportSnapshot:output_type -> corral.v1.SnapshotChunk
-	4,  // 14: corral.v1.MigrationService.ImportSnapshot:output_type -> corral.v1.ImportSnapshotResponse
-	6,  // 15: corral.v1.MigrationService.AdoptSnapshot:output_type -> corral.v1.AdoptSnapshotResponse
-	12, // [12:16] is the sub-list for method output_type
-	8,  // [8:12] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	11, // 0: corral.v1.FenceSnapshotRequest.lapse:type_name -> google.protobuf.Duration
+	12, // 1: corral.v1.FenceSnapshotResponse.snapshot:type_name -> corral.v1.Snapshot
+	13, // 2: corral.v1.MigrateResponse.sandbox:type_name -> corral.v1.Sandbox
+	11, // 3: corral.v1.MigrateResponse.snapshot_time:type_name -> google.protobuf.Duration
+	11, // 4: corral.v1.MigrateResponse.copy_time:type_name -> google.protobuf.Duration
+	11, // 5: corral.v1.MigrateResponse.restore_time:type_name -> google.protobuf.Duration
+	11, // 6: corral.v1.MigrateResponse.total_time:type_name -> google.protobuf.Duration
+	12, // 7: corral.v1.ImportSnapshotResponse.snapshot:type_name -> corral.v1.Snapshot
+	14, // 8: corral.v1.AdoptSnapshotRequest.resources:type_name -> corral.v1.Resources
+	13, // 9: corral.v1.AdoptSnapshotResponse.sandbox:type_name -> corral.v1.Sandbox
+	4,  // 10: corral.v1.MigrationService.Migrate:input_type -> corral.v1.MigrateRequest
+	6,  // 11: corral.v1.MigrationService.ExportSnapshot:input_type -> corral.v1.ExportSnapshotRequest
+	7,  // 12: corral.v1.MigrationService.ImportSnapshot:input_type -> corral.v1.SnapshotChunk
+	9,  // 13: corral.v1.MigrationService.AdoptSnapshot:input_type -> corral.v1.AdoptSnapshotRequest
+	0,  // 14: corral.v1.MigrationService.FenceSnapshot:input_type -> corral.v1.FenceSnapshotRequest
+	2,  // 15: corral.v1.MigrationService.HoldFence:input_type -> corral.v1.FenceRequest
+	2,  // 16: corral.v1.MigrationService.LiftFence:input_type -> corral.v1.FenceRequest
+	5,  // 17: corral.v1.MigrationService.Migrate:output_type -> corral.v1.MigrateResponse
+	7,  // 18: corral.v1.MigrationService.ExportSnapshot:output_type -> corral.v1.SnapshotChunk
+	8,  // 19: corral.v1.MigrationService.ImportSnapshot:output_type -> corral.v1.ImportSnapshotResponse
+	10, // 20: corral.v1.MigrationService.AdoptSnapshot:output_type -> corral.v1.AdoptSnapshotResponse
+	1,  // 21: corral.v1.MigrationService.FenceSnapshot:output_type -> corral.v1.FenceSnapshotResponse
+	3,  // 22: corral.v1.MigrationService.HoldFence:output_type -> corral.v1.FenceResponse
+	3,  // 23: corral.v1.MigrationService.LiftFence:output_type -> corral.v1.FenceResponse
+	17, // [17:24] is the sub-list for method output_type
+	10, // [10:17] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_corral_v1_migrate_proto_init() }
@@ -558,7 +773,7 @@ func file_corral_v1_migrate_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_v1_migrate_proto_rawDesc), len(file_corral_v1_migrate_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -981,7 +981,10 @@ type Sandbox struct {
 	// Get only, for backends that report it; unset otherwise.
 	Memory *MemoryState `protobuf:"bytes,20,opt,name=memory,proto3" json:"memory,omitempty"`
 	// What idle_timeout does: "stop" (default), "pause" or "reclaim".
-	IdleAction    string `protobuf:"bytes,21,opt,name=idle_action,json=idleAction,proto3" json:"idle_action,omitempty"`
+	IdleAction string `protobuf:"bytes,21,opt,name=idle_action,json=idleAction,proto3" json:"idle_action,omitempty"`
+	// Set while a migration to that node has the sandbox fenced on this
+	// one (paused; calls but Get and List are refused UNAVAILABLE).
+	MigratingTo   string `protobuf:"bytes,22,opt,name=migrating_to,json=migratingTo,proto3" json:"migrating_to,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1159,6 +1162,13 @@ func (x *Sandbox) GetMemory() *MemoryState {
 func (x *Sandbox) GetIdleAction() string {
 	if x != nil {
 		return x.IdleAction
+	}
+	return ""
+}
+
+func (x *Sandbox) GetMigratingTo() string {
+	if x != nil {
+		return x.MigratingTo
 	}
 	return ""
 }
@@ -3297,7 +3307,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
 	"\x0eCreateResponse\x12,\n" +
-	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\x86\a\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.corral.v1.SandboxR\asandbox\"\xa9\a\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -3324,7 +3334,8 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\aproject\x18\x13 \x01(\tR\aproject\x12.\n" +
 	"\x06memory\x18\x14 \x01(\v2\x16.corral.v1.MemoryStateR\x06memory\x12\x1f\n" +
 	"\vidle_action\x18\x15 \x01(\tR\n" +
-	"idleAction\x1a9\n" +
+	"idleAction\x12!\n" +
+	"\fmigrating_to\x18\x16 \x01(\tR\vmigratingTo\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x01\n" +

@@ -95,6 +95,9 @@ class SandboxInfo:
     # Why a layer cannot be read (its blob store is unreachable; reads of
     # unfetched files fail with EIO); empty when healthy.
     degraded: str = ""
+    # The node a migration moves it to, while its own node has it fenced
+    # (paused; other calls fail ``unavailable``: retry); empty otherwise.
+    migrating_to: str = ""
 
     @classmethod
     def _from_json(cls, d: Dict[str, Any]) -> "SandboxInfo":
@@ -121,6 +124,7 @@ class SandboxInfo:
             project=d.get("project", ""),
             network=Network._from_json(d.get("network")),
             degraded=d.get("degraded", ""),
+            migrating_to=d.get("migratingTo", ""),
         )
 
 

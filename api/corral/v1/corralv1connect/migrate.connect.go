@@ -45,6 +45,15 @@ const (
 	// MigrationServiceAdoptSnapshotProcedure is the fully-qualified name of the MigrationService's
 	// AdoptSnapshot RPC.
 	MigrationServiceAdoptSnapshotProcedure = "/corral.v1.MigrationService/AdoptSnapshot"
+	// MigrationServiceFenceSnapshotProcedure is the fully-qualified name of the MigrationService's
+	// FenceSnapshot RPC.
+	MigrationServiceFenceSnapshotProcedure = "/corral.v1.MigrationService/FenceSnapshot"
+	// MigrationServiceHoldFenceProcedure is the fully-qualified name of the MigrationService's
+	// HoldFence RPC.
+	MigrationServiceHoldFenceProcedure = "/corral.v1.MigrationService/HoldFence"
+	// MigrationServiceLiftFenceProcedure is the fully-qualified name of the MigrationService's
+	// LiftFence RPC.
+	MigrationServiceLiftFenceProcedure = "/corral.v1.MigrationService/LiftFence"
 )
 
 // MigrationServiceClient is a client for the corral.v1.MigrationService service.
@@ -53,8 +62,10 @@ type MigrationServiceClient interface {
 	// target_node, restores it there under the same id (same labels,
 	// project and settings; a fresh agent secret and network slot), points
 	// the cluster's routing for the id at the new node and deletes the
-	// original. Any failure before the routing switch leaves the original
-	// running and nothing on the target. Containers fail UNIMPLEMENTED
+	// original. From the snapshot until the switch the original is fenced
+	// on its node (paused; calls to it refused UNAVAILABLE), so nothing it
+	// is asked to do is lost. Any failure before the routing switch lifts
+	// the fence, leaving the original running, and nothing on the target. Containers fail UNIMPLEMENTED
 	// (live checkpoints need CRIU).
 	Migrate(context.Context, *connect.Request[v1.MigrateRequest]) (*connect.Response[v1.MigrateResponse], error)
 	// ExportSnapshot streams a snapshot's files (data extents only: holes
@@ -68,6 +79,21 @@ type MigrationServiceClient interface {
 	// sandbox's id and removes the snapshot (a migration's copy), also when
 	// the restore fails.
 	AdoptSnapshot(context.Context, *connect.Request[v1.AdoptSnapshotRequest]) (*connect.Response[v1.AdoptSnapshotResponse], error)
+	// FenceSnapshot snapshots a sandbox for its migration and keeps it
+	// fenced: the VM stays paused after the copy and every call to it on
+	// this node but Get and List is refused UNAVAILABLE until the fence is
+	// lifted (LiftFence), lapses (lapse after the snapshot, or a restart of
+	// the node) — both resume it — or is held (HoldFence) and the sandbox
+	// deleted.
+	FenceSnapshot(context.Context, *connect.Request[v1.FenceSnapshotRequest]) (*connect.Response[v1.FenceSnapshotResponse], error)
+	// HoldFence makes a fence permanent before the routing switch: it no
+	// longer lapses, and the sandbox's Delete is accepted. It fails
+	// FAILED_PRECONDITION when the sandbox is not fenced (the fence lapsed:
+	// the original ran on, so the migration must not switch).
+	HoldFence(context.Context, *connect.Request[v1.FenceRequest]) (*connect.Response[v1.FenceResponse], error)
+	// LiftFence ends a fence and resumes the sandbox (a migration that
+	// failed after its snapshot); a sandbox not fenced is left as it is.
+	LiftFence(context.Context, *connect.Request[v1.FenceRequest]) (*connect.Response[v1.FenceResponse], error)
 }
 
 // NewMigrationServiceClient constructs a client for the corral.v1.MigrationService service. By
@@ -105,6 +131,24 @@ func NewMigrationServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(migrationServiceMethods.ByName("AdoptSnapshot")),
 			connect.WithClientOptions(opts...),
 		),
+		fenceSnapshot: connect.NewClient[v1.FenceSnapshotRequest, v1.FenceSnapshotResponse](
+			httpClient,
+			baseURL+MigrationServiceFenceSnapshotProcedure,
+			connect.WithSchema(migrationServiceMethods.ByName("FenceSnapshot")),
+			connect.WithClientOptions(opts...),
+		),
+		holdFence: connect.NewClient[v1.FenceRequest, v1.FenceResponse](
+			httpClient,
+			baseURL+MigrationServiceHoldFenceProcedure,
+			connect.WithSchema(migrationServiceMethods.ByName("HoldFence")),
+			connect.WithClientOptions(opts...),
+		),
+		liftFence: connect.NewClient[v1.FenceRequest, v1.FenceResponse](
+			httpClient,
+			baseURL+MigrationServiceLiftFenceProcedure,
+			connect.WithSchema(migrationServiceMethods.ByName("LiftFence")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -114,6 +158,9 @@ type migrationServiceClient struct {
 	exportSnapshot *connect.Client[v1.ExportSnapshotRequest, v1.SnapshotChunk]
 	importSnapshot *connect.Client[v1.SnapshotChunk, v1.ImportSnapshotResponse]
 	adoptSnapshot  *connect.Client[v1.AdoptSnapshotRequest, v1.AdoptSnapshotResponse]
+	fenceSnapshot  *connect.Client[v1.FenceSnapshotRequest, v1.FenceSnapshotResponse]
+	holdFence      *connect.Client[v1.FenceRequest, v1.FenceResponse]
+	liftFence      *connect.Client[v1.FenceRequest, v1.FenceResponse]
 }
 
 // Migrate calls corral.v1.MigrationService.Migrate.
@@ -136,14 +183,31 @@ func (c *migrationServiceClient) AdoptSnapshot(ctx context.Context, req *connect
 	return c.adoptSnapshot.CallUnary(ctx, req)
 }
 
+// FenceSnapshot calls corral.v1.MigrationService.FenceSnapshot.
+func (c *migrationServiceClient) FenceSnapshot(ctx context.Context, req *connect.Request[v1.FenceSnapshotRequest]) (*connect.Response[v1.FenceSnapshotResponse], error) {
+	return c.fenceSnapshot.CallUnary(ctx, req)
+}
+
+// HoldFence calls corral.v1.MigrationService.HoldFence.
+func (c *migrationServiceClient) HoldFence(ctx context.Context, req *connect.Request[v1.FenceRequest]) (*connect.Response[v1.FenceResponse], error) {
+	return c.holdFence.CallUnary(ctx, req)
+}
+
+// LiftFence calls corral.v1.MigrationService.LiftFence.
+func (c *migrationServiceClient) LiftFence(ctx context.Context, req *connect.Request[v1.FenceRequest]) (*connect.Response[v1.FenceResponse], error) {
+	return c.liftFence.CallUnary(ctx, req)
+}
+
 // MigrationServiceHandler is an implementation of the corral.v1.MigrationService service.
 type MigrationServiceHandler interface {
 	// Migrate snapshots the sandbox on its node, copies the snapshot to
 	// target_node, restores it there under the same id (same labels,
 	// project and settings; a fresh agent secret and network slot), points
 	// the cluster's routing for the id at the new node and deletes the
-	// original. Any failure before the routing switch leaves the original
-	// running and nothing on the target. Containers fail UNIMPLEMENTED
+	// original. From the snapshot until the switch the original is fenced
+	// on its node (paused; calls to it refused UNAVAILABLE), so nothing it
+	// is asked to do is lost. Any failure before the routing switch lifts
+	// the fence, leaving the original running, and nothing on the target. Containers fail UNIMPLEMENTED
 	// (live checkpoints need CRIU).
 	Migrate(context.Context, *connect.Request[v1.MigrateRequest]) (*connect.Response[v1.MigrateResponse], error)
 	// ExportSnapshot streams a snapshot's files (data extents only: holes
@@ -157,6 +221,21 @@ type MigrationServiceHandler interface {
 	// sandbox's id and removes the snapshot (a migration's copy), also when
 	// the restore fails.
 	AdoptSnapshot(context.Context, *connect.Request[v1.AdoptSnapshotRequest]) (*connect.Response[v1.AdoptSnapshotResponse], error)
+	// FenceSnapshot snapshots a sandbox for its migration and keeps it
+	// fenced: the VM stays paused after the copy and every call to it on
+	// this node but Get and List is refused UNAVAILABLE until the fence is
+	// lifted (LiftFence), lapses (lapse after the snapshot, or a restart of
+	// the node) — both resume it — or is held (HoldFence) and the sandbox
+	// deleted.
+	FenceSnapshot(context.Context, *connect.Request[v1.FenceSnapshotRequest]) (*connect.Response[v1.FenceSnapshotResponse], error)
+	// HoldFence makes a fence permanent before the routing switch: it no
+	// longer lapses, and the sandbox's Delete is accepted. It fails
+	// FAILED_PRECONDITION when the sandbox is not fenced (the fence lapsed:
+	// the original ran on, so the migration must not switch).
+	HoldFence(context.Context, *connect.Request[v1.FenceRequest]) (*connect.Response[v1.FenceResponse], error)
+	// LiftFence ends a fence and resumes the sandbox (a migration that
+	// failed after its snapshot); a sandbox not fenced is left as it is.
+	LiftFence(context.Context, *connect.Request[v1.FenceRequest]) (*connect.Response[v1.FenceResponse], error)
 }
 
 // NewMigrationServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -190,6 +269,24 @@ func NewMigrationServiceHandler(svc MigrationServiceHandler, opts ...connect.Han
 		connect.WithSchema(migrationServiceMethods.ByName("AdoptSnapshot")),
 		connect.WithHandlerOptions(opts...),
 	)
+	migrationServiceFenceSnapshotHandler := connect.NewUnaryHandler(
+		MigrationServiceFenceSnapshotProcedure,
+		svc.FenceSnapshot,
+		connect.WithSchema(migrationServiceMethods.ByName("FenceSnapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
+	migrationServiceHoldFenceHandler := connect.NewUnaryHandler(
+		MigrationServiceHoldFenceProcedure,
+		svc.HoldFence,
+		connect.WithSchema(migrationServiceMethods.ByName("HoldFence")),
+		connect.WithHandlerOptions(opts...),
+	)
+	migrationServiceLiftFenceHandler := connect.NewUnaryHandler(
+		MigrationServiceLiftFenceProcedure,
+		svc.LiftFence,
+		connect.WithSchema(migrationServiceMethods.ByName("LiftFence")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/corral.v1.MigrationService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case MigrationServiceMigrateProcedure:
@@ -200,6 +297,12 @@ func NewMigrationServiceHandler(svc MigrationServiceHandler, opts ...connect.Han
 			migrationServiceImportSnapshotHandler.ServeHTTP(w, r)
 		case MigrationServiceAdoptSnapshotProcedure:
 			migrationServiceAdoptSnapshotHandler.ServeHTTP(w, r)
+		case MigrationServiceFenceSnapshotProcedure:
+			migrationServiceFenceSnapshotHandler.ServeHTTP(w, r)
+		case MigrationServiceHoldFenceProcedure:
+			migrationServiceHoldFenceHandler.ServeHTTP(w, r)
+		case MigrationServiceLiftFenceProcedure:
+			migrationServiceLiftFenceHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -223,4 +326,16 @@ func (UnimplementedMigrationServiceHandler) ImportSnapshot(context.Context, *con
 
 func (UnimplementedMigrationServiceHandler) AdoptSnapshot(context.Context, *connect.Request[v1.AdoptSnapshotRequest]) (*connect.Response[v1.AdoptSnapshotResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.MigrationService.AdoptSnapshot is not implemented"))
+}
+
+func (UnimplementedMigrationServiceHandler) FenceSnapshot(context.Context, *connect.Request[v1.FenceSnapshotRequest]) (*connect.Response[v1.FenceSnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.MigrationService.FenceSnapshot is not implemented"))
+}
+
+func (UnimplementedMigrationServiceHandler) HoldFence(context.Context, *connect.Request[v1.FenceRequest]) (*connect.Response[v1.FenceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.MigrationService.HoldFence is not implemented"))
+}
+
+func (UnimplementedMigrationServiceHandler) LiftFence(context.Context, *connect.Request[v1.FenceRequest]) (*connect.Response[v1.FenceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("corral.v1.MigrationService.LiftFence is not implemented"))
 }
