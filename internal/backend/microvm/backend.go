@@ -8,7 +8,7 @@
 // and serves exec and file calls (internal/guest/agentproto) over virtio-serial
 // or vsock. Everything of a sandbox lives in its run dir <RunDir>/<id>.
 //
-// It imports backend, guest/agentclient, guest/agentproto, errdefs,
+// It imports backend, backend/qemu, guest/agentclient, guest/agentproto, errdefs,
 // netpolicy, qmp and runtime/launch; never the node, control, state or API
 // layers, nor the image or blob stores (internal/deptest).
 package microvm

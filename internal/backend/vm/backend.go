@@ -8,7 +8,7 @@
 // and the keyboard and mouse through QMP input-send-event. The package
 // also owns the node's VM image store (import, build, list, remove).
 //
-// It imports backend, errdefs, guest/agentclient, guest/agentproto,
+// It imports backend, backend/qemu, errdefs, guest/agentclient, guest/agentproto,
 // netpolicy, qmp and runtime/launch; never the node, control, state or API layers.
 package vm
 

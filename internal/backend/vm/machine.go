@@ -58,6 +58,11 @@ type machine struct {
 	dir string
 	machineState
 	net *netpolicy.Sandbox // the live network slot (nil: none)
+	// incoming, when set, is the migration stream QEMU starts from (a
+	// snapshotted VM's own, or a snapshot's on a restore into a new
+	// sandbox); ramFile, when set with it, the snapshot's RAM image that
+	// QEMU maps copy-on-write instead of reading RAM from the stream.
+	incoming, ramFile string
 }
 
 func (m *machine) path(name string) string { return filepath.Join(m.dir, name) }
