@@ -2,8 +2,6 @@ package microvm
 
 import (
 	"context"
-	"fmt"
-	"syscall"
 
 	"github.com/corral-dev/corral/internal/backend"
 	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
@@ -28,21 +26,8 @@ func (s *sandbox) Checkpointed() bool {
 // the writable disk image holds. A snapshotted VM has no VMM: zero CPU and
 // memory.
 func (s *sandbox) Stats(_ context.Context) (backend.Stats, error) {
-	var st backend.Stats
-	var fi syscall.Stat_t
-	if err := syscall.Stat(s.m.path(diskFile), &fi); err == nil {
-		st.DiskBytes = fi.Blocks * 512
-	}
 	s.mu.Lock()
 	proc := s.proc
 	s.mu.Unlock()
-	if proc == nil {
-		return st, nil
-	}
-	cpu, rss, err := qemuvm.ProcStats(proc.Pid)
-	if err != nil {
-		return st, fmt.Errorf("sandbox %s: stats: %w", s.m.id, err)
-	}
-	st.CPUTime, st.MemoryBytes, st.Pids = cpu, rss, 1
-	return st, nil
+	return qemuvm.Stats(s.m.id, s.m.path(diskFile), proc)
 }

@@ -82,3 +82,37 @@ func DiskUsage(dir string) (int64, error) {
 	})
 	return n, err
 }
+
+// MachineFile is a run dir's record of its machine (what Recover, Cleanup
+// and Sweep read after a daemon restart).
+const MachineFile = "vm.json"
+
+// SaveMachine writes v as dir's MachineFile through a temporary file and
+// a rename, so that a crash leaves the old record or the new one.
+func SaveMachine(dir string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, MachineFile+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("save vm state: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, MachineFile)); err != nil {
+		return fmt.Errorf("save vm state: %w", err)
+	}
+	return nil
+}
+
+// LoadMachine decodes dir's MachineFile into v (an fs.ErrNotExist error
+// when there is none).
+func LoadMachine(dir string, v any) error {
+	b, err := os.ReadFile(filepath.Join(dir, MachineFile))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("decode %s: %w", MachineFile, err)
+	}
+	return nil
+}

@@ -7,7 +7,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
@@ -411,21 +410,8 @@ func (s *sandbox) NetworkStats(ctx context.Context) (backend.NetworkStats, error
 // time and resident memory (what the VM costs the node) and the blocks
 // its overlay holds.
 func (s *sandbox) Stats(_ context.Context) (backend.Stats, error) {
-	var st backend.Stats
-	var fi syscall.Stat_t
-	if err := syscall.Stat(s.m.path(overlayFile), &fi); err == nil {
-		st.DiskBytes = fi.Blocks * 512
-	}
 	s.mu.Lock()
 	proc := s.proc
 	s.mu.Unlock()
-	if proc == nil { // snapshotted: no QEMU
-		return st, nil
-	}
-	cpu, rss, err := qemuvm.ProcStats(proc.Pid)
-	if err != nil {
-		return st, fmt.Errorf("sandbox %s: stats: %w", s.m.id, err)
-	}
-	st.CPUTime, st.MemoryBytes, st.Pids = cpu, rss, 1
-	return st, nil
+	return qemuvm.Stats(s.m.id, s.m.path(overlayFile), proc)
 }

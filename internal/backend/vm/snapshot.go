@@ -215,25 +215,34 @@ func createStep(name string) backend.Step[*creation] {
 // readdressGuest gives a restored Linux guest its hostname (when set) and,
 // when networked, moves the NIC that has the snapshot's MAC oldMAC to the
 // new slot: its MAC, addresses, routes and resolver; the snapshot's
-// addresses and neighbours (the old slot's) go. Other guests are refused
-// before (restorable).
+// addresses and neighbours (the old slot's) go, and the link goes down
+// and up so that its IPv6 link-local address follows the new MAC. One
+// shell and one `ip -batch`: every process costs seconds in a loaded TCG
+// guest. Other guests are refused before (restorable).
 func (s *sandbox) readdressGuest(ctx context.Context, hostname, oldMAC string) error {
 	if hostname == "" && s.m.net == nil {
 		return nil
 	}
-	script := `[ -n "$1" ] && hostname "$1"; true`
+	script := `[ -z "$1" ] || hostname "$1" || exit 1
+[ -n "$2" ] || exit 0
+dev=
+for i in /sys/class/net/*; do read -r a < "$i/address" && [ "$a" = "$2" ] && dev=${i##*/}; done
+[ -n "$dev" ] || { echo "no NIC with the snapshot's MAC $2" >&2; exit 1; }
+ip -batch - <<EOF || exit 1
+link set dev $dev down
+link set dev $dev address $3
+addr flush dev $dev
+neigh flush dev $dev
+link set dev $dev up
+addr add $4 dev $dev
+route replace default via $5 dev $dev
+addr add $6 dev $dev nodad
+route replace default via $7 dev $dev
+EOF
+echo "nameserver $8" > /etc/resolv.conf`
 	args := []string{hostname}
 	if s.m.net != nil {
 		g := s.m.net.Guest()
-		script = `[ -n "$1" ] && hostname "$1"
-dev=
-for i in /sys/class/net/*; do [ "$(cat $i/address 2>/dev/null)" = "$2" ] && dev=${i##*/}; done
-[ -n "$dev" ] || { echo "no NIC with the snapshot's MAC $2" >&2; exit 1; }
-ip link set dev "$dev" down && ip link set dev "$dev" address "$3" &&
-ip addr flush dev "$dev" && ip neigh flush dev "$dev" && ip link set dev "$dev" up &&
-ip addr add "$4" dev "$dev" && ip route replace default via "$5" dev "$dev" &&
-ip -6 addr add "$6" dev "$dev" nodad && ip -6 route replace default via "$7" dev "$dev" &&
-echo "nameserver $8" > /etc/resolv.conf`
 		args = append(args, oldMAC, s.m.MAC, g.Addr4.String(), g.Gateway4.String(), g.Addr6.String(), g.Gateway6.String(),
 			s.m.net.Resolver().String())
 	}
