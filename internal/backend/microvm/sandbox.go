@@ -188,15 +188,7 @@ func (s *sandbox) Pause(ctx context.Context) error {
 	}
 	s.paused = true
 	after := s.b.cfg.SnapshotAfter
-	if after > 0 {
-		s.timer = time.AfterFunc(after, func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			if err := s.Snapshot(ctx); err != nil {
-				s.b.log.Warn("snapshot of paused microVM failed; it stays paused in memory", "sandbox", s.m.id, "err", err)
-			}
-		})
-	}
+	s.timer = qemuvm.SnapshotLater(after, s.b.log, s.m.id, s.Snapshot)
 	s.mu.Unlock()
 	if after == 0 {
 		return s.Snapshot(ctx)
