@@ -25,8 +25,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/corral-dev/corral/internal/backend"
 	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -296,32 +294,16 @@ func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
 		return err
 	}
 	dir := b.runDir(id)
-	if m, err := loadMachine(dir, id); err == nil && m.Pid > 0 && !m.Snapshotted {
-		if proc, err := launch.Attach(m.Pid, m.StartTime); err == nil {
-			_ = proc.Kill()
-			select {
-			case <-proc.Done():
-			case <-ctx.Done():
-			}
-			proc.Release()
+	var pid int
+	var start uint64
+	var rec *netpolicy.Record
+	if m, err := loadMachine(dir, id); err == nil {
+		if !m.Snapshotted {
+			pid, start = m.Pid, m.StartTime
 		}
+		rec = m.Net
 	}
-	// A VMM whose state file never got written is still found by its
-	// command line.
-	for _, pid := range vmmProcesses(b.cfg.RunDir)[id] {
-		_ = unix.Kill(pid, unix.SIGKILL)
-	}
-	// The veth goes with the namespace once QEMU is gone; Remove covers
-	// a namespace something else still held.
-	if m, err := loadMachine(dir, id); err == nil && m.Net != nil && b.cfg.Network != nil {
-		if err := b.cfg.Network.Remove(*m.Net); err != nil {
-			return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
-		}
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
-	}
-	return nil
+	return qemuvm.Remove(ctx, id, dir, pid, start, vmmProcesses(b.cfg.RunDir)[id], b.cfg.Network, rec)
 }
 
 // Sweep implements backend.Backend: VMM processes and run dirs of

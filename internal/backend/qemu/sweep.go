@@ -10,7 +10,11 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/runtime/launch"
 )
 
 // Processes finds the VMM processes started for sandboxes under runDir,
@@ -76,4 +80,35 @@ func Sweep(ctx context.Context, log *slog.Logger, runDir string, procs map[strin
 		errs = append(errs, cleanup(ctx, id))
 	}
 	return errors.Join(errs...)
+}
+
+// Remove is the end of a VM's Cleanup: the VMM recorded as pid (0: none;
+// checked by its start time against pid reuse) is killed and waited for,
+// then VMMs of the sandbox whose record was never written (leftovers,
+// found by command line), then the network slot rec (nil: none; the veth
+// goes with the namespace once QEMU is gone, Remove covers a namespace
+// something else still held) and the run dir with everything in it.
+func Remove(ctx context.Context, id, dir string, pid int, start uint64, leftovers []int, mgr *netpolicy.Manager, rec *netpolicy.Record) error {
+	if pid > 0 {
+		if proc, err := launch.Attach(pid, start); err == nil {
+			_ = proc.Kill()
+			select {
+			case <-proc.Done():
+			case <-ctx.Done():
+			}
+			proc.Release()
+		}
+	}
+	for _, p := range leftovers {
+		_ = unix.Kill(p, unix.SIGKILL)
+	}
+	if rec != nil && mgr != nil {
+		if err := mgr.Remove(*rec); err != nil {
+			return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
+	}
+	return nil
 }

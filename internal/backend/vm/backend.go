@@ -24,8 +24,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/corral-dev/corral/internal/backend"
 	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -364,29 +362,13 @@ func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
 		return err
 	}
 	dir := b.runDir(id)
-	m, merr := loadMachine(dir, id)
-	if merr == nil && m.Pid > 0 {
-		if proc, err := launch.Attach(m.Pid, m.StartTime); err == nil {
-			_ = proc.Kill()
-			select {
-			case <-proc.Done():
-			case <-ctx.Done():
-			}
-			proc.Release()
-		}
+	var pid int
+	var start uint64
+	var rec *netpolicy.Record
+	if m, err := loadMachine(dir, id); err == nil {
+		pid, start, rec = m.Pid, m.StartTime, m.Net
 	}
-	for _, pid := range qemuProcesses(b.cfg.RunDir)[id] {
-		_ = unix.Kill(pid, unix.SIGKILL)
-	}
-	if merr == nil && m.Net != nil && b.cfg.Network != nil {
-		if err := b.cfg.Network.Remove(*m.Net); err != nil {
-			return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
-		}
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
-	}
-	return nil
+	return qemuvm.Remove(ctx, id, dir, pid, start, qemuProcesses(b.cfg.RunDir)[id], b.cfg.Network, rec)
 }
 
 // Sweep implements backend.Backend: QEMU processes and run dirs of
