@@ -31,7 +31,7 @@ func TestVMSnapshotRestoreFork(t *testing.T) {
 	}
 	t.Logf("vm booted in %v", time.Since(boot).Round(time.Millisecond))
 	defer func() { _ = sb.Delete(context.Background()) }()
-	testenv.Sh(t, sb, "setsid sh -c 'echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.2; done' </dev/null >/dev/null 2>&1 & echo parent > /root/who; sleep 1")
+	testenv.Sh(t, sb, "setsid sh -c 'echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.2; done' </dev/null >/dev/null 2>&1 & echo parent > /root/who; until [ -s /tmp/count ]; do sleep 0.1; done")
 	before := readCounter(t, sb)
 
 	start := time.Now()

@@ -25,7 +25,7 @@ func TestVMSnapshotRestore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	pid := strings.TrimSpace(sh(t, sb, `setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/snapc; sleep 0.1; done' </dev/null >/dev/null 2>&1 & echo $!
-echo before-snapshot > /root/snapmark; sleep 1`))
+echo before-snapshot > /root/snapmark; until [ -s /tmp/snapc ]; do sleep 0.1; done`))
 	defer sh(t, sb, "kill "+pid)
 	at, err := strconv.Atoi(strings.TrimSpace(sh(t, sb, "cat /tmp/snapc")))
 	if err != nil {
