@@ -51,31 +51,11 @@ func microVMSnapshots(ctx context.Context, t *tracker, n, forkN int) (MicroVMSna
 	if _, err := sb.Run(ctx, client.Command{Shell: "(i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.2; done) >/dev/null 2>&1 &"}); err != nil {
 		return f, err
 	}
-	var snaps, restores []time.Duration
-	for range n {
-		start := time.Now()
-		s, err := sb.Snapshot(ctx)
-		if err != nil {
-			return f, err
-		}
-		snaps = append(snaps, time.Since(start))
-		f.Bytes = s.Bytes
-		start = time.Now()
-		r, _, err := t.c.Restore(ctx, s.ID, nil)
-		if err == nil {
-			restores = append(restores, time.Since(start))
-			t.mu.Lock()
-			t.live[r.ID()] = struct{}{}
-			t.mu.Unlock()
-			err = t.delete(context.WithoutCancel(ctx), r)
-		}
-		if derr := t.c.DeleteSnapshot(context.WithoutCancel(ctx), s.ID); err == nil {
-			err = derr
-		}
-		if err != nil {
-			return f, err
-		}
+	snaps, restores, bytes, err := snapshotRestores(ctx, t, sb, n)
+	if err != nil {
+		return f, err
 	}
+	f.Bytes = bytes
 	f.Snapshot, f.Restore = Summarise(snaps), Summarise(restores)
 	if forkN > 0 {
 		start := time.Now()
@@ -94,6 +74,37 @@ func microVMSnapshots(ctx context.Context, t *tracker, n, forkN int) (MicroVMSna
 		f.Failed += t.deleteForks(ctx, res.Forks)
 	}
 	return f, nil
+}
+
+// snapshotRestores takes n snapshots of the running sandbox sb, restores
+// each into a new sandbox and deletes both; it returns the times and a
+// snapshot's size on disk.
+func snapshotRestores(ctx context.Context, t *tracker, sb *client.Sandbox, n int) (snaps, restores []time.Duration, bytes int64, err error) {
+	for range n {
+		start := time.Now()
+		s, err := sb.Snapshot(ctx)
+		if err != nil {
+			return snaps, restores, bytes, err
+		}
+		snaps = append(snaps, time.Since(start))
+		bytes = s.Bytes
+		start = time.Now()
+		r, _, err := t.c.Restore(ctx, s.ID, nil)
+		if err == nil {
+			restores = append(restores, time.Since(start))
+			t.mu.Lock()
+			t.live[r.ID()] = struct{}{}
+			t.mu.Unlock()
+			err = t.delete(context.WithoutCancel(ctx), r)
+		}
+		if derr := t.c.DeleteSnapshot(context.WithoutCancel(ctx), s.ID); err == nil {
+			err = derr
+		}
+		if err != nil {
+			return snaps, restores, bytes, err
+		}
+	}
+	return snaps, restores, bytes, nil
 }
 
 // vmmMemory sums RSS and PSS of the VMM processes of sandboxes ids, found

@@ -19,6 +19,7 @@ type VMOptions struct {
 	Execs       int    // exec samples per backend (default 20)
 	Shots       int    // screenshots (default 10)
 	MemoryBytes int64  // guest RAM (default 512 MiB)
+	Snapshots   int    // snapshot→restore samples of the vm and the microvm (default 2; negative: none)
 	Log         io.Writer
 }
 
@@ -32,6 +33,9 @@ func (o *VMOptions) defaults() {
 	o.Boots, o.PeerBoots, o.Execs, o.Shots = max(o.Boots, 1), max(o.PeerBoots, 1), max(o.Execs, 1), max(o.Shots, 1)
 	if o.MemoryBytes <= 0 {
 		o.MemoryBytes = 512 << 20
+	}
+	if o.Snapshots == 0 {
+		o.Snapshots = 2
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
@@ -70,6 +74,15 @@ type VMResult struct {
 	HostMiBPerVM      float64 `json:"host_mib_per_vm"` // QEMU RSS + run dir blocks, idle after boot
 	MicroVMHostMiB    float64 `json:"microvm_host_mib_per_vm"`
 	RatioHostVsMicroV float64 `json:"ratio_host_vs_microvm"`
+
+	// Snapshot of the running VM (a counter loop in it) and restore into
+	// a new sandbox, beside the same for the microvm of the same run.
+	SnapshotP50Ms        float64 `json:"snapshot_p50_ms"`
+	RestoreP50Ms         float64 `json:"restore_p50_ms"`
+	SnapshotMiB          float64 `json:"snapshot_mib"`
+	MicroVMSnapshotP50Ms float64 `json:"microvm_snapshot_p50_ms"`
+	MicroVMRestoreP50Ms  float64 `json:"microvm_restore_p50_ms"`
+	RatioRestoreVsBoot   float64 `json:"ratio_restore_vs_boot"`
 
 	Load   Load `json:"load"`
 	Leaked int  `json:"leaked"`
@@ -199,10 +212,40 @@ func VM(ctx context.Context, c *client.Client, o VMOptions) (res *VMResult, err 
 		return res, err
 	}
 	res.RatioHostVsMicroV = ratio(res.HostMiBPerVM, res.MicroVMHostMiB)
+	if o.Snapshots > 0 {
+		fmt.Fprintf(o.Log, "snapshot→restore: %d in each of vm and microvm\n", o.Snapshots)
+		if err := vmSnapshots(ctx, t, vm, mv, o.Snapshots, res); err != nil {
+			return res, err
+		}
+	}
 	for _, sb := range []*client.Sandbox{vm, mv, ctr} {
 		_ = t.delete(ctx, sb)
 	}
 	return res, ctx.Err()
+}
+
+// vmSnapshots times snapshot→restore of the running vm and microvm (a
+// counter loop in each, so that memory changes between samples).
+func vmSnapshots(ctx context.Context, t *tracker, vm, mv *client.Sandbox, n int, res *VMResult) error {
+	for _, p := range []struct {
+		sb            *client.Sandbox
+		snap, restore *float64
+		mib           *float64
+	}{{vm, &res.SnapshotP50Ms, &res.RestoreP50Ms, &res.SnapshotMiB}, {mv, &res.MicroVMSnapshotP50Ms, &res.MicroVMRestoreP50Ms, nil}} {
+		if _, err := p.sb.Run(ctx, client.Command{Shell: "(i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.2; done) >/dev/null 2>&1 &"}); err != nil {
+			return err
+		}
+		snaps, restores, bytes, err := snapshotRestores(ctx, t, p.sb, n)
+		if err != nil {
+			return fmt.Errorf("%s snapshots: %w", p.sb.ID(), err)
+		}
+		*p.snap, *p.restore = Summarise(snaps).P50, Summarise(restores).P50
+		if p.mib != nil {
+			*p.mib = round(float64(bytes) / (1 << 20))
+		}
+	}
+	res.RatioRestoreVsBoot = ratio(res.RestoreP50Ms, res.BootReadyP50Ms)
+	return nil
 }
 
 // WriteTable prints the result.
@@ -222,8 +265,13 @@ func (r *VMResult) WriteTable(w io.Writer) error {
 		{"screenshot p50 (QMP screendump → PNG)", f3(r.ScreenshotP50Ms) + " ms", fmt.Sprintf("%d bytes", r.ScreenshotBytes), ""},
 		{"live view first full frame p50 (token → websocket → RFB)", f3(r.LiveViewFirstFrameP50Ms) + " ms", fmt.Sprintf("screenshot: %s ms (%sx)", f3(r.ScreenshotP50Ms), f3(r.RatioLiveViewVsScreenshot)), ""},
 		{"host MiB per idle VM (QEMU RSS + files)", f3(r.HostMiBPerVM), fmt.Sprintf("microvm: %s (%sx); guest RAM %d MiB", f3(r.MicroVMHostMiB), f3(r.RatioHostVsMicroV), r.GuestRAMMiB), ""},
-		{"leaked sandboxes", fmt.Sprint(r.Leaked), "", "0"},
 	}
+	if r.SnapshotP50Ms > 0 {
+		rows = append(rows,
+			row{"snapshot of the running VM p50", f3(r.SnapshotP50Ms) + " ms", fmt.Sprintf("%s MiB on disk; microvm: %s ms (%sx)", f3(r.SnapshotMiB), f3(r.MicroVMSnapshotP50Ms), f3(ratio(r.SnapshotP50Ms, r.MicroVMSnapshotP50Ms))), ""},
+			row{"restore into a new sandbox p50", f3(r.RestoreP50Ms) + " ms", fmt.Sprintf("microvm: %s ms (%sx); the VM's cold boot %s ms (%sx)", f3(r.MicroVMRestoreP50Ms), f3(ratio(r.RestoreP50Ms, r.MicroVMRestoreP50Ms)), f3(r.BootReadyP50Ms), f3(r.RatioRestoreVsBoot)), ""})
+	}
+	rows = append(rows, row{"leaked sandboxes", fmt.Sprint(r.Leaked), "", "0"})
 	if err := writeTable(w, fmt.Sprintf("corral bench vm: image %s, %s", r.Image, accel), rows); err != nil {
 		return err
 	}

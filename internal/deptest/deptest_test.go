@@ -109,11 +109,13 @@ var rules = []rule{
 	{pkg: "internal/backend/container", may: []string{"internal/backend", "internal/errdefs", "internal/storage/upper", "internal/storage/upper/loopdev", "internal/netpolicy", "internal/safefs",
 		"internal/runtime/cgroup", "internal/guest/initproto", "internal/runtime/launch", "internal/runtime/seccomp", "internal/runtime/userns"},
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img", "internal/storage/upper/open"}, stateful)},
-	{pkg: "internal/backend/microvm", may: []string{"internal/guest/agentclient", "internal/guest/agentproto", "internal/backend", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
+	{pkg: "internal/backend/microvm", may: []string{"internal/guest/agentclient", "internal/guest/agentproto", "internal/backend", "internal/backend/qemu", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
 	// The QEMU machine protocol client both QEMU backends drive.
 	{pkg: "internal/qmp", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
-	{pkg: "internal/backend/vm/...", may: []string{"internal/backend", "internal/errdefs", "internal/guest/agentclient", "internal/guest/agentproto", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
+	// The QEMU process, migration and snapshot files both QEMU backends share.
+	{pkg: "internal/backend/qemu", may: []string{"internal/backend", "internal/errdefs", "internal/guest/agentclient", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"}, never: cat(backends, stateful)},
+	{pkg: "internal/backend/vm/...", may: []string{"internal/backend", "internal/backend/qemu", "internal/errdefs", "internal/guest/agentclient", "internal/guest/agentproto", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
 	{pkg: "internal/fncall", may: []string{"internal/backend", "internal/errdefs", "internal/storage/layers"}, never: stateful},
 

@@ -8,7 +8,7 @@
 // and serves exec and file calls (internal/guest/agentproto) over virtio-serial
 // or vsock. Everything of a sandbox lives in its run dir <RunDir>/<id>.
 //
-// It imports backend, guest/agentclient, guest/agentproto, errdefs,
+// It imports backend, backend/qemu, guest/agentclient, guest/agentproto, errdefs,
 // netpolicy, qmp and runtime/launch; never the node, control, state or API
 // layers, nor the image or blob stores (internal/deptest).
 package microvm
@@ -16,7 +16,6 @@ package microvm
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -26,9 +25,8 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/corral-dev/corral/internal/backend"
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/launch"
@@ -258,15 +256,10 @@ func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (_ backend.S
 		return nil, errdefs.NotFound("sandbox %s: no vm state: %v", id, err)
 	}
 	m.kernel = b.cfg.Kernel
-	if m.Net != nil {
-		// The programs and maps are still on the veth, which QEMU's
-		// hold on the namespace kept.
-		if b.cfg.Network == nil {
-			return nil, errdefs.NotFound("sandbox %s: networked, but this node runs without a network manager", id)
-		}
-		if m.net, err = b.cfg.Network.Recover(ctx, id, "", *m.Net); err != nil {
-			return nil, errdefs.NotFound("sandbox %s: %v", id, err)
-		}
+	if m.net, err = qemuvm.RecoverNet(ctx, b.cfg.Network, id, m.Net); err != nil {
+		return nil, err
+	}
+	if m.net != nil {
 		defer func() {
 			if err != nil {
 				_ = m.net.Close()
@@ -301,99 +294,30 @@ func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
 		return err
 	}
 	dir := b.runDir(id)
-	if m, err := loadMachine(dir, id); err == nil && m.Pid > 0 && !m.Snapshotted {
-		if proc, err := launch.Attach(m.Pid, m.StartTime); err == nil {
-			_ = proc.Kill()
-			select {
-			case <-proc.Done():
-			case <-ctx.Done():
-			}
-			proc.Release()
+	var pid int
+	var start uint64
+	var rec *netpolicy.Record
+	if m, err := loadMachine(dir, id); err == nil {
+		if !m.Snapshotted {
+			pid, start = m.Pid, m.StartTime
 		}
+		rec = m.Net
 	}
-	// A VMM whose state file never got written is still found by its
-	// command line.
-	for _, pid := range vmmProcesses(b.cfg.RunDir)[id] {
-		_ = unix.Kill(pid, unix.SIGKILL)
-	}
-	// The veth goes with the namespace once QEMU is gone; Remove covers
-	// a namespace something else still held.
-	if m, err := loadMachine(dir, id); err == nil && m.Net != nil && b.cfg.Network != nil {
-		if err := b.cfg.Network.Remove(*m.Net); err != nil {
-			return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
-		}
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
-	}
-	return nil
+	return qemuvm.Remove(ctx, id, dir, pid, start, vmmProcesses(b.cfg.RunDir)[id], b.cfg.Network, rec)
 }
 
 // Sweep implements backend.Backend: VMM processes and run dirs of
 // sandboxes without a record are removed.
 func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
-	ids := map[string]bool{}
-	for id, pids := range vmmProcesses(b.cfg.RunDir) {
-		if !keep(id) {
-			b.log.Info("killing VMM that outlived its sandbox record", "sandbox", id, "pids", pids)
-			ids[id] = true
-		}
-	}
-	ents, err := os.ReadDir(b.cfg.RunDir)
-	if err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("sweep: %w", err)
-	}
-	for _, e := range ents {
-		if backend.CheckID(e.Name()) == nil && !keep(e.Name()) {
-			ids[e.Name()] = true
-		}
-	}
-	var errs []error
-	for id := range ids {
-		b.log.Info("sweeping leftover microvm sandbox", "sandbox", id)
-		errs = append(errs, b.Cleanup(ctx, id, nil))
-	}
-	return errors.Join(errs...)
+	return qemuvm.Sweep(ctx, b.log, b.cfg.RunDir, vmmProcesses(b.cfg.RunDir), keep, func(ctx context.Context, id string) error {
+		return b.Cleanup(ctx, id, nil)
+	})
 }
 
-// vmmProcesses finds the VMM processes started for sandboxes under runDir,
-// by sandbox id: their command lines name a file in <runDir>/<id>/.
-func vmmProcesses(runDir string) map[string][]int {
-	out := map[string][]int{}
-	prefix := filepath.Clean(runDir) + "/"
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		if len(args) == 0 || !isVMM(args[0]) {
-			continue
-		}
-		for _, a := range args {
-			i := strings.Index(a, prefix)
-			if i < 0 {
-				continue
-			}
-			id, _, _ := strings.Cut(a[i+len(prefix):], "/")
-			if backend.CheckID(id) == nil {
-				out[id] = append(out[id], pid)
-				break
-			}
-		}
-	}
-	return out
-}
+// vmmProcesses finds the VMM processes started for sandboxes under runDir.
+func vmmProcesses(runDir string) map[string][]int { return qemuvm.Processes(runDir, isVMM) }
 
-func isVMM(argv0 string) bool {
-	base := filepath.Base(argv0)
-	return strings.HasPrefix(base, "qemu-system") || base == "firecracker"
-}
+func isVMM(argv0 string) bool { return qemuvm.IsQEMU(argv0) || filepath.Base(argv0) == "firecracker" }
 
 // recordOf is the node's opaque record: everything lives in the run dir.
 func recordOf(m *machine) []byte {

@@ -2,13 +2,13 @@ package microvm
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 
 	"github.com/corral-dev/corral/internal/backend"
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 )
@@ -16,7 +16,6 @@ import (
 // Files of a sandbox's run dir (<RunDir>/<id>, 0700). Nothing of a sandbox
 // lives anywhere else, so Cleanup removes the directory and is done.
 const (
-	stateFile    = "vm.json"     // machineState
 	consoleFile  = "console.log" // the guest's serial console (kernel, agent)
 	diskFile     = "disk.img"    // writable ext4 layer, sparse
 	initrdFile   = "initrd"      // per-sandbox initramfs, removed once booted
@@ -34,7 +33,7 @@ const (
 	agentVsockPort = 1024
 )
 
-// machineState is vm.json: what Recover, Cleanup and Sweep need after a
+// machineState is vm.json (qemuvm.MachineFile): what Recover, Cleanup and Sweep need after a
 // daemon restart. It is rewritten whenever the VMM process changes
 // (snapshot, restore), which the node's own record does not follow.
 type machineState struct {
@@ -73,29 +72,13 @@ type machine struct {
 
 func (m *machine) path(name string) string { return filepath.Join(m.dir, name) }
 
-func (m *machine) save() error {
-	b, err := json.Marshal(m.machineState)
-	if err != nil {
-		return err
-	}
-	tmp := m.path(stateFile + ".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("save vm state: %w", err)
-	}
-	if err := os.Rename(tmp, m.path(stateFile)); err != nil {
-		return fmt.Errorf("save vm state: %w", err)
-	}
-	return nil
-}
+// save writes machineState as the run dir's qemuvm.MachineFile.
+func (m *machine) save() error { return qemuvm.SaveMachine(m.dir, m.machineState) }
 
 func loadMachine(dir, id string) (*machine, error) {
-	b, err := os.ReadFile(filepath.Join(dir, stateFile))
-	if err != nil {
-		return nil, err
-	}
 	m := &machine{id: id, dir: dir}
-	if err := json.Unmarshal(b, &m.machineState); err != nil {
-		return nil, fmt.Errorf("decode %s: %w", stateFile, err)
+	if err := qemuvm.LoadMachine(dir, &m.machineState); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
@@ -145,13 +128,10 @@ type driverCaps struct {
 // adopt watches the VMM process p just started (with SysProcAttr.PidFD
 // set to pidfd) and records it in m; on failure p is killed and reaped.
 func (m *machine) adopt(p *os.Process, pidfd int) (*launch.Process, error) {
-	proc, err := launch.Adopt(p.Pid, pidfd)
+	proc, err := qemuvm.Adopt(p, pidfd)
 	if err != nil {
-		_ = p.Kill()
-		_, _ = p.Wait()
 		return nil, err
 	}
-	_ = p.Release()
 	m.Pid, m.StartTime = proc.Pid, proc.StartTime
 	return proc, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/corral-dev/corral/internal/backend"
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/guest/agentclient"
 	"github.com/corral-dev/corral/internal/guest/agentproto"
@@ -81,7 +82,7 @@ func (s *sandbox) end() { s.doneOnce.Do(func() { close(s.done) }) }
 
 // exitReason reads why the VM ended from its console and QEMU's log.
 func (s *sandbox) exitReason() string {
-	console := tailFile(s.m.path(consoleFile), 4096)
+	console := qemuvm.TailFile(s.m.path(consoleFile), 4096)
 	if i := strings.Index(console, "Kernel panic"); i >= 0 {
 		line, _, _ := strings.Cut(console[i:], "\n")
 		return "guest kernel panic: " + strings.TrimSpace(line)
@@ -92,7 +93,7 @@ func (s *sandbox) exitReason() string {
 			return "guest agent ended: " + strings.TrimSpace(line)
 		}
 	}
-	if log := tailFile(s.m.path("qemu.log"), 300); log != "" {
+	if log := qemuvm.TailFile(s.m.path("qemu.log"), 300); log != "" {
 		return "vmm exited: " + log
 	}
 	return "vmm exited"
@@ -156,7 +157,7 @@ func (s *sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
 	case errors.Is(err, agentclient.ErrEnded):
 		return fmt.Errorf("guest ended before its agent answered: %s", s.ExitReason())
 	case err != nil:
-		return fmt.Errorf("agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 500))
+		return fmt.Errorf("agent not ready after %v: %w (console: %s)", timeout, err, qemuvm.TailFile(s.m.path(consoleFile), 500))
 	}
 	return nil
 }
@@ -187,15 +188,7 @@ func (s *sandbox) Pause(ctx context.Context) error {
 	}
 	s.paused = true
 	after := s.b.cfg.SnapshotAfter
-	if after > 0 {
-		s.timer = time.AfterFunc(after, func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			if err := s.Snapshot(ctx); err != nil {
-				s.b.log.Warn("snapshot of paused microVM failed; it stays paused in memory", "sandbox", s.m.id, "err", err)
-			}
-		})
-	}
+	s.timer = qemuvm.SnapshotLater(after, s.b.log, s.m.id, s.Snapshot)
 	s.mu.Unlock()
 	if after == 0 {
 		return s.Snapshot(ctx)

@@ -2,27 +2,24 @@ package microvm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
 
 // Files of a snapshot dir (written by SnapshotTo, read by Restore).
+// qemuvm.SnapStateFile holds the source's machineState, qemuvm.SnapRAMFile
+// its guest RAM when it is not in snapMemFile.
 const (
-	snapStateFile = "machine.json" // the source's machineState
-	snapMemFile   = snapshotFile   // RAM and device state (QEMU's migration stream)
-	snapDiskFile  = diskFile       // copy of the writable disk at the same instant
-	snapRAMFile   = "ram.img"      // guest RAM, sparse, when it is not in snapMemFile
+	snapMemFile  = snapshotFile // RAM and device state (QEMU's migration stream)
+	snapDiskFile = diskFile     // copy of the writable disk at the same instant
 )
 
 // liveSnapshotter is a driver that snapshots a VM without ending it.
@@ -54,15 +51,11 @@ func (s *sandbox) SnapshotTo(ctx context.Context, dir string) (int64, error) {
 	if s.paused || s.proc == nil || s.stopped {
 		return 0, errdefs.FailedPrecondition("sandbox %s: snapshot of a paused microVM (resume it first)", s.m.id)
 	}
-	st, err := json.Marshal(s.m.machineState)
-	if err != nil {
-		return 0, err
-	}
-	if err := os.WriteFile(filepath.Join(dir, snapStateFile), st, 0o600); err != nil {
-		return 0, fmt.Errorf("sandbox %s: snapshot: %w", s.m.id, err)
+	if err := qemuvm.WriteState(dir, s.m.machineState); err != nil {
+		return 0, fmt.Errorf("sandbox %s: %w", s.m.id, err)
 	}
 	s.mu.Unlock()
-	_, err = s.agent.Call(ctx, agentproto.Request{Op: agentproto.OpDetach})
+	_, err := s.agent.Call(ctx, agentproto.Request{Op: agentproto.OpDetach})
 	s.mu.Lock()
 	if s.sess != nil {
 		s.sess.Close()
@@ -71,8 +64,8 @@ func (s *sandbox) SnapshotTo(ctx context.Context, dir string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("sandbox %s: snapshot: detach agent: %w", s.m.id, err)
 	}
-	err = ls.SnapshotLive(ctx, s.m, filepath.Join(dir, snapMemFile), filepath.Join(dir, snapRAMFile), func() error {
-		return copyDisk(ctx, s.m.path(diskFile), filepath.Join(dir, snapDiskFile))
+	err = ls.SnapshotLive(ctx, s.m, filepath.Join(dir, snapMemFile), filepath.Join(dir, qemuvm.SnapRAMFile), func() error {
+		return qemuvm.CopyDisk(ctx, s.m.path(diskFile), filepath.Join(dir, snapDiskFile))
 	})
 	// The agent's old session may still write its last frames into the
 	// next connection: a fresh session is proven with a ping (and made
@@ -86,36 +79,7 @@ func (s *sandbox) SnapshotTo(ctx context.Context, dir string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("sandbox %s: snapshot: %w", s.m.id, err)
 	}
-	return diskUsage(dir)
-}
-
-// copyDisk copies a sparse disk image: a reflink where the file system
-// has them, else only its data blocks.
-func copyDisk(ctx context.Context, src, dst string) error {
-	out, err := exec.CommandContext(ctx, "cp", "--reflink=auto", "--sparse=always", src, dst).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("copy disk: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// diskUsage is the bytes of allocated blocks under dir.
-func diskUsage(dir string) (int64, error) {
-	var n int64
-	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			n += st.Blocks * 512
-		}
-		return nil
-	})
-	return n, err
+	return qemuvm.DiskUsage(dir)
 }
 
 // Restore implements backend.Restorer: a new run dir (and network slot)
@@ -130,13 +94,9 @@ func (b *Backend) Restore(ctx context.Context, spec backend.Spec, dir string) (b
 	if err != nil {
 		return nil, err
 	}
-	raw, err := os.ReadFile(filepath.Join(dir, snapStateFile))
-	if err != nil {
-		return nil, errdefs.NotFound("snapshot %s: %v", filepath.Base(dir), err)
-	}
 	var src machineState
-	if err := json.Unmarshal(raw, &src); err != nil {
-		return nil, fmt.Errorf("snapshot %s: decode %s: %w", filepath.Base(dir), snapStateFile, err)
+	if err := qemuvm.ReadState(dir, &src); err != nil {
+		return nil, err
 	}
 	vcpus := int(max(1, (spec.Resources.CPUMillis+999)/1000))
 	switch {
@@ -153,7 +113,7 @@ func (b *Backend) Restore(ctx context.Context, spec backend.Spec, dir string) (b
 		{Name: "network", Run: (*creation).makeNetwork},
 		{Name: "state", Run: (*creation).saveState},
 		{Name: "disk", Run: func(c *creation, ctx context.Context) error {
-			return copyDisk(ctx, filepath.Join(dir, snapDiskFile), c.m.path(diskFile))
+			return qemuvm.CopyDisk(ctx, filepath.Join(dir, snapDiskFile), c.m.path(diskFile))
 		}},
 		{Name: "vmm", Run: func(c *creation, ctx context.Context) error { return c.startRestored(ctx, dir, src.Secret) }},
 	}, &c.undo, "")
@@ -170,9 +130,7 @@ func (c *creation) startRestored(ctx context.Context, dir, oldSecret string) err
 	m := c.m
 	newSecret := m.Secret
 	m.incoming = filepath.Join(dir, snapMemFile)
-	if _, err := os.Stat(filepath.Join(dir, snapRAMFile)); err == nil {
-		m.ramFile = filepath.Join(dir, snapRAMFile)
-	}
+	m.ramFile = qemuvm.RAMImage(dir)
 	if err := os.Symlink(c.b.init.path, m.path(initrdFile)); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
@@ -58,7 +59,7 @@ func TestSnapshotRestoreIdentity(t *testing.T) {
 	}
 	// A booted guest's RAM (a memfd) is copied beside the stream, which
 	// then holds only the device state.
-	ram, err1 := os.Stat(filepath.Join(dir, snapRAMFile))
+	ram, err1 := os.Stat(filepath.Join(dir, qemuvm.SnapRAMFile))
 	mem, err2 := os.Stat(filepath.Join(dir, snapMemFile))
 	if err1 != nil || err2 != nil || ram.Size() != 256<<20 || mem.Size() > 16<<20 {
 		t.Errorf("snapshot files: ram %v %v, stream %v %v; want a 256 MiB RAM image and a small stream", ram, err1, mem, err2)
@@ -114,7 +115,7 @@ nslookup pypi.test >/dev/null; printf 'GET / HTTP/1.0\r\n\r\n' | timeout 20 nc 1
 		if got := sh(t, sb, probe); !strings.Contains(got, src.MAC+"\n"+src.Net.Addr4+"/") || !strings.Contains(got, "lab host 198.18.1.10") {
 			t.Errorf("the original's network after the restore: %q", got)
 		}
-		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", rs.m.Pid)); !strings.Contains(string(cmd), "mem-path="+filepath.Join(dir, snapRAMFile)) {
+		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", rs.m.Pid)); !strings.Contains(string(cmd), "mem-path="+filepath.Join(dir, qemuvm.SnapRAMFile)) {
 			t.Errorf("restored VMM does not map the RAM image: %q", cmd)
 		}
 		// The copy's RAM is a private file mapping, not a memfd: its own
@@ -123,7 +124,7 @@ nslookup pypi.test >/dev/null; printf 'GET / HTTP/1.0\r\n\r\n' | timeout 20 nc 1
 		if _, err := rs.SnapshotTo(ctx, dir2); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := os.Stat(filepath.Join(dir2, snapRAMFile)); !os.IsNotExist(err) {
+		if _, err := os.Stat(filepath.Join(dir2, qemuvm.SnapRAMFile)); !os.IsNotExist(err) {
 			t.Errorf("snapshot of a restored guest wrote a RAM image: %v", err)
 		}
 		spec2 := testSpec(t)

@@ -2,10 +2,10 @@ package microvm
 
 import (
 	"context"
-	"fmt"
 	"io"
 
 	"github.com/corral-dev/corral/internal/backend"
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 )
 
 var _ backend.Trees = (*sandbox)(nil)
@@ -16,11 +16,7 @@ func (s *sandbox) CopyIn(ctx context.Context, dir string, r io.Reader) (entries,
 	if err := s.live(); err != nil {
 		return 0, 0, err
 	}
-	entries, bytes, err = s.agent.CopyIn(ctx, dir, r)
-	if err != nil {
-		return entries, bytes, fmt.Errorf("sandbox %s: copy into %s: %w", s.m.id, dir, err)
-	}
-	return entries, bytes, nil
+	return qemuvm.CopyIn(ctx, s.m.id, s.agent, dir, r)
 }
 
 // CopyOut implements backend.Trees: the agent archives path with safefs
@@ -29,8 +25,5 @@ func (s *sandbox) CopyOut(ctx context.Context, path string, w io.Writer) error {
 	if err := s.live(); err != nil {
 		return err
 	}
-	if err := s.agent.CopyOut(ctx, path, w); err != nil {
-		return fmt.Errorf("sandbox %s: copy out %s: %w", s.m.id, path, err)
-	}
-	return nil
+	return qemuvm.CopyOut(ctx, s.m.id, s.agent, path, w)
 }

@@ -11,11 +11,13 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
 
 	"github.com/corral-dev/corral/internal/backend"
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/guest/agentclient"
 	"github.com/corral-dev/corral/internal/guest/agentproto"
@@ -48,9 +50,9 @@ func agentQEMUArgs(m *machine) []string {
 		return nil
 	}
 	return []string{
-		"-chardev", "socket,id=agent0,path=" + qemuEscape(m.path(agentSock)) + ",server=on,wait=off",
+		"-chardev", "socket,id=agent0,path=" + qemuvm.Escape(m.path(agentSock)) + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent0,name=" + agentPortName,
-		"-fw_cfg", "name=" + agentSecretName + ",file=" + qemuEscape(m.path(agentSecretFile)),
+		"-fw_cfg", "name=" + agentSecretName + ",file=" + qemuvm.Escape(m.path(agentSecretFile)),
 	}
 }
 
@@ -77,6 +79,9 @@ func writeAgentSecret(m *machine) error {
 type agentConn struct {
 	*agentclient.Client
 	path string
+	// secret is what requests carry: a restore's first calls reach the
+	// snapshot's agent with the snapshot's secret (setSecret).
+	secret atomic.Pointer[string]
 
 	mu   sync.Mutex
 	sess *yamux.Session
@@ -92,9 +97,12 @@ func agentFor(m *machine) *agentConn {
 
 func newAgentConn(path, secret string) *agentConn {
 	a := &agentConn{path: path}
-	a.Client = agentclient.New(a.session, func() string { return secret })
+	a.setSecret(secret)
+	a.Client = agentclient.New(a.session, func() string { return *a.secret.Load() })
 	return a
 }
+
+func (a *agentConn) setSecret(secret string) { a.secret.Store(&secret) }
 
 func (a *agentConn) session(ctx context.Context) (*yamux.Session, error) {
 	a.mu.Lock()
@@ -140,7 +148,7 @@ func (s *sandbox) waitCorralAgent(ctx context.Context, timeout time.Duration) er
 	case errors.Is(err, agentclient.ErrEnded):
 		return fmt.Errorf("guest ended before corral-agent answered: %s", s.ExitReason())
 	case err != nil:
-		return fmt.Errorf("corral-agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 400))
+		return fmt.Errorf("corral-agent not ready after %v: %w (console: %s)", timeout, err, qemuvm.TailFile(s.m.path(consoleFile), 400))
 	}
 	s.m.OS, s.m.Linux = "linux", true
 	return s.m.save()

@@ -8,7 +8,7 @@
 // and the keyboard and mouse through QMP input-send-event. The package
 // also owns the node's VM image store (import, build, list, remove).
 //
-// It imports backend, errdefs, guest/agentclient, guest/agentproto,
+// It imports backend, backend/qemu, errdefs, guest/agentclient, guest/agentproto,
 // netpolicy, qmp and runtime/launch; never the node, control, state or API layers.
 package vm
 
@@ -24,9 +24,8 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/corral-dev/corral/internal/backend"
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/launch"
@@ -324,13 +323,10 @@ func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (_ backend.S
 	if err != nil {
 		return nil, errdefs.NotFound("sandbox %s: no vm state: %v", id, err)
 	}
-	if m.Net != nil {
-		if b.cfg.Network == nil {
-			return nil, errdefs.NotFound("sandbox %s: networked, but this node runs without a network manager", id)
-		}
-		if m.net, err = b.cfg.Network.Recover(ctx, id, "", *m.Net); err != nil {
-			return nil, errdefs.NotFound("sandbox %s: %v", id, err)
-		}
+	if m.net, err = qemuvm.RecoverNet(ctx, b.cfg.Network, id, m.Net); err != nil {
+		return nil, err
+	}
+	if m.net != nil {
 		defer func() {
 			if err != nil {
 				_ = m.net.Close()
@@ -366,85 +362,22 @@ func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
 		return err
 	}
 	dir := b.runDir(id)
-	m, merr := loadMachine(dir, id)
-	if merr == nil && m.Pid > 0 {
-		if proc, err := launch.Attach(m.Pid, m.StartTime); err == nil {
-			_ = proc.Kill()
-			select {
-			case <-proc.Done():
-			case <-ctx.Done():
-			}
-			proc.Release()
-		}
+	var pid int
+	var start uint64
+	var rec *netpolicy.Record
+	if m, err := loadMachine(dir, id); err == nil {
+		pid, start, rec = m.Pid, m.StartTime, m.Net
 	}
-	for _, pid := range qemuProcesses(b.cfg.RunDir)[id] {
-		_ = unix.Kill(pid, unix.SIGKILL)
-	}
-	if merr == nil && m.Net != nil && b.cfg.Network != nil {
-		if err := b.cfg.Network.Remove(*m.Net); err != nil {
-			return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
-		}
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
-	}
-	return nil
+	return qemuvm.Remove(ctx, id, dir, pid, start, qemuProcesses(b.cfg.RunDir)[id], b.cfg.Network, rec)
 }
 
 // Sweep implements backend.Backend: QEMU processes and run dirs of
 // sandboxes without a record are removed.
 func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
-	ids := map[string]bool{}
-	for id := range qemuProcesses(b.cfg.RunDir) {
-		if !keep(id) {
-			ids[id] = true
-		}
-	}
-	ents, err := os.ReadDir(b.cfg.RunDir)
-	if err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("sweep: %w", err)
-	}
-	for _, e := range ents {
-		if backend.CheckID(e.Name()) == nil && !keep(e.Name()) {
-			ids[e.Name()] = true
-		}
-	}
-	var errs []error
-	for id := range ids {
-		b.log.Info("sweeping leftover vm sandbox", "sandbox", id)
-		errs = append(errs, b.Cleanup(ctx, id, nil))
-	}
-	return errors.Join(errs...)
+	return qemuvm.Sweep(ctx, b.log, b.cfg.RunDir, qemuProcesses(b.cfg.RunDir), keep, func(ctx context.Context, id string) error {
+		return b.Cleanup(ctx, id, nil)
+	})
 }
 
-// qemuProcesses finds QEMU processes started for sandboxes under runDir,
-// by sandbox id: their command lines name a file in <runDir>/<id>/.
-func qemuProcesses(runDir string) map[string][]int {
-	out := map[string][]int{}
-	prefix := filepath.Clean(runDir) + "/"
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
-		raw, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(raw), "\x00")
-		if len(args) == 0 || !strings.HasPrefix(filepath.Base(args[0]), "qemu-system") {
-			continue
-		}
-		for _, a := range args {
-			if i := strings.Index(a, prefix); i >= 0 {
-				id, _, _ := strings.Cut(a[i+len(prefix):], "/")
-				if backend.CheckID(id) == nil {
-					out[id] = append(out[id], pid)
-					break
-				}
-			}
-		}
-	}
-	return out
-}
+// qemuProcesses finds QEMU processes started for sandboxes under runDir.
+func qemuProcesses(runDir string) map[string][]int { return qemuvm.Processes(runDir, qemuvm.IsQEMU) }

@@ -1,18 +1,15 @@
 package vm
 
 import (
-	"encoding/json"
-	"fmt"
-	"os"
 	"path/filepath"
 
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/netpolicy"
 )
 
 // Files of a sandbox's run dir (<RunDir>/<id>, 0700). Nothing of a sandbox
 // lives anywhere else, so Cleanup removes the directory and is done.
 const (
-	stateFile    = "vm.json"     // machineState
 	overlayFile  = "disk.qcow2"  // copy-on-write overlay over the image
 	varsFile     = "efivars.fd"  // UEFI variables (uefi images)
 	consoleFile  = "console.log" // the guest's serial console
@@ -23,7 +20,7 @@ const (
 	qgaPortName  = "org.qemu.guest_agent.0"
 )
 
-// machineState is vm.json: what Recover, Cleanup, Sweep and the image
+// machineState is vm.json (qemuvm.MachineFile): what Recover, Cleanup, Sweep and the image
 // store's in-use check need after a daemon restart.
 type machineState struct {
 	Image     string `json:"image"`
@@ -58,33 +55,22 @@ type machine struct {
 	dir string
 	machineState
 	net *netpolicy.Sandbox // the live network slot (nil: none)
+	// incoming, when set, is the migration stream QEMU starts from (a
+	// snapshotted VM's own, or a snapshot's on a restore into a new
+	// sandbox); ramFile, when set with it, the snapshot's RAM image that
+	// QEMU maps copy-on-write instead of reading RAM from the stream.
+	incoming, ramFile string
 }
 
 func (m *machine) path(name string) string { return filepath.Join(m.dir, name) }
 
-func (m *machine) save() error {
-	b, err := json.Marshal(m.machineState)
-	if err != nil {
-		return err
-	}
-	tmp := m.path(stateFile + ".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("save vm state: %w", err)
-	}
-	if err := os.Rename(tmp, m.path(stateFile)); err != nil {
-		return fmt.Errorf("save vm state: %w", err)
-	}
-	return nil
-}
+// save writes machineState as the run dir's qemuvm.MachineFile.
+func (m *machine) save() error { return qemuvm.SaveMachine(m.dir, m.machineState) }
 
 func loadMachine(dir, id string) (*machine, error) {
-	b, err := os.ReadFile(filepath.Join(dir, stateFile))
-	if err != nil {
-		return nil, err
-	}
 	m := &machine{id: id, dir: dir}
-	if err := json.Unmarshal(b, &m.machineState); err != nil {
-		return nil, fmt.Errorf("decode %s: %w", stateFile, err)
+	if err := qemuvm.LoadMachine(dir, &m.machineState); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

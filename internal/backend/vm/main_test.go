@@ -110,6 +110,11 @@ func testSpec() backend.Spec {
 	}
 }
 
+// sharedBootTimeout bounds the boots of the shared and plain VMs, which
+// boot side by side under TCG on a host that other tests load too (5 min,
+// the backend's TCG default, was seen to run out at a load of 30 on 2 CPUs).
+const sharedBootTimeout = 9 * time.Minute
+
 // shared is the one booted VM the tests share, made on first use. It is
 // networked (allowlist: pypi) on a lab internet.
 var shared struct {
@@ -157,7 +162,7 @@ func sharedVM(t *testing.T) (*Backend, *sandbox) {
 		if shared.err = sharedNetwork(); shared.err != nil {
 			return
 		}
-		b, err := New(Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images"), Network: shared.net})
+		b, err := New(Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images"), Network: shared.net, BootTimeout: sharedBootTimeout})
 		if err != nil {
 			shared.err = err
 			return
@@ -168,14 +173,14 @@ func sharedVM(t *testing.T) (*Backend, *sandbox) {
 		}
 		shared.dir, shared.b, shared.spec = dir, b, testSpec()
 		shared.spec.Network = backend.Network{Mode: "allowlist", Allow: []string{"pypi"}}
-		ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), sharedBootTimeout+time.Minute)
 		defer cancel()
 		// The plain VM boots beside it (each TCG vCPU takes one core).
 		plain.done = make(chan struct{})
 		// Its own context: ctx ends when the shared VM is up, which may
 		// be before the plain one is.
 		go func() {
-			pctx, pcancel := context.WithTimeout(context.Background(), 6*time.Minute)
+			pctx, pcancel := context.WithTimeout(context.Background(), sharedBootTimeout+time.Minute)
 			defer pcancel()
 			bootPlain(pctx, filepath.Join(dir, "plain"))
 		}()
@@ -212,7 +217,7 @@ var plain struct {
 
 func bootPlain(ctx context.Context, dir string) {
 	defer close(plain.done)
-	b, err := New(Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images")})
+	b, err := New(Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images"), BootTimeout: sharedBootTimeout})
 	if err != nil {
 		plain.err = err
 		return

@@ -5,13 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/launch"
@@ -78,7 +77,7 @@ func (s *sandbox) end() { s.doneOnce.Do(func() { close(s.done) }) }
 // exitReason reads why the VM ended from its serial console and QEMU's
 // log (a guest that powers off, reboots or panics ends QEMU).
 func (s *sandbox) exitReason() string {
-	console := tailFile(s.m.path(consoleFile), 8192)
+	console := qemuvm.TailFile(s.m.path(consoleFile), 8192)
 	switch {
 	case strings.Contains(console, "Kernel panic"):
 		i := strings.Index(console, "Kernel panic")
@@ -89,7 +88,7 @@ func (s *sandbox) exitReason() string {
 	case strings.Contains(console, "reboot: Restarting system"):
 		return "guest rebooted (a vm sandbox ends when its guest reboots)"
 	}
-	if log := tailFile(s.m.path(logFile), 300); log != "" {
+	if log := qemuvm.TailFile(s.m.path(logFile), 300); log != "" {
 		return "qemu exited: " + log
 	}
 	return "qemu exited"
@@ -152,7 +151,7 @@ func (s *sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
 		default:
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("guest agent not ready after %v: %w (console: %s)", timeout, err, tailFile(s.m.path(consoleFile), 400))
+			return fmt.Errorf("guest agent not ready after %v: %w (console: %s)", timeout, err, qemuvm.TailFile(s.m.path(consoleFile), 400))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -253,15 +252,7 @@ func (s *sandbox) Pause(ctx context.Context) error {
 	}
 	s.paused = true
 	after := s.b.cfg.SnapshotAfter
-	if after > 0 {
-		s.timer = time.AfterFunc(after, func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			if err := s.Snapshot(ctx); err != nil {
-				s.b.log.Warn("snapshot of paused vm failed; it stays paused in memory", "sandbox", s.m.id, "err", err)
-			}
-		})
-	}
+	s.timer = qemuvm.SnapshotLater(after, s.b.log, s.m.id, s.Snapshot)
 	s.mu.Unlock()
 	if after == 0 {
 		return s.Snapshot(ctx)
@@ -410,37 +401,12 @@ func (s *sandbox) NetworkStats(ctx context.Context) (backend.NetworkStats, error
 	return s.m.net.NetworkStats()
 }
 
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's CPU times.
-const clockTicks = 100
-
 // Stats implements backend.StatsReader from the host side: QEMU's CPU
 // time and resident memory (what the VM costs the node) and the blocks
 // its overlay holds.
 func (s *sandbox) Stats(_ context.Context) (backend.Stats, error) {
-	var st backend.Stats
-	var fi syscall.Stat_t
-	if err := syscall.Stat(s.m.path(overlayFile), &fi); err == nil {
-		st.DiskBytes = fi.Blocks * 512
-	}
 	s.mu.Lock()
 	proc := s.proc
 	s.mu.Unlock()
-	if proc == nil { // snapshotted: no QEMU
-		return st, nil
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", proc.Pid))
-	if err != nil {
-		return st, fmt.Errorf("sandbox %s: stats: %w", s.m.id, err)
-	}
-	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	if len(f) < 22 {
-		return st, fmt.Errorf("sandbox %s: stats: short /proc stat", s.m.id)
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	rss, _ := strconv.ParseInt(f[21], 10, 64)
-	st.CPUTime = time.Duration(utime+stime) * time.Second / clockTicks
-	st.MemoryBytes = rss * int64(os.Getpagesize())
-	st.Pids = 1
-	return st, nil
+	return qemuvm.Stats(s.m.id, s.m.path(overlayFile), proc)
 }

@@ -2,10 +2,10 @@ package vm
 
 import (
 	"context"
-	"fmt"
 	"io"
 
 	"github.com/corral-dev/corral/internal/backend"
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -32,11 +32,7 @@ func (s *sandbox) CopyIn(ctx context.Context, dir string, r io.Reader) (entries,
 	if err := s.treesOK(); err != nil {
 		return 0, 0, err
 	}
-	entries, bytes, err = s.agent.CopyIn(ctx, dir, r)
-	if err != nil {
-		return entries, bytes, fmt.Errorf("sandbox %s: copy into %s: %w", s.m.id, dir, err)
-	}
-	return entries, bytes, nil
+	return qemuvm.CopyIn(ctx, s.m.id, s.agent.Client, dir, r)
 }
 
 // CopyOut implements backend.Trees: the agent archives path and streams
@@ -45,8 +41,5 @@ func (s *sandbox) CopyOut(ctx context.Context, path string, w io.Writer) error {
 	if err := s.treesOK(); err != nil {
 		return err
 	}
-	if err := s.agent.CopyOut(ctx, path, w); err != nil {
-		return fmt.Errorf("sandbox %s: copy out %s: %w", s.m.id, path, err)
-	}
-	return nil
+	return qemuvm.CopyOut(ctx, s.m.id, s.agent.Client, path, w)
 }

@@ -1,0 +1,17 @@
+// Package qemu owns what the two QEMU backends (microvm and vm) do alike
+// with a QEMU process: starting it in its own session (inside the
+// sandbox's network namespace, with the tap as fd 3) and adopting it,
+// dialling its QMP socket while watching that it still runs, saving a
+// machine's state to files through QEMU's migration stream (a stopped VM
+// that then quits, or a running one that continues, its guest RAM
+// copied aside as a sparse image) and loading it back (-incoming defer,
+// the RAM image mapped copy-on-write), the files of a snapshot dir (the
+// disk copy, the state record, their size), the run dir's machine record,
+// the host-side cost of a VMM (CPU time, resident memory), the VMM
+// processes of a run dir and the sweep of leftovers, a recovered VM's
+// network slot, and tree copies through corral-agent. The machine types,
+// command lines, lifecycles and guest identities stay in the backends.
+//
+// It imports backend, errdefs, guest/agentclient, netpolicy, qmp and
+// runtime/launch; never a backend package, the node, state or API layers.
+package qemu

@@ -1,0 +1,114 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/runtime/launch"
+)
+
+// Processes finds the VMM processes started for sandboxes under runDir,
+// by sandbox id: their command lines name a file in <runDir>/<id>/, and
+// isVMM accepts their argv[0].
+func Processes(runDir string, isVMM func(argv0 string) bool) map[string][]int {
+	out := map[string][]int{}
+	prefix := filepath.Clean(runDir) + "/"
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if len(args) == 0 || !isVMM(args[0]) {
+			continue
+		}
+		for _, a := range args {
+			i := strings.Index(a, prefix)
+			if i < 0 {
+				continue
+			}
+			id, _, _ := strings.Cut(a[i+len(prefix):], "/")
+			if backend.CheckID(id) == nil {
+				out[id] = append(out[id], pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// IsQEMU accepts a QEMU system emulator's argv[0].
+func IsQEMU(argv0 string) bool { return strings.HasPrefix(filepath.Base(argv0), "qemu-system") }
+
+// Sweep removes, with cleanup, every sandbox of runDir that keep does not
+// know: those with a VMM process in procs (see Processes) or a run dir.
+func Sweep(ctx context.Context, log *slog.Logger, runDir string, procs map[string][]int, keep func(id string) bool, cleanup func(ctx context.Context, id string) error) error {
+	ids := map[string]bool{}
+	for id, pids := range procs {
+		if !keep(id) {
+			log.Info("killing VMM that outlived its sandbox record", "sandbox", id, "pids", pids)
+			ids[id] = true
+		}
+	}
+	ents, err := os.ReadDir(runDir)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	for _, e := range ents {
+		if backend.CheckID(e.Name()) == nil && !keep(e.Name()) {
+			ids[e.Name()] = true
+		}
+	}
+	var errs []error
+	for id := range ids {
+		log.Info("sweeping leftover sandbox", "sandbox", id)
+		errs = append(errs, cleanup(ctx, id))
+	}
+	return errors.Join(errs...)
+}
+
+// Remove is the end of a VM's Cleanup: the VMM recorded as pid (0: none;
+// checked by its start time against pid reuse) is killed and waited for,
+// then VMMs of the sandbox whose record was never written (leftovers,
+// found by command line), then the network slot rec (nil: none; the veth
+// goes with the namespace once QEMU is gone, Remove covers a namespace
+// something else still held) and the run dir with everything in it.
+func Remove(ctx context.Context, id, dir string, pid int, start uint64, leftovers []int, mgr *netpolicy.Manager, rec *netpolicy.Record) error {
+	if pid > 0 {
+		if proc, err := launch.Attach(pid, start); err == nil {
+			_ = proc.Kill()
+			select {
+			case <-proc.Done():
+			case <-ctx.Done():
+			}
+			proc.Release()
+		}
+	}
+	for _, p := range leftovers {
+		_ = unix.Kill(p, unix.SIGKILL)
+	}
+	if rec != nil && mgr != nil {
+		if err := mgr.Remove(*rec); err != nil {
+			return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
+	}
+	return nil
+}
