@@ -1,6 +1,6 @@
 // Package backendtest is the conformance suite of backend.Backend: one set
 // of behaviours (exec, streaming, stdin, timeouts, output caps, files and
-// path traversal, tree copy, memory limits, pause/resume, error kinds, cleanup,
+// path traversal, tree copy, terminals, memory limits, pause/resume, error kinds, cleanup,
 // restart recovery) that every backend must show, run by each backend's
 // own tests through Run with a Harness that builds it. A behaviour a
 // backend does not offer is skipped only when the backend says so with an
@@ -91,6 +91,7 @@ func Run(t *testing.T, h Harness) {
 		{"Stdin", st.stdin},
 		{"Streaming", st.streaming},
 		{"Background", st.background},
+		{"Terminal", st.terminal},
 		{"Timeout", st.timeoutKills},
 		{"OutputLimit", st.outputLimit},
 		{"OutputCallbackError", st.outputCallbackError},
