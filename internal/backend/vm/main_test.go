@@ -157,7 +157,8 @@ func sharedVM(t *testing.T) (*Backend, *sandbox) {
 		if shared.err = sharedNetwork(); shared.err != nil {
 			return
 		}
-		b, err := New(Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images"), Network: shared.net})
+		b, err := New(Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images"), Network: shared.net,
+			CACerts: nodeCA().caPEM})
 		if err != nil {
 			shared.err = err
 			return
