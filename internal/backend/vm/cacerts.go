@@ -4,8 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io/fs"
-
+	
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -26,8 +25,7 @@ const guestLocalCAs = "/usr/local/share/ca-certificates"
 // certificates (Config.CACerts) beside its image's: they are appended to
 // each trust store the guest has, at boot through its agent, so that one
 // image serves nodes of different CAs and a node's new CA needs no image
-// rebuild. A guest with none of the stores (not a Linux distribution the
-// list knows) is left alone.
+// rebuild. A Linux guest with none of the stores gets Debian's.
 func (s *sandbox) installCACerts(ctx context.Context, certs []byte) error {
 	if len(certs) == 0 || !s.m.Linux {
 		return nil
@@ -52,11 +50,13 @@ func (s *sandbox) installCACerts(ctx context.Context, certs []byte) error {
 		found++
 	}
 	if found == 0 {
-		s.b.log.Warn("vm guest has no CA bundle the node knows: the node's CA certificates are not installed", "sandbox", s.m.id)
-		return nil
+		// Debian's path, as for a layered image without a bundle.
+		if _, err := s.WriteFile(ctx, guestTrustStores[0], bytes.NewReader(certs[1:]), backend.WriteOptions{Mode: 0o644, MakeParents: true}); err != nil {
+			return fmt.Errorf("guest CA certs: %w", err)
+		}
 	}
 	if fi, err := s.Stat(ctx, guestLocalCAs); err == nil && fi.Mode.IsDir() {
-		if _, err := s.WriteFile(ctx, guestLocalCAs+"/corral-node.crt", bytes.NewReader(certs[1:]), backend.WriteOptions{Mode: fs.FileMode(0o644)}); err != nil {
+		if _, err := s.WriteFile(ctx, guestLocalCAs+"/corral-node.crt", bytes.NewReader(certs[1:]), backend.WriteOptions{Mode: 0o644}); err != nil {
 			return fmt.Errorf("guest CA certs: %w", err)
 		}
 	}
