@@ -117,7 +117,7 @@ type Config struct {
 	// the cluster's projects, tokens and quotas) instead of iam.db.
 	IAMEtcd []string
 	// SandboxCACerts is a PEM file or a directory of them whose
-	// certificates every sandbox (container, fncall, microvm) trusts
+	// certificates every sandbox (container, fncall, microvm, vm) trusts
 	// besides its image's ("": none); see caImages.
 	SandboxCACerts string
 }

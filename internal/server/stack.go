@@ -106,6 +106,13 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 // addFullVM adds the vm backend (full virtual machines) when the host has
 // QEMU; its VM images live beside the layers.
 func (s *stack) addFullVM(cfg Config, network *netpolicy.Manager) error {
+	var caCerts []byte
+	if cfg.SandboxCACerts != "" {
+		var err error
+		if caCerts, err = readCACerts(cfg.SandboxCACerts); err != nil {
+			return err
+		}
+	}
 	b, err := fullvm.New(fullvm.Config{
 		RunDir:   filepath.Join(cfg.DataDir, "vms"),
 		ImageDir: filepath.Join(cfg.DataDir, "vm-images"),
@@ -116,6 +123,9 @@ func (s *stack) addFullVM(cfg Config, network *netpolicy.Manager) error {
 
 		// vm-image build installs the microVMs' agent into images.
 		AgentPath: cfg.AgentBinary,
+		// Full VMs boot their own disk, not layers: the node's CA
+		// certificates go into the guest's trust store at boot.
+		CACerts: caCerts,
 	})
 	switch {
 	case errdefs.IsNotSupported(err):

@@ -1,6 +1,6 @@
 // Package backendtest is the conformance suite of backend.Backend: one set
 // of behaviours (exec, streaming, stdin, timeouts, output caps, files and
-// path traversal, tree copy, memory, CPU, pids and disk limits,
+// path traversal, tree copy, terminals, memory, CPU, pids and disk limits,
 // pause/resume, error kinds, cleanup, restart recovery) that every backend
 // must show, run by each backend's own tests through Run with a Harness
 // that builds it. A behaviour a backend does not offer is skipped only
@@ -92,6 +92,7 @@ func Run(t *testing.T, h Harness) {
 		{"Stdin", st.stdin},
 		{"Streaming", st.streaming},
 		{"Background", st.background},
+		{"Terminal", st.terminal},
 		{"Timeout", st.timeoutKills},
 		{"OutputLimit", st.outputLimit},
 		{"OutputCallbackError", st.outputCallbackError},

@@ -11,6 +11,10 @@ import (
 	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
 
+// Interactive implements backend.Interactive: the agent runs PTY execs on
+// a terminal of the guest's and hands out a handle once they started.
+func (s *sandbox) Interactive() {}
+
 // Exec implements backend.Sandbox through the agent (internal/guest/
 // agentclient), which streams the output, stdin and the exit.
 func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.OutputFunc) (backend.ExecResult, error) {

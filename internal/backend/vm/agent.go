@@ -177,12 +177,9 @@ func (s *sandbox) detachAgentLocked(ctx context.Context) error {
 
 // agentExec is Exec through corral-agent (internal/guest/agentclient):
 // output streams as the command writes it, stdin streams from
-// StdinReader, and the command's process group is killed on timeout or
-// cancellation.
+// StdinReader, a PTY exec runs on a terminal of the guest's, and the
+// command's process group is killed on timeout or cancellation.
 func (s *sandbox) agentExec(ctx context.Context, spec backend.ExecSpec, out backend.OutputFunc) (backend.ExecResult, error) {
-	if spec.PTY != nil {
-		return backend.ExecResult{}, errdefs.NotSupported("exec.pty: the vm backend has no terminals")
-	}
 	if len(spec.Argv) == 0 {
 		return backend.ExecResult{}, errdefs.InvalidArgument("exec.argv: required")
 	}

@@ -57,6 +57,9 @@ type Config struct {
 	// state go to a file and QEMU exits; resume restores it. Zero
 	// snapshots at pause; negative never.
 	SnapshotAfter time.Duration
+	// CACerts are PEM certificates Linux guests trust besides their
+	// image's (the node's --sandbox-ca-certs; see installCACerts).
+	CACerts []byte
 }
 
 // Backend implements backend.Backend.
@@ -258,6 +261,9 @@ var createSteps = []backend.Step[*creation]{
 	}},
 	{Name: "guest setup", Run: func(c *creation, ctx context.Context) error {
 		return c.s.setupGuest(ctx, c.spec.Hostname)
+	}},
+	{Name: "guest CA certs", Run: func(c *creation, ctx context.Context) error {
+		return c.s.installCACerts(ctx, c.b.cfg.CACerts)
 	}},
 }
 

@@ -19,13 +19,14 @@ import (
 
 // DebianRecipe versions what BuildDebian puts into the image; a change
 // bumps it, so caches keyed by it are not reused.
-const DebianRecipe = "bookworm-2"
+const DebianRecipe = "bookworm-3"
 
 // debianPackages are on top of mmdebstrap's minbase: the kernel and its
 // initramfs, systemd, the guest agent, and what tests and agents expect
-// of a small Debian (python3, ip, ps, timeout, setpriv).
+// of a small Debian (python3, ip, ps, timeout, setpriv), and Debian's CA
+// bundle (OpenSSL's default store; the node adds its own CAs at boot).
 var debianPackages = []string{"linux-image-amd64", "initramfs-tools", "systemd-sysv", "udev",
-	"qemu-guest-agent", "python3-minimal", "kmod", "iproute2", "procps", "e2fsprogs"}
+	"qemu-guest-agent", "python3-minimal", "kmod", "iproute2", "procps", "e2fsprogs", "ca-certificates"}
 
 // debianExcludes keep docs and drivers no virtual machine needs out of
 // the image (a third of its size).

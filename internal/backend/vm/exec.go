@@ -121,6 +121,10 @@ func isNumericUser(u string) bool {
 	return true
 }
 
+// Interactive implements backend.Interactive: through corral-agent Exec
+// honours PTY and Started; qemu-ga guests refuse both.
+func (s *sandbox) Interactive() {}
+
 // Exec implements backend.Sandbox through guest-exec: the command's
 // output is captured by the guest agent and arrives when it has exited
 // (the protocol does not stream).
@@ -133,7 +137,10 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 		return s.agentExec(ctx, spec, out)
 	}
 	if spec.PTY != nil {
-		return res, errdefs.NotSupported("exec.pty: the vm backend's guest agent has no terminals")
+		return res, errdefs.NotSupported("exec.pty: the vm backend's guest agent has no terminals (an image with corral-agent has)")
+	}
+	if spec.Started != nil {
+		return res, errdefs.NotSupported("long-running processes: the vm backend's guest agent returns a command only once it exited (an image with corral-agent streams)")
 	}
 	if len(spec.Argv) == 0 {
 		return res, errdefs.InvalidArgument("exec.argv: required")

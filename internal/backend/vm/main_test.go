@@ -162,7 +162,8 @@ func sharedVM(t *testing.T) (*Backend, *sandbox) {
 		if shared.err = sharedNetwork(); shared.err != nil {
 			return
 		}
-		b, err := New(Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images"), Network: shared.net, BootTimeout: sharedBootTimeout})
+		b, err := New(Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images"), Network: shared.net,
+			CACerts: nodeCA().caPEM, BootTimeout: sharedBootTimeout})
 		if err != nil {
 			shared.err = err
 			return

@@ -92,47 +92,32 @@ func (s *server) exec(fs *agentproto.Stream, req *agentproto.Exec) {
 		replyErr(fs, err)
 		return
 	}
-	var stdinR, stdinW *os.File
-	if req.Stdin {
-		if stdinR, stdinW, err = os.Pipe(); err != nil {
-			replyErr(fs, fmt.Errorf("exec: %w", err))
-			return
-		}
-	} else if stdinR, err = os.Open("/dev/null"); err != nil {
-		replyErr(fs, fmt.Errorf("exec: %w", err))
-		return
+	var sio *stdio
+	if req.PTY != nil {
+		sio, err = ptyStdio(*req.PTY)
+	} else {
+		sio, err = pipeStdio(req.Stdin)
 	}
-	outR, outW, err := os.Pipe()
 	if err != nil {
-		stdinR.Close()
-		replyErr(fs, fmt.Errorf("exec: %w", err))
-		return
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		stdinR.Close()
-		outR.Close()
-		outW.Close()
 		replyErr(fs, fmt.Errorf("exec: %w", err))
 		return
 	}
 	oomBefore := oomKills()
+	sys := &syscall.SysProcAttr{Setsid: true, Credential: cred}
+	if req.PTY != nil {
+		// The terminal (the child's fd 0) becomes its controlling one.
+		sys.Setctty, sys.Ctty = true, 0
+	}
 	attr := &syscall.ProcAttr{
 		Dir:   req.Cwd,
 		Env:   req.Env,
-		Files: []uintptr{stdinR.Fd(), outW.Fd(), errW.Fd()},
-		Sys:   &syscall.SysProcAttr{Setsid: true, Credential: cred},
+		Files: []uintptr{sio.child[0].Fd(), sio.child[1].Fd(), sio.child[2].Fd()},
+		Sys:   sys,
 	}
 	pid, done, err := s.procs.start(argv0, req.Argv, attr)
-	stdinR.Close()
-	outW.Close()
-	errW.Close()
+	sio.closeChild()
 	if err != nil {
-		outR.Close()
-		errR.Close()
-		if stdinW != nil {
-			stdinW.Close()
-		}
+		sio.closeParent()
 		replyErr(fs, startError(req.Argv[0], err))
 		return
 	}
@@ -141,7 +126,7 @@ func (s *server) exec(fs *agentproto.Stream, req *agentproto.Exec) {
 		_ = unix.Prlimit(pid, unix.RLIMIT_CPU, &lim, nil)
 	}
 	reply(fs, agentproto.Reply{Op: agentproto.ReplyStarted, Pid: pid})
-	go relayInput(fs, pid, stdinW)
+	go relayInput(fs, pid, sio)
 
 	limit := req.OutputLimit
 	if limit <= 0 {
@@ -155,10 +140,7 @@ func (s *server) exec(fs *agentproto.Stream, req *agentproto.Exec) {
 		return fs.Write(kind, p)
 	})
 	var wg sync.WaitGroup
-	for _, p := range []struct {
-		f      *os.File
-		stream backend.Stream
-	}{{outR, backend.Stdout}, {errR, backend.Stderr}} {
+	for _, p := range sio.outputs() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -166,11 +148,9 @@ func (s *server) exec(fs *agentproto.Stream, req *agentproto.Exec) {
 		}()
 	}
 	st := <-done
-	_ = outR.SetReadDeadline(time.Now().Add(drainWait))
-	_ = errR.SetReadDeadline(time.Now().Add(drainWait))
+	sio.drain(time.Now().Add(drainWait))
 	wg.Wait()
-	outR.Close()
-	errR.Close()
+	sio.closeOutputs()
 	r := agentproto.Reply{Op: agentproto.ReplyExit, ExitCode: st.ws.ExitStatus(),
 		CPUNanos: st.ru.Utime.Nano() + st.ru.Stime.Nano(), Truncated: lim.Truncated(),
 		OOMKilled: oomKills() > oomBefore}
@@ -198,14 +178,11 @@ func copyOutput(f *os.File, stream backend.Stream, lim *backend.OutputLimiter) {
 	}
 }
 
-// relayInput feeds stdin frames to the command and applies signal frames
-// to its process group, until the node closes its side.
-func relayInput(fs *agentproto.Stream, pgid int, stdin *os.File) {
-	defer func() {
-		if stdin != nil {
-			stdin.Close()
-		}
-	}()
+// relayInput feeds stdin frames to the command, applies signal frames to
+// its process group and resize frames to its terminal, until the node
+// closes its side.
+func relayInput(fs *agentproto.Stream, pgid int, sio *stdio) {
+	defer sio.closeInput()
 	for {
 		kind, p, err := fs.Read()
 		if err != nil {
@@ -213,21 +190,18 @@ func relayInput(fs *agentproto.Stream, pgid int, stdin *os.File) {
 		}
 		switch kind {
 		case agentproto.KindStdin:
-			if stdin != nil {
-				if _, err := stdin.Write(p); err != nil {
-					stdin.Close()
-					stdin = nil
-				}
-			}
+			sio.write(p)
 		case agentproto.KindEOF:
-			if stdin != nil {
-				stdin.Close()
-				stdin = nil
-			}
+			sio.closeInput()
 		case agentproto.KindSignal:
 			var sig agentproto.Signal
 			if decode(p, &sig) == nil && sig.Signal > 0 {
 				_ = unix.Kill(-pgid, unix.Signal(sig.Signal))
+			}
+		case agentproto.KindResize:
+			var size agentproto.TermSize
+			if decode(p, &size) == nil {
+				_ = sio.resize(size)
 			}
 		}
 	}

@@ -31,6 +31,9 @@ type server struct {
 	secret   string
 	procs    *reaper
 	files    *safefs.FS
+	// maxVersion is agentproto.Version; tests lower it to play an older
+	// agent.
+	maxVersion int
 }
 
 // serve returns only when the channel fails.
@@ -46,7 +49,7 @@ func serve(cfg *runtimeConfig) error {
 	} else {
 		signal.Notify(sigs)
 	}
-	s := &server{secret: cfg.secret, procs: newReaper()}
+	s := &server{secret: cfg.secret, procs: newReaper(), maxVersion: agentproto.Version}
 	go s.procs.run(sigs)
 	s.files = safefs.New(func() (*os.File, error) {
 		return os.OpenFile("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -102,8 +105,8 @@ func (s *server) handle(st io.ReadWriteCloser, detach chan<- struct{}) {
 		_ = fs.WriteJSON(agentproto.KindReply, agentproto.ErrorReply(errdefs.PermissionDenied("agent: request without the sandbox's secret")))
 		return
 	}
-	if req.Version < agentproto.MinVersion(req.Op) || req.Version > agentproto.Version {
-		_ = fs.WriteJSON(agentproto.KindReply, agentproto.ErrorReply(errdefs.InvalidArgument("agent: protocol version %d for %q, this agent serves %d..%d", req.Version, req.Op, agentproto.MinVersion(req.Op), agentproto.Version)))
+	if req.Version < agentproto.RequestVersion(&req) || req.Version > s.maxVersion {
+		_ = fs.WriteJSON(agentproto.KindReply, agentproto.ErrorReply(agentproto.VersionError(&req, s.maxVersion)))
 		return
 	}
 	switch req.Op {

@@ -63,8 +63,19 @@ func (c *Client) openStream(ctx context.Context) (*yamux.Stream, error) {
 }
 
 func (c *Client) request(fs *agentproto.Stream, req agentproto.Request) error {
-	req.Version, req.Secret = agentproto.MinVersion(req.Op), c.secret()
+	req.Version, req.Secret = agentproto.RequestVersion(&req), c.secret()
 	return fs.WriteJSON(agentproto.KindRequest, req)
+}
+
+// replyErr is a reply's error; an older agent's refusal of the request's
+// version becomes a not-supported error naming the missing capability.
+func replyErr(req *agentproto.Request, r agentproto.Reply) error {
+	err := r.Err()
+	if err != nil && agentproto.RefusedVersion(err) {
+		return errdefs.NotSupported("not supported: %s by the corral-agent in this guest (needs agent protocol version %d; rebuild the image with this corral's agent): %v",
+			agentproto.Capability(req), agentproto.RequestVersion(req), err)
+	}
+	return err
 }
 
 // Stream opens a stream and sends req; nothing is read back (the reply
@@ -103,7 +114,7 @@ func (c *Client) Open(ctx context.Context, req agentproto.Request) (*yamux.Strea
 		}
 		return nil, nil, r, errdefs.Unavailable("corral-agent: %v", err)
 	}
-	if err := r.Err(); err != nil {
+	if err := replyErr(&req, r); err != nil {
 		st.Close()
 		return nil, nil, r, err
 	}

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/guest/agentproto"
 )
 
@@ -32,12 +33,22 @@ func (c *Client) Exec(ctx context.Context, spec backend.ExecSpec, out backend.Ou
 	if spec.CPULimit > 0 {
 		req.CPUSeconds = int64((spec.CPULimit + time.Second - 1) / time.Second)
 	}
+	if spec.PTY != nil {
+		if spec.PTY.Cols == 0 || spec.PTY.Rows == 0 {
+			return backend.ExecResult{}, errdefs.InvalidArgument("pty.size: columns and rows must be positive (got %dx%d)", spec.PTY.Cols, spec.PTY.Rows)
+		}
+		req.PTY = &agentproto.TermSize{Cols: spec.PTY.Cols, Rows: spec.PTY.Rows}
+	}
 	start := time.Now()
-	st, fs, _, err := c.Open(ctx, agentproto.Request{Op: agentproto.OpExec, Exec: req})
+	st, fs, started, err := c.Open(ctx, agentproto.Request{Op: agentproto.OpExec, Exec: req})
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
 	defer st.Close()
+	if spec.Started != nil {
+		// Before the reader below: no output precedes the handle.
+		spec.Started(&process{pid: started.Pid, fs: fs, pty: req.PTY != nil})
+	}
 	if req.Stdin {
 		go feedStdin(fs, spec.Stdin, spec.StdinReader)
 	}
@@ -152,4 +163,33 @@ func feedStdin(fs *agentproto.Stream, data []byte, r io.Reader) {
 		}
 	}
 	_ = fs.Write(agentproto.KindEOF, nil)
+}
+
+// process implements backend.Process over an exec's stream.
+type process struct {
+	pid int
+	fs  *agentproto.Stream
+	pty bool
+}
+
+func (p *process) Pid() int { return p.pid }
+
+func (p *process) Signal(sig int) error {
+	if err := p.fs.WriteJSON(agentproto.KindSignal, agentproto.Signal{Signal: sig}); err != nil {
+		return fmt.Errorf("signal process %d: %w", p.pid, err)
+	}
+	return nil
+}
+
+func (p *process) Resize(size backend.TermSize) error {
+	if !p.pty {
+		return errdefs.FailedPrecondition("resize: process %d has no terminal", p.pid)
+	}
+	if size.Cols == 0 || size.Rows == 0 {
+		return errdefs.InvalidArgument("pty.size: columns and rows must be positive (got %dx%d)", size.Cols, size.Rows)
+	}
+	if err := p.fs.WriteJSON(agentproto.KindResize, agentproto.TermSize{Cols: size.Cols, Rows: size.Rows}); err != nil {
+		return fmt.Errorf("resize process %d: %w", p.pid, err)
+	}
+	return nil
 }

@@ -16,7 +16,8 @@ import (
 // sending, so a refusal midway (a bad entry, a full disk) stops the upload
 // at once.
 func (c *Client) CopyIn(ctx context.Context, dir string, r io.Reader) (entries, bytes int64, err error) {
-	st, fs, err := c.Stream(ctx, agentproto.Request{Op: agentproto.OpExtract, File: &agentproto.File{Path: dir}})
+	req := agentproto.Request{Op: agentproto.OpExtract, File: &agentproto.File{Path: dir}}
+	st, fs, err := c.Stream(ctx, req)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -44,7 +45,7 @@ func (c *Client) CopyIn(ctx context.Context, dir string, r io.Reader) (entries, 
 	case rerr != nil:
 		return 0, 0, errdefs.Unavailable("corral-agent: %v", rerr)
 	}
-	if err := rep.Err(); err != nil {
+	if err := replyErr(&req, rep); err != nil {
 		return rep.Count, rep.Written, err
 	}
 	return rep.Count, rep.Written, nil

@@ -23,6 +23,12 @@
 //	  running an agent of version 1 refuses only the new ops. Request.Now
 //	  (optional) on pings sets the guest's clock. Identity (a restored guest takes its
 //	  new sandbox's secret, hostname and network).
+//	3 (2026-12-01): exec on a terminal: Exec.PTY opens a pseudo-terminal
+//	  of that size as the command's stdin, stdout and stderr (output
+//	  arrives as KindStdout), KindResize frames change its size. Only such
+//	  an exec is sent with version 3 (RequestVersion); an agent of version
+//	  2 refuses it with its version error, which the node reports as the
+//	  missing capability (RefusedVersion).
 package agentproto
 
 import (
@@ -33,6 +39,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,7 +47,7 @@ import (
 )
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 2
+const Version = 3
 
 // MinVersion is the lowest version that has op: what the node sends it
 // with, so that older agents keep serving the ops they know.
@@ -50,6 +57,38 @@ func MinVersion(op string) int {
 		return 2
 	}
 	return 1
+}
+
+// RequestVersion is what the node sends req with: its op's MinVersion,
+// raised for the options of an op that came later.
+func RequestVersion(req *Request) int {
+	if req.Op == OpExec && req.Exec != nil && req.Exec.PTY != nil {
+		return 3
+	}
+	return MinVersion(req.Op)
+}
+
+// Capability names what a request of a version above 1 needs, for the
+// error the node gives when an older agent refuses it.
+func Capability(req *Request) string {
+	if req.Op == OpExec && req.Exec != nil && req.Exec.PTY != nil {
+		return "exec on a terminal (pty)"
+	}
+	return fmt.Sprintf("op %q", req.Op)
+}
+
+// versionRefusal starts the error an agent of every version gives for a
+// request outside the versions it serves.
+const versionRefusal = "agent: protocol version "
+
+// VersionError is the agent's refusal of a request of an unserved version.
+func VersionError(req *Request, max int) error {
+	return errdefs.InvalidArgument(versionRefusal+"%d for %q, this agent serves %d..%d", req.Version, req.Op, MinVersion(req.Op), max)
+}
+
+// RefusedVersion reports whether err is an agent's VersionError.
+func RefusedVersion(err error) bool {
+	return errdefs.IsInvalidArgument(err) && strings.HasPrefix(err.Error(), versionRefusal)
 }
 
 // MaxFrame bounds one frame's payload.
@@ -68,6 +107,7 @@ const (
 	KindEOF     byte = 6 // end of stdin (exec) or of file data (write/read)
 	KindSignal  byte = 7 // node -> agent: JSON Signal for the exec's group
 	KindData    byte = 8 // file content, either direction
+	KindResize  byte = 9 // node -> agent: JSON TermSize of an exec's terminal (version 3)
 )
 
 // Ops of requests.
@@ -139,6 +179,15 @@ type Exec struct {
 	// OutputLimit caps stdout+stderr bytes the agent forwards (0: none);
 	// past it the agent closes the output pipes and reports Truncated.
 	OutputLimit int64 `json:"out_limit,omitempty"`
+	// PTY, when set, runs the command as a session leader on a new
+	// terminal of this size (version 3); stdin frames feed the terminal.
+	PTY *TermSize `json:"pty,omitempty"`
+}
+
+// TermSize is a terminal's size in characters.
+type TermSize struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
 }
 
 // File is a file operation's arguments.
