@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	
+
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
