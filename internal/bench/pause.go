@@ -30,6 +30,8 @@ type PauseOptions struct {
 	// MicroVMN is the microVM snapshot/restore samples (default 3;
 	// negative: not measured).
 	MicroVMN int
+	// ForkN is how many sandboxes the microVM fork makes (default 8).
+	ForkN int
 	// Job is the sandboxes of the job paused and resumed by label
 	// (default 500; negative: not measured).
 	Job int
@@ -51,6 +53,9 @@ func (o *PauseOptions) defaults() {
 	}
 	if o.MicroVMN == 0 {
 		o.MicroVMN = 3
+	}
+	if o.ForkN <= 0 {
+		o.ForkN = 8
 	}
 	if o.Job == 0 {
 		o.Job = 500
@@ -137,7 +142,7 @@ func Pause(ctx context.Context, c *client.Client, o PauseOptions) (res *PauseRes
 	}
 	if o.MicroVMN > 0 {
 		fmt.Fprintln(o.Log, "pause: microVM snapshot, restore, fork × 4")
-		if res.MicroVM, err = microVMSnapshots(ctx, t, o.MicroVMN, 4); err != nil {
+		if res.MicroVM, err = microVMSnapshots(ctx, t, o.MicroVMN, o.ForkN); err != nil {
 			return res, fmt.Errorf("microVM snapshots: %w", err)
 		}
 	} else {

@@ -165,7 +165,7 @@ figures. Reclaim needs the server started with --swap SIZE (at least the largest
 size); otherwise its rows say why they were not measured. On a server with the
 microvm backend it also times snapshots of a running 256 MiB microVM, restores of
 them into new sandboxes (beside the cold boot of the same microVM), their size on
-disk, and a fork × 4. For each size it also times how long until the whole working
+disk, and a fork × 8 (--fork-n). For each size it also times how long until the whole working
 set is in RAM again after each level (a process holding the memory, corral-probe
 workingset, reads every page on the exec that resumes the sandbox), beside the same
 read on the running sandbox.`,
@@ -185,6 +185,7 @@ read on the running sandbox.`,
 	fl.IntVar(&o.N, "n", 10, "freeze samples per size")
 	fl.IntVar(&o.ReclaimN, "reclaim-n", 1, "reclaim samples per size")
 	fl.IntVar(&o.MicroVMN, "microvm-n", 3, "microVM snapshot and restore samples (-1: none)")
+	fl.IntVar(&o.ForkN, "fork-n", 8, "sandboxes the microVM fork makes")
 	fl.IntVar(&o.Job, "job", 500, "sandboxes of the job paused and resumed by label, beside one by one (0: skip)")
 	fl.StringVar(&o.Probe, "probe", "", "the static corral-probe that holds the re-read working set (default: beside this binary)")
 	return cmd
