@@ -141,7 +141,7 @@ func Pause(ctx context.Context, c *client.Client, o PauseOptions) (res *PauseRes
 		return res, fmt.Errorf("fork: %w", err)
 	}
 	if o.MicroVMN > 0 {
-		fmt.Fprintln(o.Log, "pause: microVM snapshot, restore, fork × 4")
+		fmt.Fprintf(o.Log, "pause: microVM snapshot, restore, fork × %d\n", o.ForkN)
 		if res.MicroVM, err = microVMSnapshots(ctx, t, o.MicroVMN, o.ForkN); err != nil {
 			return res, fmt.Errorf("microVM snapshots: %w", err)
 		}
