@@ -110,6 +110,28 @@ func (a *agentConn) session(ctx context.Context) (*yamux.Session, error) {
 	if a.sess != nil && !a.sess.IsClosed() {
 		return a.sess, nil
 	}
+	var lastErr error
+	for range sessionAttempts {
+		sess, err := a.dial(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if lastErr = a.prove(ctx, sess); lastErr == nil {
+			a.sess = sess
+			return sess, nil
+		}
+		sess.Close()
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errdefs.Unavailable("corral-agent session: %v", lastErr)
+}
+
+// sessionAttempts bounds the sessions dialled for one call.
+const sessionAttempts = 3
+
+func (a *agentConn) dial(ctx context.Context) (*yamux.Session, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", a.path)
 	if err != nil {
@@ -119,8 +141,23 @@ func (a *agentConn) session(ctx context.Context) (*yamux.Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("corral-agent session: %w", err)
 	}
-	a.sess = sess
 	return sess, nil
+}
+
+// prove pings the agent on a new session before calls use it: the port is
+// one byte stream under every session, and after a session ends (a
+// refused client, a snapshot's detach) the guest may still be closing its
+// side while the next one's first frames arrive, which are then lost and
+// the stream reset. Any reply proves the session, a refusal included.
+func (a *agentConn) prove(ctx context.Context, sess *yamux.Session) error {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	c := agentclient.New(func(context.Context) (*yamux.Session, error) { return sess, nil }, func() string { return *a.secret.Load() })
+	_, err := c.Call(pctx, agentproto.Request{Op: agentproto.OpPing})
+	if err != nil && (errdefs.IsUnavailable(err) || pctx.Err() != nil) {
+		return err
+	}
+	return nil
 }
 
 // close drops the session (nil-safe: sandboxes without the agent).
