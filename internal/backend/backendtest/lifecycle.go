@@ -47,7 +47,9 @@ func (st *suite) memoryLimit(t *testing.T) {
 // never sees it half written) and returns its pid once it has counted.
 func (st *suite) startCounter(t *testing.T) string {
 	t.Helper()
-	return strings.TrimSpace(st.sh(t, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/c.n; mv /tmp/c.n /tmp/c; sleep 0.05; done) >/dev/null 2>&1 & echo $!; while [ ! -s /tmp/c ]; do sleep 0.05; done"))
+	// A counter file left by an earlier subtest in the same guest would
+	// pass the wait below before this counter wrote, with a stale value.
+	return strings.TrimSpace(st.sh(t, "rm -f /tmp/c /tmp/c.n; (i=0; while true; do i=$((i+1)); echo $i > /tmp/c.n; mv /tmp/c.n /tmp/c; sleep 0.05; done) >/dev/null 2>&1 & echo $!; while [ ! -s /tmp/c ]; do sleep 0.05; done"))
 }
 
 func (st *suite) waitCounterPast(t *testing.T, v string) {
