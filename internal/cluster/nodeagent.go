@@ -387,9 +387,7 @@ func (a *NodeAgent) Create(ctx context.Context, req *connect.Request[corralv1.Cr
 	a.mu.Lock()
 	a.inflight.add(cost, -1)
 	if p.err == nil {
-		a.delta.add(cost, 1)
-		a.delta.count(p.resp.Msg.GetSandbox().GetBackend(), p.resp.Msg.GetSandbox().GetLabels(), 1)
-		a.delta.countProject(p.resp.Msg.GetSandbox(), 1)
+		a.countMadeLocked(cost, p.resp.Msg.GetSandbox())
 	}
 	if rid != "" {
 		delete(a.pending, rid)

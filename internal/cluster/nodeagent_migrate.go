@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 
 	"connectrpc.com/connect"
@@ -26,24 +25,13 @@ type agentMigrations struct {
 }
 
 func (r agentMigrations) AdoptSnapshot(ctx context.Context, req *connect.Request[corralv1.AdoptSnapshotRequest]) (*connect.Response[corralv1.AdoptSnapshotResponse], error) {
-	a := r.a
-	cost := a.cost(&corralv1.CreateRequest{Resources: req.Msg.Resources})
-	a.mu.Lock()
-	if err := a.admitLocked(cost); err != nil {
-		a.mu.Unlock()
-		return nil, fmt.Errorf("adopt sandbox %s: %w", req.Msg.SandboxId, err)
-	}
-	a.inflight.add(cost, 1)
-	a.mu.Unlock()
-	resp, err := r.MigrationServiceHandler.AdoptSnapshot(ctx, req)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.inflight.add(cost, -1)
-	if err == nil {
-		sb := resp.Msg.GetSandbox()
-		a.delta.add(cost, 1)
-		a.delta.count(sb.GetBackend(), sb.GetLabels(), 1)
-		a.delta.countProject(sb, 1)
-	}
+	var resp *connect.Response[corralv1.AdoptSnapshotResponse]
+	err := r.a.admitOne(r.a.cost(&corralv1.CreateRequest{Resources: req.Msg.Resources}), "adopt sandbox "+req.Msg.SandboxId, func() (*corralv1.Sandbox, error) {
+		var err error
+		if resp, err = r.MigrationServiceHandler.AdoptSnapshot(ctx, req); err != nil {
+			return nil, err
+		}
+		return resp.Msg.GetSandbox(), nil
+	})
 	return resp, err
 }

@@ -61,9 +61,7 @@ func (r agentRollouts) Fork(ctx context.Context, req *connect.Request[corralv1.F
 	if err == nil {
 		for _, f := range resp.Msg.Forks {
 			if sb := f.GetSandbox(); sb != nil {
-				a.delta.add(cost, 1)
-				a.delta.count(sb.GetBackend(), sb.GetLabels(), 1)
-				a.delta.countProject(sb, 1)
+				a.countMadeLocked(cost, sb)
 			}
 		}
 	}
@@ -95,23 +93,40 @@ func (r agentRollouts) Restore(ctx context.Context, req *connect.Request[corralv
 	if res == nil {
 		return r.RolloutServiceHandler.Restore(ctx, req) // its NotFound or InvalidArgument
 	}
-	cost := a.cost(&corralv1.CreateRequest{Resources: res})
+	var resp *connect.Response[corralv1.RestoreResponse]
+	err = a.admitOne(a.cost(&corralv1.CreateRequest{Resources: res}), "restore snapshot "+req.Msg.SnapshotId, func() (*corralv1.Sandbox, error) {
+		var err error
+		if resp, err = r.RolloutServiceHandler.Restore(ctx, req); err != nil {
+			return nil, err
+		}
+		return resp.Msg.GetSandbox(), nil
+	})
+	return resp, err
+}
+
+// admitOne admits one sandbox of cost against the capacity, runs make
+// with it counted in flight, and counts what make made in the load.
+func (a *NodeAgent) admitOne(cost Load, what string, make func() (*corralv1.Sandbox, error)) error {
 	a.mu.Lock()
 	if err := a.admitLocked(cost); err != nil {
 		a.mu.Unlock()
-		return nil, fmt.Errorf("restore snapshot %s: %w", req.Msg.SnapshotId, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	a.inflight.add(cost, 1)
 	a.mu.Unlock()
-	resp, err := r.RolloutServiceHandler.Restore(ctx, req)
+	sb, err := make()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.inflight.add(cost, -1)
 	if err == nil {
-		sb := resp.Msg.GetSandbox()
-		a.delta.add(cost, 1)
-		a.delta.count(sb.GetBackend(), sb.GetLabels(), 1)
-		a.delta.countProject(sb, 1)
+		a.countMadeLocked(cost, sb)
 	}
-	return resp, err
+	return err
+}
+
+// countMadeLocked adds a sandbox the agent made to its load; a.mu is held.
+func (a *NodeAgent) countMadeLocked(cost Load, sb *corralv1.Sandbox) {
+	a.delta.add(cost, 1)
+	a.delta.count(sb.GetBackend(), sb.GetLabels(), 1)
+	a.delta.countProject(sb, 1)
 }
