@@ -104,9 +104,9 @@ func (r agentRollouts) Restore(ctx context.Context, req *connect.Request[corralv
 	return resp, err
 }
 
-// admitOne admits one sandbox of cost against the capacity, runs make
-// with it counted in flight, and counts what make made in the load.
-func (a *NodeAgent) admitOne(cost Load, what string, make func() (*corralv1.Sandbox, error)) error {
+// admitOne admits one sandbox of cost against the capacity, runs create
+// with it counted in flight, and counts the sandbox create made in the load.
+func (a *NodeAgent) admitOne(cost Load, what string, create func() (*corralv1.Sandbox, error)) error {
 	a.mu.Lock()
 	if err := a.admitLocked(cost); err != nil {
 		a.mu.Unlock()
@@ -114,7 +114,7 @@ func (a *NodeAgent) admitOne(cost Load, what string, make func() (*corralv1.Sand
 	}
 	a.inflight.add(cost, 1)
 	a.mu.Unlock()
-	sb, err := make()
+	sb, err := create()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.inflight.add(cost, -1)
