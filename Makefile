@@ -1,13 +1,16 @@
 # corral build entry points. `make build` produces bin/corral, the static
-# bin/corral-init that becomes PID 1 of every container sandbox, and the
+# bin/corral-init that builds every container sandbox, the static C
+# bin/corral-initstub that is PID 1 of an idle one, and the
 # static bin/corral-probe (red-team attempts, the load of `corral bench net`).
 GO ?= go
+CC = gcc
 
 .PHONY: build generate test lint clean redteam ui
 
 build:
 	$(GO) build -o bin/corral ./cmd/corral
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/corral-init ./cmd/corral-init
+	$(CC) -static -Os -s -Wall -o bin/corral-initstub internal/guest/init/stub/stub.c
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/corral-probe ./cmd/corral-probe
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/corral-agent ./cmd/corral-agent
 

@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"fmt"
 	"io"
 
 	"connectrpc.com/connect"
@@ -28,20 +27,16 @@ func (c *Client) BuildImage(ctx context.Context, name string, o BuildOptions) (*
 	if err != nil {
 		return nil, wrapErr(err)
 	}
-	defer stream.Close()
-	for stream.Receive() {
-		switch ev := stream.Msg().Event.(type) {
+	return streamResult(stream, func(m *corralv1.BuildImageResponse) (*BuiltImage, bool) {
+		switch ev := m.Event.(type) {
 		case *corralv1.BuildImageResponse_Output:
 			if o.Output != nil {
 				_, _ = io.WriteString(o.Output, ev.Output) // a progress display only
 			}
 		case *corralv1.BuildImageResponse_Image:
 			b := ev.Image
-			return &BuiltImage{Name: b.Name, Layers: layersFromProto(b.Layers), Env: b.Env}, nil
+			return &BuiltImage{Name: b.Name, Layers: layersFromProto(b.Layers), Env: b.Env}, true
 		}
-	}
-	if err := stream.Err(); err != nil {
-		return nil, wrapErr(err)
-	}
-	return nil, fmt.Errorf("corral client: build %s: the stream ended without a result", name)
+		return nil, false
+	}, "corral client: build "+name)
 }

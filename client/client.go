@@ -171,3 +171,29 @@ func (b bearer) CloseIdleConnections() {
 		c.CloseIdleConnections()
 	}
 }
+
+// fromProtos converts each message of a response's list with conv.
+func fromProtos[P, T any](ps []P, conv func(P) T) []T {
+	out := make([]T, len(ps))
+	for i, p := range ps {
+		out[i] = conv(p)
+	}
+	return out
+}
+
+// streamResult reads a server stream until result finds the answer in a
+// message (it takes the others as progress); what names the call when the
+// stream ends without one.
+func streamResult[M, T any](stream *connect.ServerStreamForClient[M], result func(*M) (T, bool), what string) (T, error) {
+	defer stream.Close()
+	for stream.Receive() {
+		if v, ok := result(stream.Msg()); ok {
+			return v, nil
+		}
+	}
+	var zero T
+	if err := stream.Err(); err != nil {
+		return zero, wrapErr(err)
+	}
+	return zero, fmt.Errorf("%s: the stream ended without a result", what)
+}

@@ -69,11 +69,7 @@ func (c *Client) ClusterNodes(ctx context.Context) ([]Node, error) {
 	if err != nil {
 		return nil, wrapErr(err)
 	}
-	out := make([]Node, 0, len(resp.Msg.Nodes))
-	for _, n := range resp.Msg.Nodes {
-		out = append(out, nodeFromProto(n))
-	}
-	return out, nil
+	return fromProtos(resp.Msg.Nodes, nodeFromProto), nil
 }
 
 // DrainNode stops new placements on node id (undrain resumes them).

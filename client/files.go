@@ -77,11 +77,7 @@ func (f *Files) List(ctx context.Context, path string) ([]FileInfo, error) {
 	if err != nil {
 		return nil, wrapErr(err)
 	}
-	out := make([]FileInfo, 0, len(resp.Msg.Entries))
-	for _, e := range resp.Msg.Entries {
-		out = append(out, fileInfoFromProto(e))
-	}
-	return out, nil
+	return fromProtos(resp.Msg.Entries, fileInfoFromProto), nil
 }
 
 // Stat describes a file without following a final symlink.

@@ -84,11 +84,7 @@ func (c *Client) CallBatch(ctx context.Context, calls []CallOptions) ([]*CallRes
 	if err != nil {
 		return nil, wrapErr(err)
 	}
-	out := make([]*CallResult, len(resp.Msg.GetResults()))
-	for i, r := range resp.Msg.GetResults() {
-		out[i] = callFromProto(r)
-	}
-	return out, nil
+	return fromProtos(resp.Msg.GetResults(), callFromProto), nil
 }
 
 func callToProto(o CallOptions) *corralv1.CallRequest {

@@ -116,11 +116,7 @@ func (c *Client) ListTokens(ctx context.Context, project string) ([]*Token, erro
 	if err != nil {
 		return nil, wrapErr(err)
 	}
-	out := make([]*Token, len(resp.Msg.Tokens))
-	for i, t := range resp.Msg.Tokens {
-		out[i] = tokenFromProto(t)
-	}
-	return out, nil
+	return fromProtos(resp.Msg.Tokens, tokenFromProto), nil
 }
 
 // RevokeToken makes token id fail from now on.
@@ -145,11 +141,7 @@ func (c *Client) ListProjects(ctx context.Context) ([]*Project, error) {
 	if err != nil {
 		return nil, wrapErr(err)
 	}
-	out := make([]*Project, len(resp.Msg.Projects))
-	for i, p := range resp.Msg.Projects {
-		out[i] = projectFromProto(p)
-	}
-	return out, nil
+	return fromProtos(resp.Msg.Projects, projectFromProto), nil
 }
 
 // GetProject describes project path with its usage.
@@ -183,11 +175,7 @@ func (c *Client) Audit(ctx context.Context, f AuditFilter) ([]AuditEntry, error)
 	if err != nil {
 		return nil, wrapErr(err)
 	}
-	out := make([]AuditEntry, len(resp.Msg.Entries))
-	for i, e := range resp.Msg.Entries {
-		out[i] = auditFromProto(e)
-	}
-	return out, nil
+	return fromProtos(resp.Msg.Entries, auditFromProto), nil
 }
 
 // FollowAudit calls fn with the entries Audit would return, then with each

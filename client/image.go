@@ -172,24 +172,23 @@ func (c *Client) ImportImage(ctx context.Context, source, name string, o ImportO
 	if err != nil {
 		return nil, wrapErr(err)
 	}
-	defer stream.Close()
-	for stream.Receive() {
-		switch ev := stream.Msg().Event.(type) {
+	return streamResult(stream, func(m *corralv1.ImportImageResponse) (*Imported, bool) {
+		switch ev := m.Event.(type) {
 		case *corralv1.ImportImageResponse_Progress:
 			if o.Progress != nil {
 				p := ev.Progress
 				o.Progress(ImportProgress{Layer: int(p.Layer), Layers: int(p.Layers), Bytes: p.Bytes, Cached: p.Cached})
 			}
 		case *corralv1.ImportImageResponse_Result:
-			r := ev.Result
-			return &Imported{Composition: compositionFromProto(r.Composition), ImageDigest: r.ImageDigest,
-				Layers: layersFromProto(r.Layers), Cached: r.Cached}, nil
+			return importedFromProto(ev.Result), true
 		}
-	}
-	if err := stream.Err(); err != nil {
-		return nil, wrapErr(err)
-	}
-	return nil, fmt.Errorf("corral client: import %s: the stream ended without a result", source)
+		return nil, false
+	}, "corral client: import "+source)
+}
+
+func importedFromProto(r *corralv1.ImportResult) *Imported {
+	return &Imported{Composition: compositionFromProto(r.Composition), ImageDigest: r.ImageDigest,
+		Layers: layersFromProto(r.Layers), Cached: r.Cached}
 }
 
 // RemoveImage removes a built image NAME, or NAME@VERSION (a composition
@@ -255,11 +254,7 @@ func (c *Client) PullLayer(ctx context.Context, digest, name string) (Layer, err
 }
 
 func layersFromProto(ls []*corralv1.Layer) []Layer {
-	out := make([]Layer, len(ls))
-	for i, l := range ls {
-		out[i] = layerFromProto(l)
-	}
-	return out
+	return fromProtos(ls, layerFromProto)
 }
 
 func compositionFromProto(c *corralv1.Composition) Composition {

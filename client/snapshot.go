@@ -56,10 +56,7 @@ func (c *Client) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
 	if err != nil {
 		return nil, wrapErr(err)
 	}
-	out := make([]*Snapshot, 0, len(resp.Msg.Snapshots))
-	for _, p := range resp.Msg.Snapshots {
-		out = append(out, snapshotFromProto(p))
-	}
+	out := fromProtos(resp.Msg.Snapshots, snapshotFromProto)
 	if nf := resp.Msg.NodeFailures; len(nf) > 0 {
 		// Through a cluster: the list lacks these nodes' snapshots.
 		var why []string

@@ -24,12 +24,12 @@ type clientStream[Req, Res any] interface {
 	CloseAndReceive() (*connect.Response[Res], error)
 }
 
-// upload opens a client stream, sends first, then r in chunks (setData
-// puts a chunk in a fresh message, or in first), and returns the server's
+// upload opens a client stream, sends first, then r in chunks (data is a
+// message's bytes field: first's, then fresh messages'), and returns the server's
 // answer. A server that stops reading early (an error) is heard through
 // CloseAndReceive; a failing r cancels the call, so that the server never
 // takes a cut stream for a whole one.
-func upload[Req, Res any](ctx context.Context, open func(context.Context) clientStream[Req, Res], first *Req, r io.Reader, setData func(*Req, []byte) *Req) (*Res, error) {
+func upload[Req, Res any](ctx context.Context, open func(context.Context) clientStream[Req, Res], first *Req, r io.Reader, data func(*Req) *[]byte) (*Res, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream := open(ctx)
@@ -38,7 +38,11 @@ func upload[Req, Res any](ctx context.Context, open func(context.Context) client
 	for {
 		n, rerr := io.ReadFull(r, buf)
 		if n > 0 || msg == first {
-			if serr := stream.Send(setData(msg, buf[:n])); serr != nil {
+			if msg == nil {
+				msg = new(Req)
+			}
+			*data(msg) = buf[:n]
+			if serr := stream.Send(msg); serr != nil {
 				break // the answer says why
 			}
 			msg = nil
@@ -109,13 +113,7 @@ func (f *Files) UploadTar(ctx context.Context, dest string, r io.Reader) (CopySt
 	resp, err := upload(ctx, func(ctx context.Context) clientStream[corralv1.CopyInRequest, corralv1.CopyInResponse] {
 		return f.s.c.svc.CopyIn(ctx)
 	}, &corralv1.CopyInRequest{SandboxId: f.s.id, Path: dest}, r,
-		func(m *corralv1.CopyInRequest, p []byte) *corralv1.CopyInRequest {
-			if m == nil {
-				m = &corralv1.CopyInRequest{}
-			}
-			m.Data = p
-			return m
-		})
+		func(m *corralv1.CopyInRequest) *[]byte { return &m.Data })
 	if err != nil {
 		return CopyStats{}, err
 	}
@@ -168,13 +166,7 @@ func (f *Files) WriteFrom(ctx context.Context, path string, r io.Reader, mode fs
 		return f.s.c.svc.UploadFile(ctx)
 	}, &corralv1.WriteFileRequest{
 		SandboxId: f.s.id, Path: path, Mode: uint32(mode.Perm()), MakeParents: true,
-	}, r, func(m *corralv1.WriteFileRequest, p []byte) *corralv1.WriteFileRequest {
-		if m == nil {
-			m = &corralv1.WriteFileRequest{}
-		}
-		m.Content = p
-		return m
-	})
+	}, r, func(m *corralv1.WriteFileRequest) *[]byte { return &m.Content })
 	if err != nil {
 		return 0, err
 	}

@@ -32,13 +32,7 @@ func (c *Client) CreateLayerFromTar(ctx context.Context, r io.Reader, name strin
 	resp, err := upload(ctx, func(ctx context.Context) clientStream[corralv1.UploadLayerRequest, corralv1.CreateLayerResponse] {
 		return c.img.UploadLayer(ctx)
 	}, &corralv1.UploadLayerRequest{Name: name}, r,
-		func(m *corralv1.UploadLayerRequest, p []byte) *corralv1.UploadLayerRequest {
-			if m == nil {
-				m = &corralv1.UploadLayerRequest{}
-			}
-			m.Data = p
-			return m
-		})
+		func(m *corralv1.UploadLayerRequest) *[]byte { return &m.Data })
 	if err != nil {
 		return Layer{}, err
 	}
@@ -84,16 +78,9 @@ func (c *Client) uploadImage(ctx context.Context, src archiveSource, name string
 	res, err := upload(ctx, func(ctx context.Context) clientStream[corralv1.UploadImageRequest, corralv1.ImportResult] {
 		return c.img.UploadImage(ctx)
 	}, &corralv1.UploadImageRequest{Format: src.format, Image: src.image, Name: name}, r,
-		func(m *corralv1.UploadImageRequest, p []byte) *corralv1.UploadImageRequest {
-			if m == nil {
-				m = &corralv1.UploadImageRequest{}
-			}
-			m.Data = p
-			return m
-		})
+		func(m *corralv1.UploadImageRequest) *[]byte { return &m.Data })
 	if err != nil {
 		return nil, err
 	}
-	return &Imported{Composition: compositionFromProto(res.Composition), ImageDigest: res.ImageDigest,
-		Layers: layersFromProto(res.Layers), Cached: res.Cached}, nil
+	return importedFromProto(res), nil
 }

@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"time"
 
@@ -53,11 +52,7 @@ func (n VMImageNode) List(ctx context.Context) ([]VMImage, error) {
 	if err != nil {
 		return nil, wrapErr(err)
 	}
-	out := make([]VMImage, len(resp.Msg.Images))
-	for i, p := range resp.Msg.Images {
-		out[i] = vmImageFromProto(p)
-	}
-	return out, nil
+	return fromProtos(resp.Msg.Images, vmImageFromProto), nil
 }
 
 // ImportVMImage streams a qcow2 or raw disk from r to the node as name
@@ -71,13 +66,7 @@ func (n VMImageNode) Import(ctx context.Context, r io.Reader, name, firmware str
 	resp, err := upload(ctx, func(ctx context.Context) clientStream[corralv1.ImportVMImageRequest, corralv1.ImportVMImageResponse] {
 		return n.c.vm.ImportVMImage(ctx)
 	}, &corralv1.ImportVMImageRequest{Name: name, Firmware: firmware, Node: n.node}, r,
-		func(m *corralv1.ImportVMImageRequest, p []byte) *corralv1.ImportVMImageRequest {
-			if m == nil {
-				m = &corralv1.ImportVMImageRequest{}
-			}
-			m.Data = p
-			return m
-		})
+		func(m *corralv1.ImportVMImageRequest) *[]byte { return &m.Data })
 	if err != nil {
 		return VMImage{}, err
 	}
@@ -96,20 +85,15 @@ func (n VMImageNode) Build(ctx context.Context, recipe, name string, progress fu
 	if err != nil {
 		return VMImage{}, wrapErr(err)
 	}
-	defer stream.Close()
-	for stream.Receive() {
-		m := stream.Msg()
+	return streamResult(stream, func(m *corralv1.BuildVMImageResponse) (VMImage, bool) {
 		if m.Image != nil {
-			return vmImageFromProto(m.Image), nil
+			return vmImageFromProto(m.Image), true
 		}
 		if progress != nil {
 			progress(m.Progress)
 		}
-	}
-	if err := stream.Err(); err != nil {
-		return VMImage{}, wrapErr(err)
-	}
-	return VMImage{}, fmt.Errorf("build vm image: the stream ended without a result")
+		return VMImage{}, false
+	}, "build vm image")
 }
 
 // RemoveVMImage removes a VM image no sandbox uses.

@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 # their writable disks.
 pkgs=(busybox-static mmdebstrap erofs-utils runc xfsprogs iproute2 ca-certificates protobuf-compiler python3
   e2fsprogs qemu-system-x86)
+# gcc and libc6-dev build the static C corral-initstub (PID 1 of idle container
+# sandboxes).
+pkgs+=(gcc libc6-dev)
 # chromium (headless) loads the dashboard in its test.
 pkgs+=(chromium)
 # The vm backend: qemu-img makes sandbox overlays, seabios and ovmf boot

@@ -23,7 +23,7 @@ sock="$data_dir/corral.sock"
 log="$data_dir/serve.log"
 cgroup_parent="corral-pytest-$RANDOM"
 bin/corral serve --data-dir "$data_dir" --listen "127.0.0.1:$port" \
-  --cgroup-parent "$cgroup_parent" --cleanup-on-exit --log-level warn >"$log" 2>&1 &
+  --cgroup-parent "$cgroup_parent" --cleanup-on-exit --no-raise-limits --log-level warn >"$log" 2>&1 &
 daemon=$!
 
 stop_daemon() {

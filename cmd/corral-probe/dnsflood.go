@@ -165,12 +165,18 @@ func (f *flood) udp() {
 		}
 	}()
 	for n := 0; time.Now().Before(f.deadline); n++ {
-		if _, err := c.Write(query(uint16(n), "u"+strconv.Itoa(n)+"."+f.in.Suffix)); err != nil {
-			f.fail(err)
-			continue
-		}
-		f.sent.Add(1)
+		f.send(c, uint16(n), "u"+strconv.Itoa(n)+"."+f.in.Suffix)
 	}
+}
+
+// send writes the query for name on c, counted as sent or as failed.
+func (f *flood) send(c net.Conn, id uint16, name string) bool {
+	if _, err := c.Write(query(id, name)); err != nil {
+		f.fail(err)
+		return false
+	}
+	f.sent.Add(1)
+	return true
 }
 
 func (f *flood) udpWait() {
@@ -187,11 +193,9 @@ func (f *flood) udpWait() {
 			defer c.Close()
 			buf := make([]byte, 1500)
 			for n := 0; time.Now().Before(f.deadline); n++ {
-				if _, err := c.Write(query(uint16(n), fmt.Sprintf("w%d-%d.%s", w, n, f.in.Suffix))); err != nil {
-					f.fail(err)
+				if !f.send(c, uint16(n), fmt.Sprintf("w%d-%d.%s", w, n, f.in.Suffix)) {
 					continue
 				}
-				f.sent.Add(1)
 				_ = c.SetReadDeadline(time.Now().Add(time.Second))
 				if _, err := c.Read(buf); err == nil {
 					f.answered.Add(1)

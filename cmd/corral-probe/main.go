@@ -86,7 +86,12 @@ const (
 
 var out = json.NewEncoder(os.Stdout)
 
-func emit(r Result) { _ = out.Encode(r) }
+// emit writes each result as one JSON line.
+func emit(rs ...Result) {
+	for _, r := range rs {
+		_ = out.Encode(r)
+	}
+}
 
 // fromErr turns a call's error into a Result: nil is a success.
 func fromErr(name string, err error, detail string) Result {
@@ -122,9 +127,7 @@ func attempt(name string, f func() []Result) {
 			emit(Result{Name: name, Outcome: blocked, Errno: "PANIC", Detail: fmt.Sprint(p)})
 		}
 	}()
-	for _, r := range f() {
-		emit(r)
-	}
+	emit(f()...)
 }
 
 func one(r Result) []Result { return []Result{r} }
@@ -150,9 +153,7 @@ func main() {
 		}
 		runAttempts(in)
 	case "overwrite":
-		for _, r := range overwrite() {
-			emit(r)
-		}
+		emit(overwrite()...)
 	case "inodes":
 		if len(os.Args) < 3 {
 			fmt.Fprintln(os.Stderr, "usage: corral-probe inodes DIR")
@@ -160,9 +161,7 @@ func main() {
 		}
 		emit(fillInodes(os.Args[2]))
 	case "kill":
-		for _, r := range killAll() {
-			emit(r)
-		}
+		emit(killAll()...)
 	case "net":
 		var in NetInput
 		if err := json.NewDecoder(os.Stdin).Decode(&in); err != nil {
@@ -177,13 +176,9 @@ func main() {
 	case "dnsserver":
 		dnsServer(os.Args[2])
 	case "connect":
-		for _, r := range connectAll(os.Args[2:]) {
-			emit(r)
-		}
+		emit(connectAll(os.Args[2:])...)
 	case "sched":
-		for _, r := range schedAttempts() {
-			emit(r)
-		}
+		emit(schedAttempts()...)
 	case "hog":
 		hog(os.Args[2:])
 	case "spin":
@@ -195,9 +190,7 @@ func main() {
 	case "detach":
 		detach(os.Args[2:])
 	case "mq":
-		for _, r := range mqMode(os.Args[2:]) {
-			emit(r)
-		}
+		emit(mqMode(os.Args[2:])...)
 	case "pid":
 		pidLine()
 	case "forkn":
@@ -213,17 +206,13 @@ func main() {
 			diskFlood(os.Args[2], secs)
 		}
 	case "pagecache":
-		for _, r := range pageCacheProbes() {
-			emit(r)
-		}
+		emit(pageCacheProbes()...)
 	case "resident":
 		if len(os.Args) > 2 {
 			residentPages(os.Args[2])
 		}
 	case "kres":
-		for _, r := range kres() {
-			emit(r)
-		}
+		emit(kres()...)
 	case "workingset":
 		workingSet(os.Args[2:])
 	case "noop":

@@ -1,6 +1,28 @@
 package backend
 
-import "sync"
+import (
+	"bytes"
+	"sync"
+)
+
+// OutputBuffers collects a command's stdout and stderr: its Write is the
+// OutputFunc, and the buffers are read once Exec has returned.
+type OutputBuffers struct {
+	mu             sync.Mutex
+	Stdout, Stderr bytes.Buffer
+}
+
+// Write is an OutputFunc keeping stdout and stderr apart.
+func (b *OutputBuffers) Write(st Stream, p []byte) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if st == Stdout {
+		b.Stdout.Write(p)
+	} else {
+		b.Stderr.Write(p)
+	}
+	return nil
+}
 
 // OutputLimiter delivers output to an OutputFunc until a byte limit is
 // reached. Backends share it so that every backend truncates the same way:

@@ -86,9 +86,7 @@ var benchSecret = cluster.Secret("corral-bench-cluster-secret")
 // Cluster runs the cluster benchmark: a real etcd, simulated nodes and the
 // real control plane (k=2, k=1 and a full scan in turn), then real nodes.
 func Cluster(ctx context.Context, o ClusterOptions) (*ClusterResult, error) {
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifZero(&o.Log, io.Discard)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	dir, err := os.MkdirTemp("", "corral-bench-cluster-")
 	if err != nil {

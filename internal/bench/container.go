@@ -28,21 +28,11 @@ type ContainerOptions struct {
 }
 
 func (o *ContainerOptions) defaults() {
-	if o.Image == "" {
-		o.Image = "busybox"
-	}
-	if o.N <= 0 {
-		o.N = 50
-	}
-	if o.Concurrency <= 0 {
-		o.Concurrency = 8
-	}
-	if o.Duration <= 0 {
-		o.Duration = 20 * time.Second
-	}
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifZero(&o.Image, "busybox")
+	ifNotPositive(&o.N, 50)
+	ifNotPositive(&o.Concurrency, 8)
+	ifNotPositive(&o.Duration, 20*time.Second)
+	ifZero(&o.Log, io.Discard)
 }
 
 // Rate is a sustained cycle rate.
@@ -211,12 +201,21 @@ func coldCreate(ctx context.Context, t *tracker, create client.CreateOptions) (c
 }
 
 func runTrue(ctx context.Context, sb *client.Sandbox) error {
-	r, err := sb.Run(ctx, trueCmd)
+	return trueThrough(ctx, sb, sb.Run, "run")
+}
+
+func execTrue(ctx context.Context, sb *client.Sandbox) error {
+	return trueThrough(ctx, sb, sb.Exec, "exec (streaming)")
+}
+
+// trueThrough runs `true` in sb with run (Run or Exec, named what in errors).
+func trueThrough(ctx context.Context, sb *client.Sandbox, run func(context.Context, client.Command) (*client.Result, error), what string) error {
+	r, err := run(ctx, trueCmd)
 	if err != nil {
-		return fmt.Errorf("run true in %s: %w", sb.ID(), err)
+		return fmt.Errorf("%s true in %s: %w", what, sb.ID(), err)
 	}
 	if r.ExitCode != 0 {
-		return fmt.Errorf("run true in %s: exit code %d", sb.ID(), r.ExitCode)
+		return fmt.Errorf("%s true in %s: exit code %d", what, sb.ID(), r.ExitCode)
 	}
 	return nil
 }
@@ -277,17 +276,6 @@ func measureExec(ctx context.Context, t *tracker, create client.CreateOptions, n
 	res.ExecP50Ms, res.ExecP99Ms = e.P50, e.P99
 	res.ForkExecP50Ms, res.ForkExecP99Ms = f.P50, f.P99
 	res.ExecStream = Summarise(stream)
-	return nil
-}
-
-func execTrue(ctx context.Context, sb *client.Sandbox) error {
-	r, err := sb.Exec(ctx, trueCmd)
-	if err != nil {
-		return fmt.Errorf("exec (streaming) true in %s: %w", sb.ID(), err)
-	}
-	if r.ExitCode != 0 {
-		return fmt.Errorf("exec (streaming) true in %s: exit code %d", sb.ID(), r.ExitCode)
-	}
 	return nil
 }
 

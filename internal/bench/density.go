@@ -29,21 +29,11 @@ type DensityOptions struct {
 }
 
 func (o *DensityOptions) defaults() {
-	if o.N <= 0 {
-		o.N = 100
-	}
-	if o.Concurrency <= 0 {
-		o.Concurrency = 8
-	}
-	if o.Image == "" {
-		o.Image = "busybox"
-	}
-	if o.MemoryBytes <= 0 {
-		o.MemoryBytes = 64 << 20
-	}
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifNotPositive(&o.N, 100)
+	ifNotPositive(&o.Concurrency, 8)
+	ifZero(&o.Image, "busybox")
+	ifNotPositive(&o.MemoryBytes, 64<<20)
+	ifZero(&o.Log, io.Discard)
 }
 
 // DensityResult is the outcome of Density.

@@ -33,21 +33,11 @@ type E2BOptions struct {
 }
 
 func (o *E2BOptions) defaults() {
-	if o.N <= 0 {
-		o.N = 30
-	}
-	if o.Concurrency <= 0 {
-		o.Concurrency = 4
-	}
-	if o.Duration <= 0 {
-		o.Duration = 10 * time.Second
-	}
-	if o.Image == "" {
-		o.Image = "busybox"
-	}
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifNotPositive(&o.N, 30)
+	ifNotPositive(&o.Concurrency, 4)
+	ifNotPositive(&o.Duration, 10*time.Second)
+	ifZero(&o.Image, "busybox")
+	ifZero(&o.Log, io.Discard)
 }
 
 // E2BSide is one client's figures.

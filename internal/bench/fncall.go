@@ -25,21 +25,11 @@ type FnCallOptions struct {
 }
 
 func (o *FnCallOptions) defaults() {
-	if o.Concurrency <= 0 {
-		o.Concurrency = 8
-	}
-	if o.Duration <= 0 {
-		o.Duration = 10 * time.Second
-	}
-	if o.ShImage == "" {
-		o.ShImage = "busybox"
-	}
-	if o.PyImage == "" {
-		o.PyImage = "debian"
-	}
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifNotPositive(&o.Concurrency, 8)
+	ifNotPositive(&o.Duration, 10*time.Second)
+	ifZero(&o.ShImage, "busybox")
+	ifZero(&o.PyImage, "debian")
+	ifZero(&o.Log, io.Discard)
 }
 
 // CallRate is a sustained call rate with its latencies.

@@ -41,34 +41,20 @@ type ImageOptions struct {
 }
 
 func (o *ImageOptions) defaults() {
-	def := func(v *int, d int) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def64 := func(v *int64, d int64) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&o.N, 20)
-	def(&o.Concurrency, 4)
-	def(&o.WorkspaceFiles, 2000)
-	def(&o.ToolkitFiles, 200)
-	def(&o.PackFiles, 10000)
-	def64(&o.WorkspaceBytes, 64<<20)
-	def64(&o.ToolkitBytes, 8<<20)
-	def64(&o.PackBytes, 100<<20)
+	ifNotPositive(&o.N, 20)
+	ifNotPositive(&o.Concurrency, 4)
+	ifNotPositive(&o.WorkspaceFiles, 2000)
+	ifNotPositive(&o.ToolkitFiles, 200)
+	ifNotPositive(&o.PackFiles, 10000)
+	ifNotPositive(&o.WorkspaceBytes, 64<<20)
+	ifNotPositive(&o.ToolkitBytes, 8<<20)
+	ifNotPositive(&o.PackBytes, 100<<20)
 	if len(o.Compositions) == 0 {
 		o.Compositions = []int{1, 100, 1000}
 	}
 	slices.Sort(o.Compositions)
-	if o.TmpDir == "" {
-		o.TmpDir = os.TempDir()
-	}
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifZero(&o.TmpDir, os.TempDir())
+	ifZero(&o.Log, io.Discard)
 }
 
 // StartPeer is one way of starting N sandboxes with the stack's content.

@@ -44,36 +44,20 @@ type LazyOptions struct {
 }
 
 func (o *LazyOptions) defaults() {
-	if o.ImageDir == "" {
-		o.ImageDir = "/var/tmp/corral-bench-lazy/images"
-	}
-	if o.WorkDir == "" {
-		o.WorkDir = "/var/tmp"
-	}
+	ifZero(&o.ImageDir, "/var/tmp/corral-bench-lazy/images")
+	ifZero(&o.WorkDir, "/var/tmp")
 	if len(o.ChunkSizes) == 0 {
 		o.ChunkSizes = []int64{256 << 10, 512 << 10, 1 << 20, 4 << 20}
 	}
-	if o.ChunkSize == 0 {
-		o.ChunkSize = blob.DefaultChunkSize
-	}
-	if o.BytesPerSec == 0 {
-		o.BytesPerSec = 50 << 20
-	}
-	if o.Latency == 0 {
-		o.Latency = 10 * time.Millisecond
-	}
-	if o.Starts <= 0 {
-		o.Starts = 64
-	}
-	if o.WarmN <= 0 {
-		o.WarmN = 20
-	}
+	ifZero(&o.ChunkSize, blob.DefaultChunkSize)
+	ifZero(&o.BytesPerSec, 50<<20)
+	ifZero(&o.Latency, 10*time.Millisecond)
+	ifNotPositive(&o.Starts, 64)
+	ifNotPositive(&o.WarmN, 20)
 	if len(o.Command) == 0 {
 		o.Command = []string{"/usr/bin/python3", "-c", "import json, sqlite3"}
 	}
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifZero(&o.Log, io.Discard)
 }
 
 // ChunkRun is one cold start with one fetch chunk size.

@@ -29,27 +29,13 @@ type MicroVMOptions struct {
 }
 
 func (o *MicroVMOptions) defaults() {
-	if o.Image == "" {
-		o.Image = "busybox"
-	}
-	if o.Boots <= 0 {
-		o.Boots = 5
-	}
-	if o.Execs <= 0 {
-		o.Execs = 30
-	}
-	if o.Idle <= 0 {
-		o.Idle = 20
-	}
-	if o.MemoryBytes <= 0 {
-		o.MemoryBytes = 256 << 20
-	}
-	if o.SnapshotMax <= 0 {
-		o.SnapshotMax = 3 * time.Minute
-	}
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifZero(&o.Image, "busybox")
+	ifNotPositive(&o.Boots, 5)
+	ifNotPositive(&o.Execs, 30)
+	ifNotPositive(&o.Idle, 20)
+	ifNotPositive(&o.MemoryBytes, 256<<20)
+	ifNotPositive(&o.SnapshotMax, 3*time.Minute)
+	ifZero(&o.Log, io.Discard)
 }
 
 // MicroVMResult compares the microvm backend with containers from the same

@@ -38,24 +38,12 @@ type NetOptions struct {
 }
 
 func (o *NetOptions) defaults() {
-	if o.Image == "" {
-		o.Image = "busybox"
-	}
-	if o.N <= 0 {
-		o.N = 30
-	}
-	if o.Duration <= 0 {
-		o.Duration = 3 * time.Second
-	}
-	if o.Rounds <= 0 {
-		o.Rounds = 3
-	}
-	if o.Concurrency <= 0 {
-		o.Concurrency = 8
-	}
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifZero(&o.Image, "busybox")
+	ifNotPositive(&o.N, 30)
+	ifNotPositive(&o.Duration, 3*time.Second)
+	ifNotPositive(&o.Rounds, 3)
+	ifNotPositive(&o.Concurrency, 8)
+	ifZero(&o.Log, io.Discard)
 }
 
 // LoadRound is one load measurement (corral-probe httpload's output).

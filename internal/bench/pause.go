@@ -45,24 +45,12 @@ func (o *PauseOptions) defaults() {
 	if len(o.SizesMiB) == 0 {
 		o.SizesMiB = []int{64, 256, 1024}
 	}
-	if o.N <= 0 {
-		o.N = 10
-	}
-	if o.ReclaimN <= 0 {
-		o.ReclaimN = 1
-	}
-	if o.MicroVMN == 0 {
-		o.MicroVMN = 3
-	}
-	if o.ForkN <= 0 {
-		o.ForkN = 8
-	}
-	if o.Job == 0 {
-		o.Job = 500
-	}
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifNotPositive(&o.N, 10)
+	ifNotPositive(&o.ReclaimN, 1)
+	ifZero(&o.MicroVMN, 3)
+	ifNotPositive(&o.ForkN, 8)
+	ifZero(&o.Job, 500)
+	ifZero(&o.Log, io.Discard)
 }
 
 // PauseLevel is one pause level's figures for one size.

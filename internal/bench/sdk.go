@@ -40,12 +40,8 @@ func (o *SDKOptions) defaults() {
 	if len(o.Concurrency) == 0 {
 		o.Concurrency = []int{64, 256}
 	}
-	if o.Image == "" {
-		o.Image = "busybox"
-	}
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifZero(&o.Image, "busybox")
+	ifZero(&o.Log, io.Discard)
 }
 
 // SDKRate is one SDK's rollout rate at one concurrency.

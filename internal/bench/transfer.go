@@ -59,9 +59,7 @@ type TransferRow struct {
 // SDK's UploadDir/DownloadDir, checks each copy byte for byte and in
 // metadata, and times the host's tar pipe of the same tree beside it.
 func Transfer(ctx context.Context, c *client.Client, o TransferOptions) (res *TransferResult, err error) {
-	if o.Bytes <= 0 {
-		o.Bytes = 1 << 30
-	}
+	ifNotPositive(&o.Bytes, 1<<30)
 	if len(o.Shapes) == 0 {
 		o.Shapes = []TreeShape{TreeMixed, TreeSmall, TreeLarge}
 	}
@@ -70,12 +68,8 @@ func Transfer(ctx context.Context, c *client.Client, o TransferOptions) (res *Tr
 			return nil, fmt.Errorf("shapes: %q is none of mixed, small, large", s)
 		}
 	}
-	if o.Image == "" {
-		o.Image = "busybox"
-	}
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifZero(&o.Image, "busybox")
+	ifZero(&o.Log, io.Discard)
 	res = &TransferResult{}
 	t := newTracker(c)
 	defer func() { err = t.finish(ctx, &res.Load, &res.Leaked, err) }()

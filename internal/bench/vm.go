@@ -24,22 +24,12 @@ type VMOptions struct {
 }
 
 func (o *VMOptions) defaults() {
-	if o.Image == "" {
-		o.Image = "debian@12"
-	}
-	if o.PeerImage == "" {
-		o.PeerImage = "busybox"
-	}
+	ifZero(&o.Image, "debian@12")
+	ifZero(&o.PeerImage, "busybox")
 	o.Boots, o.PeerBoots, o.Execs, o.Shots = max(o.Boots, 1), max(o.PeerBoots, 1), max(o.Execs, 1), max(o.Shots, 1)
-	if o.MemoryBytes <= 0 {
-		o.MemoryBytes = 512 << 20
-	}
-	if o.Snapshots == 0 {
-		o.Snapshots = 2
-	}
-	if o.Log == nil {
-		o.Log = io.Discard
-	}
+	ifNotPositive(&o.MemoryBytes, 512<<20)
+	ifZero(&o.Snapshots, 2)
+	ifZero(&o.Log, io.Discard)
 }
 
 // VMResult compares the vm backend with microvm and container sandboxes

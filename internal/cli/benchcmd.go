@@ -46,12 +46,9 @@ func newBench(use, short, long string, run func(cmd *cobra.Command) error) *cobr
 // and prints its result (nothing when it failed: progress on stderr shows
 // how far it got).
 func runBench(cmd *cobra.Command, g *globals, run func(ctx context.Context, c *client.Client) (tabler, error)) error {
-	c, err := g.client()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	return measureAndPrint(cmd, g, func(ctx context.Context) (tabler, error) { return run(ctx, c) })
+	return g.withClient(cmd, func(_ context.Context, c *client.Client) error {
+		return measureAndPrint(cmd, g, func(ctx context.Context) (tabler, error) { return run(ctx, c) })
+	})
 }
 
 // measureAndPrint runs measure with Ctrl-C and SIGTERM cancelling its

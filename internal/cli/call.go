@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"time"
@@ -39,16 +40,13 @@ prints the whole result (verdict, CPU and wall time, peak memory).`,
 					return fmt.Errorf("stdin: %w", err)
 				}
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			res, err := c.Call(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			return printCall(g, res)
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				res, err := c.Call(ctx, o)
+				if err != nil {
+					return err
+				}
+				return printCall(g, res)
+			})
 		},
 	}
 	fl := cmd.Flags()

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -32,14 +33,12 @@ inside it under SRC's name, otherwise DST becomes the copy.`,
 			if srcRemote == dstRemote {
 				return fmt.Errorf("exactly one of SRC and DST must be SANDBOX:/path")
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			if srcRemote {
-				return copyOut(cmd, c.Sandbox(srcID), srcPath, dstPath)
-			}
-			return copyIn(cmd, c.Sandbox(dstID), srcPath, dstPath)
+			return g.withClient(cmd, func(_ context.Context, c *client.Client) error {
+				if srcRemote {
+					return copyOut(cmd, c.Sandbox(srcID), srcPath, dstPath)
+				}
+				return copyIn(cmd, c.Sandbox(dstID), srcPath, dstPath)
+			})
 		},
 	}
 }

@@ -1,12 +1,12 @@
 package cli
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"os"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -73,23 +73,18 @@ func newTokenCmd(g *globals) *cobra.Command {
 		Short: "Make a token; its secret is printed once",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
+			type created struct {
+				*client.Token
+				Secret string
 			}
-			tok, secret, err := c.CreateToken(cmd.Context(), client.TokenOptions{Project: project, Role: role, TTL: ttl, Description: desc})
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(struct {
-					*client.Token
-					Secret string
-				}{tok, secret})
-			}
-			fmt.Fprintf(os.Stderr, "token %s for project %s (%s); the secret is shown only now:\n", tok.ID, tok.Project, tok.Role)
-			fmt.Println(secret)
-			return nil
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (created, error) {
+				tok, secret, err := c.CreateToken(ctx, client.TokenOptions{Project: project, Role: role, TTL: ttl, Description: desc})
+				return created{tok, secret}, err
+			}, func(t created) error {
+				fmt.Fprintf(os.Stderr, "token %s for project %s (%s); the secret is shown only now:\n", t.ID, t.Project, t.Role)
+				fmt.Println(t.Secret)
+				return nil
+			})
 		},
 	}
 	create.Flags().StringVar(&project, "project", "", "the token's project (required)")
@@ -102,27 +97,17 @@ func newTokenCmd(g *globals) *cobra.Command {
 		Short: "List the tokens you administer (never their secrets)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			toks, err := c.ListTokens(cmd.Context(), lsProject)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(toks)
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tPROJECT\tROLE\tEXPIRES\tDESCRIPTION")
-			for _, t := range toks {
-				exp := "never"
-				if !t.ExpiresAt.IsZero() {
-					exp = t.ExpiresAt.Format(time.RFC3339)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Project, t.Role, exp, t.Description)
-			}
-			return tw.Flush()
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) ([]*client.Token, error) {
+				return c.ListTokens(ctx, lsProject)
+			}, func(toks []*client.Token) error {
+				return printTable("ID\tPROJECT\tROLE\tEXPIRES\tDESCRIPTION", "%s\t%s\t%s\t%s\t%s\n", toks, func(t *client.Token) []any {
+					exp := "never"
+					if !t.ExpiresAt.IsZero() {
+						exp = t.ExpiresAt.Format(time.RFC3339)
+					}
+					return []any{t.ID, t.Project, t.Role, exp, t.Description}
+				})
+			})
 		},
 	}
 	ls.Flags().StringVar(&lsProject, "project", "", "only this project and beneath")
@@ -131,16 +116,14 @@ func newTokenCmd(g *globals) *cobra.Command {
 		Short: "Revoke tokens: they fail from the next call on",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			for _, id := range args {
-				if err := c.RevokeToken(cmd.Context(), id); err != nil {
-					return err
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				for _, id := range args {
+					if err := c.RevokeToken(ctx, id); err != nil {
+						return err
+					}
 				}
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 	cmd.AddCommand(create, ls, revoke)
@@ -159,15 +142,10 @@ func newProjectCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			p, err := c.CreateProject(cmd.Context(), args[0], q)
-			if err != nil {
-				return err
-			}
-			return printProjects(g, []*client.Project{p})
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) ([]*client.Project, error) {
+				p, err := c.CreateProject(ctx, args[0], q)
+				return []*client.Project{p}, err
+			}, printProjects)
 		},
 	}
 	qf.register(create)
@@ -176,15 +154,9 @@ func newProjectCmd(g *globals) *cobra.Command {
 		Short: "List the projects you see, with quota and usage",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ps, err := c.ListProjects(cmd.Context())
-			if err != nil {
-				return err
-			}
-			return printProjects(g, ps)
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) ([]*client.Project, error) {
+				return c.ListProjects(ctx)
+			}, printProjects)
 		},
 	}
 	var keep bool
@@ -193,11 +165,9 @@ func newProjectCmd(g *globals) *cobra.Command {
 		Short: "Delete a project with its subprojects, tokens, sandboxes and images",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			return c.DeleteProject(cmd.Context(), args[0], keep)
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				return c.DeleteProject(ctx, args[0], keep)
+			})
 		},
 	}
 	rm.Flags().BoolVar(&keep, "keep", false, "refuse if the project holds anything, instead of deleting it")
@@ -207,24 +177,20 @@ func newProjectCmd(g *globals) *cobra.Command {
 		Short: "Show a project's quota and usage, or replace its quota when flags are given",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			var p *client.Project
-			if cmd.Flags().NFlag() == 0 || (cmd.Flags().NFlag() == 1 && cmd.Flags().Changed("json")) {
-				p, err = c.GetProject(cmd.Context(), args[0])
-			} else {
-				var q client.Quota
-				if q, err = sq.quota(); err != nil {
-					return err
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) ([]*client.Project, error) {
+				var p *client.Project
+				var err error
+				if cmd.Flags().NFlag() == 0 || (cmd.Flags().NFlag() == 1 && cmd.Flags().Changed("json")) {
+					p, err = c.GetProject(ctx, args[0])
+				} else {
+					var q client.Quota
+					if q, err = sq.quota(); err != nil {
+						return nil, err
+					}
+					p, err = c.SetQuota(ctx, args[0], q)
 				}
-				p, err = c.SetQuota(cmd.Context(), args[0], q)
-			}
-			if err != nil {
-				return err
-			}
-			return printProjects(g, []*client.Project{p})
+				return []*client.Project{p}, err
+			}, printProjects)
 		},
 	}
 	sq.register(quota)
@@ -234,14 +200,12 @@ func newProjectCmd(g *globals) *cobra.Command {
 		Short: "Let project PATH (and its subprojects) use an image name of yours, every version",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			if unshare {
-				return c.UnshareImage(cmd.Context(), args[1], args[0])
-			}
-			return c.ShareImage(cmd.Context(), args[1], args[0])
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				if unshare {
+					return c.UnshareImage(ctx, args[1], args[0])
+				}
+				return c.ShareImage(ctx, args[1], args[0])
+			})
 		},
 	}
 	share.Flags().BoolVar(&unshare, "unshare", false, "take a share back")
@@ -258,10 +222,8 @@ func limit(used, lim int64, format func(int64) string) string {
 	return format(used) + "/" + l
 }
 
-func printProjects(g *globals, ps []*client.Project) error {
-	if g.json {
-		return printJSON(ps)
-	}
+// printProjects is the text of the project commands.
+func printProjects(ps []*client.Project) error {
 	num := func(v int64) string { return strconv.FormatInt(v, 10) }
 	cpu := func(v int64) string { return fmt.Sprintf("%dm", v) }
 	rate := func(v float64) string {
@@ -270,15 +232,12 @@ func printProjects(g *globals, ps []*client.Project) error {
 		}
 		return strconv.FormatFloat(v, 'g', -1, 64)
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROJECT\tSANDBOXES\tCPU\tMEMORY\tDISK\tCREATES/S\tCALLS/S\tDELEGATED SANDBOXES")
-	for _, p := range ps {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Path,
+	return printTable("PROJECT\tSANDBOXES\tCPU\tMEMORY\tDISK\tCREATES/S\tCALLS/S\tDELEGATED SANDBOXES", "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", ps, func(p *client.Project) []any {
+		return []any{p.Path,
 			limit(p.Usage.Sandboxes, p.Quota.MaxSandboxes, num), limit(p.Usage.CPUMillis, p.Quota.CPUMillis, cpu),
 			limit(p.Usage.MemoryBytes, p.Quota.MemoryBytes, formatBytes), limit(p.Usage.DiskBytes, p.Quota.DiskBytes, formatBytes),
-			rate(p.Quota.CreatesPerSec), rate(p.Quota.CallsPerSec), p.Delegated.MaxSandboxes)
-	}
-	return tw.Flush()
+			rate(p.Quota.CreatesPerSec), rate(p.Quota.CallsPerSec), p.Delegated.MaxSandboxes}
+	})
 }
 
 func newWhoAmICmd(g *globals) *cobra.Command {
@@ -287,27 +246,20 @@ func newWhoAmICmd(g *globals) *cobra.Command {
 		Short: "Show who the server takes you for (node administrator, or a token's project and role)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			id, err := c.WhoAmI(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(id)
-			}
-			if id.NodeAdmin {
-				fmt.Println("node administrator (the node's unix socket)")
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (*client.Identity, error) {
+				return c.WhoAmI(ctx)
+			}, func(id *client.Identity) error {
+				if id.NodeAdmin {
+					fmt.Println("node administrator (the node's unix socket)")
+					return nil
+				}
+				fmt.Printf("token %s: project %s, role %s", id.Token.ID, id.Project, id.Role)
+				if !id.Token.ExpiresAt.IsZero() {
+					fmt.Printf(", expires %s", id.Token.ExpiresAt.Format(time.RFC3339))
+				}
+				fmt.Println()
 				return nil
-			}
-			fmt.Printf("token %s: project %s, role %s", id.Token.ID, id.Project, id.Role)
-			if !id.Token.ExpiresAt.IsZero() {
-				fmt.Printf(", expires %s", id.Token.ExpiresAt.Format(time.RFC3339))
-			}
-			fmt.Println()
-			return nil
+			})
 		},
 	}
 }
@@ -320,38 +272,41 @@ func newAuditCmd(g *globals) *cobra.Command {
 		Short: "Show the audit log of management requests",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			print := func(e client.AuditEntry) error {
-				if g.json {
-					return printJSON(e)
-				}
-				who := "node-admin"
-				if !e.NodeAdmin {
-					who = "token:" + e.TokenID + " project:" + e.Project
-				}
-				_, err := fmt.Printf("%s  %s  %s  %s  %s\n", e.Time.Format(time.RFC3339Nano), who, e.Procedure, e.Summary, e.Result)
-				return err
-			}
-			if follow {
-				return c.FollowAudit(cmd.Context(), f, print)
-			}
-			es, err := c.Audit(cmd.Context(), f)
-			if err != nil {
-				return err
-			}
-			for _, e := range es {
-				if err := print(e); err != nil {
-					return err
-				}
-			}
-			return nil
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				return audit(ctx, g, c, f, follow)
+			})
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new entries")
 	cmd.Flags().StringVar(&f.Project, "project", "", "only this project and beneath")
 	cmd.Flags().IntVar(&f.Limit, "limit", 0, "only the last N entries (0: all)")
 	return cmd
+}
+
+// audit prints the audit entries f selects, or follows new ones.
+func audit(ctx context.Context, g *globals, c *client.Client, f client.AuditFilter, follow bool) error {
+	show := func(e client.AuditEntry) error {
+		if g.json {
+			return printJSON(e)
+		}
+		who := "node-admin"
+		if !e.NodeAdmin {
+			who = "token:" + e.TokenID + " project:" + e.Project
+		}
+		_, err := fmt.Printf("%s  %s  %s  %s  %s\n", e.Time.Format(time.RFC3339Nano), who, e.Procedure, e.Summary, e.Result)
+		return err
+	}
+	if follow {
+		return c.FollowAudit(ctx, f, show)
+	}
+	es, err := c.Audit(ctx, f)
+	if err != nil {
+		return err
+	}
+	for _, e := range es {
+		if err := show(e); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -1,11 +1,11 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -49,19 +49,9 @@ under DIR: only for a daemon that is not running.`,
 			if localDir != "" {
 				return buildLocal(cmd, localDir, args[0], rebuild)
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			img, err := c.BuildImage(cmd.Context(), args[0], client.BuildOptions{Rebuild: rebuild, Output: os.Stderr})
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(img)
-			}
-			fmt.Println(img.Name)
-			return nil
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (*client.BuiltImage, error) {
+				return c.BuildImage(ctx, args[0], client.BuildOptions{Rebuild: rebuild, Output: os.Stderr})
+			}, printLine(func(img *client.BuiltImage) any { return img.Name }))
 		},
 	}
 	build.Flags().StringVar(&localDir, "local-data-dir", "", "offline: build into this data directory without a daemon (never while one uses it)")
@@ -93,39 +83,34 @@ func newImageLsCmd(g *globals) *cobra.Command {
 		Short: "List built images, compositions and layers",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			imgs, err := c.ListImages(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(imgs)
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "KIND\tNAME\tLAYERS / DIGEST\tMETA\tBLOB\tLAZY")
-			for _, b := range imgs.Built {
-				refs := make([]string, len(b.Layers))
-				for i, l := range b.Layers {
-					refs[i] = l.Ref
-				}
-				fmt.Fprintf(tw, "image\t%s\t%s\t\t\t\n", b.Name, strings.Join(refs, " "))
-			}
-			for _, comp := range imgs.Compositions {
-				fmt.Fprintf(tw, "composition\t%s\t%s\t\t\t\n", comp.Ref, strings.Join(comp.Layers, " "))
-			}
-			for _, l := range imgs.Layers {
-				blob := "-"
-				if l.BlobDigest != "" {
-					blob = formatBytes(l.BlobSize)
-				}
-				fmt.Fprintf(tw, "layer\t%s\t%s\t%s\t%s\t%s\n", l.Ref, shortDigest(l.Digest), formatBytes(l.MetaSize), blob, lazyColumn(l.Lazy))
-			}
-			return tw.Flush()
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (*client.Images, error) {
+				return c.ListImages(ctx)
+			}, printImages)
 		},
 	}
+}
+
+// printImages is the table of image ls: built images, compositions, layers.
+func printImages(imgs *client.Images) error {
+	var rows [][]any
+	for _, b := range imgs.Built {
+		refs := make([]string, len(b.Layers))
+		for i, l := range b.Layers {
+			refs[i] = l.Ref
+		}
+		rows = append(rows, []any{"image", b.Name, strings.Join(refs, " "), "", "", ""})
+	}
+	for _, comp := range imgs.Compositions {
+		rows = append(rows, []any{"composition", comp.Ref, strings.Join(comp.Layers, " "), "", "", ""})
+	}
+	for _, l := range imgs.Layers {
+		blob := "-"
+		if l.BlobDigest != "" {
+			blob = formatBytes(l.BlobSize)
+		}
+		rows = append(rows, []any{"layer", l.Ref, shortDigest(l.Digest), formatBytes(l.MetaSize), blob, lazyColumn(l.Lazy)})
+	}
+	return printTable("KIND\tNAME\tLAYERS / DIGEST\tMETA\tBLOB\tLAZY", "%s\t%s\t%s\t%s\t%s\t%s\n", rows, func(r []any) []any { return r })
 }
 
 // lazyColumn summarizes a lazily read blob: "-" when the node has it whole.
@@ -151,19 +136,12 @@ fetched chunk by chunk when a sandbox first reads it. DIGEST is the layer
 digest the publishing node lists (corral image ls --json).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			l, err := c.PullLayer(cmd.Context(), args[0], name)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(l)
-			}
-			fmt.Printf("%s %s (metadata %s local, blob %s lazy)\n", l.Ref, l.Digest, formatBytes(l.MetaSize), formatBytes(l.BlobSize))
-			return nil
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (client.Layer, error) {
+				return c.PullLayer(ctx, args[0], name)
+			}, func(l client.Layer) error {
+				fmt.Printf("%s %s (metadata %s local, blob %s lazy)\n", l.Ref, l.Digest, formatBytes(l.MetaSize), formatBytes(l.BlobSize))
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "NAME@VERSION to record the layer under here (default: the name it was published under)")
@@ -270,19 +248,9 @@ func newImageComposeCmd(g *globals) *cobra.Command {
 		Short: "Record a composition: layers stacked base first (LAYER is NAME@VERSION, or NAME for its latest version)",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			comp, err := c.CreateComposition(cmd.Context(), client.Composition{Ref: args[0], Layers: args[1:], Env: env})
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(comp)
-			}
-			fmt.Println(comp.Ref)
-			return nil
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (client.Composition, error) {
+				return c.CreateComposition(ctx, client.Composition{Ref: args[0], Layers: args[1:], Env: env})
+			}, printLine(func(comp client.Composition) any { return comp.Ref }))
 		},
 	}
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "default environment KEY=VALUE (repeatable; default PATH only)")
@@ -295,18 +263,16 @@ func newImageRmCmd(g *globals) *cobra.Command {
 		Short: "Remove built images, compositions and layers (a layer in use is kept and named in the error)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			for _, name := range args {
-				rm, err := c.RemoveImage(cmd.Context(), name)
-				if err != nil {
-					return err
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				for _, name := range args {
+					rm, err := c.RemoveImage(ctx, name)
+					if err != nil {
+						return err
+					}
+					printRemoved(rm)
 				}
-				printRemoved(rm)
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 }
@@ -317,24 +283,14 @@ func newImageGCCmd(g *globals) *cobra.Command {
 		Short: "Remove every layer no sandbox, composition or image uses (older versions included)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			rm, err := c.CollectGarbage(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(rm)
-			}
-			printRemoved(rm)
-			return nil
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (*client.Removed, error) {
+				return c.CollectGarbage(ctx)
+			}, printRemoved)
 		},
 	}
 }
 
-func printRemoved(rm *client.Removed) {
+func printRemoved(rm *client.Removed) error {
 	for _, n := range rm.Images {
 		fmt.Println("removed image", n)
 	}
@@ -344,15 +300,8 @@ func printRemoved(rm *client.Removed) {
 	for _, l := range rm.Layers {
 		fmt.Println("removed layer", l.Ref, l.Digest)
 	}
-	fmt.Printf("deleted %d layer files, freed %s\n", len(rm.Deleted), formatBytes(rm.FreedBytes))
-}
-
-func printLayer(g *globals, l client.Layer) error {
-	if g.json {
-		return printJSON(l)
-	}
-	fmt.Println(l.Digest)
-	return nil
+	_, err := fmt.Printf("deleted %d layer files, freed %s\n", len(rm.Deleted), formatBytes(rm.FreedBytes))
+	return err
 }
 
 func newLayerCmd(g *globals) *cobra.Command {
@@ -371,26 +320,16 @@ only root on the unix socket may name one, and only under the directory
 corral serve --import-root names (no ".." or symlink may lead out of it).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			if nodePath {
-				l, err := c.CreateLayerFromNode(cmd.Context(), args[0], name)
-				if err != nil {
-					return err
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (client.Layer, error) {
+				if nodePath {
+					return c.CreateLayerFromNode(ctx, args[0], name)
 				}
-				return printLayer(g, l)
-			}
-			path, err := filepath.Abs(args[0])
-			if err != nil {
-				return err
-			}
-			l, err := c.CreateLayer(cmd.Context(), path, name)
-			if err != nil {
-				return err
-			}
-			return printLayer(g, l)
+				path, err := filepath.Abs(args[0])
+				if err != nil {
+					return client.Layer{}, err
+				}
+				return c.CreateLayer(ctx, path, name)
+			}, printLine(func(l client.Layer) any { return l.Digest }))
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "the layer's NAME@VERSION, e.g. workspace@3")
@@ -413,22 +352,15 @@ that 'corral create --image NAME@VERSION' starts where the sandbox is now.
 Left out by default: ` + strings.Join(layers.DefaultPackExcludes, " "),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.Sandbox(args[0]).Pack(cmd.Context(), name, o)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(res)
-			}
-			fmt.Printf("layer %s %s (%s data)\n", res.Layer.Ref, res.Layer.Digest, formatBytes(res.Layer.BlobSize))
-			if res.Composition.Ref != "" {
-				fmt.Printf("composition %s: %s\n", res.Composition.Ref, strings.Join(res.Composition.Layers, " "))
-			}
-			return nil
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (*client.Packed, error) {
+				return c.Sandbox(args[0]).Pack(ctx, name, o)
+			}, func(res *client.Packed) error {
+				fmt.Printf("layer %s %s (%s data)\n", res.Layer.Ref, res.Layer.Digest, formatBytes(res.Layer.BlobSize))
+				if res.Composition.Ref != "" {
+					fmt.Printf("composition %s: %s\n", res.Composition.Ref, strings.Join(res.Composition.Layers, " "))
+				}
+				return nil
+			})
 		},
 	}
 	fl := cmd.Flags()

@@ -1,10 +1,9 @@
 package cli
 
 import (
+	"context"
 	"fmt"
-	"os"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
@@ -35,38 +34,11 @@ it with --net allowlist (no rules needed) to open it later.`,
   corral net $id                 # policy and refused attempts`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			sb := c.Sandbox(args[0])
-			ctx := cmd.Context()
-			var policy client.Network
-			if len(allow) > 0 || len(deny) > 0 || mode != "" || replace {
-				policy, err = sb.UpdateNetwork(ctx, client.NetworkUpdate{
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				return showNetwork(ctx, g, c, args[0], client.NetworkUpdate{
 					Mode: client.NetworkMode(mode), Allow: allow, Deny: deny, Replace: replace,
 				})
-			} else {
-				var info *client.Info
-				if info, err = c.Get(ctx, args[0]); err == nil {
-					policy = info.Network
-				}
-			}
-			if err != nil {
-				return err
-			}
-			stats, err := sb.NetworkStats(ctx)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(struct {
-					Network client.Network
-					Stats   *client.NetworkStats
-				}{policy, stats})
-			}
-			printNetwork(policy, stats)
-			return nil
+			})
 		},
 	}
 	fl := cmd.Flags()
@@ -75,6 +47,37 @@ it with --net allowlist (no rules needed) to open it later.`,
 	fl.StringVar(&mode, "mode", "", "set the mode: none, allowlist or open")
 	fl.BoolVar(&replace, "replace", false, "--allow rules replace the list instead of adding to it")
 	return cmd
+}
+
+// showNetwork applies u to sandbox id's policy (when it changes anything),
+// then prints the policy and the refused attempts.
+func showNetwork(ctx context.Context, g *globals, c *client.Client, id string, u client.NetworkUpdate) error {
+	sb := c.Sandbox(id)
+	var policy client.Network
+	var err error
+	if len(u.Allow) > 0 || len(u.Deny) > 0 || u.Mode != "" || u.Replace {
+		policy, err = sb.UpdateNetwork(ctx, u)
+	} else {
+		var info *client.Info
+		if info, err = c.Get(ctx, id); err == nil {
+			policy = info.Network
+		}
+	}
+	if err != nil {
+		return err
+	}
+	stats, err := sb.NetworkStats(ctx)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(struct {
+			Network client.Network
+			Stats   *client.NetworkStats
+		}{policy, stats})
+	}
+	printNetwork(policy, stats)
+	return nil
 }
 
 func printNetwork(n client.Network, st *client.NetworkStats) {
@@ -86,9 +89,7 @@ func printNetwork(n client.Network, st *client.NetworkStats) {
 	if len(st.Refusals) == 0 {
 		return
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "COUNT\tHOOK\tPROTO\tDESTINATION")
-	for _, r := range st.Refusals {
+	printTable("COUNT\tHOOK\tPROTO\tDESTINATION", "%d\t%s\t%s\t%s\n", st.Refusals, func(r client.NetworkRefusal) []any {
 		dest := r.Name
 		if r.Hook != "dns" {
 			dest = r.Address
@@ -96,7 +97,6 @@ func printNetwork(n client.Network, st *client.NetworkStats) {
 				dest = fmt.Sprintf("%s port %d", r.Address, r.Port)
 			}
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", r.Count, r.Hook, r.Protocol, dest)
-	}
-	tw.Flush()
+		return []any{r.Count, r.Hook, r.Protocol, dest}
+	})
 }

@@ -1,11 +1,10 @@
 package cli
 
 import (
+	"context"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -19,35 +18,24 @@ func newNodesCmd(g *globals) *cobra.Command {
 		Short: "List a cluster's nodes: state, load, version, labels (ask a control instance)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			nodes, err := c.ClusterNodes(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(nodes)
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NODE\tSTATE\tADDRESS\tSANDBOXES\tMEMORY\tUTIL\tVERSION\tLABELS")
-			for _, n := range nodes {
-				var labels []string
-				for k, v := range n.Labels {
-					labels = append(labels, k+"="+v)
-				}
-				sort.Strings(labels)
-				state := n.State
-				if n.Reason != "" {
-					state += " (" + n.Reason + ")"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%dMi/%dMi\t%.0f%%\t%s\t%s\n", n.ID, state, n.Address,
-					n.Sandboxes, n.CapacitySandboxes, n.MemoryBytes>>20, n.CapacityMemoryBytes>>20,
-					100*n.Utilisation, n.Version, strings.Join(labels, ","))
-			}
-			return tw.Flush()
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) ([]client.Node, error) {
+				return c.ClusterNodes(ctx)
+			}, func(nodes []client.Node) error {
+				return printTable("NODE\tSTATE\tADDRESS\tSANDBOXES\tMEMORY\tUTIL\tVERSION\tLABELS", "%s\t%s\t%s\t%d/%d\t%dMi/%dMi\t%.0f%%\t%s\t%s\n", nodes, func(n client.Node) []any {
+					var labels []string
+					for k, v := range n.Labels {
+						labels = append(labels, k+"="+v)
+					}
+					sort.Strings(labels)
+					state := n.State
+					if n.Reason != "" {
+						state += " (" + n.Reason + ")"
+					}
+					return []any{n.ID, state, n.Address,
+						n.Sandboxes, n.CapacitySandboxes, n.MemoryBytes >> 20, n.CapacityMemoryBytes >> 20,
+						100 * n.Utilisation, n.Version, strings.Join(labels, ",")}
+				})
+			})
 		},
 	}
 }
@@ -60,20 +48,12 @@ func newNodeCmd(g *globals) *cobra.Command {
 		Short: "Stop new placements on NODE (its sandboxes keep running); --undo resumes them",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (client.Node, error) {
+				return c.DrainNode(ctx, args[0], undrain)
+			}, func(n client.Node) error {
+				_, err := fmt.Println(n.ID, n.State)
 				return err
-			}
-			defer c.Close()
-			n, err := c.DrainNode(cmd.Context(), args[0], undrain)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(n)
-			}
-			fmt.Println(n.ID, n.State)
-			return nil
+			})
 		},
 	}
 	drain.Flags().BoolVar(&undrain, "undo", false, "resume placements on the node")

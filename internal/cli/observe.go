@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -27,33 +28,29 @@ disk used/limit, PIDs and network bytes. Without IDs, every sandbox on the serve
 The table refreshes every --interval until interrupted; --no-stream prints it once,
 --json prints the figures (once) as JSON.`,
 		RunE: func(cmd *cobra.Command, ids []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx := cmd.Context()
-			for {
-				list, err := c.Stats(ctx, client.StatsOptions{IDs: ids})
-				if err != nil {
-					return err
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				for {
+					list, err := c.Stats(ctx, client.StatsOptions{IDs: ids})
+					if err != nil {
+						return err
+					}
+					if g.json {
+						return printJSON(list)
+					}
+					if !noStream {
+						fmt.Print("\x1b[H\x1b[2J") // home and clear, as docker stats does
+					}
+					printStats(os.Stdout, list)
+					if noStream {
+						return nil
+					}
+					select {
+					case <-ctx.Done():
+						return nil
+					case <-time.After(interval):
+					}
 				}
-				if g.json {
-					return printJSON(list)
-				}
-				if !noStream {
-					fmt.Print("\x1b[H\x1b[2J") // home and clear, as docker stats does
-				}
-				printStats(os.Stdout, list)
-				if noStream {
-					return nil
-				}
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(interval):
-				}
-			}
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&noStream, "no-stream", false, "print the table once instead of refreshing it")
@@ -98,24 +95,21 @@ Filters (repeatable, all must match): --filter sandbox=ID, --filter type=oom_kil
 			if err != nil {
 				return err
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			for e, err := range c.Events(cmd.Context(), o) {
-				if err != nil {
-					return err
-				}
-				if g.json {
-					if err := printJSONLine(e); err != nil {
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				for e, err := range c.Events(ctx, o) {
+					if err != nil {
 						return err
 					}
-					continue
+					if g.json {
+						if err := printJSONLine(e); err != nil {
+							return err
+						}
+						continue
+					}
+					fmt.Println(formatEvent(e))
 				}
-				fmt.Println(formatEvent(e))
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&since, "since", "", "replay the kept events after this sequence number first")

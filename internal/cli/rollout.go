@@ -3,11 +3,11 @@ package cli
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -29,8 +29,8 @@ swap area (corral serve --swap SIZE), a microVM's to a snapshot on disk. Resume
 is unchanged; pages come back as the processes touch them.`,
 		RunE: func(cmd *cobra.Command, ids []string) error {
 			if len(labels) > 0 {
-				return bulk(cmd, g, labels, ids, func(c *client.Client, l map[string]string) (*client.BulkResult, error) {
-					return c.PauseMany(cmd.Context(), l, reclaim)
+				return bulk(cmd, g, labels, ids, func(ctx context.Context, c *client.Client, l map[string]string) (*client.BulkResult, error) {
+					return c.PauseMany(ctx, l, reclaim)
 				})
 			}
 			if len(ids) == 0 {
@@ -60,8 +60,8 @@ func newResumeCmd(g *globals) *cobra.Command {
 		Short: "Thaw paused sandboxes, by id or by label",
 		RunE: func(cmd *cobra.Command, ids []string) error {
 			if len(labels) > 0 {
-				return bulk(cmd, g, labels, ids, func(c *client.Client, l map[string]string) (*client.BulkResult, error) {
-					return c.ResumeMany(cmd.Context(), l)
+				return bulk(cmd, g, labels, ids, func(ctx context.Context, c *client.Client, l map[string]string) (*client.BulkResult, error) {
+					return c.ResumeMany(ctx, l)
 				})
 			}
 			if len(ids) == 0 {
@@ -74,7 +74,7 @@ func newResumeCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func bulk(cmd *cobra.Command, g *globals, labels, ids []string, op func(*client.Client, map[string]string) (*client.BulkResult, error)) error {
+func bulk(cmd *cobra.Command, g *globals, labels, ids []string, op func(context.Context, *client.Client, map[string]string) (*client.BulkResult, error)) error {
 	if len(ids) > 0 {
 		return fmt.Errorf("give sandbox ids or -l, not both")
 	}
@@ -82,35 +82,23 @@ func bulk(cmd *cobra.Command, g *globals, labels, ids []string, op func(*client.
 	if err != nil {
 		return err
 	}
-	c, err := g.client()
-	if err != nil {
-		return err
-	}
-	r, err := op(c, l)
-	if err != nil {
-		return err
-	}
-	if g.json {
-		return printJSON(r)
-	}
+	return fetch(cmd, g, func(ctx context.Context, c *client.Client) (*client.BulkResult, error) {
+		return op(ctx, c, l)
+	}, func(r *client.BulkResult) error { return printBulk(cmd, r) })
+}
+
+// printBulk prints how many sandboxes a bulk operation did, and what failed to stderr.
+func printBulk(cmd *cobra.Command, r *client.BulkResult) error {
 	fmt.Printf("%s: %d sandboxes", cmd.Name(), r.Done)
 	if r.ResidentBeforeBytes > 0 {
 		fmt.Printf(", resident %s -> %s", formatBytes(r.ResidentBeforeBytes), formatBytes(r.ResidentAfterBytes))
 	}
 	fmt.Println()
-	failed := make([]string, 0, len(r.Failures))
-	for id := range r.Failures {
-		failed = append(failed, id)
-	}
-	sort.Strings(failed)
+	failed := slices.Sorted(maps.Keys(r.Failures))
 	for _, id := range failed {
 		fmt.Fprintf(os.Stderr, "corral: %s: %s\n", id, r.Failures[id])
 	}
-	nodes := make([]string, 0, len(r.NodeFailures))
-	for id := range r.NodeFailures {
-		nodes = append(nodes, id)
-	}
-	sort.Strings(nodes)
+	nodes := slices.Sorted(maps.Keys(r.NodeFailures))
 	for _, id := range nodes {
 		fmt.Fprintf(os.Stderr, "corral: node %s: %s\n", id, r.NodeFailures[id])
 	}
@@ -127,27 +115,17 @@ func newExecsCmd(g *globals) *cobra.Command {
 		Short: "List a sandbox's exec log: the commands run with an idempotency key (exec --key/--step)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			log, err := c.Sandbox(args[0]).ListExecs(cmd.Context(), since)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(log)
-			}
-			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "SEQ\tSTATE\tEXIT\tDURATION\tOUTPUT\tKEY\tCOMMAND")
-			for _, e := range log {
-				exit, dur := "-", "-"
-				if e.Result != nil {
-					exit, dur = fmt.Sprint(e.Result.ExitCode), e.Result.Duration.Round(time.Millisecond).String()
-				}
-				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", e.Seq, e.State, exit, dur, formatBytes(e.OutputBytes), e.IdempotencyKey, strings.Join(e.Args, " "))
-			}
-			return w.Flush()
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) ([]client.ExecLogEntry, error) {
+				return c.Sandbox(args[0]).ListExecs(ctx, since)
+			}, func(log []client.ExecLogEntry) error {
+				return printTable("SEQ\tSTATE\tEXIT\tDURATION\tOUTPUT\tKEY\tCOMMAND", "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", log, func(e client.ExecLogEntry) []any {
+					exit, dur := "-", "-"
+					if e.Result != nil {
+						exit, dur = fmt.Sprint(e.Result.ExitCode), e.Result.Duration.Round(time.Millisecond).String()
+					}
+					return []any{e.Seq, e.State, exit, dur, formatBytes(e.OutputBytes), e.IdempotencyKey, strings.Join(e.Args, " ")}
+				})
+			})
 		},
 	}
 	cmd.Flags().Uint64Var(&since, "since", 0, "only commands numbered above this")
@@ -198,35 +176,31 @@ func newForkCmd(g *globals) *cobra.Command {
 		Short: "Make N new sandboxes starting from a sandbox as it is now (containers: its files only; microVMs: processes too)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.Sandbox(args[0]).Fork(cmd.Context(), n)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(res)
-			}
-			if !res.ProcessesCarried {
-				fmt.Fprintf(os.Stderr, "corral: forks start from %s; processes: not carried\n", res.Image)
-			}
-			failed := 0
-			for i, f := range res.Forks {
-				if f.Err != nil {
-					fmt.Fprintf(os.Stderr, "corral: fork %d: %v\n", i, f.Err)
-					failed++
-					continue
-				}
-				fmt.Println(f.Sandbox.ID())
-			}
-			if failed > 0 {
-				return &ExitError{Code: 1}
-			}
-			return nil
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (*client.ForkResult, error) {
+				return c.Sandbox(args[0]).Fork(ctx, n)
+			}, printForks)
 		},
 	}
 	cmd.Flags().IntVarP(&n, "count", "n", 1, "forks to make (1 to 64)")
 	return cmd
+}
+
+// printForks prints the new sandboxes' ids, and each failed fork to stderr.
+func printForks(res *client.ForkResult) error {
+	if !res.ProcessesCarried {
+		fmt.Fprintf(os.Stderr, "corral: forks start from %s; processes: not carried\n", res.Image)
+	}
+	failed := 0
+	for i, f := range res.Forks {
+		if f.Err != nil {
+			fmt.Fprintf(os.Stderr, "corral: fork %d: %v\n", i, f.Err)
+			failed++
+			continue
+		}
+		fmt.Println(f.Sandbox.ID())
+	}
+	if failed > 0 {
+		return &ExitError{Code: 1}
+	}
+	return nil
 }

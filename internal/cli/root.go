@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
@@ -100,6 +101,50 @@ func describe(err error) string {
 }
 
 func (g *globals) client() (*client.Client, error) { return newClient(g.addr) }
+
+// withClient dials the server and runs f with the command's context.
+func (g *globals) withClient(cmd *cobra.Command, f func(ctx context.Context, c *client.Client) error) error {
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return f(cmd.Context(), c)
+}
+
+// fetch dials the server, gets one value and prints it: as JSON under
+// --json, else with text.
+func fetch[T any](cmd *cobra.Command, g *globals, get func(context.Context, *client.Client) (T, error), text func(T) error) error {
+	return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+		v, err := get(ctx, c)
+		if err != nil {
+			return err
+		}
+		if g.json {
+			return printJSON(v)
+		}
+		return text(v)
+	})
+}
+
+// printTable prints header and a line of format for each row, the
+// tab-separated columns aligned.
+func printTable[T any](header, format string, rows []T, cols func(T) []any) error {
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintf(tw, format, cols(r)...)
+	}
+	return tw.Flush()
+}
+
+// printLine is a text printer for fetch: one line, of what line picks.
+func printLine[T any](line func(T) any) func(T) error {
+	return func(v T) error {
+		_, err := fmt.Println(line(v))
+		return err
+	}
+}
 
 func printJSON(v any) error {
 	enc := json.NewEncoder(os.Stdout)

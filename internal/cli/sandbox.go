@@ -1,10 +1,10 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -92,23 +92,21 @@ func newCreateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			sb, err := c.Create(cmd.Context(), opts)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				info, err := sb.Info(cmd.Context())
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				sb, err := c.Create(ctx, opts)
 				if err != nil {
 					return err
 				}
-				return printJSON(info)
-			}
-			fmt.Println(sb.ID())
-			return nil
+				if g.json {
+					info, err := sb.Info(ctx)
+					if err != nil {
+						return err
+					}
+					return printJSON(info)
+				}
+				fmt.Println(sb.ID())
+				return nil
+			})
 		},
 	}
 	f.register(cmd)
@@ -204,11 +202,9 @@ func newExecCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			cl, err := g.client()
-			if err != nil {
-				return err
-			}
-			return runCommand(cmd, g, cl.Sandbox(args[0]), c)
+			return g.withClient(cmd, func(_ context.Context, cl *client.Client) error {
+				return runCommand(cmd, g, cl.Sandbox(args[0]), c)
+			})
 		},
 	}
 	f.register(cmd)
@@ -230,20 +226,18 @@ func newRunCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			cl, err := g.client()
-			if err != nil {
-				return err
-			}
-			sb, err := cl.Create(cmd.Context(), opts)
-			if err != nil {
-				return err
-			}
-			if keep {
-				fmt.Fprintln(os.Stderr, "sandbox:", sb.ID())
-			} else {
-				defer sb.Delete(cmd.Context())
-			}
-			return runCommand(cmd, g, sb, c)
+			return g.withClient(cmd, func(ctx context.Context, cl *client.Client) error {
+				sb, err := cl.Create(ctx, opts)
+				if err != nil {
+					return err
+				}
+				if keep {
+					fmt.Fprintln(os.Stderr, "sandbox:", sb.ID())
+				} else {
+					defer sb.Delete(ctx)
+				}
+				return runCommand(cmd, g, sb, c)
+			})
 		},
 	}
 	cf.register(cmd)
@@ -264,29 +258,22 @@ func newLsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			list, err := c.ListCluster(cmd.Context(), client.ListOptions{Labels: lbl, State: client.State(state)})
-			if err != nil {
-				return err
-			}
-			for _, u := range list.UnavailableNodes {
-				// A lost node's sandboxes are listed from its last summary.
-				fmt.Fprintln(os.Stderr, "corral: could not ask:", u)
-			}
-			infos := list.Sandboxes
-			if g.json {
-				return printJSON(infos)
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tIMAGE\tSTATE\tCPU\tMEMORY\tAGE\tLABELS")
-			for _, i := range infos {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%dm\t%dMi\t%s\t%s\n", i.ID, i.Image, i.State, i.Resources.CPUMillis,
-					i.Resources.MemoryBytes>>20, time.Since(i.CreatedAt).Round(time.Second), formatLabels(i.Labels))
-			}
-			return tw.Flush()
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) ([]*client.Info, error) {
+				list, err := c.ListCluster(ctx, client.ListOptions{Labels: lbl, State: client.State(state)})
+				if err != nil {
+					return nil, err
+				}
+				for _, u := range list.UnavailableNodes {
+					// A lost node's sandboxes are listed from its last summary.
+					fmt.Fprintln(os.Stderr, "corral: could not ask:", u)
+				}
+				return list.Sandboxes, nil
+			}, func(infos []*client.Info) error {
+				return printTable("ID\tIMAGE\tSTATE\tCPU\tMEMORY\tAGE\tLABELS", "%s\t%s\t%s\t%dm\t%dMi\t%s\t%s\n", infos, func(i *client.Info) []any {
+					return []any{i.ID, i.Image, i.State, i.Resources.CPUMillis,
+						i.Resources.MemoryBytes >> 20, time.Since(i.CreatedAt).Round(time.Second), formatLabels(i.Labels)}
+				})
+			})
 		},
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with label KEY=VALUE (repeatable)")
@@ -308,36 +295,32 @@ func newGetCmd(g *globals) *cobra.Command {
 		Short: "Show one sandbox as JSON",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			info, err := c.Get(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return printJSON(info)
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				info, err := c.Get(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				return printJSON(info)
+			})
 		},
 	}
 }
 
 // forEachID runs op on every id argument and reports all failures.
 func forEachID(cmd *cobra.Command, g *globals, ids []string, op func(*client.Sandbox) error) error {
-	c, err := g.client()
-	if err != nil {
-		return err
-	}
-	failed := 0
-	for _, id := range ids {
-		if err := op(c.Sandbox(id)); err != nil {
-			fmt.Fprintf(os.Stderr, "corral: %s: %s\n", id, describe(err))
-			failed++
+	return g.withClient(cmd, func(_ context.Context, c *client.Client) error {
+		failed := 0
+		for _, id := range ids {
+			if err := op(c.Sandbox(id)); err != nil {
+				fmt.Fprintf(os.Stderr, "corral: %s: %s\n", id, describe(err))
+				failed++
+			}
 		}
-	}
-	if failed > 0 {
-		return &ExitError{Code: 1}
-	}
-	return nil
+		if failed > 0 {
+			return &ExitError{Code: 1}
+		}
+		return nil
+	})
 }
 
 func newRmCmd(g *globals) *cobra.Command {

@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/corral-dev/corral/client"
 )
 
 func newSnapshotCmd(g *globals) *cobra.Command {
@@ -19,19 +21,9 @@ daemon restart). 'corral restore SNAP' makes new sandboxes from it. MicroVMs onl
 containers are refused, naming why (live checkpoints of processes need CRIU).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			s, err := c.Sandbox(args[0]).Snapshot(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(s)
-			}
-			fmt.Println(s.ID)
-			return nil
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (*client.Snapshot, error) {
+				return c.Sandbox(args[0]).Snapshot(ctx)
+			}, printLine(func(s *client.Snapshot) any { return s.ID }))
 		},
 	}
 	cmd.AddCommand(&cobra.Command{
@@ -39,16 +31,14 @@ containers are refused, naming why (live checkpoints of processes need CRIU).`,
 		Short: "Delete snapshots (sandboxes restored from them stay)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			for _, id := range args {
-				if err := c.DeleteSnapshot(cmd.Context(), id); err != nil {
-					return err
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				for _, id := range args {
+					if err := c.DeleteSnapshot(ctx, id); err != nil {
+						return err
+					}
 				}
-			}
-			return nil
+				return nil
+			})
 		},
 	})
 	return cmd
@@ -65,19 +55,10 @@ func newRestoreCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			sb, info, err := c.Restore(cmd.Context(), args[0], l)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(info)
-			}
-			fmt.Println(sb.ID())
-			return nil
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (*client.Info, error) {
+				_, info, err := c.Restore(ctx, args[0], l)
+				return info, err
+			}, printLine(func(info *client.Info) any { return info.ID }))
 		},
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label KEY=VALUE laid over the source's (repeatable)")
@@ -90,23 +71,13 @@ func newSnapshotsCmd(g *globals) *cobra.Command {
 		Short: "List snapshots, oldest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			all, err := c.ListSnapshots(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(all)
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSANDBOX\tBACKEND\tSIZE\tCREATED")
-			for _, s := range all {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.SandboxID, s.Backend, formatBytes(s.Bytes), s.Created.Local().Format(time.DateTime))
-			}
-			return tw.Flush()
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) ([]*client.Snapshot, error) {
+				return c.ListSnapshots(ctx)
+			}, func(all []*client.Snapshot) error {
+				return printTable("ID\tSANDBOX\tBACKEND\tSIZE\tCREATED", "%s\t%s\t%s\t%s\t%s\n", all, func(s *client.Snapshot) []any {
+					return []any{s.ID, s.SandboxID, s.Backend, formatBytes(s.Bytes), s.Created.Local().Format(time.DateTime)}
+				})
+			})
 		},
 	}
 }
@@ -126,23 +97,16 @@ refused (live checkpoints of processes need CRIU).`,
 			if to == "" {
 				return fmt.Errorf("--to: required (a node id, see 'corral nodes')")
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			m, err := c.Sandbox(args[0]).Migrate(cmd.Context(), to)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(m)
-			}
-			fmt.Printf("%s: %s -> %s, %d MiB copied, snapshot %v, copy %v, restore %v, total %v\n", args[0], m.SourceNode, m.Sandbox.NodeID,
-				m.BytesCopied>>20, m.SnapshotTime.Round(time.Millisecond), m.CopyTime.Round(time.Millisecond), m.RestoreTime.Round(time.Millisecond), m.Total.Round(time.Millisecond))
-			if m.Warning != "" {
-				fmt.Fprintln(os.Stderr, "corral: warning:", m.Warning)
-			}
-			return nil
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (*client.Migration, error) {
+				return c.Sandbox(args[0]).Migrate(ctx, to)
+			}, func(m *client.Migration) error {
+				fmt.Printf("%s: %s -> %s, %d MiB copied, snapshot %v, copy %v, restore %v, total %v\n", args[0], m.SourceNode, m.Sandbox.NodeID,
+					m.BytesCopied>>20, m.SnapshotTime.Round(time.Millisecond), m.CopyTime.Round(time.Millisecond), m.RestoreTime.Round(time.Millisecond), m.Total.Round(time.Millisecond))
+				if m.Warning != "" {
+					fmt.Fprintln(os.Stderr, "corral: warning:", m.Warning)
+				}
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&to, "to", "", "the node to move it to")

@@ -1,11 +1,11 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -40,22 +40,15 @@ python3, root logged in on the VGA console (tty1), booted directly from the
 kernel kept beside the disk. Needs root on the node (the unix socket).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
 			start := time.Now()
-			im, err := c.VMImagesOn(*node).Build(cmd.Context(), args[0], name, func(line string) {
-				fmt.Fprintln(os.Stderr, line)
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (client.VMImage, error) {
+				return c.VMImagesOn(*node).Build(ctx, args[0], name, func(line string) {
+					fmt.Fprintln(os.Stderr, line)
+				})
+			}, func(im client.VMImage) error {
+				fmt.Printf("%s\t%s\t%s\tbuilt in %v\n", im.Ref, formatBytes(im.FileSize), im.Firmware, time.Since(start).Round(time.Second))
+				return nil
 			})
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(im)
-			}
-			fmt.Printf("%s\t%s\t%s\tbuilt in %v\n", im.Ref, formatBytes(im.FileSize), im.Firmware, time.Since(start).Round(time.Second))
-			return nil
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "NAME@VERSION to record (default debian@12)")
@@ -77,19 +70,12 @@ func newVMImageImportCmd(g *globals, node *string) *cobra.Command {
 				return err
 			}
 			defer f.Close()
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			im, err := c.VMImagesOn(*node).Import(cmd.Context(), f, name, firmware)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(im)
-			}
-			fmt.Printf("%s\t%s\t%s virtual\t%s\n", im.Ref, im.Format, formatBytes(im.VirtualSize), im.Firmware)
-			return nil
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) (client.VMImage, error) {
+				return c.VMImagesOn(*node).Import(ctx, f, name, firmware)
+			}, func(im client.VMImage) error {
+				fmt.Printf("%s\t%s\t%s virtual\t%s\n", im.Ref, im.Format, formatBytes(im.VirtualSize), im.Firmware)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "NAME@VERSION (required)")
@@ -103,23 +89,13 @@ func newVMImageLsCmd(g *globals, node *string) *cobra.Command {
 		Short: "List VM images",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			ims, err := c.VMImagesOn(*node).List(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(ims)
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "REF\tFORMAT\tFIRMWARE\tVIRTUAL\tON DISK\tNODE\tSOURCE")
-			for _, im := range ims {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", im.Ref, im.Format, im.Firmware, formatBytes(im.VirtualSize), formatBytes(im.FileSize), im.Node, im.Source)
-			}
-			return tw.Flush()
+			return fetch(cmd, g, func(ctx context.Context, c *client.Client) ([]client.VMImage, error) {
+				return c.VMImagesOn(*node).List(ctx)
+			}, func(ims []client.VMImage) error {
+				return printTable("REF\tFORMAT\tFIRMWARE\tVIRTUAL\tON DISK\tNODE\tSOURCE", "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ims, func(im client.VMImage) []any {
+					return []any{im.Ref, im.Format, im.Firmware, formatBytes(im.VirtualSize), formatBytes(im.FileSize), im.Node, im.Source}
+				})
+			})
 		},
 	}
 }
@@ -130,11 +106,9 @@ func newVMImageRmCmd(g *globals, node *string) *cobra.Command {
 		Short: "Remove a VM image no sandbox uses",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			return c.VMImagesOn(*node).Remove(cmd.Context(), args[0])
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				return c.VMImagesOn(*node).Remove(ctx, args[0])
+			})
 		},
 	}
 }
@@ -148,23 +122,21 @@ func newScreenshotCmd(g *globals) *cobra.Command {
 		Short: "Save a vm sandbox's screen as PNG",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			shot, err := c.Screenshot(cmd.Context(), args[0], scale)
-			if err != nil {
-				return err
-			}
-			if out == "-" {
-				_, err = os.Stdout.Write(shot.PNG)
-				return err
-			}
-			if err := os.WriteFile(out, shot.PNG, 0o644); err != nil {
-				return err
-			}
-			fmt.Fprintf(os.Stderr, "%s: %dx%d\n", out, shot.Width, shot.Height)
-			return nil
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				shot, err := c.Screenshot(ctx, args[0], scale)
+				if err != nil {
+					return err
+				}
+				if out == "-" {
+					_, err = os.Stdout.Write(shot.PNG)
+					return err
+				}
+				if err := os.WriteFile(out, shot.PNG, 0o644); err != nil {
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "%s: %dx%d\n", out, shot.Width, shot.Height)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "screen.png", "file to write (- for stdout)")
@@ -209,11 +181,9 @@ func newInputCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			return c.SendInput(cmd.Context(), args[0], events...)
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				return c.SendInput(ctx, args[0], events...)
+			})
 		},
 	}
 	return cmd

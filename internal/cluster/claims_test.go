@@ -8,18 +8,13 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
-	"github.com/corral-dev/corral/internal/cluster"
 )
 
 // TestSameRequestAtTwoInstances: a create with a client request id sent at
 // once to both control instances (and twice to one), with no retry flag,
 // makes one sandbox, and every answer names it.
 func TestSameRequestAtTwoInstances(t *testing.T) {
-	sp := specs(3, 1000)
-	for i := range sp {
-		sp[i].Latency = 200 * time.Millisecond
-	}
-	r := startRig(t, sp, 2, cluster.PlacerConfig{K: 2})
+	r := slowRig(t, 200*time.Millisecond)
 	ctx := context.Background()
 	const n = 24
 	got := make([][3]string, n)

@@ -101,6 +101,16 @@ func specs(n int, capa int64) []simnode.Spec {
 	return out
 }
 
+// slowRig is two control instances over three roomy nodes that each
+// answer after latency, creates placed with K=2.
+func slowRig(t *testing.T, latency time.Duration) *rig {
+	sp := specs(3, 1000)
+	for i := range sp {
+		sp[i].Latency = latency
+	}
+	return startRig(t, sp, 2, cluster.PlacerConfig{K: 2})
+}
+
 // TestRefusingNodeIsSkipped: a node that advertises room but refuses at
 // admission gets no sandbox; every create succeeds elsewhere; a create only
 // that node could take fails naming each node's reason.
@@ -362,11 +372,7 @@ func listPage(ctx context.Context, sock, tok string, size int) ([]*corralv1.Sand
 // set) on another instance, which returns the sandbox the first attempt
 // made: one sandbox in all.
 func TestRetriedCreateIsNotDuplicated(t *testing.T) {
-	sp := specs(3, 1000)
-	for i := range sp {
-		sp[i].Latency = 400 * time.Millisecond
-	}
-	r := startRig(t, sp, 2, cluster.PlacerConfig{K: 2})
+	r := slowRig(t, 400*time.Millisecond)
 	ctx := context.Background()
 	opts := client.CreateOptions{Placement: client.Placement{RequestID: "job7-episode3"}}
 	first := make(chan error, 1)

@@ -3,8 +3,6 @@ package cluster
 import (
 	"math/rand/v2"
 
-	"connectrpc.com/connect"
-
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -12,8 +10,7 @@ import (
 // NodeImages is an ImageService client of node v (the image calls a node
 // serves control instances).
 func (p *Proxy) NodeImages(v *NodeView) corralv1connect.ImageServiceClient {
-	return corralv1connect.NewImageServiceClient(p.http, p.url(v),
-		connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret}))
+	return corralv1connect.NewImageServiceClient(p.http, p.url(v), p.signed())
 }
 
 // AnyNode is a random ready node (image builds and imports run there;

@@ -102,12 +102,18 @@ func (p *Proxy) client(v *NodeView) corralv1connect.SandboxServiceClient {
 	return p.nodeClient(v).SandboxServiceClient
 }
 
+// signed makes a client's calls signed with the cluster secret, as a
+// node's cluster listener requires.
+func (p *Proxy) signed() connect.ClientOption {
+	return connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret})
+}
+
 func (p *Proxy) nodeClient(v *NodeView) nodeClient {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c, ok := p.clients[v.ID]
 	if !ok || c.addr != v.Address {
-		sign := connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret})
+		sign := p.signed()
 		c = nodeClient{addr: v.Address,
 			SandboxServiceClient: corralv1connect.NewSandboxServiceClient(p.http, p.url(v), sign),
 			rollout:              corralv1connect.NewRolloutServiceClient(p.http, p.url(v), sign),
@@ -463,13 +469,19 @@ func serverStream[Req, Resp any](p *Proxy, ctx context.Context, id string, req *
 	if err != nil {
 		return unreachable(v, err)
 	}
+	return Relay(in, out, func(err error) error { return unreachable(v, err) })
+}
+
+// Relay copies a node's answer stream in to out message by message, then
+// closes in; the node's error (in's) goes through nodeErr, out's as it is.
+func Relay[T any](in *connect.ServerStreamForClient[T], out *connect.ServerStream[T], nodeErr func(error) error) error {
 	defer in.Close()
 	for in.Receive() {
 		if err := out.Send(in.Msg()); err != nil {
 			return err
 		}
 	}
-	return unreachable(v, in.Err())
+	return nodeErr(in.Err())
 }
 
 // unary forwards one per-sandbox call to the sandbox's node.
@@ -530,6 +542,5 @@ func (p *Proxy) ImagesFor(id string) (corralv1connect.ImageServiceClient, error)
 	if err != nil {
 		return nil, err
 	}
-	return corralv1connect.NewImageServiceClient(p.http, p.url(v),
-		connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret})), nil
+	return p.NodeImages(v), nil
 }

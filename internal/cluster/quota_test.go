@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/client"
 	"github.com/corral-dev/corral/internal/cluster"
+	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // tokenClient makes a token of project on admin and a client using it over
@@ -46,38 +46,18 @@ func TestClusterQuota(t *testing.T) {
 	c0, c1 := r.tokenClient(t, 0, "q"), r.tokenClient(t, 1, "q")
 	sub := r.tokenClient(t, 0, "q/sub")
 
-	var mu sync.Mutex
-	var made []string
-	var refused []error
-	var wg sync.WaitGroup
-	for i := range quota + 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := c0
-			if i%3 == 0 {
-				c = sub // a subproject's sandboxes count against q too
-			}
-			sb, err := c.Create(ctx, client.CreateOptions{})
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err == nil:
-				made = append(made, sb.ID())
-			case client.IsResourceExhausted(err):
-				refused = append(refused, err)
-			default:
-				t.Errorf("create: %v", err)
-			}
-		}()
-	}
-	wg.Wait()
+	made, refused := testenv.CreateRace(t, quota+4, func(i int) (*client.Sandbox, error) {
+		if i%3 == 0 {
+			return sub.Create(ctx, client.CreateOptions{}) // a subproject's sandboxes count against q too
+		}
+		return c0.Create(ctx, client.CreateOptions{})
+	})
 	if len(made) != quota || len(refused) != 4 {
 		t.Fatalf("%d made, %d refused of %d creates with max_sandboxes %d: %v", len(made), len(refused), quota+4, quota, refused)
 	}
 	perNode := map[string]int{}
-	for _, id := range made {
-		perNode[nodeOf(id)]++
+	for _, sb := range made {
+		perNode[nodeOf(sb.ID())]++
 	}
 	if len(perNode) < 2 {
 		t.Fatalf("the project's %d sandboxes are all on one node: %v", quota, perNode)
@@ -107,7 +87,7 @@ func TestClusterQuota(t *testing.T) {
 		t.Fatalf("create through control 1 at the quota: %v, want %q", err, want)
 	}
 	// A delete through control 1 frees its share there at once.
-	if err := c1.Delete(ctx, made[0]); err != nil {
+	if err := c1.Delete(ctx, made[0].ID()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c1.Create(ctx, client.CreateOptions{}); err != nil {

@@ -93,6 +93,38 @@ func fanOut(p *Proxy, fn func(v *NodeView, c corralv1connect.RolloutServiceClien
 	return failures, nil
 }
 
+// gather sends req to every node (fanOut) and hands each answer to merge,
+// one at a time.
+func gather[Req, Resp any](p *Proxy, ctx context.Context, req *connect.Request[Req],
+	call func(corralv1connect.RolloutServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Resp], error),
+	merge func(*Resp)) ([]*corralv1.NodeFailure, error) {
+	var mu sync.Mutex
+	return fanOut(p, func(_ *NodeView, c corralv1connect.RolloutServiceClient) error {
+		resp, err := call(c, ctx, connect.NewRequest(req.Msg))
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		merge(resp.Msg)
+		return nil
+	})
+}
+
+// wantLike is the admission of one more sandbox with these resources, on
+// the quotas of project when it has one.
+func (p *Proxy) wantLike(ctx context.Context, backend string, res *corralv1.Resources, project string) (Want, error) {
+	want := Want{Backend: backend, CPUMillis: res.GetCpuMillis(), MemoryBytes: res.GetMemoryBytes(), DiskBytes: res.GetDiskBytes()}
+	if project != "" && p.cfg.Quotas != nil {
+		qs, err := p.cfg.Quotas(ctx, project)
+		if err != nil {
+			return Want{}, err
+		}
+		want.Project, want.Quotas = project, qs
+	}
+	return want, nil
+}
+
 func sortFailures(f []*corralv1.SandboxFailure) {
 	sort.Slice(f, func(i, j int) bool { return f[i].Id < f[j].Id })
 }
@@ -115,25 +147,16 @@ func (r Rollouts) PauseMany(ctx context.Context, req *connect.Request[corralv1.P
 		return nil, err
 	}
 	out := &corralv1.PauseManyResponse{}
-	var mu sync.Mutex
-	nf, err := fanOut(r.P, func(_ *NodeView, c corralv1connect.RolloutServiceClient) error {
-		resp, err := c.PauseMany(ctx, connect.NewRequest(req.Msg))
-		if err != nil {
-			return err
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		m := resp.Msg
+	var err error
+	out.NodeFailures, err = gather(r.P, ctx, req, corralv1connect.RolloutServiceClient.PauseMany, func(m *corralv1.PauseManyResponse) {
+		out.Failures = append(out.Failures, m.Failures...)
 		out.Paused += m.Paused
 		out.ResidentBeforeBytes += m.ResidentBeforeBytes
 		out.ResidentAfterBytes += m.ResidentAfterBytes
-		out.Failures = append(out.Failures, m.Failures...)
-		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	out.NodeFailures = nf
 	sortFailures(out.Failures)
 	return connect.NewResponse(out), nil
 }
@@ -143,22 +166,14 @@ func (r Rollouts) ResumeMany(ctx context.Context, req *connect.Request[corralv1.
 		return nil, err
 	}
 	out := &corralv1.ResumeManyResponse{}
-	var mu sync.Mutex
-	nf, err := fanOut(r.P, func(_ *NodeView, c corralv1connect.RolloutServiceClient) error {
-		resp, err := c.ResumeMany(ctx, connect.NewRequest(req.Msg))
-		if err != nil {
-			return err
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		out.Resumed += resp.Msg.Resumed
-		out.Failures = append(out.Failures, resp.Msg.Failures...)
-		return nil
+	var err error
+	out.NodeFailures, err = gather(r.P, ctx, req, corralv1connect.RolloutServiceClient.ResumeMany, func(m *corralv1.ResumeManyResponse) {
+		out.Resumed += m.Resumed
+		out.Failures = append(out.Failures, m.Failures...)
 	})
 	if err != nil {
 		return nil, err
 	}
-	out.NodeFailures = nf
 	sortFailures(out.Failures)
 	return connect.NewResponse(out), nil
 }
@@ -182,14 +197,9 @@ func (r Rollouts) Fork(ctx context.Context, req *connect.Request[corralv1.ForkRe
 		return nil, unreachable(v, err)
 	}
 	parent := got.Msg.GetSandbox()
-	res := parent.GetResources()
-	want := Want{Backend: parent.GetBackend(), CPUMillis: res.GetCpuMillis(), MemoryBytes: res.GetMemoryBytes(), DiskBytes: res.GetDiskBytes()}
-	if project := parent.GetProject(); project != "" && r.P.cfg.Quotas != nil {
-		qs, err := r.P.cfg.Quotas(ctx, project)
-		if err != nil {
-			return nil, err
-		}
-		want.Project, want.Quotas = project, qs
+	want, err := r.P.wantLike(ctx, parent.GetBackend(), parent.GetResources(), parent.GetProject())
+	if err != nil {
+		return nil, err
 	}
 	pls, why := r.P.cfg.Placer.Reserve(v.ID, want, int(m.Count))
 	if len(pls) == 0 {

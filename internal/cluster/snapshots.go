@@ -25,16 +25,8 @@ func (r Rollouts) Snapshot(ctx context.Context, req *connect.Request[corralv1.Sn
 
 func (r Rollouts) ListSnapshots(ctx context.Context, req *connect.Request[corralv1.ListSnapshotsRequest]) (*connect.Response[corralv1.ListSnapshotsResponse], error) {
 	out := &corralv1.ListSnapshotsResponse{}
-	var mu sync.Mutex
-	nf, err := fanOut(r.P, func(_ *NodeView, c corralv1connect.RolloutServiceClient) error {
-		resp, err := c.ListSnapshots(ctx, connect.NewRequest(req.Msg))
-		if err != nil {
-			return err
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		out.Snapshots = append(out.Snapshots, resp.Msg.Snapshots...)
-		return nil
+	nf, err := gather(r.P, ctx, req, corralv1connect.RolloutServiceClient.ListSnapshots, func(m *corralv1.ListSnapshotsResponse) {
+		out.Snapshots = append(out.Snapshots, m.Snapshots...)
 	})
 	if err != nil {
 		return nil, err
@@ -60,14 +52,9 @@ func (r Rollouts) Restore(ctx context.Context, req *connect.Request[corralv1.Res
 	if v == nil {
 		return onHolder(r.P, req.Msg.SnapshotId, restore)
 	}
-	res := snap.GetResources()
-	want := Want{Backend: snap.GetBackend(), CPUMillis: res.GetCpuMillis(), MemoryBytes: res.GetMemoryBytes(), DiskBytes: res.GetDiskBytes()}
-	if project := snap.GetProject(); project != "" && r.P.cfg.Quotas != nil {
-		qs, err := r.P.cfg.Quotas(ctx, project)
-		if err != nil {
-			return nil, err
-		}
-		want.Project, want.Quotas = project, qs
+	want, err := r.P.wantLike(ctx, snap.GetBackend(), snap.GetResources(), snap.GetProject())
+	if err != nil {
+		return nil, err
 	}
 	pls, why := r.P.cfg.Placer.Reserve(v.ID, want, 1)
 	if len(pls) == 0 {

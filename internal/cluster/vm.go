@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"connectrpc.com/connect"
-
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
@@ -18,8 +16,7 @@ import (
 // NodeVMs is a VMService client of node v (screens and VM images are a
 // node's own).
 func (p *Proxy) NodeVMs(v *NodeView) corralv1connect.VMServiceClient {
-	return corralv1connect.NewVMServiceClient(p.http, p.url(v),
-		connect.WithInterceptors(ClientInterceptor{Secret: p.cfg.Secret}))
+	return corralv1connect.NewVMServiceClient(p.http, p.url(v), p.signed())
 }
 
 // NodeOf is the node owning sandbox id: NotFound naming the node when the

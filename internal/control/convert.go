@@ -242,3 +242,12 @@ func ioToProto(io state.IOLimits) *corralv1.IOLimits {
 	}
 	return &corralv1.IOLimits{ReadBps: io.ReadBPS, WriteBps: io.WriteBPS, ReadIops: io.ReadIOPS, WriteIops: io.WriteIOPS}
 }
+
+// toProtos converts each of xs with f (nil for none).
+func toProtos[T, P any](xs []T, f func(T) P) []P {
+	var out []P
+	for _, x := range xs {
+		out = append(out, f(x))
+	}
+	return out
+}

@@ -9,32 +9,31 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-// codeOf maps corral's error classes to Connect codes; this is the one place
-// that mapping lives.
+// connectCodes maps corral's error classes to Connect codes, the first
+// class an error is of deciding; this is the one place that mapping lives.
+var connectCodes = []struct {
+	class error
+	code  connect.Code
+}{
+	{errdefs.ErrInvalidArgument, connect.CodeInvalidArgument},
+	{errdefs.ErrNotFound, connect.CodeNotFound},
+	{errdefs.ErrAlreadyExists, connect.CodeAlreadyExists},
+	{errdefs.ErrFailedPrecondition, connect.CodeFailedPrecondition},
+	{errdefs.ErrResourceExhausted, connect.CodeResourceExhausted},
+	{errdefs.ErrUnavailable, connect.CodeUnavailable},
+	{errdefs.ErrPermissionDenied, connect.CodePermissionDenied},
+	{errdefs.ErrUnauthenticated, connect.CodeUnauthenticated},
+	{errdefs.ErrNotSupported, connect.CodeUnimplemented},
+	{errdefs.ErrDeadlineExceeded, connect.CodeDeadlineExceeded},
+	{context.DeadlineExceeded, connect.CodeDeadlineExceeded},
+	{context.Canceled, connect.CodeCanceled},
+}
+
 func codeOf(err error) connect.Code {
-	switch {
-	case errdefs.IsInvalidArgument(err):
-		return connect.CodeInvalidArgument
-	case errdefs.IsNotFound(err):
-		return connect.CodeNotFound
-	case errdefs.IsAlreadyExists(err):
-		return connect.CodeAlreadyExists
-	case errdefs.IsFailedPrecondition(err):
-		return connect.CodeFailedPrecondition
-	case errdefs.IsResourceExhausted(err):
-		return connect.CodeResourceExhausted
-	case errdefs.IsUnavailable(err):
-		return connect.CodeUnavailable
-	case errdefs.IsPermissionDenied(err):
-		return connect.CodePermissionDenied
-	case errdefs.IsUnauthenticated(err):
-		return connect.CodeUnauthenticated
-	case errdefs.IsNotSupported(err):
-		return connect.CodeUnimplemented
-	case errors.Is(err, errdefs.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
-		return connect.CodeDeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		return connect.CodeCanceled
+	for _, c := range connectCodes {
+		if errors.Is(err, c.class) {
+			return c.code
+		}
 	}
 	return connect.CodeInternal
 }

@@ -115,11 +115,7 @@ func (s *Service) List(ctx context.Context, req *connect.Request[corralv1.ListRe
 	if err != nil {
 		return nil, err
 	}
-	resp := &corralv1.ListResponse{NextPageToken: next}
-	for _, sb := range sbs {
-		resp.Sandboxes = append(resp.Sandboxes, sandboxToProto(sb))
-	}
-	return connect.NewResponse(resp), nil
+	return connect.NewResponse(&corralv1.ListResponse{NextPageToken: next, Sandboxes: toProtos(sbs, sandboxToProto)}), nil
 }
 
 func (s *Service) Delete(ctx context.Context, req *connect.Request[corralv1.DeleteRequest]) (*connect.Response[corralv1.DeleteResponse], error) {
@@ -257,11 +253,7 @@ func (s *Service) ListDir(ctx context.Context, req *connect.Request[corralv1.Lis
 		return nil, err
 	}
 	sort.Slice(infos, func(i, j int) bool { return infos[i].Name < infos[j].Name })
-	resp := &corralv1.ListDirResponse{}
-	for _, fi := range infos {
-		resp.Entries = append(resp.Entries, fileInfoToProto(fi))
-	}
-	return connect.NewResponse(resp), nil
+	return connect.NewResponse(&corralv1.ListDirResponse{Entries: toProtos(infos, fileInfoToProto)}), nil
 }
 
 func (s *Service) Stat(ctx context.Context, req *connect.Request[corralv1.StatRequest]) (*connect.Response[corralv1.StatResponse], error) {

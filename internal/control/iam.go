@@ -84,11 +84,7 @@ func (s *IAMService) ListTokens(ctx context.Context, req *connect.Request[corral
 	if err != nil {
 		return nil, err
 	}
-	out := &corralv1.ListTokensResponse{}
-	for _, t := range ts {
-		out.Tokens = append(out.Tokens, tokenToProto(t))
-	}
-	return connect.NewResponse(out), nil
+	return connect.NewResponse(&corralv1.ListTokensResponse{Tokens: toProtos(ts, tokenToProto)}), nil
 }
 
 func (s *IAMService) RevokeToken(ctx context.Context, req *connect.Request[corralv1.RevokeTokenRequest]) (*connect.Response[corralv1.RevokeTokenResponse], error) {
@@ -124,11 +120,7 @@ func (s *IAMService) ListProjects(ctx context.Context, _ *connect.Request[corral
 	if err != nil {
 		return nil, err
 	}
-	out := &corralv1.ListProjectsResponse{}
-	for _, proj := range ps {
-		out.Projects = append(out.Projects, s.projectToProto(proj))
-	}
-	return connect.NewResponse(out), nil
+	return connect.NewResponse(&corralv1.ListProjectsResponse{Projects: toProtos(ps, s.projectToProto)}), nil
 }
 
 func (s *IAMService) GetProject(ctx context.Context, req *connect.Request[corralv1.GetProjectRequest]) (*connect.Response[corralv1.GetProjectResponse], error) {

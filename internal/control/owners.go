@@ -104,16 +104,23 @@ func usable(p iam.Principal, owner string) bool {
 	return p.NodeAdmin || owner == "" || p.Sees(owner) || iam.Within(p.Project, owner)
 }
 
+// ownerOf is the project owning ref's name; an imported layer's is none a
+// caller may name (NotFound, with why).
+func (o *ImageOwners) ownerOf(ctx context.Context, ref, why string) (string, error) {
+	if imported(imageName(ref)) {
+		return "", errdefs.NotFound("image %s: not found%s", ref, why)
+	}
+	owner, _, err := o.owner(ctx, imageName(ref))
+	return owner, err
+}
+
 // CheckUse fails unless p may use image ref (as a sandbox's image or a
 // composition's layer).
 func (o *ImageOwners) CheckUse(ctx context.Context, p iam.Principal, ref string) error {
 	if ref == "" || p.NodeAdmin {
 		return nil
 	}
-	if imported(imageName(ref)) {
-		return errdefs.NotFound("image %s: not found (an import's layers are used through its composition)", ref)
-	}
-	owner, _, err := o.owner(ctx, imageName(ref))
+	owner, err := o.ownerOf(ctx, ref, " (an import's layers are used through its composition)")
 	if err != nil {
 		return err
 	}
@@ -130,10 +137,7 @@ func (o *ImageOwners) CheckOwn(ctx context.Context, p iam.Principal, ref string)
 	if p.NodeAdmin {
 		return nil
 	}
-	if imported(imageName(ref)) {
-		return errdefs.NotFound("image %s: not found", ref)
-	}
-	owner, _, err := o.owner(ctx, imageName(ref))
+	owner, err := o.ownerOf(ctx, ref, "")
 	if err != nil {
 		return err
 	}

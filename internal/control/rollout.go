@@ -146,11 +146,7 @@ func (r *RolloutService) Restore(ctx context.Context, req *connect.Request[corra
 }
 
 func (r *RolloutService) ListSnapshots(ctx context.Context, _ *connect.Request[corralv1.ListSnapshotsRequest]) (*connect.Response[corralv1.ListSnapshotsResponse], error) {
-	resp := &corralv1.ListSnapshotsResponse{}
-	for _, s := range r.sandboxes.local.ListSnapshots(ctx, VisibleTo(ctx)) {
-		resp.Snapshots = append(resp.Snapshots, snapshotToProto(s))
-	}
-	return connect.NewResponse(resp), nil
+	return connect.NewResponse(&corralv1.ListSnapshotsResponse{Snapshots: toProtos(r.sandboxes.local.ListSnapshots(ctx, VisibleTo(ctx)), snapshotToProto)}), nil
 }
 
 func (r *RolloutService) DeleteSnapshot(ctx context.Context, req *connect.Request[corralv1.DeleteSnapshotRequest]) (*connect.Response[corralv1.DeleteSnapshotResponse], error) {

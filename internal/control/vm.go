@@ -74,11 +74,7 @@ func (s *VMService) ListVMImages(ctx context.Context, req *connect.Request[corra
 	if err != nil {
 		return nil, err
 	}
-	resp := &corralv1.ListVMImagesResponse{}
-	for _, im := range all {
-		resp.Images = append(resp.Images, s.vmImageToProto(im))
-	}
-	return connect.NewResponse(resp), nil
+	return connect.NewResponse(&corralv1.ListVMImagesResponse{Images: toProtos(all, s.vmImageToProto)}), nil
 }
 
 func (s *VMService) ImportVMImage(ctx context.Context, stream *connect.ClientStream[corralv1.ImportVMImageRequest]) (*connect.Response[corralv1.ImportVMImageResponse], error) {

@@ -114,7 +114,7 @@ var rules = []rule{
 	// The QEMU machine protocol client both QEMU backends drive.
 	{pkg: "internal/qmp", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 	// The QEMU process, migration and snapshot files both QEMU backends share.
-	{pkg: "internal/backend/qemu", may: []string{"internal/backend", "internal/errdefs", "internal/guest/agentclient", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"}, never: cat(backends, stateful)},
+	{pkg: "internal/backend/qemu", may: []string{"internal/backend", "internal/errdefs", "internal/guest/agentclient", "internal/netpolicy", "internal/qmp", "internal/runtime/cgroup", "internal/runtime/launch"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/vm/...", may: []string{"internal/backend", "internal/backend/qemu", "internal/errdefs", "internal/guest/agentclient", "internal/guest/agentproto", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
 	{pkg: "internal/fncall", may: []string{"internal/backend", "internal/errdefs", "internal/storage/layers"}, never: stateful},
@@ -148,7 +148,8 @@ var rules = []rule{
 		never: []string{"internal/cli"}},
 	{pkg: "internal/cli", may: []string{"..."}, never: []string{"internal/testenv"}},
 	{pkg: "cmd/corral", may: []string{"internal/cli"}},
-	{pkg: "internal/testenv", may: []string{"client", "internal/mountinfo", "internal/runtime/cgroup", "internal/server", "internal/backend/vm"}},
+	{pkg: "internal/testenv/accept", may: []string{}},
+	{pkg: "internal/testenv", may: []string{"client", "internal/mountinfo", "internal/runtime/cgroup", "internal/server", "internal/backend/vm", "internal/netpolicy", "internal/netpolicy/netlab"}},
 	{pkg: "test/...", may: []string{"..."}},
 }
 

@@ -35,8 +35,8 @@ func (s *Server) controlMux() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /sandboxes", s.create)
 	mux.HandleFunc("POST /v2/sandboxes", s.create)
-	mux.HandleFunc("GET /sandboxes", s.listV1)
-	mux.HandleFunc("GET /v2/sandboxes", s.listV2)
+	mux.HandleFunc("GET /sandboxes", s.listSandboxes(false))
+	mux.HandleFunc("GET /v2/sandboxes", s.listSandboxes(true))
 	mux.HandleFunc("GET /sandboxes/{id}", s.get)
 	mux.HandleFunc("DELETE /sandboxes/{id}", s.kill)
 	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout)
@@ -354,35 +354,25 @@ func (s *Server) list(ctx context.Context, f listFilter, all bool) ([]sandboxJSO
 	}
 }
 
-func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
-	f, err := parseList(r.URL.Query(), false)
-	if err != nil {
-		writeErr(w, err)
-		return
+// listSandboxes serves GET /sandboxes (v1: every page in one answer) and
+// GET /v2/sandboxes (a page, the next one's token in X-Next-Token).
+func (s *Server) listSandboxes(v2 bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		f, err := parseList(r.URL.Query(), v2)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		out, next, err := s.list(r.Context(), f, !v2)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		if next != "" {
+			w.Header().Set("X-Next-Token", next)
+		}
+		writeJSON(w, http.StatusOK, out)
 	}
-	out, _, err := s.list(r.Context(), f, true)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
-	f, err := parseList(r.URL.Query(), true)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	out, next, err := s.list(r.Context(), f, false)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	if next != "" {
-		w.Header().Set("X-Next-Token", next)
-	}
-	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) {

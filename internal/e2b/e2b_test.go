@@ -59,16 +59,22 @@ func apiKey(t *testing.T) string {
 	return "e2b_" + hex.EncodeToString(b)
 }
 
+// startE2B starts a server with the E2B API on a free port: its operator
+// key and the API's URL.
+func startE2B(t *testing.T) (key, url string) {
+	key = apiKey(t)
+	srv := testenv.StartServer(t, func(c *server.Config) {
+		c.E2B = &server.E2BConfig{Listen: "127.0.0.1:0", APIKey: key}
+	})
+	return key, "http://" + srv.E2BAddr()
+}
+
 // TestE2BSDK drives the E2B API with the unchanged e2b SDK (npm e2b,
 // pinned in test/e2b/package-lock.json): every case of test/e2b/compat.mjs
 // is a subtest here.
 func TestE2BSDK(t *testing.T) {
 	dir := installSDK(t)
-	key := apiKey(t)
-	srv := testenv.StartServer(t, func(c *server.Config) {
-		c.E2B = &server.E2BConfig{Listen: "127.0.0.1:0", APIKey: key}
-	})
-	url := "http://" + srv.E2BAddr()
+	key, url := startE2B(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "compat.mjs")

@@ -14,8 +14,6 @@ import (
 	"github.com/corral-dev/corral/internal/e2b/envdpb/filesystem/filesystempbconnect"
 	processpb "github.com/corral-dev/corral/internal/e2b/envdpb/process"
 	"github.com/corral-dev/corral/internal/e2b/envdpb/process/processpbconnect"
-	"github.com/corral-dev/corral/internal/server"
-	"github.com/corral-dev/corral/internal/testenv"
 )
 
 // sandboxHeaders routes every request to one sandbox's envd.
@@ -32,11 +30,7 @@ func (h sandboxHeaders) RoundTrip(r *http.Request) (*http.Response, error) {
 // never makes (the polling watcher, StreamInput, tags) and the control
 // API's error bodies, with Go Connect clients of the envd protocol.
 func TestEnvdCallsTheJSSDKDoesNotMake(t *testing.T) {
-	key := apiKey(t)
-	srv := testenv.StartServer(t, func(c *server.Config) {
-		c.E2B = &server.E2BConfig{Listen: "127.0.0.1:0", APIKey: key}
-	})
-	url := "http://" + srv.E2BAddr()
+	key, url := startE2B(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 

@@ -58,13 +58,21 @@ func (s *Server) checkSignature(r *http.Request, id, operation string) error {
 	return nil
 }
 
-func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	id := sandboxFrom(ctx)
-	if err := s.checkSignature(r, id, "read"); err != nil {
-		writeErr(w, err)
-		return
+// signed serves /files requests whose signature allows operation (read
+// or write) with h, given the sandbox's id.
+func (s *Server) signed(operation string, h func(w http.ResponseWriter, r *http.Request, id string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := sandboxFrom(r.Context())
+		if err := s.checkSignature(r, id, operation); err != nil {
+			writeErr(w, err)
+			return
+		}
+		h(w, r, id)
 	}
+}
+
+func (s *Server) getFile(w http.ResponseWriter, r *http.Request, id string) {
+	ctx := r.Context()
 	p, err := s.resolve(ctx, id, r.URL.Query().Get("path"))
 	if err != nil {
 		writeErr(w, err)
@@ -105,13 +113,8 @@ type writeInfo struct {
 	Path string `json:"path"`
 }
 
-func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
+func (s *Server) postFiles(w http.ResponseWriter, r *http.Request, id string) {
 	ctx := r.Context()
-	id := sandboxFrom(ctx)
-	if err := s.checkSignature(r, id, "write"); err != nil {
-		writeErr(w, err)
-		return
-	}
 	user, err := fileUser(r)
 	if err != nil {
 		writeErr(w, err)

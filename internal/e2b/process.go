@@ -298,14 +298,21 @@ func input(in *processpb.ProcessInput) []byte {
 }
 
 func (p *processService) SendInput(ctx context.Context, req *connect.Request[processpb.SendInputRequest]) (*connect.Response[processpb.SendInputResponse], error) {
-	proc, err := p.find(ctx, req.Msg.Process)
+	return onProcess[processpb.SendInputResponse](ctx, p, req.Msg.Process, func(proc *node.Process) error {
+		return proc.Write(input(req.Msg.Input))
+	})
+}
+
+// onProcess runs op on the selected process and answers with an empty R.
+func onProcess[R any](ctx context.Context, p *processService, sel *processpb.ProcessSelector, op func(*node.Process) error) (*connect.Response[R], error) {
+	proc, err := p.find(ctx, sel)
 	if err != nil {
 		return nil, err
 	}
-	if err := proc.Write(input(req.Msg.Input)); err != nil {
+	if err := op(proc); err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&processpb.SendInputResponse{}), nil
+	return connect.NewResponse(new(R)), nil
 }
 
 func (p *processService) StreamInput(ctx context.Context, stream *connect.ClientStream[processpb.StreamInputRequest]) (*connect.Response[processpb.StreamInputResponse], error) {
@@ -333,27 +340,17 @@ func (p *processService) StreamInput(ctx context.Context, stream *connect.Client
 }
 
 func (p *processService) SendSignal(ctx context.Context, req *connect.Request[processpb.SendSignalRequest]) (*connect.Response[processpb.SendSignalResponse], error) {
-	proc, err := p.find(ctx, req.Msg.Process)
-	if err != nil {
-		return nil, err
-	}
-	sig := int(req.Msg.Signal)
-	if sig == 0 {
-		return nil, errdefs.InvalidArgument("signal: required (SIGTERM or SIGKILL)")
-	}
-	if err := proc.Signal(sig); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&processpb.SendSignalResponse{}), nil
+	return onProcess[processpb.SendSignalResponse](ctx, p, req.Msg.Process, func(proc *node.Process) error {
+		sig := int(req.Msg.Signal)
+		if sig == 0 {
+			return errdefs.InvalidArgument("signal: required (SIGTERM or SIGKILL)")
+		}
+		return proc.Signal(sig)
+	})
 }
 
 func (p *processService) CloseStdin(ctx context.Context, req *connect.Request[processpb.CloseStdinRequest]) (*connect.Response[processpb.CloseStdinResponse], error) {
-	proc, err := p.find(ctx, req.Msg.Process)
-	if err != nil {
-		return nil, err
-	}
-	if err := proc.CloseStdin(); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&processpb.CloseStdinResponse{}), nil
+	return onProcess[processpb.CloseStdinResponse](ctx, p, req.Msg.Process, func(proc *node.Process) error {
+		return proc.CloseStdin()
+	})
 }

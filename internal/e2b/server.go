@@ -101,8 +101,8 @@ func New(cfg Config) (*Server, error) {
 	envd.Handle(path, h)
 	path, h = filesystempbconnect.NewFilesystemHandler(&filesystemService{s: s, watchers: map[string]*pollWatcher{}}, opts...)
 	envd.Handle(path, h)
-	envd.HandleFunc("GET /files", s.getFile)
-	envd.HandleFunc("POST /files", s.postFiles)
+	envd.HandleFunc("GET /files", s.signed("read", s.getFile))
+	envd.HandleFunc("POST /files", s.signed("write", s.postFiles))
 	envd.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	s.envd = envd
 	s.api = s.controlMux()

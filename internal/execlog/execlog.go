@@ -102,6 +102,35 @@ func seqKey(seq uint64) []byte {
 	return k[:]
 }
 
+// decodeLost decodes an entry; one still Running is made Lost at now, for
+// why, and wasRunning says so.
+func decodeLost(v []byte, now time.Time, why string) (e Entry, wasRunning bool, err error) {
+	if err := json.Unmarshal(v, &e); err != nil {
+		return e, false, err
+	}
+	if e.State == Running {
+		e.State, e.EndedAt, e.ErrorClass, e.Error = Lost, now, "failed_precondition", why
+		return e, true, nil
+	}
+	return e, false, nil
+}
+
+// sandboxBuckets opens sandbox's bucket and its entries, keys and output
+// buckets, making those missing.
+func sandboxBuckets(tx *bolt.Tx, sandbox string) (*bolt.Bucket, [3]*bolt.Bucket, error) {
+	var buckets [3]*bolt.Bucket
+	sb, err := tx.CreateBucketIfNotExists([]byte(sandbox))
+	if err != nil {
+		return nil, buckets, err
+	}
+	for i, name := range [][]byte{bucketEntries, bucketKeys, bucketOutput} {
+		if buckets[i], err = sb.CreateBucketIfNotExists(name); err != nil {
+			return nil, buckets, err
+		}
+	}
+	return sb, buckets, nil
+}
+
 // Begin looks key up in sandbox's log: when it is there, Begin returns
 // that entry and true; otherwise it logs e as Running under the next
 // sequence number and returns it with false. maxEntries bounds the log.
@@ -109,15 +138,9 @@ func (l *Log) Begin(sandbox string, e Entry, maxEntries int) (Entry, bool, error
 	var out Entry
 	var found bool
 	err := l.bolt.Update(func(tx *bolt.Tx) error {
-		sb, err := tx.CreateBucketIfNotExists([]byte(sandbox))
+		sb, buckets, err := sandboxBuckets(tx, sandbox)
 		if err != nil {
 			return err
-		}
-		var buckets [3]*bolt.Bucket
-		for i, name := range [][]byte{bucketEntries, bucketKeys, bucketOutput} {
-			if buckets[i], err = sb.CreateBucketIfNotExists(name); err != nil {
-				return err
-			}
 		}
 		entries, keys := buckets[0], buckets[1]
 		if seq := keys.Get([]byte(e.Key)); seq != nil {
@@ -260,17 +283,12 @@ func (l *Log) Recover(keep func(sandbox string) bool, now time.Time) (dropped, l
 			var running [][]byte
 			var fixed []Entry
 			err := entries.ForEach(func(k, v []byte) error {
-				var e Entry
-				if err := json.Unmarshal(v, &e); err != nil {
-					return err
-				}
-				if e.State == Running {
-					e.State, e.EndedAt, e.ErrorClass = Lost, now, "failed_precondition"
-					e.Error = "the node restarted while it ran; its outcome is unknown"
+				e, wasRunning, err := decodeLost(v, now, "the node restarted while it ran; its outcome is unknown")
+				if wasRunning {
 					running = append(running, append([]byte(nil), k...))
 					fixed = append(fixed, e)
 				}
-				return nil
+				return err
 			})
 			if err != nil {
 				return err

@@ -33,13 +33,9 @@ func (l *Log) Export(sandbox string, now time.Time) (*Dump, error) {
 		}
 		d = &Dump{Seq: sb.Sequence(), Output: map[uint64][]Chunk{}}
 		if err := sb.Bucket(bucketEntries).ForEach(func(_, v []byte) error {
-			var e Entry
-			if err := json.Unmarshal(v, &e); err != nil {
+			e, _, err := decodeLost(v, now, "it ran while the sandbox migrated to another node; its outcome is unknown")
+			if err != nil {
 				return err
-			}
-			if e.State == Running {
-				e.State, e.EndedAt, e.ErrorClass = Lost, now, "failed_precondition"
-				e.Error = "it ran while the sandbox migrated to another node; its outcome is unknown"
 			}
 			d.Entries = append(d.Entries, e)
 			return nil
@@ -68,15 +64,9 @@ func (l *Log) Import(sandbox string, d *Dump) error {
 		if tx.Bucket([]byte(sandbox)) != nil {
 			return errdefs.AlreadyExists("sandbox %s has an exec log here already", sandbox)
 		}
-		sb, err := tx.CreateBucket([]byte(sandbox))
+		sb, buckets, err := sandboxBuckets(tx, sandbox)
 		if err != nil {
 			return err
-		}
-		var buckets [3]*bolt.Bucket
-		for i, name := range [][]byte{bucketEntries, bucketKeys, bucketOutput} {
-			if buckets[i], err = sb.CreateBucket(name); err != nil {
-				return err
-			}
 		}
 		entries, keys, output := buckets[0], buckets[1], buckets[2]
 		for _, e := range d.Entries {

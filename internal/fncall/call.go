@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -33,9 +32,18 @@ func writeInputs(ctx context.Context, sb backend.Sandbox, files map[string][]byt
 	return nil
 }
 
+// errGoneBeforeStart marks a call that failed before its code started
+// because its sandbox had died.
+var errGoneBeforeStart = errors.New("the sandbox died before the call started")
+
 // run runs one normalized request on sb.
 func (s *Service) run(ctx context.Context, sb backend.Sandbox, req *Request, argv []string) (*Result, error) {
 	if err := writeInputs(ctx, sb, req.Files); err != nil {
+		// A dead sandbox's root is gone (failed precondition); other
+		// errors (a bad path, say) are the call's and return at once.
+		if errdefs.IsFailedPrecondition(err) && diedBy(sb, time.Second) {
+			return nil, fmt.Errorf("%w: %w", errGoneBeforeStart, err)
+		}
 		return nil, err
 	}
 	var res *Result
@@ -74,25 +82,15 @@ func (s *Service) warmable(req *Request) bool {
 // execCold runs argv with the backend's Exec.
 func (s *Service) execCold(ctx context.Context, sb backend.Sandbox, req *Request, argv []string) (*Result, backend.ExecResult, error) {
 	cpu := watchCPU(sb.(backend.Resetter), s.log, req.CPULimit, s.warm.keep(sb))
-	var mu sync.Mutex
-	var stdout, stderr bytes.Buffer
+	var out backend.OutputBuffers
 	spec := backend.ExecSpec{Argv: argv, Env: req.Env, Cwd: Workdir, Stdin: req.Stdin,
 		Timeout: req.WallLimit, OutputLimit: req.OutputBytes, CPULimit: req.CPULimit}
-	er, err := sb.Exec(ctx, spec, func(st backend.Stream, p []byte) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if st == backend.Stdout {
-			stdout.Write(p)
-		} else {
-			stderr.Write(p)
-		}
-		return nil
-	})
+	er, err := sb.Exec(ctx, spec, out.Write)
 	er.CPUTime = max(er.CPUTime, cpu.end())
 	if err != nil && !errdefs.IsNotFound(err) && !errdefs.IsPermissionDenied(err) {
 		return nil, er, fmt.Errorf("fncall: %w", err)
 	}
-	res := &Result{Stdout: stdout.Bytes(), Stderr: stderr.Bytes(), ExitCode: er.ExitCode,
+	res := &Result{Stdout: out.Stdout.Bytes(), Stderr: out.Stderr.Bytes(), ExitCode: er.ExitCode,
 		Signal: er.Signal, CPUTime: er.CPUTime, WallTime: er.Duration}
 	if err != nil {
 		// The command could not start (no such binary): a runtime error

@@ -111,13 +111,22 @@ func (s *Service) Call(ctx context.Context, req Request) (*Result, error) {
 		return nil, err
 	}
 	req.Env = withDefaults(req.Env, p.env)
-	sb, since, err := p.get(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("fncall: get a sandbox: %w", err)
+	for attempt := 0; ; attempt++ {
+		sb, since, err := p.get(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("fncall: get a sandbox: %w", err)
+		}
+		res, err := s.run(ctx, sb, &req, argv)
+		p.release(sb, since)
+		if errors.Is(err, errGoneBeforeStart) && attempt == 0 {
+			// The sandbox died between its reset and this call (the
+			// release destroys it): nothing of the call ran, so it runs
+			// once more on another.
+			s.log.Warn("fncall: the pooled sandbox died before the call started; running it on another", "sandbox", sb.ID(), "err", err)
+			continue
+		}
+		return res, err
 	}
-	res, err := s.run(ctx, sb, &req, argv)
-	p.release(sb, since)
-	return res, err
 }
 
 // CallBatch runs calls concurrently (up to Config.BatchParallel) and

@@ -100,6 +100,12 @@ func (p *pool) get(ctx context.Context) (backend.Sandbox, time.Time, error) {
 		if n := len(p.idle); n > 0 {
 			sb := p.idle[n-1]
 			p.idle = p.idle[:n-1]
+			if dead(sb) {
+				p.mu.Unlock()
+				p.svc.log.Warn("fncall: an idle pooled sandbox had died; destroying it", "sandbox", sb.ID())
+				go p.destroy(sb)
+				continue
+			}
 			p.noteCall()
 			p.mu.Unlock()
 			return sb, time.Now(), nil
@@ -126,6 +132,30 @@ func (p *pool) get(ctx context.Context) (backend.Sandbox, time.Time, error) {
 }
 
 var errClosed = errors.New("fncall: service closed")
+
+// dead reports whether sb's processes are gone.
+func dead(sb backend.Sandbox) bool { return diedBy(sb, 0) }
+
+// diedBy reports whether sb's processes are gone within wait: a failure
+// caused by a dying sandbox can come before its Done is closed.
+func diedBy(sb backend.Sandbox, wait time.Duration) bool {
+	if wait <= 0 {
+		select {
+		case <-sb.Done():
+			return true
+		default:
+			return false
+		}
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-sb.Done():
+		return true
+	case <-t.C:
+		return false
+	}
+}
 
 // kick wakes the refill loop (p.mu held or not).
 func (p *pool) kick() {

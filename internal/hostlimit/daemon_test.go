@@ -67,8 +67,16 @@ func limitCgroup(t *testing.T, name string, pidsMax int) []string {
 // tasks that also holds its sandboxes, creates until refused, and checks
 // that the refusal is a clear ResourceExhausted naming the limit while the
 // daemon and the sandboxes it holds keep working, also while one of them
-// fork-bombs up to the sandboxes' cap.
+// fork-bombs up to the sandboxes' cap; with corral-init as PID 1 and with
+// the init stub, whose sandboxes start a server per exec.
 func TestDaemonAtAPidsLimit(t *testing.T) {
+	t.Run("corral-init", func(t *testing.T) { daemonAtAPidsLimit(t, "thl0") })
+	// Every sandbox keeps its server's headroom (serving share 1): the
+	// test execs into each in turn, and each server lingers after.
+	t.Run("stub", func(t *testing.T) { daemonAtAPidsLimit(t, "thl1", "--init-stub", "--init-stub-serving", "1") })
+}
+
+func daemonAtAPidsLimit(t *testing.T, bridge string, flags ...string) {
 	testenv.RequireRoot(t)
 	bins := testenv.Binaries(t)
 	name := testenv.UniqueName("t-hostlimit")
@@ -84,10 +92,11 @@ func TestDaemonAtAPidsLimit(t *testing.T) {
 	for _, d := range dirs {
 		fmt.Fprintf(&enter, "echo $$ > %s/cgroup.procs && ", d)
 	}
-	cmd := exec.Command("/bin/sh", "-c", enter.String()+`exec "$@"`, "sh",
+	args := append([]string{"-c", enter.String() + `exec "$@"`, "sh",
 		filepath.Join(bins, "corral"), "serve", "--data-dir", data, "--socket", sock, "--listen", "",
-		"--cgroup-parent", name+"/corral", "--init-binary", filepath.Join(bins, "corral-init"),
-		"--no-raise-limits", "--cleanup-on-exit", "--net-bridge", "thl0", "--log-level", "warn")
+		"--cgroup-parent", name + "/corral", "--init-binary", filepath.Join(bins, "corral-init"),
+		"--no-raise-limits", "--cleanup-on-exit", "--net-bridge", bridge, "--log-level", "warn"}, flags...)
+	cmd := exec.Command("/bin/sh", args...)
 	logf, err := os.Create(filepath.Join(data, "daemon.log"))
 	if err != nil {
 		t.Fatal(err)

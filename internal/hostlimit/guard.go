@@ -18,6 +18,7 @@ package hostlimit
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,7 +38,13 @@ type Cost struct {
 	PIDs int64
 	// KernelPIDs are kernel threads made for the sandbox (e.g. the rescuer
 	// of an ext4 writable layer's workqueue), outside any cgroup.
-	KernelPIDs  int64
+	KernelPIDs int64
+	// ServePIDs are what a sandbox takes on top of its idle PIDs to serve
+	// an exec (a container's init starts its Go server: its threads and
+	// the command). They are kept free for Config.ServingShare of the
+	// sandboxes held, so that creates are refused before execs into the
+	// sandboxes held fail.
+	ServePIDs   int64
 	MemoryBytes int64
 	FDs         int64 // the daemon's descriptors held per sandbox
 	DiskBytes   int64 // of the data dir, idle
@@ -45,18 +52,24 @@ type Cost struct {
 }
 
 func (c Cost) add(o Cost) Cost {
-	return Cost{c.PIDs + o.PIDs, c.KernelPIDs + o.KernelPIDs, c.MemoryBytes + o.MemoryBytes,
+	return Cost{c.PIDs + o.PIDs, c.KernelPIDs + o.KernelPIDs, c.ServePIDs + o.ServePIDs, c.MemoryBytes + o.MemoryBytes,
 		c.FDs + o.FDs, c.DiskBytes + o.DiskBytes, c.Inodes + o.Inodes}
 }
 
 // DefaultCosts are measured on the development host (docs/limits.md): a
-// container sandbox's idle init, its ext4 writable layer, and a microVM's
-// QEMU (its guest memory is charged per create by the caller).
+// container sandbox's idle corral-init and its ext4 writable layer, and a
+// microVM's QEMU (its guest memory is charged per create by the caller).
 var DefaultCosts = map[string]Cost{
 	"container": {PIDs: 7, KernelPIDs: 1, MemoryBytes: 2 << 20, FDs: 3, DiskBytes: 1 << 20, Inodes: 8},
 	"microvm":   {PIDs: 16, MemoryBytes: 64 << 20, FDs: 16, DiskBytes: 8 << 20, Inodes: 16},
 	"vm":        {PIDs: 16, MemoryBytes: 64 << 20, FDs: 16, DiskBytes: 8 << 20, Inodes: 16},
 }
+
+// StubContainerCost is a container sandbox's cost when its PID 1 is the
+// one-thread init stub (`corral serve --init-stub`): the stub, and kept
+// free for every sandbox held, the Go server with a command it starts for
+// an exec.
+var StubContainerCost = Cost{PIDs: 1, KernelPIDs: 1, ServePIDs: 8, MemoryBytes: 2 << 20, FDs: 3, DiskBytes: 1 << 20, Inodes: 8}
 
 // Targets of raising.
 const (
@@ -78,6 +91,12 @@ type Config struct {
 	NoRaise bool
 	// Costs override DefaultCosts per backend.
 	Costs map[string]Cost
+	// ServingShare is the share of the sandboxes held that may serve at
+	// once, each with its ServePIDs: 0 means 1, every one. A node whose
+	// sandboxes start a server per exec, which lingers a moment after,
+	// holds more sandboxes with less; an exec beyond it meets the
+	// sandboxes' PIDs cap, a ResourceExhausted refusal of that exec.
+	ServingShare float64
 	// SpareThreads are idle OS threads the daemon keeps (see
 	// SpareThreads), topped up at each reading while the host has PIDs.
 	SpareThreads int
@@ -180,7 +199,7 @@ func (g *Guard) raise() {
 	}
 }
 
-func pidsNeed(c Cost) int64 { return c.PIDs + c.KernelPIDs }
+func pidsNeed(c Cost) int64 { return c.PIDs + c.KernelPIDs + c.ServePIDs }
 
 // addPIDs adds the host-wide PID limits and every finite pids.max above
 // the sandbox parents, and caps the parents below the tightest of them.
@@ -389,6 +408,15 @@ func (g *Guard) cost(backend string) Cost {
 	return c
 }
 
+// serving is how many of sandboxes held may serve at once.
+func (g *Guard) serving(sandboxes int) int64 {
+	share := g.cfg.ServingShare
+	if share <= 0 || share > 1 {
+		share = 1
+	}
+	return int64(math.Ceil(float64(sandboxes) * share))
+}
+
 // Admit decides on one create of backend; sandboxes is how many the node
 // holds now (for tracking the PIDs each takes), creating how many of them
 // are still being made. A sandbox being made is counted at its full cost
@@ -414,6 +442,10 @@ func (g *Guard) Admit(backend string, sandboxes, creating int) error {
 	for range creating {
 		inflight = inflight.add(c)
 	}
+	// The serving headroom of the sandboxes held that may serve at once,
+	// each taken for a container, whether in use (then also in the
+	// reading: kept twice, on the safe side) or not.
+	headroom := Cost{ServePIDs: g.serving(sandboxes) * g.cost("container").ServePIDs}
 	for _, r := range g.res {
 		need := r.need(c)
 		if need == 0 {
@@ -431,7 +463,7 @@ func (g *Guard) Admit(backend string, sandboxes, creating int) error {
 		if r.everyTime {
 			pending = inflight
 		}
-		used := r.used + r.need(pending)
+		used := r.used + r.need(pending.add(headroom))
 		if used+need > r.limit-r.reserve {
 			return errdefs.ResourceExhausted("node at a host limit: %s: limit %s, in use %s, %s kept for the host and the node; a %s sandbox needs %s",
 				r.name, r.format(r.limit), r.format(used), r.format(r.reserve), backend, r.format(need))

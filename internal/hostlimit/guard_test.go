@@ -150,3 +150,35 @@ func TestApplyCapReplacesAnyOther(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func TestAdmitKeepsServingHeadroom(t *testing.T) {
+	used := int64(840)
+	g := guardWith(1000, 0, &used)
+	g.cfg.Costs["container"] = Cost{PIDs: 1, KernelPIDs: 1, ServePIDs: 8}
+	g.res[0].everyTime = true
+	// 840 used by no sandbox: 10 PIDs fit.
+	if err := g.Admit("container", 0, 0); err != nil {
+		t.Fatalf("840 used, no sandbox held: %v", err)
+	}
+	// 20 idle sandboxes held keep 8 each for their servers: 840 + 160 + 10
+	// is past 1000.
+	err := g.Admit("container", 20, 0)
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "in use 1000") {
+		t.Fatalf("840 used + 20 sandboxes' headroom: got %v, want resource exhausted at 1000 in use", err)
+	}
+	used = 830
+	if err := g.Admit("container", 20, 0); err != nil {
+		t.Fatalf("830 used + 160 headroom + 10: %v", err)
+	}
+	// With a quarter of them serving at once, 5 keep headroom: 900 + 40 +
+	// 10 fits, 950 + 40 + 10 does not.
+	g.cfg.ServingShare = 0.25
+	used = 900
+	if err := g.Admit("container", 20, 0); err != nil {
+		t.Fatalf("900 used + 5 serving of 20 held: %v", err)
+	}
+	used = 951
+	if err := g.Admit("container", 20, 0); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("951 used + 5 serving of 20 held: got %v, want resource exhausted", err)
+	}
+}

@@ -31,9 +31,9 @@ type AuditEntry struct {
 
 const auditPrefix = "audit/"
 
-// Record appends e to the audit log durably (the store's Txn is synced to
-// disk before it returns): callers record before they answer. Concurrent
-// records share one transaction, so one sync serves them all.
+// Record appends e to the audit log durably (synced to the journal, or the
+// store's Txn, before it returns): callers record before they answer.
+// Concurrent records share one write, so one sync serves them all.
 func (s *Service) Record(ctx context.Context, p Principal, e AuditEntry) error {
 	rec := s.newAuditWrite(p, e)
 	if err := s.enqueueAudit(rec); err != nil {
@@ -108,7 +108,7 @@ func (s *Service) enqueueAudit(rec auditWrite) error {
 	}
 }
 
-// awaitAudit waits for rec's transaction; the request is done, so a
+// awaitAudit waits for rec's write; the request is done, so a
 // cancelled caller still waits for its entry.
 func (s *Service) awaitAudit(rec auditWrite) error {
 	var err error
@@ -141,21 +141,58 @@ type auditWrite struct {
 // maxAuditBatch bounds the entries of one audit transaction.
 const maxAuditBatch = 256
 
-// writeAudit commits queued entries, as many per transaction as are
-// waiting, until stopAudit closes; what is queued then is committed last
-// (Finish's rewrites of successful calls, which nobody waits for).
+// journalIdle is how long the journal waits without entries before it is
+// compacted.
+const journalIdle = 250 * time.Millisecond
+
+// writeAudit commits queued entries, as many per batch as are waiting,
+// until stopAudit closes; what is queued then is committed last (Finish's
+// rewrites of successful calls, which nobody waits for), and the journal
+// compacted.
 func (s *Service) writeAudit() {
 	defer close(s.auditDone)
+	idle := time.NewTimer(journalIdle)
+	idle.Stop()
+	defer idle.Stop()
 	for {
 		select {
 		case w := <-s.auditQ:
-			s.commitAudit(s.takeQueued([]auditWrite{w}))
+			s.commitBatch(s.takeQueued([]auditWrite{w}))
+			if s.journal != nil {
+				if s.journalFull() {
+					s.compact()
+				} else {
+					idle.Reset(journalIdle)
+				}
+			}
+		case <-idle.C:
+			s.compact()
 		case <-s.stopAudit:
 			for batch := s.takeQueued(nil); len(batch) > 0; batch = s.takeQueued(nil) {
-				s.commitAudit(batch)
+				s.commitBatch(batch)
+			}
+			if s.journal != nil {
+				s.compact()
 			}
 			return
 		}
+	}
+}
+
+func (s *Service) commitBatch(batch []auditWrite) {
+	if s.journal != nil {
+		s.commitJournal(batch)
+	} else {
+		s.commitAudit(batch)
+	}
+}
+
+// compact compacts the journal; a failure is logged, and its entries stay
+// in the journal, replayed at the next start if no later compaction takes
+// them.
+func (s *Service) compact() {
+	if err := s.compactJournal(); err != nil {
+		s.log.Error("audit journal: compaction failed; its entries stay in the journal", "err", err)
 	}
 }
 
@@ -172,7 +209,8 @@ func (s *Service) takeQueued(batch []auditWrite) []auditWrite {
 	return batch
 }
 
-// commitAudit writes batch in one transaction and answers each entry.
+// commitAudit writes batch in one store transaction (no journal) and
+// answers each entry.
 func (s *Service) commitAudit(batch []auditWrite) {
 	conds := make([]Cond, 0, len(batch))
 	writes := make([]Write, len(batch))
@@ -227,16 +265,22 @@ func (s *Service) ListAudit(ctx context.Context, p Principal, f AuditFilter) ([]
 	if err := s.checkAuditReader(p, f); err != nil {
 		return nil, err
 	}
+	// The journal's entries before the store's: see mergePending.
+	pending := s.pendingAudit()
 	entries, err := s.store.List(ctx, auditPrefix)
 	if err != nil {
 		return nil, err
 	}
-	var out []AuditEntry
+	all := make([]AuditEntry, 0, len(entries))
 	for _, kv := range entries {
 		var e AuditEntry
 		if err := json.Unmarshal(kv.Value, &e); err != nil {
 			return nil, fmt.Errorf("decode %s: %w", kv.Key, err)
 		}
+		all = append(all, e)
+	}
+	var out []AuditEntry
+	for _, e := range mergePending(all, pending) {
 		if f.keep(p, e) {
 			out = append(out, e)
 		}

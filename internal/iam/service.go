@@ -1,6 +1,7 @@
 package iam
 
 import (
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -27,6 +28,14 @@ type Service struct {
 	auditQ    chan auditWrite
 	stopAudit chan struct{}
 	auditDone chan struct{}
+
+	// journal, when set, takes audit entries before the store (see
+	// journal.go); pending are its entries not yet compacted into the
+	// store, in journal order (the writer appends under pendMu).
+	journal *AuditJournal
+	pendMu  sync.Mutex
+	pending []AuditEntry
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -41,6 +50,9 @@ type Config struct {
 	Usage  func(project string) Usage
 	Now    func() time.Time
 	Logger *slog.Logger
+	// Journal, when set, is the audit journal in front of Store (opened
+	// with OpenAuditJournal over the same Store); the Service closes it.
+	Journal *AuditJournal
 }
 
 // New returns a Service over cfg.Store.
@@ -55,7 +67,7 @@ func New(cfg Config) *Service {
 		cfg.Usage = func(string) Usage { return Usage{} }
 	}
 	s := &Service{store: cfg.Store, now: cfg.Now, log: cfg.Logger, contents: cfg.Contents, usage: cfg.Usage,
-		buckets: map[string]*bucket{}, subs: map[chan AuditEntry]struct{}{},
+		buckets: map[string]*bucket{}, subs: map[chan AuditEntry]struct{}{}, journal: cfg.Journal,
 		auditQ: make(chan auditWrite, maxAuditBatch), stopAudit: make(chan struct{}), auditDone: make(chan struct{})}
 	go s.writeAudit()
 	return s
@@ -72,13 +84,17 @@ func (s *Service) SetContents(c Contents, usage func(project string) Usage) {
 	}
 }
 
-// Close stops the audit writer and releases the store; later calls do
-// nothing.
+// Close stops the audit writer (which compacts the journal), and releases
+// the journal and the store; later calls do nothing.
 func (s *Service) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stopAudit)
 		<-s.auditDone
-		s.closeErr = s.store.Close()
+		var jerr error
+		if s.journal != nil {
+			jerr = s.journal.Close()
+		}
+		s.closeErr = errors.Join(jerr, s.store.Close())
 	})
 	return s.closeErr
 }

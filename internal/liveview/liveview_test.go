@@ -15,6 +15,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/testenv/accept"
 )
 
 func TestTokens(t *testing.T) {
@@ -82,18 +83,12 @@ func TestHandlerRelays(t *testing.T) {
 	}
 	defer ln.Close()
 	// An echo server that hangs up after its first reply.
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			buf := make([]byte, 64)
-			n, _ := c.Read(buf)
-			_, _ = c.Write(append([]byte("echo:"), buf[:n]...))
-			c.Close()
-		}
-	}()
+	accept.Each(ln, func(c net.Conn) {
+		buf := make([]byte, 64)
+		n, _ := c.Read(buf)
+		_, _ = c.Write(append([]byte("echo:"), buf[:n]...))
+		c.Close()
+	})
 	var dials atomic.Int32
 	tokens := NewTokens()
 	h := &Handler{Open: Local(tokens, func(ctx context.Context, id string) (net.Conn, error) {

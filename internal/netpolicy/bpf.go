@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -327,15 +328,11 @@ func protoBits() asm.Instructions {
 // port (R8) against the entries; it jumps to "allow" or falls through to
 // the flows check (egress) or "deny".
 func decide(m *maps, egress bool) asm.Instructions {
-	insns := asm.Instructions{
-		asm.LoadMapPtr(asm.R1, m.allow.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, stKey),
-		asm.FnMapLookupElem.Call(),
+	insns := append(lookup(m.allow, stKey),
 		// No prefix covers the destination: not allowed (default deny).
 		asm.JEq.Imm(asm.R0, 0, "not_allowed"),
 		asm.Mov.Reg(asm.R9, asm.R0),
-	}
+	)
 	for i := int16(0); i < maxPortRanges; i++ {
 		next := fmt.Sprintf("entry_%d", i+1)
 		first := asm.LoadMem(asm.R1, asm.R9, 8*i+4, asm.Word)
@@ -362,14 +359,10 @@ func decide(m *maps, egress bool) asm.Instructions {
 		// A flow a socket hook allowed goes on while its DNS answer ages
 		// out; UpdateNetwork clears the flows, so revoked rules also cut
 		// established connections.
-		insns = append(insns,
-			asm.StoreImm(asm.RFP, stHook, 0, asm.Byte).WithSymbol("not_allowed"),
-			asm.LoadMapPtr(asm.R1, m.flows.FD()),
-			asm.Mov.Reg(asm.R2, asm.RFP),
-			asm.Add.Imm(asm.R2, stFlow),
-			asm.FnMapLookupElem.Call(),
-			asm.JNE.Imm(asm.R0, 0, "allow"),
-			asm.Ja.Label("deny"),
+		insns = slices.Concat(insns,
+			asm.Instructions{asm.StoreImm(asm.RFP, stHook, 0, asm.Byte).WithSymbol("not_allowed")},
+			lookup(m.flows, stFlow),
+			asm.Instructions{asm.JNE.Imm(asm.R0, 0, "allow"), asm.Ja.Label("deny")},
 		)
 	} else {
 		insns = append(insns, asm.Ja.Label("deny").WithSymbol("not_allowed"))
@@ -390,54 +383,69 @@ func verdictsReturning(m *maps, hook int, pass, drop int32) asm.Instructions {
 	if hook == hookEgress {
 		insns = append(insns, asm.Mov.Imm(asm.R0, pass).WithSymbol("allow"), asm.Return())
 	} else {
-		insns = append(insns,
-			asm.StoreImm(asm.RFP, stHook, 0, asm.Byte).WithSymbol("allow"),
-			asm.Mov.Imm(asm.R1, 1),
-			asm.StoreMem(asm.RFP, stOne, asm.R1, asm.DWord),
-			asm.LoadMapPtr(asm.R1, m.flows.FD()),
-			asm.Mov.Reg(asm.R2, asm.RFP),
-			asm.Add.Imm(asm.R2, stFlow),
-			asm.Mov.Reg(asm.R3, asm.RFP),
-			asm.Add.Imm(asm.R3, stOne),
-			asm.Mov.Imm(asm.R4, 0), // BPF_ANY
-			asm.FnMapUpdateElem.Call(),
-			asm.Mov.Imm(asm.R0, pass),
-			asm.Return(),
+		insns = slices.Concat(insns,
+			storeOne("allow", 0),
+			putOne(m.flows, stFlow),
+			asm.Instructions{asm.Mov.Imm(asm.R0, pass), asm.Return()},
 		)
 	}
-	insns = append(insns,
-		asm.StoreImm(asm.RFP, stHook, int64(hook), asm.Byte).WithSymbol("deny"),
+	firstRefusal := putOne(m.refused, stFlow)
+	firstRefusal[0] = firstRefusal[0].WithSymbol("first_refusal")
+	return slices.Concat(insns,
+		storeOne("deny", hook),
+		lookup(m.refused, stFlow),
+		asm.Instructions{
+			asm.JEq.Imm(asm.R0, 0, "first_refusal"),
+			asm.Mov.Imm(asm.R1, 1),
+			asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
+			asm.Ja.Label("count_total"),
+		},
+		firstRefusal,
+		asm.Instructions{asm.StoreImm(asm.RFP, stZero, 0, asm.Word).WithSymbol("count_total")},
+		lookup(m.total, stZero),
+		asm.Instructions{
+			asm.JEq.Imm(asm.R0, 0, "refuse"),
+			asm.Mov.Imm(asm.R1, 1),
+			asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
+			// connect/sendmsg: 0 makes the call fail with EPERM; egress: 0
+			// drops the packet (tc: TC_ACT_SHOT).
+			asm.Mov.Imm(asm.R0, drop).WithSymbol("refuse"),
+			asm.Return(),
+		},
+	)
+}
+
+// storeOne, at symbol, sets the flow key's hook byte and the u64 1 a new
+// counter starts at.
+func storeOne(symbol string, hook int) asm.Instructions {
+	return asm.Instructions{
+		asm.StoreImm(asm.RFP, stHook, int64(hook), asm.Byte).WithSymbol(symbol),
 		asm.Mov.Imm(asm.R1, 1),
 		asm.StoreMem(asm.RFP, stOne, asm.R1, asm.DWord),
-		asm.LoadMapPtr(asm.R1, m.refused.FD()),
+	}
+}
+
+// lookup looks the stack key at off up in mp (R0: the value or 0).
+func lookup(mp *ebpf.Map, off int32) asm.Instructions {
+	return asm.Instructions{
+		asm.LoadMapPtr(asm.R1, mp.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, stFlow),
+		asm.Add.Imm(asm.R2, off),
 		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "first_refusal"),
-		asm.Mov.Imm(asm.R1, 1),
-		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
-		asm.Ja.Label("count_total"),
-		asm.LoadMapPtr(asm.R1, m.refused.FD()).WithSymbol("first_refusal"),
+	}
+}
+
+// putOne sets the stack key at off in mp to the u64 1 at stOne.
+func putOne(mp *ebpf.Map, off int32) asm.Instructions {
+	return asm.Instructions{
+		asm.LoadMapPtr(asm.R1, mp.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, stFlow),
+		asm.Add.Imm(asm.R2, off),
 		asm.Mov.Reg(asm.R3, asm.RFP),
 		asm.Add.Imm(asm.R3, stOne),
-		asm.Mov.Imm(asm.R4, 0),
+		asm.Mov.Imm(asm.R4, 0), // BPF_ANY
 		asm.FnMapUpdateElem.Call(),
-		asm.StoreImm(asm.RFP, stZero, 0, asm.Word).WithSymbol("count_total"),
-		asm.LoadMapPtr(asm.R1, m.total.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, stZero),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "refuse"),
-		asm.Mov.Imm(asm.R1, 1),
-		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
-		// connect/sendmsg: 0 makes the call fail with EPERM; egress: 0
-		// drops the packet (tc: TC_ACT_SHOT).
-		asm.Mov.Imm(asm.R0, drop).WithSymbol("refuse"),
-		asm.Return(),
-	)
-	return insns
+	}
 }
 
 // Offsets in struct bpf_sock_addr.

@@ -23,6 +23,7 @@ import (
 	"github.com/corral-dev/corral/internal/netpolicy/netlab"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/testenv"
+	"github.com/corral-dev/corral/internal/testenv/accept"
 	"github.com/google/nftables"
 	"github.com/miekg/dns"
 	"golang.org/x/net/icmp"
@@ -285,40 +286,34 @@ func TestAllowlist(t *testing.T) {
 	e := newEnv(t)
 	sb := e.sandbox(t, netpolicy.Policy{Mode: netpolicy.ModeAllowlist, Allow: []string{"pypi"}})
 	d := sb.dnsServer()
-	got := sb.run(t,
-		"dns "+d+" pypi.test A",
-		"dns "+d+" pypi.test AAAA",
-		"http "+hostPort(netlab.PyPI4, netlab.HTTPPort),
-		"http "+hostPort(netlab.PyPI6, netlab.HTTPPort),
-		"dns "+d+" npm.test A",
-		"http "+hostPort(netlab.NPM4, netlab.HTTPPort),
-		"tcp "+hostPort(netlab.Denied4, netlab.HTTPPort),
-		"tcp "+hostPort(netlab.Denied6, netlab.HTTPPort),
-		"tcp "+hostPort(netlab.PyPI4, netlab.AltHTTPPort),
-		"tcp [::ffff:"+netlab.Denied4.String()+"]:80",
-		"udp "+hostPort(netlab.Denied4, netlab.UDPPort),
-		"udp "+hostPort(netlab.PyPI4, netlab.UDPPort),
-		"icmp "+netlab.Denied4.String(),
-		"dns "+hostPort(netlab.DNS4, 53)+" pypi.test A",
-		"dns "+d+" pypi.test TXT",
-		"dns "+d+" rebind.pypi.test A",
-	)
-	expect(t, "allowed name resolves", got[0], "ok NOERROR "+netlab.PyPI4.String())
-	expect(t, "allowed name resolves (IPv6)", got[1], "ok NOERROR "+netlab.PyPI6.String())
-	expect(t, "allowed name reachable", got[2], "ok lab host "+netlab.PyPI4.String())
-	expect(t, "allowed name reachable over IPv6", got[3], "ok lab host "+netlab.PyPI6.String())
-	expect(t, "denied name refused by DNS", got[4], "ok REFUSED")
-	expect(t, "denied server's IP", got[5], "err EPERM")
-	expect(t, "never-resolved host", got[6], "err EPERM")
-	expect(t, "never-resolved host (IPv6)", got[7], "err EPERM")
-	expect(t, "allowed host, other port", got[8], "err EPERM")
-	expect(t, "denied host as an IPv4-mapped IPv6 address", got[9], "err EPERM")
-	expect(t, "UDP to a denied host", got[10], "err EPERM")
-	expect(t, "UDP to an allowed host on TCP only", got[11], "err EPERM")
-	expect(t, "ICMP to a denied host", got[12], "err EPERM")
-	expect(t, "direct query to the upstream resolver", got[13], "err EPERM")
-	expect(t, "TXT (tunnelling) for an allowed name", got[14], "ok REFUSED")
-	expect(t, "rebinding answer stripped", got[15], "ok NOERROR ")
+	// Each row: an operation in the sandbox, what it shows, the outcome's
+	// start.
+	cases := []struct{ op, what, want string }{
+		{"dns " + d + " pypi.test A", "allowed name resolves", "ok NOERROR " + netlab.PyPI4.String()},
+		{"dns " + d + " pypi.test AAAA", "allowed name resolves (IPv6)", "ok NOERROR " + netlab.PyPI6.String()},
+		{"http " + hostPort(netlab.PyPI4, netlab.HTTPPort), "allowed name reachable", "ok lab host " + netlab.PyPI4.String()},
+		{"http " + hostPort(netlab.PyPI6, netlab.HTTPPort), "allowed name reachable over IPv6", "ok lab host " + netlab.PyPI6.String()},
+		{"dns " + d + " npm.test A", "denied name refused by DNS", "ok REFUSED"},
+		{"http " + hostPort(netlab.NPM4, netlab.HTTPPort), "denied server's IP", "err EPERM"},
+		{"tcp " + hostPort(netlab.Denied4, netlab.HTTPPort), "never-resolved host", "err EPERM"},
+		{"tcp " + hostPort(netlab.Denied6, netlab.HTTPPort), "never-resolved host (IPv6)", "err EPERM"},
+		{"tcp " + hostPort(netlab.PyPI4, netlab.AltHTTPPort), "allowed host, other port", "err EPERM"},
+		{"tcp [::ffff:" + netlab.Denied4.String() + "]:80", "denied host as an IPv4-mapped IPv6 address", "err EPERM"},
+		{"udp " + hostPort(netlab.Denied4, netlab.UDPPort), "UDP to a denied host", "err EPERM"},
+		{"udp " + hostPort(netlab.PyPI4, netlab.UDPPort), "UDP to an allowed host on TCP only", "err EPERM"},
+		{"icmp " + netlab.Denied4.String(), "ICMP to a denied host", "err EPERM"},
+		{"dns " + hostPort(netlab.DNS4, 53) + " pypi.test A", "direct query to the upstream resolver", "err EPERM"},
+		{"dns " + d + " pypi.test TXT", "TXT (tunnelling) for an allowed name", "ok REFUSED"},
+		{"dns " + d + " rebind.pypi.test A", "rebinding answer stripped", "ok NOERROR "},
+	}
+	var ops []string
+	for _, c := range cases {
+		ops = append(ops, c.op)
+	}
+	got := sb.run(t, ops...)
+	for i, c := range cases {
+		expect(t, c.what, got[i], c.want)
+	}
 	if strings.Contains(got[15], "10.1.2.3") || strings.Contains(got[15], "169.254") {
 		t.Errorf("rebinding answer reached the sandbox: %q", got[15])
 	}
@@ -357,15 +352,7 @@ func TestNodeScanFindsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	accept.Each(ln, func(c net.Conn) { c.Close() })
 	sb := e.sandbox(t, netpolicy.Policy{Mode: netpolicy.ModeOpen})
 	gw := sb.net.Resolver()
 	var ops []string

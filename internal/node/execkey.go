@@ -173,14 +173,20 @@ func (n *Node) finishKeyed(id string, ent execlog.Entry, run *keyedRun, res back
 // returns its result. Leaving (ctx ends) does not stop the command.
 func attach(ctx context.Context, run *keyedRun, out backend.OutputFunc, replayed bool) (backend.ExecResult, KeyedExec, error) {
 	info := KeyedExec{Seq: run.seq, Replayed: replayed}
+	send := func(chunks []execlog.Chunk) error {
+		for _, c := range chunks {
+			if err := out(backend.Stream(c.Stream), c.Data); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for next := 0; ; {
 		run.mu.Lock()
 		chunks, grew, done := run.chunks[next:], run.grew, run.done
 		run.mu.Unlock()
-		for _, c := range chunks {
-			if err := out(backend.Stream(c.Stream), c.Data); err != nil {
-				return backend.ExecResult{}, info, err
-			}
+		if err := send(chunks); err != nil {
+			return backend.ExecResult{}, info, err
 		}
 		next += len(chunks)
 		select {
@@ -193,10 +199,8 @@ func attach(ctx context.Context, run *keyedRun, out backend.OutputFunc, replayed
 		run.mu.Lock()
 		rest, res, err := run.chunks[next:], run.res, run.err
 		run.mu.Unlock()
-		for _, c := range rest {
-			if err := out(backend.Stream(c.Stream), c.Data); err != nil {
-				return backend.ExecResult{}, info, err
-			}
+		if err := send(rest); err != nil {
+			return backend.ExecResult{}, info, err
 		}
 		return res, info, err
 	}

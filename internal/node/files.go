@@ -39,17 +39,25 @@ func (n *Node) ReadFile(ctx context.Context, id, path string, offset, limit int6
 		e.release()
 		return nil, err
 	}
-	return &releasingReader{ReadCloser: rc, release: e.release}, nil
+	return &releasingReader{ReadCloser: rc, releaseOnce: releaseOnce{release: e.release}}, nil
 }
 
-type releasingReader struct {
-	io.ReadCloser
+// releaseOnce releases a sandbox acquired for a reader or connection at
+// its first Close, however many follow.
+type releaseOnce struct {
 	once    sync.Once
 	release func()
 }
 
+func (r *releaseOnce) done() { r.once.Do(r.release) }
+
+type releasingReader struct {
+	io.ReadCloser
+	releaseOnce
+}
+
 func (r *releasingReader) Close() error {
-	r.once.Do(r.release)
+	r.done()
 	return r.ReadCloser.Close()
 }
 

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"strings"
-	"sync"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -88,22 +87,22 @@ func (n *Node) Fork(ctx context.Context, id string, count int) (*ForkResult, err
 		Network: backend.Network{Mode: rec.NetworkMode, Allow: rec.NetworkAllow},
 	}
 	out := &ForkResult{Image: packed.Composition.Ref, Forks: make([]Fork, count)}
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, bulkParallel)
-	for i := range count {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			r := req
-			r.Labels = maps.Clone(labels)
-			sb, err := n.Create(ctx, r)
-			if err != nil {
-				err = fmt.Errorf("fork %d of sandbox %s: %w", i, id, err)
-			}
-			out.Forks[i] = Fork{Sandbox: sb, Err: err}
-		}()
-	}
-	wg.Wait()
+	makeForks(id, out.Forks, func() (*Sandbox, error) {
+		r := req
+		r.Labels = maps.Clone(labels)
+		return n.Create(ctx, r)
+	})
 	return out, nil
+}
+
+// makeForks fills forks with the sandboxes made by create, bulkParallel at
+// once; a failure is that fork's, named by its index.
+func makeForks(id string, forks []Fork, create func() (*Sandbox, error)) {
+	inParallel(len(forks), func(i int) {
+		sb, err := create()
+		if err != nil {
+			err = fmt.Errorf("fork %d of sandbox %s: %w", i, id, err)
+		}
+		forks[i] = Fork{Sandbox: sb, Err: err}
+	})
 }

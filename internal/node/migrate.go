@@ -216,15 +216,8 @@ func exportFile(path, name string, buf []byte, send func(SnapshotChunk) error) e
 // node that restores. A stream that breaks, or anything refused, leaves
 // nothing: the dir goes, and it has no record until every file is written.
 func (n *Node) ImportSnapshot(ctx context.Context, recv func() (SnapshotChunk, error)) (*SnapshotInfo, error) {
-	snapID, err := newSnapshotID()
+	snapID, dir, err := n.newSnapshotDir()
 	if err != nil {
-		return nil, err
-	}
-	dir := filepath.Join(n.snapshotRoot(), snapID)
-	if err := os.MkdirAll(n.snapshotRoot(), 0o700); err != nil {
-		return nil, fmt.Errorf("import snapshot: %w", err)
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("import snapshot: %w", err)
 	}
 	info, err := n.importInto(ctx, dir, snapID, recv)

@@ -106,30 +106,20 @@ func editRules(rules []string, u NetworkUpdate) ([]string, error) {
 // NetworkStats returns the refused attempts of a running sandbox (none for
 // a sandbox without a network).
 func (n *Node) NetworkStats(ctx context.Context, id string) (backend.NetworkStats, error) {
-	e, sb, err := n.acquire(ctx, id)
-	if err != nil {
-		return backend.NetworkStats{}, err
-	}
-	defer e.release()
-	nw, ok := sb.(backend.Networker)
-	if !ok {
+	return withSandbox(ctx, n, id, func(sb backend.Sandbox) (backend.NetworkStats, error) {
+		if nw, ok := sb.(backend.Networker); ok {
+			return nw.NetworkStats(ctx)
+		}
 		return backend.NetworkStats{}, nil
-	}
-	return nw.NetworkStats(ctx)
+	})
 }
 
 // NetworkCounters returns the refusal counters of every running or paused
 // sandbox with a network, for metrics. Unlike NetworkStats it neither
 // resumes a paused sandbox nor counts as activity for its idle timeout.
 func (n *Node) NetworkCounters(ctx context.Context) map[string]backend.NetworkStats {
-	n.mu.Lock()
-	entries := make([]*entry, 0, len(n.sandboxes))
-	for _, e := range n.sandboxes {
-		entries = append(entries, e)
-	}
-	n.mu.Unlock()
 	out := map[string]backend.NetworkStats{}
-	for _, e := range entries {
+	for _, e := range n.entries() {
 		e.mu.Lock()
 		nw, ok := e.sb.(backend.Networker)
 		live := !e.deleting && (e.rec.Phase == state.PhaseRunning || e.rec.Phase == state.PhasePaused) &&

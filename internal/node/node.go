@@ -194,9 +194,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	reapCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.stopReaper = cancel
 	n.reaperDone = make(chan struct{})
-	go n.reap(reapCtx)
+	go every(reapCtx, n.cfg.ReapInterval, n.reaperDone, func(now time.Time) { n.reapOnce(reapCtx, now) })
 	n.samplerDone = make(chan struct{})
-	go n.sampleLoop(reapCtx, n.samplerDone)
+	go every(reapCtx, n.cfg.StatsInterval, n.samplerDone, func(time.Time) { n.sampleAll(reapCtx) })
 	return n, nil
 }
 
@@ -232,22 +232,15 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	var (
 		mu   sync.Mutex
 		errs []error
-		wg   sync.WaitGroup
 	)
-	sem := make(chan struct{}, bulkParallel)
-	for _, id := range n.ids() {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if _, err := n.Delete(ctx, id); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
+	ids := n.ids()
+	inParallel(len(ids), func(i int) {
+		if _, err := n.Delete(ctx, ids[i]); err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+	})
 	return errors.Join(append(errs, n.Close())...)
 }
 

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -90,31 +91,18 @@ func resourceFigures(rec *state.Record) map[string]float64 {
 	}
 }
 
-// sampleLoop reads every live sandbox's figures each interval.
-func (n *Node) sampleLoop(ctx context.Context, done chan<- struct{}) {
-	defer close(done)
-	tick := time.NewTicker(n.cfg.StatsInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			for _, e := range n.entries() {
-				n.sample(ctx, e)
-			}
-		}
+// sampleAll reads every live sandbox's figures.
+func (n *Node) sampleAll(ctx context.Context) {
+	for _, e := range n.entries() {
+		n.sample(ctx, e)
 	}
 }
 
+// entries are the node's sandboxes at the call.
 func (n *Node) entries() []*entry {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	out := make([]*entry, 0, len(n.sandboxes))
-	for _, e := range n.sandboxes {
-		out = append(out, e)
-	}
-	return out
+	return slices.Collect(maps.Values(n.sandboxes))
 }
 
 // sample reads e's figures into its ring and emits the events its

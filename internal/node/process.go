@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"sync"
 
@@ -92,10 +94,7 @@ func (t *processTable) remove(id string, p *Process) {
 func (t *processTable) list(id string) []*Process {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]*Process, 0, len(t.procs[id]))
-	for _, p := range t.procs[id] {
-		out = append(out, p)
-	}
+	out := slices.Collect(maps.Values(t.procs[id]))
 	sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })
 	return out
 }

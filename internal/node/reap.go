@@ -10,31 +10,26 @@ import (
 	"github.com/corral-dev/corral/internal/state"
 )
 
-// reap enforces TTLs: it stops sandboxes idle past their idle_timeout or
-// older than their max_lifetime, and deletes stopped sandboxes once the
-// retention period has passed.
-func (n *Node) reap(ctx context.Context) {
-	defer close(n.reaperDone)
-	tick := time.NewTicker(n.cfg.ReapInterval)
+// every calls fn at each interval until ctx ends, then closes done.
+func every(ctx context.Context, interval time.Duration, done chan<- struct{}, fn func(now time.Time)) {
+	defer close(done)
+	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			n.reapOnce(ctx, now)
+			fn(now)
 		}
 	}
 }
 
+// reapOnce enforces TTLs: it stops sandboxes idle past their idle_timeout
+// or older than their max_lifetime, and deletes stopped sandboxes once the
+// retention period has passed.
 func (n *Node) reapOnce(ctx context.Context, now time.Time) {
-	n.mu.Lock()
-	entries := make([]*entry, 0, len(n.sandboxes))
-	for _, e := range n.sandboxes {
-		entries = append(entries, e)
-	}
-	n.mu.Unlock()
-	for _, e := range entries {
+	for _, e := range n.entries() {
 		if e.fence.Load() != nil {
 			continue // its migration decides; a lapse resumes it
 		}

@@ -23,6 +23,22 @@ const (
 // at once (each is a few cgroup writes, or a VM snapshot).
 const bulkParallel = 16
 
+// inParallel calls fn(0) to fn(count-1), bulkParallel at once, and
+// returns when all have.
+func inParallel(count int, fn func(i int)) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, bulkParallel)
+	for i := range count {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			fn(i)
+		}()
+	}
+	wg.Wait()
+}
+
 func checkIdleAction(a string) error {
 	switch a {
 	case "", IdleStop, IdlePause, IdleReclaim:
@@ -190,24 +206,16 @@ func (n *Node) bulk(ctx context.Context, labels map[string]string, visible func(
 	}
 	r := BulkResult{Failures: map[string]error{}}
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, bulkParallel)
-	for _, id := range ids {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			err := do(id, &r, &mu)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				r.Failures[id] = err
-			} else {
-				r.Done++
-			}
-		}()
-	}
-	wg.Wait()
+	inParallel(len(ids), func(i int) {
+		err := do(ids[i], &r, &mu)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			r.Failures[ids[i]] = err
+		} else {
+			r.Done++
+		}
+	})
 	return r, nil
 }
 

@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"net"
-	"sync"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -65,18 +64,16 @@ func (n *Node) DialVNC(ctx context.Context, id string) (net.Conn, error) {
 		e.release()
 		return nil, err
 	}
-	return &releasingConn{Conn: c, release: e.release}, nil
+	return &releasingConn{Conn: c, releaseOnce: releaseOnce{release: e.release}}, nil
 }
 
-// releasingConn releases the sandbox once, at the first Close.
 type releasingConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	releaseOnce
 }
 
 func (c *releasingConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.done()
 	return err
 }

@@ -128,15 +128,8 @@ func (n *Node) snapshotEntry(ctx context.Context, e *entry, id string, own *fenc
 		return nil, fmt.Errorf("snapshot sandbox %s: %w", id, err)
 	}
 	defer release()
-	snapID, err := newSnapshotID()
+	snapID, dir, err := n.newSnapshotDir()
 	if err != nil {
-		return nil, err
-	}
-	dir := filepath.Join(n.snapshotRoot(), snapID)
-	if err := os.MkdirAll(n.snapshotRoot(), 0o700); err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	info := &SnapshotInfo{ID: snapID, SandboxID: id, Project: rec.Project, Backend: rec.Backend, Source: *rec}
@@ -201,12 +194,22 @@ var criuOnce = sync.OnceValue(func() string {
 // criuStatus is what `criu check` says on this node (run once).
 func criuStatus() string { return criuOnce() }
 
-func newSnapshotID() (string, error) {
+// newSnapshotDir makes the directory of a new snapshot, named by a fresh
+// random id.
+func (n *Node) newSnapshotDir() (id, dir string, err error) {
 	b := make([]byte, 8)
 	if _, err := rand.Read(b); err != nil {
-		return "", err
+		return "", "", err
 	}
-	return "snap-" + hex.EncodeToString(b), nil
+	id = "snap-" + hex.EncodeToString(b)
+	dir = filepath.Join(n.snapshotRoot(), id)
+	if err := os.MkdirAll(n.snapshotRoot(), 0o700); err != nil {
+		return "", "", err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", "", err
+	}
+	return id, dir, nil
 }
 
 // lookupSnapshot returns snapshot id if visible accepts its project.
@@ -326,22 +329,10 @@ func (n *Node) forkFromSnapshot(ctx context.Context, id string, count int, label
 		}
 	}()
 	out := &ForkResult{Snapshot: snap.ID, ProcessesCarried: true, Forks: make([]Fork, count)}
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, bulkParallel)
-	for i := range count {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			// Labelled as forks only: the snapshot goes once they are made.
-			sb, err := n.restore(ctx, snap.ID, labels, nil)
-			if err != nil {
-				err = fmt.Errorf("fork %d of sandbox %s: %w", i, id, err)
-			}
-			out.Forks[i] = Fork{Sandbox: sb, Err: err}
-		}()
-	}
-	wg.Wait()
+	makeForks(id, out.Forks, func() (*Sandbox, error) {
+		// Labelled as forks only: the snapshot goes once they are made.
+		return n.restore(ctx, snap.ID, labels, nil)
+	})
 	return out, nil
 }
 

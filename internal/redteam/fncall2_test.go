@@ -18,7 +18,7 @@ import (
 // consecutive calls of a test run on the same pooled sandbox (an attack
 // across calls needs that).
 func onePoolServer(t *testing.T) *testenv.Server {
-	return testenv.StartServer(t, withAgent(t), func(cfg *server.Config) {
+	return testenv.StartServer(t, testenv.WithAgent(t), func(cfg *server.Config) {
 		cfg.FnCallPoolFloor, cfg.FnCallPoolCeiling = 1, 1
 		addDebianImage(t, filepath.Join(cfg.DataDir, "images"))
 	})

@@ -26,7 +26,7 @@ func TestHostPIDsRunLow(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, backend string) {
 		skipRows(t, backend, "resource/host-pids-refused", "resource/host-pids-daemon", "resource/host-pids-neighbours")
 		lim := pidsLimitedCgroup(t, 400)
-		srv := testenv.StartServer(t, withAgent(t), func(cfg *server.Config) {
+		srv := testenv.StartServer(t, testenv.WithAgent(t), func(cfg *server.Config) {
 			cfg.CgroupParent = lim + "/" + testenv.UniqueName("corral-test")
 		})
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

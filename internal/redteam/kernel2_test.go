@@ -268,7 +268,7 @@ func TestPackSparse(t *testing.T) {
 func TestPageCacheProbes(t *testing.T) {
 	testenv.RequireRoot(t)
 	for _, refuse := range []bool{false, true} {
-		srv := testenv.StartServer(t, withAgent(t), func(cfg *server.Config) { cfg.RefusePageCacheProbes = refuse })
+		srv := testenv.StartServer(t, testenv.WithAgent(t), func(cfg *server.Config) { cfg.RefusePageCacheProbes = refuse })
 		sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{})
 		installProbe(t, sb)
 		res := runProbe(t, sb, nil, "pagecache")

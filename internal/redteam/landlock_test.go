@@ -9,6 +9,7 @@ import (
 
 	"github.com/corral-dev/corral/client"
 	"github.com/corral-dev/corral/internal/testenv"
+	"github.com/corral-dev/corral/internal/testenv/accept"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,15 +29,7 @@ func TestAbstractSocketOutsideDomain(t *testing.T) {
 	name := testenv.UniqueName("corral-redteam-abstract")
 	ln := listenAbstractIn(t, pids[0], name)
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	accept.Each(ln, func(c net.Conn) { c.Close() })
 	results := runProbe(t, sb, nil, "connect", "@"+name)
 	if len(results) != 1 {
 		t.Fatalf("probe: want one result, got %+v", results)

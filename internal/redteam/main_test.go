@@ -97,7 +97,7 @@ func startServer(t *testing.T) (*testenv.Server, canaries) {
 	}
 	t.Cleanup(func() { logFile.Close() })
 	logger := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	srv := testenv.StartServer(t, withAgent(t), func(cfg *server.Config) {
+	srv := testenv.StartServer(t, testenv.WithAgent(t), func(cfg *server.Config) {
 		cfg.Logger = logger
 		// Before the server starts: its store then turns layers/ into a
 		// mount of its own, across which nothing can be hard-linked.
@@ -205,20 +205,13 @@ func backendMissing(t *testing.T, backend string) string {
 	if backend == "fncall" {
 		return "fncall: a pooled sandbox is reached only through FnCallService; its probe rows run in TestProbeFnCall"
 	}
-	srv := testenv.StartServer(t, withAgent(t))
+	srv := testenv.StartServer(t, testenv.WithAgent(t))
 	sb, err := srv.Client.Create(context.Background(), client.CreateOptions{Backend: backend})
 	if err != nil {
 		return fmt.Sprintf("create: %v", err)
 	}
 	_ = sb.Delete(context.Background())
 	return ""
-}
-
-// withAgent gives a test server the microVM agent, so that the microvm
-// backend runs wherever QEMU and a guest kernel exist.
-func withAgent(t *testing.T) func(*server.Config) {
-	bins := testenv.Binaries(t)
-	return func(cfg *server.Config) { cfg.AgentBinary = filepath.Join(bins, "corral-agent") }
 }
 
 // installProbe copies the probe into the sandbox.

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/client"
-	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/netpolicy/netlab"
 	"github.com/corral-dev/corral/internal/server"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -35,22 +34,11 @@ type netProbeInput struct {
 // runs and reads the refusal counters.
 func TestProbeNetwork(t *testing.T) {
 	const backend = "container"
-	testenv.RequireRoot(t)
-	lab, err := netlab.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lab.Close()
+	lab := testenv.NetLab(t)
 	gw := netip.MustParseAddr("100.96.0.1")
 	srv := testenv.StartServer(t, func(c *server.Config) {
-		c.Network = netpolicy.Config{
-			Bridge:    testenv.UniqueName("ct")[:11],
-			NodeNetns: lab.NodePath,
-			Subnet4:   netip.MustParsePrefix("100.96.0.0/16"), // gateway gw
-			Upstreams: []string{netip.AddrPortFrom(netlab.DNS4, 53).String()},
-			Presets:   map[string][]string{"pypi": {"pypi.test:80", "*.pypi.test:80"}, "npm": {"npm.test:80"}},
-			PoolSize:  1,
-		}
+		c.Network = testenv.LabNetwork(lab, "ct", map[string][]string{"pypi": {"pypi.test:80", "*.pypi.test:80"}, "npm": {"npm.test:80"}})
+		c.Network.Subnet4 = netip.MustParsePrefix("100.96.0.0/16") // gateway gw
 	})
 	ctx := context.Background()
 	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend, Network: client.Network{Allow: []string{"pypi"}}})

@@ -67,12 +67,7 @@ const upstreamPort = 5353
 
 func startNodeLab(t *testing.T, mutate ...func(*server.Config)) *nodeLab {
 	t.Helper()
-	testenv.RequireRoot(t)
-	lab, err := netlab.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lab.Close() })
+	lab := testenv.NetLab(t)
 	up := netip.AddrPortFrom(netlab.DNS4, upstreamPort).String()
 	// nsenter joins the lab's internet namespace, passed as fd 3.
 	cmd := exec.Command("nsenter", "--net=/proc/self/fd/3", probeBin, "dnsserver", up)
@@ -96,13 +91,9 @@ func startNodeLab(t *testing.T, mutate ...func(*server.Config)) *nodeLab {
 	t.Cleanup(func() { logFile.Close() })
 	srv := testenv.StartServer(t, func(c *server.Config) {
 		c.Logger = slog.New(slog.NewTextHandler(logFile, nil))
-		c.Network = netpolicy.Config{
-			Bridge:    testenv.UniqueName("crn")[:11],
-			NodeNetns: lab.NodePath,
-			Subnet4:   netip.MustParsePrefix("100.96.0.0/16"),
-			Upstreams: []string{up},
-			PoolSize:  1,
-		}
+		c.Network = testenv.LabNetwork(lab, "crn", nil)
+		c.Network.Subnet4 = netip.MustParsePrefix("100.96.0.0/16")
+		c.Network.Upstreams = []string{up}
 		for _, m := range mutate {
 			m(c)
 		}

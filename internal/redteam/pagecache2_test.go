@@ -24,7 +24,7 @@ func TestPageCacheAcrossProjects(t *testing.T) {
 	testenv.RequireRoot(t)
 	for i, mode := range []string{server.LayerMountsShared, server.LayerMountsPerProject} {
 		addr := fmt.Sprintf("127.0.0.1:%d", 17150+i)
-		srv := testenv.StartServer(t, withAgent(t), func(c *server.Config) {
+		srv := testenv.StartServer(t, testenv.WithAgent(t), func(c *server.Config) {
 			c.Listen = addr
 			c.LayerMounts = mode
 		})

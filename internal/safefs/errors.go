@@ -17,36 +17,35 @@ func pathErr(p, op string, err error) error {
 		return fmt.Errorf("path %q: %s: %w", p, op, err)
 	}
 	switch errno {
-	case unix.ENOENT:
-		return errdefs.NotFound("path %q: no such file or directory", p)
-	case unix.EEXIST:
-		return errdefs.AlreadyExists("path %q: already exists", p)
-	case unix.ENOTDIR:
-		return errdefs.InvalidArgument("path %q: not a directory (or a parent is not)", p)
-	case unix.EISDIR:
-		return errdefs.InvalidArgument("path %q: is a directory", p)
-	case unix.ENOTEMPTY:
-		return errdefs.FailedPrecondition("path %q: directory not empty (remove it recursively)", p)
-	case unix.ELOOP:
-		return errdefs.InvalidArgument("path %q: too many symbolic links, or a /proc magic link", p)
-	case unix.ENAMETOOLONG:
-		return errdefs.InvalidArgument("path %q: a name is too long", p)
-	case unix.ENXIO, unix.ENODEV:
-		return errdefs.InvalidArgument("path %q: not a regular file", p)
-	case unix.EXDEV:
-		return errdefs.FailedPrecondition("path %q: crosses a mount point", p)
-	case unix.EBUSY:
-		return errdefs.FailedPrecondition("path %q: busy (a mount point?)", p)
-	case unix.ETXTBSY:
-		return errdefs.FailedPrecondition("path %q: a running program's file", p)
-	case unix.EACCES, unix.EPERM:
-		return errdefs.PermissionDenied("path %q: permission denied", p)
-	case unix.EROFS:
-		return errdefs.PermissionDenied("path %q: read-only file system", p)
 	case unix.ENOSPC, unix.EDQUOT, unix.EFBIG:
 		return errdefs.ResourceExhausted("path %q: %s (disk quota)", p, errno.Error())
 	case unix.ENOSYS:
 		return errdefs.NotSupported("not supported: %s on path %q (needs openat2, Linux 5.6+)", op, p)
 	}
+	if c, ok := errnoClasses[errno]; ok {
+		return c.class("path %q: %s", p, c.what)
+	}
 	return fmt.Errorf("path %q: %s: %w", p, op, err)
+}
+
+// errnoClasses are the errnos whose message is the path and what went wrong.
+var errnoClasses = map[unix.Errno]struct {
+	class func(format string, args ...any) error
+	what  string
+}{
+	unix.ENOENT:       {errdefs.NotFound, "no such file or directory"},
+	unix.EEXIST:       {errdefs.AlreadyExists, "already exists"},
+	unix.ENOTDIR:      {errdefs.InvalidArgument, "not a directory (or a parent is not)"},
+	unix.EISDIR:       {errdefs.InvalidArgument, "is a directory"},
+	unix.ENOTEMPTY:    {errdefs.FailedPrecondition, "directory not empty (remove it recursively)"},
+	unix.ELOOP:        {errdefs.InvalidArgument, "too many symbolic links, or a /proc magic link"},
+	unix.ENAMETOOLONG: {errdefs.InvalidArgument, "a name is too long"},
+	unix.ENXIO:        {errdefs.InvalidArgument, "not a regular file"},
+	unix.ENODEV:       {errdefs.InvalidArgument, "not a regular file"},
+	unix.EXDEV:        {errdefs.FailedPrecondition, "crosses a mount point"},
+	unix.EBUSY:        {errdefs.FailedPrecondition, "busy (a mount point?)"},
+	unix.ETXTBSY:      {errdefs.FailedPrecondition, "a running program's file"},
+	unix.EACCES:       {errdefs.PermissionDenied, "permission denied"},
+	unix.EPERM:        {errdefs.PermissionDenied, "permission denied"},
+	unix.EROFS:        {errdefs.PermissionDenied, "read-only file system"},
 }

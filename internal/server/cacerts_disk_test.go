@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,14 +20,7 @@ func TestCALayerDisk(t *testing.T) {
 	if _, err := exec.LookPath("mkfs.erofs"); err != nil {
 		t.Skip("needs mkfs.erofs (package erofs-utils)")
 	}
-	src := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(src, []byte(testCert), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c, err := newCAImages(nil, src, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testCAImages(t)
 	ctx := context.Background()
 	base := t.TempDir()
 	img, err := c.add(ctx, layers.Image{Name: "x", Layers: []string{base}, Disks: []backend.LayerDisk{{Image: "base.erofs"}}})

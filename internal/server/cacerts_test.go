@@ -43,14 +43,7 @@ func TestCALayerKeepsImageTrustStore(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	src := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(src, []byte(testCert), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c, err := newCAImages(nil, src, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testCAImages(t)
 	layer, first, err := c.layerFor([]string{top, base})
 	if err != nil {
 		t.Fatal(err)
@@ -75,4 +68,19 @@ func TestCALayerKeepsImageTrustStore(t *testing.T) {
 	if err != nil || again != layer {
 		t.Errorf("same trust store, other layer: %s %v", again, err)
 	}
+}
+
+// testCAImages is the CA layer maker over testCert, with no image store
+// below it.
+func testCAImages(t *testing.T) *caImages {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(src, []byte(testCert), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := newCAImages(nil, src, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -252,31 +252,32 @@ func (s ClusterImageService) anyNode() (*cluster.NodeView, corralv1connect.Image
 	return v, s.proxy.NodeImages(v), nil
 }
 
-func (s ClusterImageService) CreateComposition(ctx context.Context, req *connect.Request[corralv1.CreateCompositionRequest]) (*connect.Response[corralv1.CreateCompositionResponse], error) {
+// onAnyNode makes call of any node; the node's errors name it.
+func onAnyNode[Resp any](s ClusterImageService, call func(corralv1connect.ImageServiceClient) (*connect.Response[Resp], error)) (*connect.Response[Resp], error) {
 	v, c, err := s.anyNode()
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.CreateComposition(ctx, connect.NewRequest(req.Msg))
+	resp, err := call(c)
 	return resp, onNode(v, err)
+}
+
+func (s ClusterImageService) CreateComposition(ctx context.Context, req *connect.Request[corralv1.CreateCompositionRequest]) (*connect.Response[corralv1.CreateCompositionResponse], error) {
+	return onAnyNode(s, func(c corralv1connect.ImageServiceClient) (*connect.Response[corralv1.CreateCompositionResponse], error) {
+		return c.CreateComposition(ctx, connect.NewRequest(req.Msg))
+	})
 }
 
 func (s ClusterImageService) UploadLayer(ctx context.Context, in *connect.ClientStream[corralv1.UploadLayerRequest]) (*connect.Response[corralv1.CreateLayerResponse], error) {
-	v, c, err := s.anyNode()
-	if err != nil {
-		return nil, err
-	}
-	resp, err := relayUpload(in, c.UploadLayer(ctx))
-	return resp, onNode(v, err)
+	return onAnyNode(s, func(c corralv1connect.ImageServiceClient) (*connect.Response[corralv1.CreateLayerResponse], error) {
+		return relayUpload(in, c.UploadLayer(ctx))
+	})
 }
 
 func (s ClusterImageService) UploadImage(ctx context.Context, in *connect.ClientStream[corralv1.UploadImageRequest]) (*connect.Response[corralv1.ImportResult], error) {
-	v, c, err := s.anyNode()
-	if err != nil {
-		return nil, err
-	}
-	resp, err := relayUpload(in, c.UploadImage(ctx))
-	return resp, onNode(v, err)
+	return onAnyNode(s, func(c corralv1connect.ImageServiceClient) (*connect.Response[corralv1.ImportResult], error) {
+		return relayUpload(in, c.UploadImage(ctx))
+	})
 }
 
 func (s ClusterImageService) ImportImage(ctx context.Context, req *connect.Request[corralv1.ImportImageRequest], out *connect.ServerStream[corralv1.ImportImageResponse]) error {
@@ -297,13 +298,7 @@ func relay[T any](v *cluster.NodeView, in *connect.ServerStreamForClient[T], err
 	if err != nil {
 		return onNode(v, err)
 	}
-	defer in.Close()
-	for in.Receive() {
-		if err := out.Send(in.Msg()); err != nil {
-			return err
-		}
-	}
-	return onNode(v, in.Err())
+	return cluster.Relay(in, out, func(err error) error { return onNode(v, err) })
 }
 
 // RemoveImage removes NAME@VERSION (a composition and/or a layer) from
@@ -473,22 +468,24 @@ func (n nodeImages) RemoveImage(ctx context.Context, req *connect.Request[corral
 	return n.inner.RemoveImage(ctx, req)
 }
 
-func (n nodeImages) UploadLayer(ctx context.Context, in *connect.ClientStream[corralv1.UploadLayerRequest]) (*connect.Response[corralv1.CreateLayerResponse], error) {
-	if err := n.shared("upload layer"); err != nil {
+// upload serves an upload of what on a node whose images are shared, and
+// records what it made.
+func upload[Req, Resp any](n nodeImages, ctx context.Context, what string, in *connect.ClientStream[Req],
+	call func(*control.ImageService, context.Context, *connect.ClientStream[Req]) (*connect.Response[Resp], error)) (*connect.Response[Resp], error) {
+	if err := n.shared(what); err != nil {
 		return nil, err
 	}
-	resp, err := n.inner.UploadLayer(ctx, in)
+	resp, err := call(n.inner, ctx, in)
 	n.recorded(ctx, err)
 	return resp, err
 }
 
+func (n nodeImages) UploadLayer(ctx context.Context, in *connect.ClientStream[corralv1.UploadLayerRequest]) (*connect.Response[corralv1.CreateLayerResponse], error) {
+	return upload(n, ctx, "upload layer", in, (*control.ImageService).UploadLayer)
+}
+
 func (n nodeImages) UploadImage(ctx context.Context, in *connect.ClientStream[corralv1.UploadImageRequest]) (*connect.Response[corralv1.ImportResult], error) {
-	if err := n.shared("upload image"); err != nil {
-		return nil, err
-	}
-	resp, err := n.inner.UploadImage(ctx, in)
-	n.recorded(ctx, err)
-	return resp, err
+	return upload(n, ctx, "upload image", in, (*control.ImageService).UploadImage)
 }
 
 func (n nodeImages) ImportImage(ctx context.Context, req *connect.Request[corralv1.ImportImageRequest], out *connect.ServerStream[corralv1.ImportImageResponse]) error {

@@ -20,44 +20,33 @@ type ClusterVMService struct{ proxy *cluster.Proxy }
 
 var _ corralv1connect.VMServiceHandler = ClusterVMService{}
 
-func (s ClusterVMService) forSandbox(id string) (*cluster.NodeView, corralv1connect.VMServiceClient, error) {
+// onSandboxNode forwards a per-sandbox VMService call to the node of
+// sandbox id; the node's errors name it.
+func onSandboxNode[Req, Resp any](s ClusterVMService, ctx context.Context, id string, req *connect.Request[Req],
+	call func(corralv1connect.VMServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (*connect.Response[Resp], error) {
 	if id == "" {
-		return nil, nil, errdefs.InvalidArgument("sandbox_id: required")
+		return nil, errdefs.InvalidArgument("sandbox_id: required")
 	}
 	v, err := s.proxy.NodeOf(id)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return v, s.proxy.NodeVMs(v), nil
+	resp, err := call(s.proxy.NodeVMs(v), ctx, connect.NewRequest(req.Msg))
+	return resp, onNode(v, err)
 }
 
 func (s ClusterVMService) Screenshot(ctx context.Context, req *connect.Request[corralv1.ScreenshotRequest]) (*connect.Response[corralv1.ScreenshotResponse], error) {
-	v, c, err := s.forSandbox(req.Msg.SandboxId)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.Screenshot(ctx, connect.NewRequest(req.Msg))
-	return resp, onNode(v, err)
+	return onSandboxNode(s, ctx, req.Msg.SandboxId, req, corralv1connect.VMServiceClient.Screenshot)
 }
 
 func (s ClusterVMService) SendInput(ctx context.Context, req *connect.Request[corralv1.SendInputRequest]) (*connect.Response[corralv1.SendInputResponse], error) {
-	v, c, err := s.forSandbox(req.Msg.SandboxId)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.SendInput(ctx, connect.NewRequest(req.Msg))
-	return resp, onNode(v, err)
+	return onSandboxNode(s, ctx, req.Msg.SandboxId, req, corralv1connect.VMServiceClient.SendInput)
 }
 
 // LiveView asks the sandbox's node for the token; the viewer connects to
 // the same path on this instance, which forwards it to the node.
 func (s ClusterVMService) LiveView(ctx context.Context, req *connect.Request[corralv1.LiveViewRequest]) (*connect.Response[corralv1.LiveViewResponse], error) {
-	v, c, err := s.forSandbox(req.Msg.SandboxId)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.LiveView(ctx, connect.NewRequest(req.Msg))
-	return resp, onNode(v, err)
+	return onSandboxNode(s, ctx, req.Msg.SandboxId, req, corralv1connect.VMServiceClient.LiveView)
 }
 
 func (s ClusterVMService) ListVMImages(ctx context.Context, req *connect.Request[corralv1.ListVMImagesRequest]) (*connect.Response[corralv1.ListVMImagesResponse], error) {

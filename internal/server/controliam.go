@@ -145,17 +145,11 @@ func (c clusterContents) Count(ctx context.Context, project string) (string, err
 // administrator removes them on those nodes), rather than leaving the
 // images behind without an owner, where every project could use them.
 func (c clusterContents) DeleteAll(ctx context.Context, project string) error {
-	ids, err := c.sandboxes(ctx, project)
-	if err != nil {
-		return err
-	}
 	actx := control.NodeAdminContext(ctx)
-	for _, id := range ids {
-		if _, err := c.proxy.Delete(actx, connect.NewRequest(&corralv1.DeleteRequest{Id: id})); err != nil {
-			return fmt.Errorf("sandbox %s: %w", id, err)
-		}
-	}
-	names, err := c.owners.Owned(ctx, project)
+	names, err := deleteSandboxes(ctx, project, c.sandboxes, func(id string) error {
+		_, err := c.proxy.Delete(actx, connect.NewRequest(&corralv1.DeleteRequest{Id: id}))
+		return err
+	}, c.owners)
 	if err != nil {
 		return err
 	}

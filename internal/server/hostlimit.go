@@ -13,7 +13,15 @@ import (
 // and keeps the daemon a few idle threads for when the host's PIDs run low.
 func openHostLimits(cfg Config) (*hostlimit.Guard, error) {
 	parent := cgroupParent(cfg)
+	var costs map[string]hostlimit.Cost
+	serving := 1.0
+	if cfg.InitStub {
+		costs = map[string]hostlimit.Cost{"container": hostlimit.StubContainerCost}
+		serving = cfg.InitStubServing
+	}
 	return hostlimit.Open(hostlimit.Config{
+		Costs:          costs,
+		ServingShare:   serving,
 		DataDir:        cfg.DataDir,
 		SandboxParents: []string{parent, parent + cgroup.IdleSuffix},
 		NoRaise:        cfg.NoRaiseLimits,

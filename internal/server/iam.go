@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -25,21 +26,30 @@ import (
 // own, fsynced on every write (the node's state.db is not).
 func IAMPath(dataDir string) string { return filepath.Join(dataDir, "iam.db") }
 
-// openIAM opens the IAM service over the node's bbolt store, or the
-// cluster's etcd for a cluster node.
+// AuditJournalPath is where the audit journal in front of IAMPath lives.
+func AuditJournalPath(dataDir string) string { return filepath.Join(dataDir, "audit.journal") }
+
+// openIAM opens the IAM service over the node's bbolt store with the audit
+// journal in front of it, or over the cluster's etcd for a cluster node.
 func openIAM(ctx context.Context, cfg Config) (*iam.Service, error) {
-	var st iam.Store
-	var err error
 	if len(cfg.IAMEtcd) > 0 {
 		// The client outlives the start-up context.
-		st, err = etcdstore.Open(context.WithoutCancel(ctx), cfg.IAMEtcd, etcdstore.DefaultPrefix)
-	} else {
-		st, err = iam.OpenBolt(IAMPath(cfg.DataDir))
+		st, err := etcdstore.Open(context.WithoutCancel(ctx), cfg.IAMEtcd, etcdstore.DefaultPrefix)
+		if err != nil {
+			return nil, err
+		}
+		return iam.New(iam.Config{Store: st, Logger: cfg.Logger}), nil
 	}
+	st, err := iam.OpenBolt(IAMPath(cfg.DataDir))
 	if err != nil {
 		return nil, err
 	}
-	return iam.New(iam.Config{Store: st, Logger: cfg.Logger}), nil
+	j, err := iam.OpenAuditJournal(AuditJournalPath(cfg.DataDir), st, cfg.Logger)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	return iam.New(iam.Config{Store: st, Logger: cfg.Logger, Journal: j}), nil
 }
 
 // admitWith checks a create against the quotas of its project and every
@@ -119,17 +129,26 @@ func (c projectContents) Count(ctx context.Context, project string) (string, err
 	return countContents(ctx, project, c.sandboxes, c.owners)
 }
 
-func (c projectContents) DeleteAll(ctx context.Context, project string) error {
-	ids, err := c.sandboxes(ctx, project)
+// deleteSandboxes deletes project's sandboxes (listed by sandboxes) one by
+// one with del, then returns the image names it still owns.
+func deleteSandboxes(ctx context.Context, project string, sandboxes func(context.Context, string) ([]string, error), del func(id string) error, owners *control.ImageOwners) ([]string, error) {
+	ids, err := sandboxes(ctx, project)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, id := range ids {
-		if _, err := c.node.Delete(ctx, id); err != nil {
-			return fmt.Errorf("sandbox %s: %w", id, err)
+		if err := del(id); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
-	names, err := c.owners.Owned(ctx, project)
+	return owners.Owned(ctx, project)
+}
+
+func (c projectContents) DeleteAll(ctx context.Context, project string) error {
+	names, err := deleteSandboxes(ctx, project, c.sandboxes, func(id string) error {
+		_, err := c.node.Delete(ctx, id)
+		return err
+	}, c.owners)
 	if err != nil {
 		return err
 	}
@@ -154,26 +173,25 @@ func (c projectContents) DeleteAll(ctx context.Context, project string) error {
 // imageRefs lists the compositions, then the layers, called name (any
 // version).
 func imageRefs(ctx context.Context, images *image.Store, name string) ([]string, error) {
-	var refs []string
 	comps, err := images.Compositions(ctx)
 	if err != nil {
 		return nil, err
-	}
-	for _, c := range comps {
-		if n, _, _ := strings.Cut(c.Ref, "@"); n == name {
-			refs = append(refs, c.Ref)
-		}
 	}
 	layers, err := images.Layers(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for _, l := range layers {
-		if n, _, _ := strings.Cut(l.Ref, "@"); n == name {
-			refs = append(refs, l.Ref)
-		}
+	var refs []string
+	for _, c := range comps {
+		refs = append(refs, c.Ref)
 	}
-	return refs, nil
+	for _, l := range layers {
+		refs = append(refs, l.Ref)
+	}
+	return slices.DeleteFunc(refs, func(ref string) bool {
+		n, _, _ := strings.Cut(ref, "@")
+		return n != name
+	}), nil
 }
 
 // imageExists reports whether the image store has name in any form.

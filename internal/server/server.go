@@ -66,6 +66,12 @@ type Config struct {
 	LayerMounts string
 	// InitBinary is the corral-init path (default: beside this executable).
 	InitBinary string
+	// InitStub makes the one-thread corral-initstub PID 1 of container
+	// sandboxes (container.Config.Stub).
+	InitStub bool
+	// InitStubServing is the share of stub sandboxes that may serve at
+	// once (hostlimit.Config.ServingShare); 0 means every one.
+	InitStubServing float64
 	// AgentBinary is the static corral-agent, the microVM guest's init
 	// (default: beside this executable).
 	AgentBinary string
@@ -219,11 +225,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		iamSvc.Close()
 		return nil, err
 	}
-	// closeImages undoes openImages (and openIAM) when a later step fails.
+	// closeImages undoes openImages (and openIAM) when a later step fails:
+	// as Stop does, with CleanupOnExit the layer mounts and the lazy blob
+	// server go too.
 	closeImages := func() {
-		images.Close(false)
+		images.Close(cfg.CleanupOnExit)
 		if share != nil {
-			_ = share.Close(ctx, false)
+			_ = share.Close(ctx, cfg.CleanupOnExit)
 		}
 		iamSvc.Close()
 	}
@@ -250,7 +258,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.SandboxCACerts != "" {
 		ca, err := newCAImages(nodeImages, cfg.SandboxCACerts, cfg.DataDir)
 		if err != nil {
-			st.close(ctx, false)
+			st.close(ctx, cfg.CleanupOnExit)
 			closeImages()
 			return nil, err
 		}
@@ -258,21 +266,21 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	evlog, err := events.Open(filepath.Join(cfg.DataDir, "events"), cfg.Logger)
 	if err != nil {
-		st.close(ctx, false)
+		st.close(ctx, cfg.CleanupOnExit)
 		closeImages()
 		return nil, err
 	}
 	guard, err := openHostLimits(cfg)
 	if err != nil {
 		evlog.Close()
-		st.close(ctx, false)
+		st.close(ctx, cfg.CleanupOnExit)
 		closeImages()
 		return nil, err
 	}
 	swap, err := setupSwap(cfg)
 	if err != nil {
 		evlog.Close()
-		st.close(ctx, false)
+		st.close(ctx, cfg.CleanupOnExit)
 		closeImages()
 		return nil, err
 	}
@@ -298,7 +306,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		swap.Close()
 		evlog.Close()
-		st.close(ctx, false)
+		st.close(ctx, cfg.CleanupOnExit)
 		closeImages()
 		return nil, err
 	}
@@ -310,7 +318,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		n.Close()
 		swap.Close()
 		evlog.Close()
-		st.close(ctx, false)
+		st.close(ctx, cfg.CleanupOnExit)
 		closeImages()
 		return nil, err
 	}
@@ -462,7 +470,7 @@ func openImages(ctx context.Context, cfg Config) (*image.Store, *layershare.Shar
 	}
 	images, err := image.Open(ctx, dir, image.WithBlobSource(share), image.WithPublisher(share))
 	if err != nil {
-		_ = share.Close(ctx, false)
+		_ = share.Close(ctx, cfg.CleanupOnExit)
 		return nil, nil, err
 	}
 	return images, share, nil

@@ -38,7 +38,8 @@ type stack struct {
 }
 
 // newStack builds the backends; db (the node's state) persists the
-// container sandboxes' host id ranges.
+// container sandboxes' host id ranges. A refused build undoes what it set
+// up as close does.
 func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 	shell, err := layers.StaticBusybox()
 	if err != nil {
@@ -56,12 +57,14 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 		Dir: filepath.Join(cfg.DataDir, "disk"), PoolBytes: cfg.DiskPoolBytes, Logger: cfg.Logger,
 	})
 	if err != nil {
+		network.Close()
 		return nil, err
 	}
 	ctr, err := container.New(container.Config{
 		RunDir:       filepath.Join(cfg.DataDir, "run"),
 		CgroupParent: cfg.CgroupParent,
 		InitPath:     cfg.InitBinary,
+		Stub:         cfg.InitStub,
 		Uppers:       store,
 		FavorDynMods: !cfg.KeepCgroupMountOptions,
 		Shell:        shell,
@@ -72,7 +75,8 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 		RefusePageCacheProbes: cfg.RefusePageCacheProbes,
 	})
 	if err != nil {
-		store.Close(ctx, false)
+		network.Close()
+		store.Close(ctx, cfg.CleanupOnExit)
 		return nil, err
 	}
 	st := &stack{uppers: store, container: ctr, network: network, backends: []backend.Backend{ctr}}
@@ -82,22 +86,21 @@ func newStack(ctx context.Context, cfg Config, db *state.DB) (*stack, error) {
 		Busybox:       shell,
 		SnapshotAfter: cfg.MicroVMSnapshotAfter,
 		Network:       network,
+		CgroupParent:  cgroupParent(cfg),
 		Logger:        cfg.Logger,
 	})
 	switch {
 	case errdefs.IsNotSupported(err):
 		cfg.Logger.Warn("microvm backend unavailable", "err", err)
 	case err != nil:
-		ctr.Close()
-		store.Close(ctx, false)
+		st.close(ctx, cfg.CleanupOnExit)
 		return nil, err
 	default:
 		cfg.Logger.Info("microvm backend", "vmm", vm.Driver(), "kvm", vm.KVM())
 		st.backends = append(st.backends, vm)
 	}
 	if err := st.addFullVM(cfg, network); err != nil {
-		ctr.Close()
-		store.Close(ctx, false)
+		st.close(ctx, cfg.CleanupOnExit)
 		return nil, err
 	}
 	return st, nil
@@ -126,6 +129,8 @@ func (s *stack) addFullVM(cfg Config, network *netpolicy.Manager) error {
 		// Full VMs boot their own disk, not layers: the node's CA
 		// certificates go into the guest's trust store at boot.
 		CACerts: caCerts,
+		// QEMU's CPU quota: its cgroup beside the containers'.
+		CgroupParent: cgroupParent(cfg),
 	})
 	switch {
 	case errdefs.IsNotSupported(err):

@@ -3,7 +3,9 @@ package testenv
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -143,5 +145,22 @@ func (r *wsReader) Read(p []byte) (int, error) {
 			return 0, err
 		}
 		r.cur = next
+	}
+}
+
+// AssertWSClosed fails the test unless the server ends ws (a read fails
+// other than by timing out) within a minute; what says what should have
+// ended it.
+func AssertWSClosed(t testing.TB, ws *websocket.Conn, what string) {
+	t.Helper()
+	_ = ws.SetReadDeadline(time.Now().Add(time.Minute))
+	for {
+		if _, _, err := ws.ReadMessage(); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("websocket still open a minute after %s", what)
+			}
+			return
+		}
 	}
 }

@@ -14,8 +14,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,6 +42,54 @@ func NewSandbox(t testing.TB, c *client.Client, o client.CreateOptions) *client.
 	}
 	t.Cleanup(func() { _ = sb.Delete(context.Background()) })
 	return sb
+}
+
+// CreateRace makes n sandboxes at once, the i-th through create(i), and
+// returns those made (deleted when the test ends) and the quota refusals
+// (ResourceExhausted); any other error fails the test.
+func CreateRace(t testing.TB, n int, create func(i int) (*client.Sandbox, error)) (made []*client.Sandbox, refused []error) {
+	t.Helper()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			sb, err := create(i)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				made = append(made, sb)
+				t.Cleanup(func() { _ = sb.Delete(context.Background()) })
+			case client.IsResourceExhausted(err):
+				refused = append(refused, err)
+			default:
+				t.Errorf("create %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	return made, refused
+}
+
+// Tree writes files (path → content, parent directories made) into a
+// new directory that every user may read, as a layer's root should be,
+// and returns it.
+func Tree(t testing.TB, files map[string][]byte) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for p, content := range files {
+		full := filepath.Join(dir, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, content, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 // Run runs cmd in sb and fails the test if the call itself fails.
@@ -71,8 +121,10 @@ func RequireRoot(t testing.TB) {
 	}
 }
 
-// Binaries builds bin/corral and bin/corral-init once into a temp dir and
-// returns that dir.
+// Binaries builds bin/corral, bin/corral-init and bin/corral-initstub once
+// into a temp dir of this test process and returns that dir. Nothing
+// removes it at exit (a test binary has no exit hook), so each build first
+// removes the dirs of test processes that are gone.
 func Binaries(t testing.TB) string {
 	t.Helper()
 	dir, err := BuildBinaries()
@@ -90,8 +142,12 @@ func BuildBinaries() (string, error) {
 			buildErr = err
 			return
 		}
-		binDir, buildErr = os.MkdirTemp("", "corral-testbin-")
-		if buildErr != nil {
+		removeStaleBinaries()
+		binDir = filepath.Join(os.TempDir(), testbinPrefix+strconv.Itoa(os.Getpid()))
+		if buildErr = os.RemoveAll(binDir); buildErr != nil {
+			return
+		}
+		if buildErr = os.Mkdir(binDir, 0o755); buildErr != nil {
 			return
 		}
 		for _, b := range []struct{ out, pkg, cgo string }{
@@ -107,8 +163,37 @@ func BuildBinaries() (string, error) {
 				return
 			}
 		}
+		buildErr = BuildInitStub(filepath.Join(binDir, "corral-initstub"))
 	})
 	return binDir, buildErr
+}
+
+const testbinPrefix = "corral-testbin-"
+
+// removeStaleBinaries removes the binary dirs of test processes that have
+// exited (about 75 MB each); a name that is no live pid counts as gone.
+func removeStaleBinaries() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), testbinPrefix+"*"))
+	for _, dir := range dirs {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(dir), testbinPrefix))
+		if err == nil && pid > 0 && syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue
+		}
+		os.RemoveAll(dir)
+	}
+}
+
+// BuildInitStub compiles corral-initstub (as the Makefile does) to out.
+func BuildInitStub(out string) error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("gcc", "-static", "-Os", "-s", "-Wall", "-o", out, filepath.Join(root, "internal/guest/init/stub/stub.c"))
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build corral-initstub: %v\n%s", err, b)
+	}
+	return nil
 }
 
 func moduleRoot() (string, error) {
@@ -199,32 +284,44 @@ func (s *Server) Stop() error {
 	return s.Server.Stop(ctx)
 }
 
-// RemoveCgroupParent removes the (empty) parent cgroup directories.
+// RemoveCgroupParent removes the (empty) parent cgroup directories, the
+// VMMs' (qemu.CPUGroups) included.
 func RemoveCgroupParent(parent string) {
-	for _, dir := range CgroupDirs(parent) {
-		_ = os.Remove(dir)
+	for _, p := range withVMMParents(parent) {
+		for _, dir := range CgroupDirs(p) {
+			_ = os.Remove(dir)
+		}
 	}
 }
 
+// withVMMParents is parent and the parents of the microVMs' and VMs'
+// VMM cgroups beside it.
+func withVMMParents(parent string) []string {
+	return []string{parent, parent + "-microvm", parent + "-vm"}
+}
+
 // AssertNoLeaks fails the test if a mount under dataDir, a cgroup under
-// cgroupParent, or a process in such a cgroup remains.
+// cgroupParent (or under the VMMs' parents beside it), or a process in
+// such a cgroup remains.
 func AssertNoLeaks(t testing.TB, dataDir, cgroupParent string) {
 	t.Helper()
 	if mounts := MountsUnder(dataDir); len(mounts) > 0 {
 		t.Errorf("mounts left under %s: %v", dataDir, mounts)
 	}
-	for _, dir := range CgroupDirs(cgroupParent) {
-		entries, _ := os.ReadDir(dir)
-		for _, e := range entries {
-			if e.IsDir() {
-				t.Errorf("cgroup left: %s", filepath.Join(dir, e.Name()))
+	for _, p := range withVMMParents(cgroupParent) {
+		for _, dir := range CgroupDirs(p) {
+			entries, _ := os.ReadDir(dir)
+			for _, e := range entries {
+				if e.IsDir() {
+					t.Errorf("cgroup left: %s", filepath.Join(dir, e.Name()))
+				}
 			}
 		}
-	}
-	// A sandbox's own cpu cgroup beside the parent (cgroup.FlatCPUSep).
-	flat, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupParent + cgroup.FlatCPUSep + "*")
-	for _, d := range flat {
-		t.Errorf("cgroup left: %s", d)
+		// A sandbox's own cpu cgroup beside the parent (cgroup.FlatCPUSep).
+		flat, _ := filepath.Glob("/sys/fs/cgroup/*/" + p + cgroup.FlatCPUSep + "*")
+		for _, d := range flat {
+			t.Errorf("cgroup left: %s", d)
+		}
 	}
 	if pids := SandboxProcesses(cgroupParent); len(pids) > 0 {
 		t.Errorf("sandbox processes left in cgroup %s: %v", cgroupParent, pids)

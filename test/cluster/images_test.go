@@ -3,7 +3,6 @@ package cluster_test
 import (
 	"context"
 	"crypto/rand"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -32,12 +31,9 @@ func TestLayerTravels(t *testing.T) {
 	// Not in network namespaces: the test's SeaweedFS listens on loopback.
 	r := startRig(t, false, 1, 3, "--blob-store", "s3://corral-cluster?endpoint="+s3.Endpoint, "--blob-fetch-timeout", "10s")
 
-	src := t.TempDir()
 	data := make([]byte, 3<<20)
 	rand.Read(data)
-	if err := os.WriteFile(filepath.Join(src, "payload"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	src := testenv.Tree(t, map[string][]byte{"payload": data})
 	n0, err := client.New("unix://" + filepath.Join(r.nodeDir[0], "corral.sock"))
 	if err != nil {
 		t.Fatal(err)
@@ -122,10 +118,7 @@ func TestLayerTravels(t *testing.T) {
 func imageCalls(t *testing.T, r *rig) {
 	ctx := context.Background()
 	c := r.cli[0]
-	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "hello"), []byte("uploaded through the control plane"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	src := testenv.Tree(t, map[string][]byte{"hello": []byte("uploaded through the control plane")})
 	if _, err := c.CreateLayer(ctx, src, "uploaded@1"); err != nil {
 		t.Fatalf("layer upload through the control plane: %v", err)
 	}

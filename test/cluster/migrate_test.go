@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,19 +12,6 @@ import (
 	"github.com/corral-dev/corral/client"
 	"github.com/corral-dev/corral/internal/testenv"
 )
-
-// counter counts in the background, five times a second, into /tmp/count
-// (renamed into place, so a read never sees a half write).
-const counter = "/.corral/sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.2; done' >/dev/null 2>&1 &"
-
-func count(t *testing.T, sb *client.Sandbox) int {
-	t.Helper()
-	n, err := strconv.Atoi(strings.TrimSpace(testenv.Sh(t, sb, "cat /tmp/count")))
-	if err != nil {
-		t.Fatalf("sandbox %s: counter: %v", sb.ID(), err)
-	}
-	return n
-}
 
 // TestMigrateMicroVM moves a running microVM between the two nodes of a
 // cluster (real etcd, microVM under TCG, one boot): through the control
@@ -59,14 +45,7 @@ func TestMigrateMicroVM(t *testing.T) {
 	}
 	// A project's token may not pick nodes: migration is the cluster
 	// administrator's.
-	if _, err := c.CreateProject(ctx, "mig", client.Quota{}); err != nil {
-		t.Fatal(err)
-	}
-	_, secret, err := c.CreateToken(ctx, client.TokenOptions{Project: "mig"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	member, err := client.New(fmt.Sprintf("127.0.0.1:%d", controlBase), client.WithToken(secret))
+	member, err := client.New(fmt.Sprintf("127.0.0.1:%d", controlBase), client.WithToken(projectToken(t, c, "mig", client.Quota{})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,14 +103,7 @@ func TestMigrateMicroVM(t *testing.T) {
 	if res, err := sb.Run(ctx, keyed); err != nil || res.ExitCode != 0 || res.Replayed {
 		t.Fatalf("keyed command: %+v, %v", res, err)
 	}
-	testenv.Sh(t, sb, counter)
-	deadline := time.Now().Add(time.Minute)
-	for testenv.Run(t, sb, client.Command{Args: []string{"test", "-s", "/tmp/count"}}).ExitCode != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the counter never started")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	testenv.StartCounter(t, sb)
 
 	// The peer, in the same run: a snapshot and a restore on one node.
 	start := time.Now()
@@ -159,7 +131,7 @@ func TestMigrateMicroVM(t *testing.T) {
 
 	// A migration that fails after the copy (node 1 has no such image)
 	// leaves the original running and nothing on node 1.
-	before := count(t, sb)
+	before := testenv.ReadCounter(t, sb)
 	_, err = sb.Migrate(ctx, n1)
 	if err == nil || !strings.Contains(err.Error(), comp.Ref) {
 		t.Errorf("migrate to a node without the image: %v, want an error naming %s", err, comp.Ref)
@@ -174,15 +146,7 @@ func TestMigrateMicroVM(t *testing.T) {
 	if info, err := nodeClient(t, r, 0).Sandbox(sb.ID()).Info(ctx); err != nil || info.MigratingTo != "" || info.State != client.StateRunning {
 		t.Errorf("on node 0 after a failed migration: %+v, %v, want running and not migrating", info, err)
 	}
-	got := count(t, sb)
-	if got < before {
-		t.Errorf("counter %d after a failed migration, want at least %d", got, before)
-	}
-	for deadline := time.Now().Add(20 * time.Second); count(t, sb) <= got; time.Sleep(300 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("counter stuck at %d after a failed migration: the original was not resumed", got)
-		}
-	}
+	testenv.AssertCounting(t, "after a failed migration (the original must be resumed)", sb, before)
 	if snaps, err := c.ListSnapshots(ctx); err != nil || len(snaps) != 0 {
 		t.Errorf("snapshots left by a failed migration: %+v, %v", snaps, err)
 	}
@@ -190,7 +154,7 @@ func TestMigrateMicroVM(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	before = count(t, sb)
+	before = testenv.ReadCounter(t, sb)
 	type migrated struct {
 		m   *client.Migration
 		err error
@@ -255,15 +219,7 @@ func TestMigrateMicroVM(t *testing.T) {
 	if got := testenv.Sh(t, sb, "cat /root/once"); got != "once\n" {
 		t.Errorf("the keyed command's file after the migration: %q, want one line", got)
 	}
-	first := count(t, sb)
-	if first < before {
-		t.Errorf("counter %d after the migration, want at least %d (its value before)", first, before)
-	}
-	for deadline := time.Now().Add(20 * time.Second); count(t, sb) <= first; time.Sleep(300 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("counter stuck at %d after the migration", first)
-		}
-	}
+	testenv.AssertCounting(t, "after the migration", sb, before)
 	list, err := c.List(ctx, client.ListOptions{Labels: map[string]string{"job": "migrate"}})
 	if err != nil || len(list) != 1 || list[0].ID != sb.ID() || list[0].NodeID != n1 {
 		t.Errorf("list after the migration: %+v, %v", list, err)

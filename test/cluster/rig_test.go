@@ -247,7 +247,7 @@ func startRigOpts(t *testing.T, o rigOpts) *rig {
 			"--role", "node", "--etcd", r.endpoints(), "--cluster-secret-file", sf,
 			"--advertise", r.nodeAddr(i), "--data-dir", dir, "--listen", "",
 			"--cgroup-parent", cg, "--net-bridge", fmt.Sprintf("crc%sn%d", tag, i), "--lease-ttl", "3s",
-			"--report-interval", "500ms", "--cleanup-on-exit", "--log-level", "warn",
+			"--report-interval", "500ms", "--cleanup-on-exit", "--log-level", "warn", "--no-raise-limits",
 			"--node-label", fmt.Sprintf("rack=r%d", i)}}
 		p.args = append(p.args, nodeArgs...)
 		if o.noSecret {
@@ -301,6 +301,21 @@ func withoutSecret(args []string) []string {
 		out = append(out, args[i])
 	}
 	return out
+}
+
+// projectToken makes project with quota through admin and returns the
+// secret of a new token of it.
+func projectToken(t *testing.T, admin *client.Client, project string, quota client.Quota) string {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := admin.CreateProject(ctx, project, quota); err != nil {
+		t.Fatal(err)
+	}
+	_, secret, err := admin.CreateToken(ctx, client.TokenOptions{Project: project})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return secret
 }
 
 // controlSocket is control instance i's unix socket.

@@ -23,13 +23,7 @@ func TestRolloutThroughControl(t *testing.T) {
 	r := startRig(t, false, 1, 2)
 	ctx := context.Background()
 	const quota = 6
-	if _, err := r.cli[0].CreateProject(ctx, "rl", client.Quota{MaxSandboxes: quota}); err != nil {
-		t.Fatal(err)
-	}
-	_, secret, err := r.cli[0].CreateToken(ctx, client.TokenOptions{Project: "rl"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	secret := projectToken(t, r.cli[0], "rl", client.Quota{MaxSandboxes: quota})
 	addr := fmt.Sprintf("127.0.0.1:%d", controlBase)
 	trainer := func() *client.Client {
 		c, err := client.New(addr, client.WithToken(secret))

@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -116,16 +115,7 @@ func TestClusterVM(t *testing.T) {
 	if err := sb.Delete(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_ = ws.SetReadDeadline(time.Now().Add(time.Minute))
-	for {
-		if _, _, err := ws.ReadMessage(); err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				t.Fatal("live view still open through the control instance a minute after delete")
-			}
-			break
-		}
-	}
+	testenv.AssertWSClosed(t, ws, "the delete (through the control instance)")
 }
 
 func openFile(t *testing.T, path string) *os.File {

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -39,12 +38,7 @@ func TestFnCallCACerts(t *testing.T) {
 			Source: "chmod +x tlscheck && ./tlscheck server.pem server.key registry.test"})
 		return strings.TrimSpace(string(r.Stdout) + string(r.Stderr))
 	}
-	if out := check(nil); out != "verified" {
-		t.Errorf("a call with the node's CA: %s", out)
-	}
-	if out := check(map[string]string{"SSL_CERT_FILE": "/nonexistent", "SSL_CERT_DIR": "/nonexistent"}); !strings.Contains(out, "unknown authority") {
-		t.Errorf("a call without the bundle: %s", out)
-	}
+	assertBundleTrusted(t, "a call", check)
 	ca, _ := os.ReadFile(caFile)
 	r := call(t, srv.Client, shCall(`echo $SSL_CERT_FILE; cat "$SSL_CERT_FILE"; stat -c '%U %a' "$SSL_CERT_FILE"`))
 	if got := string(r.Stdout); !strings.HasPrefix(got, "/etc/ssl/certs/ca-certificates.crt\n") ||
@@ -61,9 +55,7 @@ func TestMicroVMCACerts(t *testing.T) {
 	dir := t.TempDir()
 	caFile, certFile, keyFile := testPKI(t, dir, "registry.test")
 	bin := buildTLSCheck(t, dir)
-	bins := testenv.Binaries(t)
-	srv := testenv.StartServer(t, func(c *server.Config) {
-		c.AgentBinary = filepath.Join(bins, "corral-agent")
+	srv := testenv.StartServer(t, testenv.WithAgent(t), func(c *server.Config) {
 		c.SandboxCACerts = caFile
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)

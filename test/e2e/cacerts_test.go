@@ -2,19 +2,13 @@ package e2e
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
-	"time"
 
 	"github.com/corral-dev/corral/client"
 	"github.com/corral-dev/corral/internal/server"
@@ -25,32 +19,22 @@ import (
 // name signed by it with its key, into dir.
 func testPKI(t *testing.T, dir, name string) (caFile, certFile, keyFile string) {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "corral test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
+	ca := testenv.NewCA(t, dir, "test")
+	certFile, keyFile = ca.Issue(name, x509.ExtKeyUsageServerAuth)
+	return ca.File, certFile, keyFile
+}
+
+// assertBundleTrusted: check (tlscheck of the server certificate, run
+// with extra environment) verifies with the node's CA bundle and fails
+// without it: it is the bundle that makes the certificate trusted.
+func assertBundleTrusted(t *testing.T, what string, check func(env map[string]string) string) {
+	t.Helper()
+	if out := check(nil); out != "verified" {
+		t.Errorf("%s with the node's CA: %s", what, out)
 	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
+	if out := check(map[string]string{"SSL_CERT_FILE": "/nonexistent", "SSL_CERT_DIR": "/nonexistent"}); !strings.Contains(out, "unknown authority") {
+		t.Errorf("%s without the bundle: %s", what, out)
 	}
-	keyDER, _ := x509.MarshalPKCS8PrivateKey(key)
-	caFile, certFile, keyFile = filepath.Join(dir, "ca.pem"), filepath.Join(dir, "server.pem"), filepath.Join(dir, "server.key")
-	for f, blk := range map[string]*pem.Block{caFile: {Type: "CERTIFICATE", Bytes: caDER},
-		certFile: {Type: "CERTIFICATE", Bytes: der}, keyFile: {Type: "PRIVATE KEY", Bytes: keyDER}} {
-		if err := os.WriteFile(f, pem.EncodeToMemory(blk), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return caFile, certFile, keyFile
 }
 
 // upload writes each host file of files (host path → sandbox path) into sb,
@@ -100,14 +84,7 @@ func TestSandboxCACerts(t *testing.T) {
 		res := testenv.Run(t, sb, client.Command{Args: []string{"/tmp/tlscheck", "/tmp/server.pem", "/tmp/server.key", "registry.test"}, Env: env})
 		return strings.TrimSpace(string(res.Stdout) + string(res.Stderr))
 	}
-	if out := check(nil); out != "verified" {
-		t.Errorf("with the node's CA: %s", out)
-	}
-	// Without the bundle the same check fails: it is the bundle that
-	// makes the certificate trusted.
-	if out := check(map[string]string{"SSL_CERT_FILE": "/nonexistent", "SSL_CERT_DIR": "/nonexistent"}); !strings.Contains(out, "unknown authority") {
-		t.Errorf("without the bundle: %s", out)
-	}
+	assertBundleTrusted(t, "a sandbox", check)
 	ca, _ := os.ReadFile(caFile)
 	got := testenv.Sh(t, sb, "echo $SSL_CERT_FILE; cat /etc/ssl/certs/ca-certificates.crt; stat -c '%U %a' /etc/ssl/certs/ca-certificates.crt")
 	if !strings.Contains(got, "/etc/ssl/certs/ca-certificates.crt\n") || !strings.Contains(got, strings.TrimSpace(string(ca))) || !strings.Contains(got, "root 444") {
@@ -126,7 +103,8 @@ func TestSandboxCACertsRefusesBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	for file, want := range map[string]string{keyFile: "PRIVATE KEY block", empty: "no certificate", filepath.Join(dir, "missing"): "no such file"} {
-		srv, err := testenv.Start(nil, func(c *server.Config) { c.SandboxCACerts = file })
+		var dataDir string
+		srv, err := testenv.Start(nil, func(c *server.Config) { c.SandboxCACerts, dataDir = file, c.DataDir })
 		if err == nil {
 			srv.Stop()
 			os.RemoveAll(srv.Config.DataDir)
@@ -135,6 +113,18 @@ func TestSandboxCACertsRefusesBadInput(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), "sandbox-ca-certs") || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", file, err, want)
+		}
+		// The refused start built the busybox image: with CleanupOnExit its
+		// layer mounts go as on Stop, and the data dir with them.
+		if mounts := testenv.MountsUnder(dataDir); len(mounts) > 0 {
+			t.Errorf("%s: mounts left by the refused start: %v", file, mounts)
+			for i := len(mounts) - 1; i >= 0; i-- {
+				_ = syscall.Unmount(mounts[i], syscall.MNT_DETACH)
+			}
+			os.RemoveAll(dataDir)
+		}
+		if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
+			t.Errorf("%s: data dir left by the refused start: %v", file, err)
 		}
 	}
 }

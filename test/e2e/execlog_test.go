@@ -187,8 +187,7 @@ func TestExecKeyReplayAttachAndErrors(t *testing.T) {
 // command's key still returns its recorded result, and a command that was
 // running has an unknown outcome: its repeat fails instead of running twice.
 func TestExecLogSurvivesDaemonKill(t *testing.T) {
-	testenv.RequireRoot(t)
-	d := newDaemon(t, testenv.Binaries(t))
+	d := newDaemon(t)
 	ctx := context.Background()
 	c := d.start()
 	sb, err := c.Create(ctx, client.CreateOptions{})

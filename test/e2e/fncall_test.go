@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"context"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -122,6 +125,39 @@ func TestFnCallPoolSurvivesBadCalls(t *testing.T) {
 	if r.Verdict != client.VerdictOK || string(r.Stdout) != "alive\n" {
 		t.Fatalf("pool poisoned: %+v stderr %q", r, r.Stderr)
 	}
+}
+
+// A pooled sandbox that dies while idle (its init killed from the host) is
+// not handed to the next call: that call runs on a new sandbox, and the
+// dead one's cgroup goes.
+func TestFnCallPooledSandboxDiesIdle(t *testing.T) {
+	srv := testenv.StartServer(t, onePool)
+	c := srv.Client
+	parent := srv.Config.CgroupParent
+	first := call(t, c, shCall(initStart))
+	// Killed once reset and back in the pool, not during its reset.
+	waitFor(t, func() bool { return strings.Contains(metrics(t, srv), `kind="idle",memory_bytes="268435456"} 1`) })
+	pids := testenv.SandboxProcesses(parent)
+	if len(pids) == 0 {
+		t.Fatalf("no process of the pooled sandbox under %s", parent)
+	}
+	for _, p := range pids {
+		pid, _ := strconv.Atoi(p)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	waitFor(t, func() bool { return len(testenv.SandboxProcesses(parent)) == 0 })
+	// With an input file: the write is what met the dead sandbox before.
+	r := call(t, c, client.CallOptions{Language: "sh", Source: "cat in; " + initStart, Files: map[string][]byte{"in": []byte("in\n")}})
+	if r.Verdict != client.VerdictOK || !strings.HasPrefix(string(r.Stdout), "in\n") || strings.TrimPrefix(string(r.Stdout), "in\n") == string(first.Stdout) {
+		t.Fatalf("call after the pooled sandbox died: %+v stderr %q (first call's init start %q)", r, r.Stderr, first.Stdout)
+	}
+	waitFor(t, func() bool { return len(fnCgroups(parent)) == 1 })
+}
+
+// fnCgroups lists the fncall sandboxes' cgroups under parent (pids controller).
+func fnCgroups(parent string) []string {
+	m, _ := filepath.Glob("/sys/fs/cgroup/pids/" + parent + "/fn-*")
+	return m
 }
 
 func TestFnCallBadInputs(t *testing.T) {

@@ -3,16 +3,10 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -211,24 +205,8 @@ func TestTCPRefusesEveryRPCWithoutAToken(t *testing.T) {
 func TestReproductionFailsForAnUnprivilegedUser(t *testing.T) {
 	srv, addr := startTCP(t)
 	ctx := context.Background()
-	// The test binaries live in a 0700 directory: copy the CLI where
-	// nobody can run it.
-	dir, err := os.MkdirTemp("", "t13-nobody-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "corral")
-	data, err := os.ReadFile(filepath.Join(testenv.Binaries(t), "corral"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	// The test binaries live in a 0700 directory.
+	bin := nobodyCorral(t)
 	asNobody := func(env []string, args ...string) (string, error) {
 		cmd := exec.Command(bin, args...)
 		cmd.Env = append([]string{"HOME=/nonexistent", "PATH=/usr/bin:/bin"}, env...)
@@ -496,9 +474,8 @@ func TestRevokedAndExpiredTokensFailAtOnce(t *testing.T) {
 // daemon, with its principal, project and result; sandboxes keep their
 // project across the restart.
 func TestAuditSurvivesKill9(t *testing.T) {
-	testenv.RequireRoot(t)
+	d := newDaemon(t)
 	addr := tcpAddr(t)
-	d := newDaemon(t, testenv.Binaries(t))
 	ctx := context.Background()
 	admin := d.start("--listen", addr)
 	mustProject(t, admin, "audited", client.Quota{})
@@ -608,41 +585,10 @@ func TestAuditSurvivesKill9(t *testing.T) {
 	d.stopLeavingNothing()
 }
 
-// selfSigned writes a certificate for 127.0.0.1 and its key as PEM files.
-func selfSigned(t *testing.T) (certFile, keyFile string) {
-	t.Helper()
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
-}
-
 // TestTLSListener: with --tls-cert/--tls-key the TCP API speaks TLS only.
 func TestTLSListener(t *testing.T) {
-	cert, key := selfSigned(t)
+	ca := testenv.NewCA(t, t.TempDir(), "tls")
+	cert, key := ca.Issue("localhost", x509.ExtKeyUsageServerAuth)
 	addr := tcpAddr(t)
 	srv := testenv.StartServer(t, func(c *server.Config) { c.Listen, c.TLSCert, c.TLSKey = addr, cert, key })
 	mustProject(t, srv.Client, "tls", client.Quota{})
@@ -652,7 +598,7 @@ func TestTLSListener(t *testing.T) {
 	}
 	bin := filepath.Join(testenv.Binaries(t), "corral")
 	cmd := exec.Command(bin, "--addr", "https://"+addr, "whoami")
-	cmd.Env = append(os.Environ(), "CORRAL_TOKEN="+secret, "CORRAL_CA_CERT="+cert)
+	cmd.Env = append(os.Environ(), "CORRAL_TOKEN="+secret, "CORRAL_CA_CERT="+ca.File)
 	var stdout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
 	if err := cmd.Run(); err != nil || !strings.Contains(stdout.String(), "project tls") {
@@ -676,28 +622,14 @@ func TestConcurrentCreatesNeverPassAQuota(t *testing.T) {
 	ctx := context.Background()
 	mustProject(t, srv.Client, "race", client.Quota{MaxSandboxes: 3, CallsPerSec: 1})
 	c := tokenClient(t, srv.Client, addr, "race", "member")
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	made, refused := 0, 0
-	for range 8 {
-		wg.Go(func() {
-			sb, err := c.Create(ctx, client.CreateOptions{})
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err == nil:
-				made++
-				t.Cleanup(func() { _ = sb.Delete(context.Background()) })
-			case client.IsResourceExhausted(err) && strings.Contains(err.Error(), "project race: quota max_sandboxes: limit 3"):
-				refused++
-			default:
-				t.Errorf("create: %v", err)
-			}
-		})
+	made, refused := testenv.CreateRace(t, 8, func(int) (*client.Sandbox, error) { return c.Create(ctx, client.CreateOptions{}) })
+	if len(made) != 3 || len(refused) != 5 {
+		t.Errorf("8 concurrent creates under a quota of 3: %d made, %d refused", len(made), len(refused))
 	}
-	wg.Wait()
-	if made != 3 || refused != 5 {
-		t.Errorf("8 concurrent creates under a quota of 3: %d made, %d refused", made, refused)
+	for _, err := range refused {
+		if !strings.Contains(err.Error(), "project race: quota max_sandboxes: limit 3") {
+			t.Errorf("refusal %q does not name the quota", err)
+		}
 	}
 	// The bucket holds one second's worth: one call, never a batch of two.
 	if _, err := c.Call(ctx, client.CallOptions{Args: []string{"true"}}); err != nil {

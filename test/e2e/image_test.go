@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,19 +18,7 @@ import (
 func workspace(t *testing.T, c *client.Client) {
 	t.Helper()
 	ctx := context.Background()
-	dir := t.TempDir()
-	for p, content := range map[string]string{"data/keep": "keep\n", "data/gone": "gone\n", "data/olddir/x": "x\n", "data/shared": "lower\n"} {
-		full := filepath.Join(dir, p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := testenv.Tree(t, map[string][]byte{"data/keep": []byte("keep\n"), "data/gone": []byte("gone\n"), "data/olddir/x": []byte("x\n"), "data/shared": []byte("lower\n")})
 	l, err := c.CreateLayer(ctx, dir, "ws@1")
 	if err != nil {
 		t.Fatal(err)

@@ -46,37 +46,20 @@ func TestLazyLayerFromSharedStore(t *testing.T) {
 	const timeout = 2 * time.Second
 	store := []string{"--blob-store", "s3://corral-e2e?endpoint=" + s3.Endpoint,
 		"--blob-fetch-timeout", timeout.String(), "--cleanup-on-exit"}
-	bins := testenv.Binaries(t)
-	nodeA := newDaemon(t, bins)
-	nodeB := newDaemon(t, bins)
-	// Registered before the daemons' own cleanups, so it runs after them:
-	// a failed test leaves no mount or lazy blob server behind.
-	t.Cleanup(func() {
-		for _, d := range []*daemon{nodeA, nodeB} {
-			detachLeftovers(d.dataDir)
-		}
-	})
+	nodeA, nodeB := lazyNodes(t)
 	a := nodeA.start(store...)
 
 	// Eight 2 MiB random files: the blob is 16 MiB, 32 fetch chunks.
-	src := t.TempDir()
-	want := map[string]string{}
+	files, want := map[string][]byte{}, map[string]string{}
 	for i := range 8 {
 		b := make([]byte, 2<<20+i*4099)
 		rand.Read(b)
 		name := fmt.Sprintf("f%d", i)
-		if err := os.MkdirAll(filepath.Join(src, "data"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(src, "data", name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		files["data/"+name] = b
 		sum := sha256.Sum256(b)
 		want[name] = hex.EncodeToString(sum[:])
 	}
-	if err := os.Chmod(src, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	src := testenv.Tree(t, files)
 	made, err := a.CreateLayer(ctx, src, "data@1")
 	if err != nil {
 		t.Fatal(err)
@@ -203,32 +186,13 @@ func TestLazyLayerFromPeer(t *testing.T) {
 	}
 	peerAddr := ln.Addr().String()
 	ln.Close()
-	bins := testenv.Binaries(t)
-	nodeA := newDaemon(t, bins)
-	nodeB := newDaemon(t, bins)
-	t.Cleanup(func() {
-		for _, d := range []*daemon{nodeA, nodeB} {
-			detachLeftovers(d.dataDir)
-		}
-	})
+	nodeA, nodeB := lazyNodes(t)
 	a := nodeA.start("--blob-store", "dir:"+t.TempDir(), "--blob-listen", peerAddr, "--cleanup-on-exit")
 	b := nodeB.start("--blob-store", "http://"+peerAddr, "--cleanup-on-exit")
 
-	src := t.TempDir()
 	big := make([]byte, 6<<20)
 	rand.Read(big)
-	if err := os.MkdirAll(filepath.Join(src, "data"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "data", "big"), big, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "data", "small"), []byte("hello from A\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(src, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	src := testenv.Tree(t, map[string][]byte{"data/big": big, "data/small": []byte("hello from A\n")})
 	made, err := a.CreateLayer(ctx, src, "peer@1")
 	if err != nil {
 		t.Fatal(err)
@@ -359,6 +323,19 @@ func waitGone(t *testing.T, pid int) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// lazyNodes are two daemons for lazy layers. The detach of their
+// leftovers is registered before the daemons' own cleanups, so it runs
+// after them: a failed test leaves no mount or lazy blob server behind.
+func lazyNodes(t *testing.T) (a, b *daemon) {
+	t.Helper()
+	a, b = newDaemon(t), newDaemon(t)
+	t.Cleanup(func() {
+		detachLeftovers(a.dataDir)
+		detachLeftovers(b.dataDir)
+	})
+	return a, b
 }
 
 // detachLeftovers ends what a failed test left of a node: its layer

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -35,13 +34,7 @@ func TestLiveViewOfAVM(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
-	boot := time.Now()
-	a, err := c.Create(ctx, client.CreateOptions{Backend: "vm", Image: ref,
-		Resources: client.Resources{CPUMillis: 1000, MemoryBytes: 512 << 20}})
-	if err != nil {
-		t.Fatalf("create vm: %v", err)
-	}
-	t.Logf("vm booted in %v", time.Since(boot).Round(time.Millisecond))
+	a := bootVM(ctx, t, c, ref)
 	deleted := false
 	defer func() {
 		if !deleted {
@@ -126,16 +119,7 @@ func TestLiveViewOfAVM(t *testing.T) {
 		t.Fatalf("delete: %v", err)
 	}
 	deleted = true
-	_ = ws.SetReadDeadline(time.Now().Add(time.Minute))
-	for {
-		if _, _, err := ws.ReadMessage(); err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				t.Fatalf("live view still open a minute after delete")
-			}
-			break
-		}
-	}
+	testenv.AssertWSClosed(t, ws, "the delete")
 	if _, err := c.LiveView(ctx, a.ID(), 0); !client.IsNotFound(err) {
 		t.Errorf("live view of a deleted sandbox: %v, want not_found", err)
 	}

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
-	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/netpolicy/netlab"
 	"github.com/corral-dev/corral/internal/server"
 	"github.com/corral-dev/corral/internal/testenv"
@@ -33,9 +31,7 @@ func requireMicroVM(t *testing.T) {
 func startMicroVMServer(t *testing.T) *testenv.Server {
 	t.Helper()
 	requireMicroVM(t)
-	bins := testenv.Binaries(t)
-	return testenv.StartServer(t, func(c *server.Config) {
-		c.AgentBinary = filepath.Join(bins, "corral-agent")
+	return testenv.StartServer(t, testenv.WithAgent(t), func(c *server.Config) {
 		c.MicroVMSnapshotAfter = 0 // pause = snapshot to disk
 	})
 }
@@ -114,22 +110,9 @@ func TestMicroVMThroughTheAPI(t *testing.T) {
 // on the VM's veth, hook "tap").
 func TestMicroVMNetworkThroughTheAPI(t *testing.T) {
 	requireMicroVM(t)
-	testenv.RequireRoot(t)
-	lab, err := netlab.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lab.Close() })
-	bins := testenv.Binaries(t)
-	srv := testenv.StartServer(t, func(c *server.Config) {
-		c.AgentBinary = filepath.Join(bins, "corral-agent")
-		c.Network = netpolicy.Config{
-			Bridge:    testenv.UniqueName("cm")[:11],
-			NodeNetns: lab.NodePath,
-			Upstreams: []string{netip.AddrPortFrom(netlab.DNS4, 53).String()},
-			Presets:   map[string][]string{"pypi": {"pypi.test:80"}, "npm": {"npm.test:80"}},
-			PoolSize:  1,
-		}
+	lab := testenv.NetLab(t)
+	srv := testenv.StartServer(t, testenv.WithAgent(t), func(c *server.Config) {
+		c.Network = testenv.LabNetwork(lab, "cm", labPresets)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()

@@ -29,22 +29,14 @@ import (
 // the lab's hosts.
 func netServer(t *testing.T) *testenv.Server {
 	t.Helper()
-	testenv.RequireRoot(t)
-	lab, err := netlab.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lab.Close() })
+	lab := testenv.NetLab(t)
 	return testenv.StartServer(t, func(c *server.Config) {
-		c.Network = netpolicy.Config{
-			Bridge:    testenv.UniqueName("ce")[:11],
-			NodeNetns: lab.NodePath,
-			Upstreams: []string{netip.AddrPortFrom(netlab.DNS4, 53).String()},
-			Presets:   map[string][]string{"pypi": {"pypi.test:80"}, "npm": {"npm.test:80"}},
-			PoolSize:  1,
-		}
+		c.Network = testenv.LabNetwork(lab, "ce", labPresets)
 	})
 }
+
+// labPresets name the lab's hosts.
+var labPresets = map[string][]string{"pypi": {"pypi.test:80"}, "npm": {"npm.test:80"}}
 
 // httpGet is a shell command fetching / from addr port 80.
 func httpGet(addr netip.Addr) string {
@@ -150,13 +142,8 @@ func TestNetworkThroughTheAPI(t *testing.T) {
 // daemon finds the maps again: DNS answers, updates and counters work.
 // A clean shutdown then removes the bridge, the veths and the NAT table.
 func TestNetworkSurvivesDaemonCrash(t *testing.T) {
-	testenv.RequireRoot(t)
-	lab, err := netlab.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lab.Close()
-	d := newDaemon(t, testenv.Binaries(t))
+	lab := testenv.NetLab(t)
+	d := newDaemon(t)
 	netFlags := []string{"--net-node-netns", lab.NodePath, "--net-bridge", testenv.UniqueName("cr")[:11],
 		"--net-dns-upstream", netip.AddrPortFrom(netlab.DNS4, 53).String(),
 		"--net-preset", "pypi=pypi.test:80", "--net-preset", "npm=npm.test:80", "--net-pool", "1"}

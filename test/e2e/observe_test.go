@@ -204,8 +204,7 @@ func TestMemoryBombYieldsOOMKilledEvent(t *testing.T) {
 }
 
 func TestEventsResumeAcrossDaemonRestart(t *testing.T) {
-	testenv.RequireRoot(t)
-	d := newDaemon(t, testenv.Binaries(t))
+	d := newDaemon(t)
 	ctx := context.Background()
 	c := d.start()
 	sb, err := c.Create(ctx, client.CreateOptions{Labels: map[string]string{"run": "a"}})

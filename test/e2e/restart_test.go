@@ -15,10 +15,12 @@ import (
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
-// newDaemon is a daemon of binaries bins over a fresh data dir and cgroup
-// parent.
-func newDaemon(t *testing.T, bins string) *daemon {
-	return &daemon{t: t, bins: bins, dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
+// newDaemon is a daemon of the test binaries over a fresh data dir and
+// cgroup parent (it skips without root).
+func newDaemon(t *testing.T) *daemon {
+	t.Helper()
+	testenv.RequireRoot(t)
+	return &daemon{t: t, bins: testenv.Binaries(t), dataDir: t.TempDir(), parent: testenv.UniqueName("corral-test")}
 }
 
 // daemon is `corral serve` as a child process, so the test can SIGKILL it.
@@ -34,7 +36,8 @@ type daemon struct {
 func (d *daemon) start(extra ...string) *client.Client {
 	d.t.Helper()
 	args := append([]string{"serve", "--data-dir", d.dataDir, "--listen", "", "--cgroup-parent", d.parent,
-		"--init-binary", filepath.Join(d.bins, "corral-init"), "--disk-pool", "4Gi", "--log-level", "warn"}, extra...)
+		"--init-binary", filepath.Join(d.bins, "corral-init"), "--disk-pool", "4Gi", "--log-level", "warn",
+		"--no-raise-limits"}, extra...) // tests leave the shared host's settings alone
 	d.cmd = exec.Command(filepath.Join(d.bins, "corral"), args...)
 	d.cmd.Stdout, d.cmd.Stderr = os.Stderr, os.Stderr
 	if err := d.cmd.Start(); err != nil {
@@ -106,8 +109,7 @@ func cgroupPids(parent, id string) []int {
 }
 
 func TestDaemonCrashKeepsOrCleansEverySandbox(t *testing.T) {
-	testenv.RequireRoot(t)
-	d := newDaemon(t, testenv.Binaries(t))
+	d := newDaemon(t)
 	ctx := context.Background()
 	c := d.start()
 

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
-	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/netpolicy/netlab"
 	"github.com/corral-dev/corral/internal/node"
 	"github.com/corral-dev/corral/internal/server"
@@ -30,22 +28,9 @@ func TestMicroVMNetworkedFork(t *testing.T) {
 	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
 		t.Skip("microvm: needs a guest kernel (package linux-image-amd64)")
 	}
-	testenv.RequireRoot(t)
-	lab, err := netlab.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lab.Close() })
-	bins := testenv.Binaries(t)
-	srv := testenv.StartServer(t, func(c *server.Config) {
-		c.AgentBinary = filepath.Join(bins, "corral-agent")
-		c.Network = netpolicy.Config{
-			Bridge:    testenv.UniqueName("cf")[:11],
-			NodeNetns: lab.NodePath,
-			Upstreams: []string{netip.AddrPortFrom(netlab.DNS4, 53).String()},
-			Presets:   map[string][]string{"pypi": {"pypi.test:80"}},
-			PoolSize:  1,
-		}
+	lab := testenv.NetLab(t)
+	srv := testenv.StartServer(t, testenv.WithAgent(t), func(c *server.Config) {
+		c.Network = testenv.LabNetwork(lab, "cf", map[string][]string{"pypi": {"pypi.test:80"}})
 		c.Snapshots = node.SnapshotLimits{Count: 1}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -53,10 +38,7 @@ func TestMicroVMNetworkedFork(t *testing.T) {
 	parent := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: "microvm",
 		Resources: client.Resources{MemoryBytes: 256 << 20, CPUMillis: 1000},
 		Network:   client.Network{Mode: client.NetworkAllowlist, Allow: []string{"pypi"}}})
-	testenv.Sh(t, parent, counterScript)
-	waitFor(t, func() bool {
-		return testenv.Run(t, parent, client.Command{Args: []string{"test", "-s", "/tmp/count"}}).ExitCode == 0
-	})
+	testenv.StartCounter(t, parent)
 	// identity is the guest's MAC and IPv4 address/prefix on eth0.
 	const identity = `cat /sys/class/net/eth0/address; ip -4 -o addr show dev eth0 | awk '{print $4}'`
 	reaches := func(name string, sb *client.Sandbox) {
@@ -108,7 +90,7 @@ func TestMicroVMNetworkedFork(t *testing.T) {
 	for _, line := range strings.Fields(parentID) {
 		seen[line] = "the parent"
 	}
-	forkAt := readCounter(t, parent)
+	forkAt := testenv.ReadCounter(t, parent)
 	for i, f := range res.Forks {
 		if f.Err != nil {
 			t.Fatalf("fork %d: %v", i, f.Err)
@@ -130,11 +112,11 @@ func TestMicroVMNetworkedFork(t *testing.T) {
 		}
 		t.Logf("%s: %s", name, strings.Join(fields, " "))
 		reaches(name, f.Sandbox)
-		assertCounting(t, name, f.Sandbox, 1)
+		testenv.AssertCounting(t, name, f.Sandbox, 1)
 	}
 	if got := testenv.Sh(t, parent, identity); got != parentID {
 		t.Errorf("parent's identity after the fork: %q, was %q", got, parentID)
 	}
 	reaches("parent after the fork", parent)
-	assertCounting(t, "the parent after its forks", parent, forkAt)
+	testenv.AssertCounting(t, "the parent after its forks", parent, forkAt)
 }

@@ -14,48 +14,14 @@ import (
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
-// counterScript counts in the background, five times a second, into
-// /tmp/count (renamed into place, so a read never sees a half write); its
-// shell's pid is in /tmp/counter.pid.
-const counterScript = "/.corral/sh -c 'echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.2; done' >/dev/null 2>&1 &"
-
-func readCounter(t *testing.T, sb *client.Sandbox) int {
-	t.Helper()
-	n, err := strconv.Atoi(strings.TrimSpace(testenv.Sh(t, sb, "cat /tmp/count")))
-	if err != nil {
-		t.Fatalf("sandbox %s: counter: %v", sb.ID(), err)
-	}
-	return n
-}
-
-// assertCounting: the counter reads at least from and goes on.
-func assertCounting(t *testing.T, what string, sb *client.Sandbox, from int) int {
-	t.Helper()
-	first := readCounter(t, sb)
-	if first < from {
-		t.Fatalf("%s: counter %d, want at least %d (the snapshotted value)", what, first, from)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if next := readCounter(t, sb); next > first {
-			return next
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: counter stuck at %d", what, first)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
-}
-
 // TestMicroVMSnapshotRestoreFork: a running microVM is snapshotted and goes
 // on counting; the snapshot survives a daemon kill -9 (a half-written one
 // does not); a restore continues the counter under a new identity; fork × 4
 // gives four independent counters; bad inputs fail clearly and leave
 // nothing behind. One booted microVM serves every step.
 func TestMicroVMSnapshotRestoreFork(t *testing.T) {
-	testenv.RequireRoot(t)
 	requireMicroVM(t)
-	d := newDaemon(t, testenv.Binaries(t))
+	d := newDaemon(t)
 	ctx := context.Background()
 	c := d.start("--microvm-snapshot-after", "1h")
 	snapRoot := filepath.Join(d.dataDir, "snapshots")
@@ -91,12 +57,9 @@ func TestMicroVMSnapshotRestoreFork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testenv.Sh(t, sb, counterScript)
-	waitFor(t, func() bool {
-		return testenv.Run(t, sb, client.Command{Args: []string{"test", "-s", "/tmp/count"}}).ExitCode == 0
-	})
+	testenv.StartCounter(t, sb)
 	testenv.Sh(t, sb, "echo parent > /tmp/who")
-	before := readCounter(t, sb)
+	before := testenv.ReadCounter(t, sb)
 	start := time.Now()
 	snap, err := sb.Snapshot(ctx)
 	if err != nil {
@@ -106,7 +69,7 @@ func TestMicroVMSnapshotRestoreFork(t *testing.T) {
 	if snap.Bytes <= 0 || snap.SandboxID != sb.ID() || snap.Backend != "microvm" {
 		t.Errorf("snapshot: %+v", snap)
 	}
-	after := assertCounting(t, "the original after its snapshot", sb, before)
+	after := testenv.AssertCounting(t, "the original after its snapshot", sb, before)
 	if _, err := sb.Fork(ctx, 0); !client.IsInvalidArgument(err) || !strings.Contains(err.Error(), "count") {
 		t.Errorf("fork × 0: %v, want invalid argument naming count", err)
 	}
@@ -130,7 +93,7 @@ func TestMicroVMSnapshotRestoreFork(t *testing.T) {
 		t.Fatalf("snapshots after the restart: %v %+v", err, list)
 	}
 	sb = c.Sandbox(sb.ID())
-	assertCounting(t, "the original after the restart", sb, after)
+	testenv.AssertCounting(t, "the original after the restart", sb, after)
 
 	start = time.Now()
 	restored, info, err := c.Restore(ctx, snap.ID, map[string]string{"role": "restored"})
@@ -141,7 +104,7 @@ func TestMicroVMSnapshotRestoreFork(t *testing.T) {
 	if restored.ID() == sb.ID() || info.Labels["job"] != "snap" || info.Labels["role"] != "restored" || info.Labels["corral.restored-from"] != snap.ID {
 		t.Errorf("restored sandbox %s: labels %v", restored.ID(), info.Labels)
 	}
-	assertCounting(t, "the restored sandbox", restored, before)
+	testenv.AssertCounting(t, "the restored sandbox", restored, before)
 	if got := testenv.Sh(t, restored, "cat /tmp/who; hostname"); got != "parent\nsandbox\n" {
 		t.Errorf("restored files and hostname: %q", got)
 	}
@@ -156,7 +119,7 @@ func TestMicroVMSnapshotRestoreFork(t *testing.T) {
 		t.Fatalf("fork result: %+v", res)
 	}
 	ids := map[string]bool{sb.ID(): true, restored.ID(): true}
-	forkAt := readCounter(t, sb)
+	forkAt := testenv.ReadCounter(t, sb)
 	for i, f := range res.Forks {
 		if f.Err != nil {
 			t.Fatalf("fork %d: %v", i, f.Err)
@@ -173,19 +136,19 @@ func TestMicroVMSnapshotRestoreFork(t *testing.T) {
 	for i, f := range res.Forks {
 		// Each fork counts on from at least where the parent was before
 		// the fork's snapshot (after: the value read before the restart).
-		assertCounting(t, "fork "+strconv.Itoa(i), f.Sandbox, after)
+		testenv.AssertCounting(t, "fork "+strconv.Itoa(i), f.Sandbox, after)
 		if got := testenv.Sh(t, f.Sandbox, "cat /tmp/who"); got != "fork-"+strconv.Itoa(i)+"\n" {
 			t.Errorf("fork %d sees %q: disks are not its own", i, got)
 		}
 	}
 	// Stopping one fork's counter leaves the others' and the parent's going.
 	testenv.Sh(t, res.Forks[0].Sandbox, "kill $(cat /tmp/counter.pid)")
-	stopped := readCounter(t, res.Forks[0].Sandbox)
-	assertCounting(t, "fork 1 beside a stopped fork 0", res.Forks[1].Sandbox, after)
-	if now := readCounter(t, res.Forks[0].Sandbox); now > stopped+1 {
+	stopped := testenv.ReadCounter(t, res.Forks[0].Sandbox)
+	testenv.AssertCounting(t, "fork 1 beside a stopped fork 0", res.Forks[1].Sandbox, after)
+	if now := testenv.ReadCounter(t, res.Forks[0].Sandbox); now > stopped+1 {
 		t.Errorf("fork 0's counter went on (%d → %d) after its loop was killed", stopped, now)
 	}
-	assertCounting(t, "the parent after its forks", sb, forkAt)
+	testenv.AssertCounting(t, "the parent after its forks", sb, forkAt)
 	if got := testenv.Sh(t, sb, "cat /tmp/who"); got != "parent\n" {
 		t.Errorf("parent sees %q after its forks wrote theirs", got)
 	}

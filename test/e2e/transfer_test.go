@@ -46,8 +46,23 @@ func TestCopyTreeRoundTrip(t *testing.T) {
 	if want := "f1 1000:1000 1\nf3 0:0 2\nf3\n/etc/hostname\n-r--r--r--\n"; out != want {
 		t.Fatalf("in the sandbox:\n%s\nwant:\n%s", out, want)
 	}
+	downloadMatches(ctx, t, sb, "/work/tree", src)
+}
+
+// randomData is n random bytes and their sha256 in hex.
+func randomData(n int) ([]byte, string) {
+	data := make([]byte, n)
+	rand.Read(data)
+	sum := sha256.Sum256(data)
+	return data, hex.EncodeToString(sum[:])
+}
+
+// downloadMatches downloads dir from sb and fails the test unless it is
+// the host tree src, bytes and metadata.
+func downloadMatches(ctx context.Context, t *testing.T, sb *client.Sandbox, dir, src string) {
+	t.Helper()
 	dst := filepath.Join(t.TempDir(), "back")
-	if err := sb.Files().DownloadDir(ctx, "/work/tree", dst); err != nil {
+	if err := sb.Files().DownloadDir(ctx, dir, dst); err != nil {
 		t.Fatal(err)
 	}
 	if err := bench.CompareTrees(src, dst); err != nil {
@@ -119,12 +134,7 @@ func TestStreamedStdinAndUpload(t *testing.T) {
 	srv := testenv.StartServer(t)
 	ctx := context.Background()
 	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Image: "busybox"})
-	data := make([]byte, 96<<20)
-	if _, err := rand.Read(data); err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(data)
-	want := hex.EncodeToString(sum[:])
+	data, want := randomData(96 << 20)
 	res, err := sb.Run(ctx, client.Command{Shell: "sha256sum | cut -d' ' -f1", StdinReader: bytes.NewReader(data)})
 	if err != nil {
 		t.Fatal(err)
@@ -148,12 +158,7 @@ func TestMicroVMTransfer(t *testing.T) {
 	ctx := context.Background()
 	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: "microvm",
 		Resources: client.Resources{MemoryBytes: 256 << 20, CPUMillis: 1000}})
-	data := make([]byte, 24<<20)
-	if _, err := rand.Read(data); err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(data)
-	want := hex.EncodeToString(sum[:])
+	data, want := randomData(24 << 20)
 	res, err := sb.Run(ctx, client.Command{Shell: "sha256sum | cut -d' ' -f1", StdinReader: bytes.NewReader(data)})
 	if err != nil || strings.TrimSpace(string(res.Stdout)) != want {
 		t.Fatalf("streamed stdin on a microVM: %+v, %v", res, err)
@@ -174,13 +179,7 @@ func TestMicroVMTransfer(t *testing.T) {
 	if err != nil || got.Bytes != tree.Bytes {
 		t.Fatalf("upload a tree to a microVM: %+v, %v; the tree has %d bytes", got, err, tree.Bytes)
 	}
-	dst := filepath.Join(t.TempDir(), "back")
-	if err := sb.Files().DownloadDir(ctx, "/root/tree", dst); err != nil {
-		t.Fatal(err)
-	}
-	if err := bench.CompareTrees(src, dst); err != nil {
-		t.Fatal(err)
-	}
+	downloadMatches(ctx, t, sb, "/root/tree", src)
 }
 
 // TestCLICopyTree: `corral cp` of a directory follows docker cp's naming

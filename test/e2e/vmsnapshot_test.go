@@ -12,6 +12,20 @@ import (
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
+// bootVM creates a full VM from image ref (one CPU, 512 MiB) and logs
+// its boot time; the caller deletes it.
+func bootVM(ctx context.Context, t *testing.T, c *client.Client, ref string) *client.Sandbox {
+	t.Helper()
+	boot := time.Now()
+	sb, err := c.Create(ctx, client.CreateOptions{Backend: "vm", Image: ref,
+		Resources: client.Resources{CPUMillis: 1000, MemoryBytes: 512 << 20}})
+	if err != nil {
+		t.Fatalf("create vm: %v", err)
+	}
+	t.Logf("vm booted in %v", time.Since(boot).Round(time.Millisecond))
+	return sb
+}
+
 // TestVMSnapshotRestoreFork drives the node's snapshot, restore and fork
 // of a running full VM through the API (one boot; restores boot nothing):
 // the restored sandbox and both forks count on from the snapshotted value
@@ -23,16 +37,10 @@ func TestVMSnapshotRestoreFork(t *testing.T) {
 	c := srv.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	boot := time.Now()
-	sb, err := c.Create(ctx, client.CreateOptions{Backend: "vm", Image: ref,
-		Resources: client.Resources{CPUMillis: 1000, MemoryBytes: 512 << 20}})
-	if err != nil {
-		t.Fatalf("create vm: %v", err)
-	}
-	t.Logf("vm booted in %v", time.Since(boot).Round(time.Millisecond))
+	sb := bootVM(ctx, t, c, ref)
 	defer func() { _ = sb.Delete(context.Background()) }()
 	testenv.Sh(t, sb, "setsid sh -c 'echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.2; done' </dev/null >/dev/null 2>&1 & echo parent > /root/who; until [ -s /tmp/count ]; do sleep 0.1; done")
-	before := readCounter(t, sb)
+	before := testenv.ReadCounter(t, sb)
 
 	start := time.Now()
 	snap, err := sb.Snapshot(ctx)
@@ -43,7 +51,7 @@ func TestVMSnapshotRestoreFork(t *testing.T) {
 	if snap.Backend != "vm" || snap.Bytes <= 0 {
 		t.Errorf("snapshot: %+v", snap)
 	}
-	after := assertCounting(t, "the original after its snapshot", sb, before)
+	after := testenv.AssertCounting(t, "the original after its snapshot", sb, before)
 
 	start = time.Now()
 	restored, _, err := c.Restore(ctx, snap.ID, nil)
@@ -55,7 +63,7 @@ func TestVMSnapshotRestoreFork(t *testing.T) {
 	if restored.ID() == sb.ID() {
 		t.Errorf("restored sandbox has the source's id %s", sb.ID())
 	}
-	assertCounting(t, "the restored vm", restored, before)
+	testenv.AssertCounting(t, "the restored vm", restored, before)
 	if got := testenv.Sh(t, restored, "cat /root/who"); got != "parent\n" {
 		t.Errorf("restored vm's file: %q", got)
 	}
@@ -63,7 +71,7 @@ func TestVMSnapshotRestoreFork(t *testing.T) {
 		t.Errorf("delete snapshot: %v", err)
 	}
 	// The restored VM needs nothing of its snapshot once made.
-	assertCounting(t, "the restored vm without its snapshot", restored, before)
+	testenv.AssertCounting(t, "the restored vm without its snapshot", restored, before)
 
 	start = time.Now()
 	res, err := sb.Fork(ctx, 2)
@@ -79,7 +87,7 @@ func TestVMSnapshotRestoreFork(t *testing.T) {
 		testenv.Sh(t, f.Sandbox, "echo fork-"+strconv.Itoa(i)+" > /root/who")
 	}
 	for i, f := range res.Forks {
-		assertCounting(t, "fork "+strconv.Itoa(i), f.Sandbox, after)
+		testenv.AssertCounting(t, "fork "+strconv.Itoa(i), f.Sandbox, after)
 		if got := testenv.Sh(t, f.Sandbox, "cat /root/who"); got != "fork-"+strconv.Itoa(i)+"\n" {
 			t.Errorf("fork %d sees %q: disks are not its own", i, got)
 		}

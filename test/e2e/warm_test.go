@@ -58,8 +58,7 @@ func waitUntil(t *testing.T, what string, limit time.Duration, ok func() bool) {
 // and after the restart nothing is left that no record names: no cgroup,
 // process, loop device or mount.
 func TestWarmPoolAndBackgroundDeletesAcrossACrash(t *testing.T) {
-	testenv.RequireRoot(t)
-	d := newDaemon(t, testenv.Binaries(t))
+	d := newDaemon(t)
 	ctx := context.Background()
 	c := d.start("--warm-pool", "3")
 	waitUntil(t, "3 pooled sandboxes", 2*time.Minute, func() bool { return len(sandboxCgroups(d.parent)) == 3 })

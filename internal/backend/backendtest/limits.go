@@ -10,10 +10,27 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-// limited creates a sandbox for one limit subtest, or skips the subtest
-// when the backend says it does not enforce l (a NotSupported error from
+// The limits of the sandbox the limit subtests share, each set when the
+// backend enforces it.
+const (
+	cpuLimitMillis = 250
+	pidsLimitCount = 32
+	diskLimitBytes = 16 << 20
+)
+
+// limitedSandbox is the limit subtests' sandbox: one for all of them (an
+// emulated guest's boot costs minutes).
+type limitedSandbox struct {
+	s      backend.Sandbox
+	id     string
+	record []byte
+}
+
+// limited returns the limit subtests' sandbox, made on first use with
+// every limit the backend enforces, or skips the subtest when the backend
+// says it does not enforce l (a NotSupported error from
 // backend.LimitEnforcer; any other answer fails the run).
-func (st *suite) limited(t *testing.T, l backend.Limit, set func(*backend.Resources)) backend.Sandbox {
+func (st *suite) limited(t *testing.T, l backend.Limit) backend.Sandbox {
 	t.Helper()
 	le, ok := st.b.(backend.LimitEnforcer)
 	if !ok {
@@ -24,9 +41,34 @@ func (st *suite) limited(t *testing.T, l backend.Limit, set func(*backend.Resour
 	} else if err != nil {
 		t.Fatalf("Enforces(%s): %v; want nil or not supported", l, err)
 	}
+	if st.lim != nil {
+		return st.lim.s
+	}
 	spec := st.h.Spec(t)
-	set(&spec.Resources)
-	return st.create(t, spec)
+	r := &spec.Resources
+	for lim, set := range map[backend.Limit]func(){
+		backend.LimitCPU:  func() { r.CPUMillis = cpuLimitMillis },
+		backend.LimitPids: func() { r.Pids = pidsLimitCount },
+		backend.LimitDisk: func() { r.DiskBytes = diskLimitBytes },
+	} {
+		if le.Enforces(lim) == nil {
+			set()
+		}
+	}
+	s, err := st.b.Create(st.ctx(t), spec)
+	if err != nil {
+		t.Fatalf("create %s with limits %+v: %v", spec.ID, spec.Resources, err)
+	}
+	st.lim = &limitedSandbox{s: s, id: spec.ID, record: s.Record()}
+	return s
+}
+
+// dropLimited removes the limit subtests' sandbox once they ran.
+func (st *suite) dropLimited(t *testing.T) {
+	if st.lim != nil {
+		st.cleanup(t, st.lim.id, st.lim.record)
+		st.lim = nil
+	}
 }
 
 // shOn runs a script on s with the image's shell.
@@ -53,8 +95,8 @@ func (st *suite) cpuTime(t *testing.T, s backend.Sandbox, sr backend.StatsReader
 // passes (half as much again for accounting slack), where unlimited they
 // would take up to two cores.
 func (st *suite) cpuLimit(t *testing.T) {
-	const millis = 250
-	s := st.limited(t, backend.LimitCPU, func(r *backend.Resources) { r.CPUMillis = millis })
+	const millis = cpuLimitMillis
+	s := st.limited(t, backend.LimitCPU)
 	sr, ok := s.(backend.StatsReader)
 	if !ok {
 		t.Fatalf("the backend enforces %s, but its sandbox (%T) has no usage counters (backend.StatsReader)", backend.LimitCPU, s)
@@ -79,8 +121,8 @@ func (st *suite) cpuLimit(t *testing.T) {
 // fails; the shell, and the other processes, run on), the sandbox serves
 // again once they are gone, and other sandboxes were never short.
 func (st *suite) pidsLimit(t *testing.T) {
-	const limit = 32
-	s := st.limited(t, backend.LimitPids, func(r *backend.Resources) { r.Pids = limit })
+	const limit = pidsLimitCount
+	s := st.limited(t, backend.LimitPids)
 	// Builtins only once the sleepers hold the limit: read, echo and kill
 	// need no fork. The subshell dies when a fork fails (ash's rule).
 	r := st.shOn(t, s, "(i=0; while [ $i -lt 200 ]; do sleep 1000 & echo $! >> /tmp/sleepers; i=$((i+1)); echo $i > /tmp/forks; done) 2>/dev/null;"+
@@ -119,8 +161,8 @@ func (st *suite) waitServes(t *testing.T, s backend.Sandbox) {
 // diskLimit: writing past the writable layer's limit fails with ENOSPC or
 // EDQUOT, and the space comes back once the file is gone.
 func (st *suite) diskLimit(t *testing.T) {
-	const limit = 16 << 20
-	s := st.limited(t, backend.LimitDisk, func(r *backend.Resources) { r.DiskBytes = limit })
+	const limit = diskLimitBytes
+	s := st.limited(t, backend.LimitDisk)
 	r := st.shOn(t, s, "dd if=/dev/zero of=/root/fill bs=1M count=64 2>&1; echo rc=$?; wc -c < /root/fill")
 	if !strings.Contains(r.stdout, "No space left on device") && !strings.Contains(r.stdout, "quota exceeded") {
 		t.Errorf("writing 64 MiB past a %d MiB limit: %q; want ENOSPC or EDQUOT", limit>>20, r.stdout)

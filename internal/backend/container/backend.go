@@ -42,6 +42,12 @@ type Config struct {
 	// InitPath is the corral-init binary. Default: corral-init beside
 	// os.Executable().
 	InitPath string
+	// Stub makes corral-initstub (beside InitPath) PID 1 of every
+	// non-pooled sandbox: an idle sandbox is one single-threaded task, and
+	// corral-init's Go server starts per exec and lingers 2 s (fewer host
+	// PIDs and less memory per idle sandbox, a slower first exec after a
+	// pause; docs/lifecycle.md). Off: corral-init stays PID 1.
+	Stub bool
 	// Uppers provides writable layers. Required (upper.DirStore for no
 	// quota).
 	Uppers upper.Store
@@ -85,6 +91,10 @@ type Backend struct {
 	log         *slog.Logger
 	// spawner clones inits, so that the daemon does not fork itself.
 	spawner *launch.Spawner
+	// stub is the path of corral-initstub, opened for every non-pooled
+	// init (the node holds no fd of it between creates: the sandbox gets
+	// no open file of the node); empty: none.
+	stub string
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -139,9 +149,25 @@ func New(cfg Config) (*Backend, error) {
 	if err := os.MkdirAll(cfg.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("container backend: run dir: %w", err)
 	}
+	stub, err := findStub(cfg)
+	if err != nil {
+		return nil, err
+	}
 	log := cfg.Logger.With("backend", "container")
 	return &Backend{cfg: cfg, seccomp: filter, poolSeccomp: poolFilter, cg: cg, cgIdle: cg.Idle(), log: log,
-		spawner: launch.NewSpawner(cfg.InitPath, log)}, nil
+		spawner: launch.NewSpawner(cfg.InitPath, log), stub: stub}, nil
+}
+
+// findStub returns the stub binary's path when cfg asks for the stub, else "".
+func findStub(cfg Config) (string, error) {
+	if !cfg.Stub {
+		return "", nil
+	}
+	path := filepath.Join(filepath.Dir(cfg.InitPath), "corral-initstub")
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("container backend: the init stub (build it with make build): %w", err)
+	}
+	return path, nil
 }
 
 // Close stops the backend's spawner; its sandboxes keep running.

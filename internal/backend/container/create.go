@@ -240,9 +240,18 @@ func (c *creation) waitReady(ctx context.Context) error {
 			cfg.Seccomp, cfg.PoolSeccomp = c.b.poolSeccomp, c.b.seccomp
 		}
 	}
-	fds := make([]int, len(c.mounts))
+	fds := make([]int, len(c.mounts), len(c.mounts)+1)
 	for i, m := range c.mounts {
 		fds[i] = int(m.Fd())
+	}
+	if c.b.stub != "" && !cfg.Pool {
+		stub, err := os.Open(c.b.stub)
+		if err != nil {
+			return fmt.Errorf("open corral-initstub: %w", err)
+		}
+		defer stub.Close()
+		cfg.Stub = true
+		fds = append(fds, int(stub.Fd()))
 	}
 	return c.proc.Setup(ctx, c.setup, cfg, fds...)
 }

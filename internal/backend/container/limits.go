@@ -13,19 +13,13 @@ var _ backend.LimitEnforcer = (*Backend)(nil)
 // ones it lacks), the disk limit where the writable-layer store has quota.
 func (b *Backend) Enforces(l backend.Limit) error {
 	h := b.cg.Hierarchies()
-	has := func(ctrl string) bool {
-		if h.Unified() {
-			return h.V2Controllers[ctrl]
-		}
-		return h.V1[ctrl] != ""
-	}
 	switch l {
 	case backend.LimitCPU:
-		if !has("cpu") {
+		if !h.Has("cpu") {
 			return errdefs.NotSupported("%s: this host has no cpu cgroup controller", l)
 		}
 	case backend.LimitPids:
-		if !has("pids") {
+		if !h.Has("pids") {
 			return errdefs.NotSupported("%s: this host has no pids cgroup controller", l)
 		}
 	case backend.LimitDisk:

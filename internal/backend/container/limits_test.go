@@ -21,7 +21,8 @@ func TestIsolationProcessesAndHost(t *testing.T) {
 	if len(lines) < 4 {
 		t.Fatalf("output %q", r.stdout)
 	}
-	if !strings.HasPrefix(lines[0], "1 ") || len(strings.Fields(lines[0])) > 6 {
+	// init (the stub), its server and the five of the pipeline.
+	if !strings.HasPrefix(lines[0], "1 ") || len(strings.Fields(lines[0])) > 7 {
 		t.Fatalf("sandbox sees foreign pids: %q", lines[0])
 	}
 	if lines[1] != "0" {

@@ -83,34 +83,32 @@ func (s *sandbox) MemoryPeak() (int64, error) {
 
 // OOMKills implements backend.Resetter.
 func (s *sandbox) OOMKills() (uint64, error) {
-	if s.pool == nil {
-		return s.group.OOMKills()
-	}
-	s.pool.mu.Lock()
-	defer s.pool.mu.Unlock()
-	return s.pool.mem.OOMKills()
+	return s.ooms(func(p *poolState) (uint64, error) { return p.mem.OOMKills() })
 }
 
 // oomBefore is the sandbox's OOM kill count before a command.
 func (s *sandbox) oomBefore() (uint64, error) {
-	if s.pool == nil {
-		return s.group.OOMKills()
-	}
-	s.pool.mu.Lock()
-	defer s.pool.mu.Unlock()
-	return s.pool.oomLast, nil
+	return s.ooms(func(p *poolState) (uint64, error) { return p.oomLast, nil })
 }
 
 // oomAfter is the count after a command.
 func (s *sandbox) oomAfter() (uint64, error) {
+	return s.ooms(func(p *poolState) (uint64, error) {
+		n, err := p.mem.OOMKills()
+		if err == nil {
+			p.oomLast = n
+		}
+		return n, err
+	})
+}
+
+// ooms runs read on the pool under its lock; a sandbox of no pool counts its
+// own cgroup's OOM kills.
+func (s *sandbox) ooms(read func(*poolState) (uint64, error)) (uint64, error) {
 	if s.pool == nil {
 		return s.group.OOMKills()
 	}
 	s.pool.mu.Lock()
 	defer s.pool.mu.Unlock()
-	n, err := s.pool.mem.OOMKills()
-	if err == nil {
-		s.pool.oomLast = n
-	}
-	return n, err
+	return read(s.pool)
 }

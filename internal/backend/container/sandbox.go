@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -109,23 +110,17 @@ func (s *sandbox) Record() []byte {
 	b, _ := json.Marshal(r)
 	return b
 }
-func (s *sandbox) Done() <-chan struct{} { return s.proc.Done() }
-func (s *sandbox) Pause(ctx context.Context) error {
-	if err := s.live(); err != nil {
-		return err
-	}
-	if err := s.group.Freeze(ctx); err != nil {
-		return fmt.Errorf("sandbox %s: pause: %w", s.id, err)
-	}
-	return nil
-}
+func (s *sandbox) Done() <-chan struct{}            { return s.proc.Done() }
+func (s *sandbox) Pause(ctx context.Context) error  { return s.freezer(ctx, "pause", s.group.Freeze) }
+func (s *sandbox) Resume(ctx context.Context) error { return s.freezer(ctx, "resume", s.group.Thaw) }
 
-func (s *sandbox) Resume(ctx context.Context) error {
+// freezer runs a freeze or thaw of a live sandbox's cgroup.
+func (s *sandbox) freezer(ctx context.Context, what string, op func(context.Context) error) error {
 	if err := s.live(); err != nil {
 		return err
 	}
-	if err := s.group.Thaw(ctx); err != nil {
-		return fmt.Errorf("sandbox %s: resume: %w", s.id, err)
+	if err := op(ctx); err != nil {
+		return fmt.Errorf("sandbox %s: %s: %w", s.id, what, err)
 	}
 	return nil
 }
@@ -147,6 +142,11 @@ func (s *sandbox) Stop(ctx context.Context) error {
 	defer s.stopMu.Unlock()
 	if s.stopped {
 		return nil
+	}
+	if !s.proc.Alive() {
+		// Init ends only by the node's kill: its own end is a fault whose
+		// trace (a Go panic, say) is in init.log, removed with the sandbox.
+		s.b.log.Warn("sandbox init had exited before the stop", "sandbox", s.id, "init_log", s.initLogTail())
 	}
 	start := time.Now()
 	errs := []error{s.proc.Kill(), s.group.Kill(ctx)}
@@ -170,6 +170,21 @@ func (s *sandbox) Stop(ctx context.Context) error {
 	s.proc.Release()
 	s.stopped = true
 	return nil
+}
+
+// initLogTail is the end of init's own log, for a warning.
+func (s *sandbox) initLogTail() string {
+	const tail = 2048
+	f, err := os.Open(filepath.Join(s.b.runDir(s.id), "init.log"))
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > tail {
+		_, _ = f.Seek(fi.Size()-tail, io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, tail))
+	return string(b)
 }
 
 var _ backend.Networker = (*sandbox)(nil)

@@ -65,7 +65,12 @@ type Config struct {
 	// Network wires sandboxes with a network mode other than none; nil:
 	// only mode none.
 	Network *netpolicy.Manager
-	Logger  *slog.Logger
+	// CgroupParent is the node's sandbox cgroup parent: each QEMU runs in
+	// a group of its own under <CgroupParent>-microvm, whose CPU quota is
+	// the sandbox's cpu_millis. Empty: VMMs stay in the daemon's cgroup
+	// and CPU limits are not enforced.
+	CgroupParent string
+	Logger       *slog.Logger
 }
 
 // Backend implements backend.Backend.
@@ -74,6 +79,7 @@ type Backend struct {
 	drv  driver
 	kvm  bool
 	init *initramfs
+	cpu  *qemuvm.CPUGroups
 	log  *slog.Logger
 }
 
@@ -127,6 +133,9 @@ func New(cfg Config) (*Backend, error) {
 		cfg.Kernel, cfg.KernelModules = k, mods
 	}
 	b := &Backend{cfg: cfg, kvm: KVMAvailable(), log: cfg.Logger.With("backend", "microvm")}
+	if b.cpu, err = qemuvm.NewCPUGroups(cfg.CgroupParent, "microvm"); err != nil {
+		return nil, fmt.Errorf("microvm backend: %w", err)
+	}
 	mods := guestModules
 	if fc := cfg.Firecracker; b.kvm {
 		if fc == "" {
@@ -141,7 +150,7 @@ func New(cfg Config) (*Backend, error) {
 		case checkKernel(kernel) != nil:
 			b.log.Warn("firecracker found but no uncompressed guest kernel; using QEMU", "err", checkKernel(kernel))
 		default:
-			b.drv = &firecracker{bin: fc}
+			b.drv = &firecracker{bin: fc, cpu: b.cpu}
 			b.cfg.Kernel = kernel
 		}
 	}
@@ -153,7 +162,7 @@ func New(cfg Config) (*Backend, error) {
 				return nil, errdefs.NotSupported("microvm backend: needs qemu-system-x86_64 (package qemu-system-x86) or firecracker with /dev/kvm")
 			}
 		}
-		b.drv = &qemu{bin: bin}
+		b.drv = &qemu{bin: bin, cpu: b.cpu}
 	}
 	if b.drv.Caps().Vsock {
 		mods = append(append([]string(nil), guestModules...), vsockModules...)
@@ -303,13 +312,13 @@ func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
 		}
 		rec = m.Net
 	}
-	return qemuvm.Remove(ctx, id, dir, pid, start, vmmProcesses(b.cfg.RunDir)[id], b.cfg.Network, rec)
+	return qemuvm.Remove(ctx, id, dir, pid, start, vmmProcesses(b.cfg.RunDir)[id], b.cfg.Network, rec, b.cpu)
 }
 
 // Sweep implements backend.Backend: VMM processes and run dirs of
 // sandboxes without a record are removed.
 func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
-	return qemuvm.Sweep(ctx, b.log, b.cfg.RunDir, vmmProcesses(b.cfg.RunDir), keep, func(ctx context.Context, id string) error {
+	return qemuvm.Sweep(ctx, b.log, b.cfg.RunDir, vmmProcesses(b.cfg.RunDir), b.cpu, keep, func(ctx context.Context, id string) error {
 		return b.Cleanup(ctx, id, nil)
 	})
 }

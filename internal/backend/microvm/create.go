@@ -92,8 +92,12 @@ func (c *creation) makeRunDir(ctx context.Context) error {
 		Secret:    hex.EncodeToString(secret),
 		VCPUs:     int(max(1, (r.CPUMillis+999)/1000)),
 		MemoryMiB: r.MemoryBytes >> 20,
-		Layers:    c.spec.LayerDisks,
-		KVM:       c.b.kvm,
+		CPUMillis: r.CPUMillis,
+		Pids:      r.Pids,
+
+		PortHandshake: true,
+		Layers:        c.spec.LayerDisks,
+		KVM:           c.b.kvm,
 	}}
 	c.fc = agentproto.FileConfig{Secret: c.m.Secret, Hostname: c.spec.Hostname, Disk: writableSerial}
 	return nil
@@ -163,13 +167,18 @@ func (c *creation) startVMM(ctx context.Context) error {
 }
 
 // waitAgent waits for the guest agent's first answer, then removes the
-// initrd: the VMM has read it into guest memory, and it held the secret
-// (a restore loads RAM from the snapshot, not from the initrd).
+// initrd (the VMM has read it into guest memory, and it held the secret;
+// a restore loads RAM from the snapshot, not from the initrd) and puts
+// the limits in force: the VMM's CPU quota only now, as a boot under TCG
+// needs every cycle it gets not to time out.
 func (c *creation) waitAgent(ctx context.Context) error {
 	c.s = c.b.newSandbox(c.m, c.proc)
 	if err := c.s.waitAgent(ctx, bootTimeout(c.b.kvm)); err != nil {
 		return err
 	}
 	_ = os.Remove(c.m.path(initrdFile))
-	return nil
+	if err := c.s.guestLimits(ctx, 0); err != nil {
+		return err
+	}
+	return c.b.cpu.Limit(c.m.id, c.m.CPUMillis)
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 )
@@ -25,6 +26,7 @@ import (
 // (vmlinux) and needs /dev/kvm.
 type firecracker struct {
 	bin string
+	cpu *qemuvm.CPUGroups // the VMMs' cgroups (nil: none)
 }
 
 const vmStateFile = "vmstate.snap" // Firecracker's device state beside snapshotFile
@@ -118,6 +120,10 @@ func (f *firecracker) Start(ctx context.Context, m *machine, restore bool) (*lau
 	}
 	proc, err := m.adopt(p, pidfd)
 	if err != nil {
+		return nil, err
+	}
+	if err := f.cpu.Join(m.id, proc.Pid, m.startCPU(restore)); err != nil {
+		_ = proc.Kill()
 		return nil, err
 	}
 	if err := f.configure(ctx, m, proc, restore); err != nil {

@@ -45,6 +45,10 @@ type machineState struct {
 	Secret      string `json:"secret"`
 	VCPUs       int    `json:"vcpus"`
 	MemoryMiB   int64  `json:"memory_mib"`
+	// CPUMillis is the VMM's CPU quota (0: none) and Pids the guest's
+	// pids limit of the agent's commands (0: none).
+	CPUMillis int64 `json:"cpu_millis,omitempty"`
+	Pids      int64 `json:"pids,omitempty"`
 	// Layers are the attached layer files, topmost first.
 	Layers []backend.LayerDisk `json:"layers"`
 	KVM    bool                `json:"kvm"`
@@ -52,6 +56,10 @@ type machineState struct {
 	// its NIC's address.
 	Net *netpolicy.Record `json:"net,omitempty"`
 	MAC string            `json:"mac,omitempty"`
+	// PortHandshake: the guest's agent takes the port handshake
+	// (agentproto.SyncPort) on the QEMU port; a snapshot taken before it
+	// restores an agent that does not.
+	PortHandshake bool `json:"port_handshake,omitempty"`
 }
 
 // machine is one VM's configuration and run dir.
@@ -68,6 +76,16 @@ type machine struct {
 	// the restore maps it copy-on-write instead of loading RAM from the
 	// stream (which then holds the device state only).
 	ramFile string
+}
+
+// startCPU is the CPU quota a VMM starts with in its cgroup: a restore's
+// at once, none for a boot (which under TCG needs every cycle it gets
+// not to time out; Create limits it once the agent answered).
+func (m *machine) startCPU(restore bool) int64 {
+	if restore {
+		return m.CPUMillis
+	}
+	return 0
 }
 
 func (m *machine) path(name string) string { return filepath.Join(m.dir, name) }

@@ -6,6 +6,7 @@ import (
 	"net"
 
 	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
+	"github.com/corral-dev/corral/internal/guest/agentproto"
 	"github.com/corral-dev/corral/internal/qmp"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 )
@@ -15,6 +16,7 @@ import (
 // a virtio-serial port whose chardev is agent.sock.
 type qemu struct {
 	bin string
+	cpu *qemuvm.CPUGroups // the VMMs' cgroups (nil: none)
 }
 
 func (q *qemu) Name() string     { return "qemu" }
@@ -94,7 +96,7 @@ func (q *qemu) args(m *machine, restore bool) []string {
 
 func (q *qemu) Start(ctx context.Context, m *machine, restore bool) (*launch.Process, error) {
 	proc, qc, err := qemuvm.Start(ctx, qemuvm.Launch{Args: q.args(m, restore), Dir: m.dir,
-		Log: m.path("qemu.log"), QMP: m.path(qmpSock), Net: m.net})
+		Log: m.path("qemu.log"), QMP: m.path(qmpSock), Net: m.net, CPU: q.cpu, ID: m.id, CPUMillis: m.startCPU(restore)})
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +119,16 @@ func (q *qemu) qmp(ctx context.Context, m *machine, proc *launch.Process) (*qmp.
 
 func (q *qemu) DialAgent(ctx context.Context, m *machine) (net.Conn, error) {
 	var d net.Dialer
-	return d.DialContext(ctx, "unix", m.path(agentSock))
+	conn, err := d.DialContext(ctx, "unix", m.path(agentSock))
+	if err != nil {
+		return nil, err
+	}
+	if !m.PortHandshake {
+		return conn, nil
+	}
+	// The port is one byte stream under every connection: the handshake
+	// marks where this one's session starts.
+	return agentproto.SyncPort(ctx, conn)
 }
 
 func (q *qemu) simple(ctx context.Context, m *machine, cmd string) error {

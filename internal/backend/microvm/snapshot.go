@@ -115,7 +115,7 @@ func (b *Backend) Restore(ctx context.Context, spec backend.Spec, dir string) (b
 		{Name: "disk", Run: func(c *creation, ctx context.Context) error {
 			return qemuvm.CopyDisk(ctx, filepath.Join(dir, snapDiskFile), c.m.path(diskFile))
 		}},
-		{Name: "vmm", Run: func(c *creation, ctx context.Context) error { return c.startRestored(ctx, dir, src.Secret) }},
+		{Name: "vmm", Run: func(c *creation, ctx context.Context) error { return c.startRestored(ctx, dir, src) }},
 	}, &c.undo, "")
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: restore: %w", spec.ID, err)
@@ -126,8 +126,10 @@ func (b *Backend) Restore(ctx context.Context, spec backend.Spec, dir string) (b
 
 // startRestored starts the VMM from the snapshot's memory and hands the
 // restored agent (which still knows only oldSecret) its new identity.
-func (c *creation) startRestored(ctx context.Context, dir, oldSecret string) error {
+func (c *creation) startRestored(ctx context.Context, dir string, src machineState) error {
+	oldSecret := src.Secret
 	m := c.m
+	m.PortHandshake = src.PortHandshake // the snapshot's agent
 	newSecret := m.Secret
 	m.incoming = filepath.Join(dir, snapMemFile)
 	m.ramFile = qemuvm.RAMImage(dir)
@@ -158,6 +160,14 @@ func (c *creation) startRestored(ctx context.Context, dir, oldSecret string) err
 			Identity: &agentproto.Identity{Secret: newSecret, Hostname: c.spec.Hostname, Network: c.fc.Network}})
 	}
 	m.Secret = newSecret
+	if err == nil {
+		// A snapshot's older agent has no limits op: the restored guest
+		// runs on without its pids limit.
+		if err = c.s.guestLimits(ctx, src.Pids); errdefs.IsNotSupported(err) {
+			c.b.log.Warn("restored guest's pids limit is not enforced", "sandbox", m.id, "err", err)
+			err = nil
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("restored agent: %w", err)
 	}

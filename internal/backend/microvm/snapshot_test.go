@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -80,14 +81,7 @@ func TestSnapshotRestoreIdentity(t *testing.T) {
 	t.Run("FreshIdentity", func(t *testing.T) {
 		spec := testSpec(t)
 		spec.Network = backend.Network{Mode: "allowlist", Allow: []string{"pypi"}}
-		r, err := b.Restore(ctx, spec, dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = r.Stop(context.Background())
-			_ = b.Cleanup(context.Background(), spec.ID, nil)
-		})
+		r := restore(ctx, t, b, spec, dir)
 		if got := sh(t, r, "cat /tmp/mark; hostname"); got != "before\nsandbox\n" {
 			t.Errorf("restored guest: %q, want the snapshot's file", got)
 		}
@@ -97,7 +91,7 @@ func TestSnapshotRestoreIdentity(t *testing.T) {
 		}
 		fresh := rs.m.Secret
 		rs.m.Secret = old
-		_, err = rs.agent.Call(ctx, agentproto.Request{Op: agentproto.OpPing})
+		_, err := rs.agent.Call(ctx, agentproto.Request{Op: agentproto.OpPing})
 		rs.m.Secret = fresh
 		if !errdefs.IsPermissionDenied(err) {
 			t.Errorf("the snapshot's secret on the restored agent: %v, want permission denied", err)
@@ -129,14 +123,7 @@ nslookup pypi.test >/dev/null; printf 'GET / HTTP/1.0\r\n\r\n' | timeout 20 nc 1
 		}
 		spec2 := testSpec(t)
 		spec2.Network = spec.Network
-		r2, err := b.Restore(ctx, spec2, dir2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = r2.Stop(context.Background())
-			_ = b.Cleanup(context.Background(), spec2.ID, nil)
-		})
+		r2 := restore(ctx, t, b, spec2, dir2)
 		if got := sh(t, r2, "cat /tmp/mark"); got != "before\n" {
 			t.Errorf("second-generation restore: %q", got)
 		}
@@ -147,4 +134,34 @@ nslookup pypi.test >/dev/null; printf 'GET / HTTP/1.0\r\n\r\n' | timeout 20 nc 1
 			t.Errorf("the original after the restore: %q", got)
 		}
 	})
+
+	// The snapshot's guest had the source's pids limit (256): a restore
+	// with another has the restored agent hold its commands to that one.
+	t.Run("RestoreTakesItsPidsLimit", func(t *testing.T) {
+		const limit = 16
+		spec := testSpec(t)
+		spec.Network = backend.Network{Mode: "allowlist", Allow: []string{"pypi"}}
+		spec.Resources.Pids = limit
+		r := restore(ctx, t, b, spec, dir)
+		got := sh(t, r, "(i=0; while [ $i -lt 100 ]; do sleep 1000 & echo $! >> /tmp/sleepers; i=$((i+1)); echo $i > /tmp/forks; done) 2>/dev/null;"+
+			" read n < /tmp/forks; echo $n; while read p; do kill -9 $p; done < /tmp/sleepers")
+		if n, err := strconv.Atoi(strings.TrimSpace(got)); err != nil || n > limit {
+			t.Errorf("restored guest forked %q sleepers under a pids limit of %d", got, limit)
+		}
+	})
+}
+
+// restore restores the snapshot in dir as spec, stopped and cleaned up
+// when the test ends.
+func restore(ctx context.Context, t *testing.T, b *Backend, spec backend.Spec, dir string) backend.Sandbox {
+	t.Helper()
+	r, err := b.Restore(ctx, spec, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = r.Stop(context.Background())
+		_ = b.Cleanup(context.Background(), spec.ID, nil)
+	})
+	return r
 }

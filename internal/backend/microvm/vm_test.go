@@ -40,12 +40,17 @@ func TestGuestPanicEndsOnlyItsSandbox(t *testing.T) {
 
 // TestMemoryLimitIsGuestRAM: the guest kernel sees the requested memory as
 // its RAM (the conformance suite checks that a memory bomb is OOM-killed
-// inside the guest only).
+// inside the guest only), and commands run in the agent's commands group,
+// whose memory.max keeps the agent's share, also without a pids limit.
 func TestMemoryLimitIsGuestRAM(t *testing.T) {
 	b := newBackend(t)
 	spec := testSpec(t)
 	spec.Resources.MemoryBytes = 192 << 20
+	spec.Resources.Pids = 0
 	sb := create(t, b, spec)
+	if got := sh(t, sb, "cat /proc/self/cgroup"); got != "0::/commands\n" {
+		t.Errorf("a command's cgroup: %q, want the agent's commands group", got)
+	}
 	out := sh(t, sb, "awk '/MemTotal/ {print $2}' /proc/meminfo")
 	kib, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
 	if err != nil {

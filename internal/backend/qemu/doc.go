@@ -7,11 +7,13 @@
 // copied aside as a sparse image) and loading it back (-incoming defer,
 // the RAM image mapped copy-on-write), the files of a snapshot dir (the
 // disk copy, the state record, their size), the run dir's machine record,
-// the host-side cost of a VMM (CPU time, resident memory), the VMM
-// processes of a run dir and the sweep of leftovers, a recovered VM's
-// network slot, and tree copies through corral-agent. The machine types,
-// command lines, lifecycles and guest identities stay in the backends.
+// the host-side cost of a VMM (CPU time, resident memory), the VMM's host
+// cgroup and its CPU quota (CPUGroups), the VMM processes of a run dir
+// and the sweep of leftovers, a recovered VM's network slot, and tree
+// copies through corral-agent. The machine types, command lines,
+// lifecycles and guest identities stay in the backends.
 //
-// It imports backend, errdefs, guest/agentclient, netpolicy, qmp and
-// runtime/launch; never a backend package, the node, state or API layers.
+// It imports backend, errdefs, guest/agentclient, netpolicy, qmp,
+// runtime/cgroup and runtime/launch; never a backend package, the node,
+// state or API layers.
 package qemu

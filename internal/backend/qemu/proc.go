@@ -25,6 +25,11 @@ type Launch struct {
 	// (and so holds it, tap and veth, through a daemon restart) with the
 	// tap as fd 3.
 	Net *netpolicy.Sandbox
+	// CPU, when set, gets the process into sandbox ID's VMM cgroup at
+	// once, with a quota of CPUMillis (0: none until CPU.Limit).
+	CPU       *CPUGroups
+	ID        string
+	CPUMillis int64
 }
 
 // Start starts QEMU in its own session (the VM outlives a daemon restart,
@@ -64,6 +69,11 @@ func Start(ctx context.Context, l Launch) (*launch.Process, *qmp.Client, error) 
 	proc, err := Adopt(p, pidfd)
 	if err != nil {
 		return nil, nil, err
+	}
+	if err := l.CPU.Join(l.ID, proc.Pid, l.CPUMillis); err != nil {
+		_ = proc.Kill()
+		<-proc.Done()
+		return nil, nil, fmt.Errorf("start qemu: %w", err)
 	}
 	qc, err := Dial(ctx, l.QMP, l.Log, proc)
 	if err != nil {

@@ -56,8 +56,9 @@ func Processes(runDir string, isVMM func(argv0 string) bool) map[string][]int {
 func IsQEMU(argv0 string) bool { return strings.HasPrefix(filepath.Base(argv0), "qemu-system") }
 
 // Sweep removes, with cleanup, every sandbox of runDir that keep does not
-// know: those with a VMM process in procs (see Processes) or a run dir.
-func Sweep(ctx context.Context, log *slog.Logger, runDir string, procs map[string][]int, keep func(id string) bool, cleanup func(ctx context.Context, id string) error) error {
+// know: those with a VMM process in procs (see Processes), a run dir or a
+// VMM cgroup in groups.
+func Sweep(ctx context.Context, log *slog.Logger, runDir string, procs map[string][]int, groups *CPUGroups, keep func(id string) bool, cleanup func(ctx context.Context, id string) error) error {
 	ids := map[string]bool{}
 	for id, pids := range procs {
 		if !keep(id) {
@@ -74,6 +75,15 @@ func Sweep(ctx context.Context, log *slog.Logger, runDir string, procs map[strin
 			ids[e.Name()] = true
 		}
 	}
+	cgs, err := groups.List()
+	if err != nil {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	for _, id := range cgs {
+		if backend.CheckID(id) == nil && !keep(id) {
+			ids[id] = true
+		}
+	}
 	var errs []error
 	for id := range ids {
 		log.Info("sweeping leftover sandbox", "sandbox", id)
@@ -87,8 +97,9 @@ func Sweep(ctx context.Context, log *slog.Logger, runDir string, procs map[strin
 // then VMMs of the sandbox whose record was never written (leftovers,
 // found by command line), then the network slot rec (nil: none; the veth
 // goes with the namespace once QEMU is gone, Remove covers a namespace
-// something else still held) and the run dir with everything in it.
-func Remove(ctx context.Context, id, dir string, pid int, start uint64, leftovers []int, mgr *netpolicy.Manager, rec *netpolicy.Record) error {
+// something else still held), the VMM's cgroup in groups and the run dir
+// with everything in it.
+func Remove(ctx context.Context, id, dir string, pid int, start uint64, leftovers []int, mgr *netpolicy.Manager, rec *netpolicy.Record, groups *CPUGroups) error {
 	if pid > 0 {
 		if proc, err := launch.Attach(pid, start); err == nil {
 			_ = proc.Kill()
@@ -106,6 +117,9 @@ func Remove(ctx context.Context, id, dir string, pid int, start uint64, leftover
 		if err := mgr.Remove(*rec); err != nil {
 			return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
 		}
+	}
+	if err := groups.Remove(ctx, id); err != nil {
+		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)

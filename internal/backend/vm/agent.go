@@ -79,6 +79,9 @@ func writeAgentSecret(m *machine) error {
 type agentConn struct {
 	*agentclient.Client
 	path string
+	// handshake: connections start with the port handshake
+	// (machineState.PortHandshake).
+	handshake bool
 	// secret is what requests carry: a restore's first calls reach the
 	// snapshot's agent with the snapshot's secret (setSecret).
 	secret atomic.Pointer[string]
@@ -92,11 +95,11 @@ func agentFor(m *machine) *agentConn {
 	if !m.Agent {
 		return nil
 	}
-	return newAgentConn(m.path(agentSock), m.Secret)
+	return newAgentConn(m.path(agentSock), m.Secret, m.PortHandshake)
 }
 
-func newAgentConn(path, secret string) *agentConn {
-	a := &agentConn{path: path}
+func newAgentConn(path, secret string, handshake bool) *agentConn {
+	a := &agentConn{path: path, handshake: handshake}
 	a.setSecret(secret)
 	a.Client = agentclient.New(a.session, func() string { return *a.secret.Load() })
 	return a
@@ -137,6 +140,11 @@ func (a *agentConn) dial(ctx context.Context) (*yamux.Session, error) {
 	if err != nil {
 		return nil, errdefs.Unavailable("connect to corral-agent: %v", err)
 	}
+	if a.handshake {
+		if conn, err = agentproto.SyncPort(ctx, conn); err != nil {
+			return nil, errdefs.Unavailable("corral-agent: %v", err)
+		}
+	}
 	sess, err := agentclient.NewSession(conn)
 	if err != nil {
 		return nil, fmt.Errorf("corral-agent session: %w", err)
@@ -145,11 +153,16 @@ func (a *agentConn) dial(ctx context.Context) (*yamux.Session, error) {
 }
 
 // prove pings the agent on a new session before calls use it: the port is
-// one byte stream under every session, and after a session ends (a
-// refused client, a snapshot's detach) the guest may still be closing its
-// side while the next one's first frames arrive, which are then lost and
-// the stream reset. Any reply proves the session, a refusal included.
+// one byte stream under every session, and without the port handshake (an
+// image built before it) the guest may still be serving or closing the
+// last session when the next one's first frames arrive, which are then
+// lost and the stream reset. Any reply proves the session, a refusal
+// included. After the handshake the session is the agent's new one, so
+// there is nothing to prove.
 func (a *agentConn) prove(ctx context.Context, sess *yamux.Session) error {
+	if a.handshake {
+		return nil
+	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	c := agentclient.New(func(context.Context) (*yamux.Session, error) { return sess, nil }, func() string { return *a.secret.Load() })

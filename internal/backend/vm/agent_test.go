@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -71,7 +72,7 @@ func TestVMAgentSecret(t *testing.T) {
 	// QEMU serves one client on the port's socket: the sandbox's own
 	// session makes way, and its next call dials again.
 	sb.agent.close()
-	bad := newAgentConn(sb.m.path(agentSock), strings.Repeat("0", len(sb.m.Secret)))
+	bad := newAgentConn(sb.m.path(agentSock), strings.Repeat("0", len(sb.m.Secret)), sb.m.PortHandshake)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := bad.Call(ctx, agentproto.Request{Op: agentproto.OpPing})
@@ -81,6 +82,20 @@ func TestVMAgentSecret(t *testing.T) {
 	}
 	if out := sh(t, sb, "echo ok"); out != "ok\n" {
 		t.Errorf("after the refused session: %q", out)
+	}
+}
+
+// TestVMAgentRedial: the node drops its session and dials again at once,
+// over and over (a daemon restart, a snapshot's detach); the guest may
+// still be serving the old session when the new one's frames arrive, and
+// every call after each redial must still be answered.
+func TestVMAgentRedial(t *testing.T) {
+	_, sb := sharedVM(t)
+	for i := range 20 {
+		sb.agent.close()
+		if out := sh(t, sb, fmt.Sprintf("echo %d", i)); out != fmt.Sprintf("%d\n", i) {
+			t.Fatalf("redial %d: %q", i, out)
+		}
 	}
 }
 

@@ -60,6 +60,11 @@ type Config struct {
 	// CACerts are PEM certificates Linux guests trust besides their
 	// image's (the node's --sandbox-ca-certs; see installCACerts).
 	CACerts []byte
+	// CgroupParent is the node's sandbox cgroup parent: each QEMU runs in
+	// a group of its own under <CgroupParent>-vm, whose CPU quota is the
+	// sandbox's cpu_millis. Empty: QEMU stays in the daemon's cgroup and
+	// CPU limits are not enforced.
+	CgroupParent string
 }
 
 // Backend implements backend.Backend.
@@ -68,6 +73,7 @@ type Backend struct {
 	qemu   string
 	kvm    bool
 	images *Images
+	cpu    *qemuvm.CPUGroups
 	log    *slog.Logger
 	// failAt, in tests, fails Create at the named step.
 	failAt string
@@ -104,6 +110,10 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("vm backend: run dir: %w", err)
 	}
 	b := &Backend{cfg: cfg, qemu: bin, kvm: kvmAvailable(), log: cfg.Logger.With("backend", "vm")}
+	var err error
+	if b.cpu, err = qemuvm.NewCPUGroups(cfg.CgroupParent, "vm"); err != nil {
+		return nil, fmt.Errorf("vm backend: %w", err)
+	}
 	imgs, err := openImages(cfg.ImageDir, b.usersOf)
 	if err != nil {
 		return nil, err
@@ -240,7 +250,7 @@ var createSteps = []backend.Step[*creation]{
 		return c.m.save()
 	}},
 	{Name: "qemu", Run: func(c *creation, ctx context.Context) error {
-		proc, err := startQEMU(ctx, c.b.qemu, c.m)
+		proc, err := c.b.startQEMU(ctx, c.m)
 		if err != nil {
 			return err
 		}
@@ -249,6 +259,9 @@ var createSteps = []backend.Step[*creation]{
 			_ = proc.Kill()
 			select {
 			case <-proc.Done():
+				ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
+				defer cancel()
+				_ = c.b.cpu.Remove(ctx, c.m.id)
 			case <-time.After(undoTimeout):
 			}
 		})
@@ -264,6 +277,11 @@ var createSteps = []backend.Step[*creation]{
 	}},
 	{Name: "guest CA certs", Run: func(c *creation, ctx context.Context) error {
 		return c.s.installCACerts(ctx, c.b.cfg.CACerts)
+	}},
+	// Only now: a boot under TCG needs every cycle it gets not to time
+	// out (a restore is limited from its start).
+	{Name: "cpu limit", Run: func(c *creation, _ context.Context) error {
+		return c.b.cpu.Limit(c.m.id, c.m.CPUMillis)
 	}},
 }
 
@@ -314,8 +332,11 @@ func (b *Backend) validate(spec backend.Spec) (*creation, error) {
 		Image: img.Ref, Firmware: img.Firmware,
 		VCPUs:     int(max(1, (r.CPUMillis+999)/1000)),
 		MemoryMiB: r.MemoryBytes >> 20,
+		CPUMillis: r.CPUMillis,
 		KVM:       b.kvm,
 		Agent:     img.Agent,
+
+		PortHandshake: img.PortHandshake,
 	}}
 	return &creation{b: b, spec: spec, img: img, m: m, netOn: mode}, nil
 }
@@ -374,13 +395,13 @@ func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
 	if m, err := loadMachine(dir, id); err == nil {
 		pid, start, rec = m.Pid, m.StartTime, m.Net
 	}
-	return qemuvm.Remove(ctx, id, dir, pid, start, qemuProcesses(b.cfg.RunDir)[id], b.cfg.Network, rec)
+	return qemuvm.Remove(ctx, id, dir, pid, start, qemuProcesses(b.cfg.RunDir)[id], b.cfg.Network, rec, b.cpu)
 }
 
 // Sweep implements backend.Backend: QEMU processes and run dirs of
 // sandboxes without a record are removed.
 func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
-	return qemuvm.Sweep(ctx, b.log, b.cfg.RunDir, qemuProcesses(b.cfg.RunDir), keep, func(ctx context.Context, id string) error {
+	return qemuvm.Sweep(ctx, b.log, b.cfg.RunDir, qemuProcesses(b.cfg.RunDir), b.cpu, keep, func(ctx context.Context, id string) error {
 		return b.Cleanup(ctx, id, nil)
 	})
 }

@@ -126,7 +126,7 @@ func BuildDebian(ctx context.Context, dir, agentPath string, progress func(strin
 	}
 	im := Image{Format: "qcow2", Firmware: FirmwareDirect, Disk: "disk.qcow2", VirtualSize: di.VirtualSize,
 		FileSize: fi.Size(), Cmdline: debianCmdline, Source: "vm-image build debian (" + DebianRecipe + ")", Created: time.Now().UTC(),
-		Agent: true}
+		Agent: true, PortHandshake: true}
 	if err := os.Rename(out, dir); err != nil {
 		return Image{}, fmt.Errorf("vm-image build: %w", err)
 	}
@@ -270,7 +270,7 @@ func (s *Images) Adopt(src, ref string) (Image, error) {
 	}
 	im = Image{Ref: ref, Format: "qcow2", Firmware: FirmwareDirect, Disk: "disk.qcow2", VirtualSize: di.VirtualSize,
 		FileSize: di.ActualSize, Cmdline: debianCmdline, Source: "vm-image build debian (" + DebianRecipe + ")", Created: time.Now().UTC(),
-		Agent: true}
+		Agent: true, PortHandshake: true}
 	return s.install(tmp, im)
 }
 

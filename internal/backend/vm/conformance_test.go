@@ -1,14 +1,17 @@
 package vm
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/backend/backendtest"
+	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 )
 
 // TestConformance runs the backend conformance suite against full VMs.
@@ -17,7 +20,7 @@ import (
 // every call of New after the first is the restarted daemon over the
 // same run and image dirs.
 func TestConformance(t *testing.T) {
-	first := newBackend(t)
+	first := newBackend(t, fmt.Sprintf("corral-test%d", os.Getpid()))
 	cfg := first.cfg
 	// Built images carry corral-agent, which streams output and stdin and
 	// ends an exec with its main process: Streaming and Background run
@@ -40,21 +43,32 @@ func TestConformance(t *testing.T) {
 		},
 		Spec:      conformanceSpec,
 		Detach:    func(s backend.Sandbox) { s.(*sandbox).qga.close(); s.(*sandbox).agent.close() },
-		Leftovers: func(id string) []string { return leftovers(cfg.RunDir, id) },
+		Leftovers: func(id string) []string { return leftovers(t, cfg, id) },
 		Timeout:   6 * time.Minute,
 		// The agents run in the guest: with its vCPUs stopped they cannot answer.
 		NoCallsWhilePaused: "vm: exec and file calls go through an agent in the guest, which cannot answer while its vCPUs are stopped",
 	})
 }
 
-// leftovers lists what of sandbox id remains on the host: a QEMU process
-// or its run dir (overlay, sockets, state).
-func leftovers(runDir, id string) []string {
+// leftovers lists what of sandbox id remains on the host: a QEMU process,
+// its cgroup or its run dir (overlay, sockets, state).
+func leftovers(t *testing.T, cfg Config, id string) []string {
 	var out []string
-	for _, pid := range qemuProcesses(runDir)[id] {
+	for _, pid := range qemuProcesses(cfg.RunDir)[id] {
 		out = append(out, "QEMU process "+strconv.Itoa(pid))
 	}
-	if _, err := os.Lstat(filepath.Join(runDir, id)); !os.IsNotExist(err) {
+	cg, err := qemuvm.NewCPUGroups(cfg.CgroupParent, "vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := cg.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(ids, id) {
+		out = append(out, "QEMU cgroup")
+	}
+	if _, err := os.Lstat(filepath.Join(cfg.RunDir, id)); !os.IsNotExist(err) {
 		out = append(out, "run dir")
 	}
 	return out

@@ -61,6 +61,10 @@ type Image struct {
 	// (the images `vm-image build` makes); exec and files then go through
 	// it instead of qemu-ga.
 	Agent bool `json:"agent,omitempty"`
+	// PortHandshake: the image's agent starts each connection to its port
+	// with the handshake (agentproto.SyncPort); the agent of an image built
+	// before it speaks yamux at once.
+	PortHandshake bool `json:"port_handshake,omitempty"`
 
 	dir string
 }

@@ -30,6 +30,8 @@ type machineState struct {
 	Cmdline   string `json:"cmdline,omitempty"`
 	VCPUs     int    `json:"vcpus"`
 	MemoryMiB int64  `json:"memory_mib"`
+	// CPUMillis is QEMU's CPU quota (0: none).
+	CPUMillis int64  `json:"cpu_millis,omitempty"`
 	KVM       bool   `json:"kvm"`
 	Pid       int    `json:"pid,omitempty"`
 	StartTime uint64 `json:"start_time,omitempty"`
@@ -47,6 +49,9 @@ type machineState struct {
 	// requests carrying Secret.
 	Agent  bool   `json:"agent,omitempty"`
 	Secret string `json:"secret,omitempty"`
+	// PortHandshake: the agent's connections start with the port
+	// handshake (Image.PortHandshake).
+	PortHandshake bool `json:"port_handshake,omitempty"`
 }
 
 // machine is one VM's configuration and run dir.

@@ -79,13 +79,18 @@ func setup(m *testing.M) int {
 
 // newBackend returns a backend with its own dirs and the cached image
 // adopted as testRef, or skips when the host lacks QEMU or the image.
-func newBackend(t *testing.T) *Backend {
+// cgroupParent[0], when given, is Config.CgroupParent.
+func newBackend(t *testing.T, cgroupParent ...string) *Backend {
 	t.Helper()
 	if buildErr != nil {
 		t.Skipf("no Debian VM image: %v", buildErr)
 	}
 	dir := t.TempDir()
-	b, err := New(Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images")})
+	cfg := Config{RunDir: filepath.Join(dir, "run"), ImageDir: filepath.Join(dir, "images")}
+	if len(cgroupParent) > 0 {
+		cfg.CgroupParent = cgroupParent[0]
+	}
+	b, err := New(cfg)
 	if errdefs.IsNotSupported(err) {
 		t.Skipf("vm backend unavailable: %v", err)
 	}

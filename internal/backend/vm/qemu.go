@@ -85,16 +85,20 @@ func qemuArgs(bin string, m *machine) []string {
 }
 
 // startQEMU starts the VM's QEMU in its own session (it outlives a daemon
-// restart) and, when networked, inside the sandbox's network namespace
-// with the tap as fd 3; it returns once QMP answers. With m.incoming set
-// QEMU loads that migration stream (and m.ramFile, when set, as its RAM)
-// and continues.
-func startQEMU(ctx context.Context, bin string, m *machine) (*launch.Process, error) {
-	args := qemuArgs(bin, m)
+// restart) and its cgroup and, when networked, inside the sandbox's
+// network namespace with the tap as fd 3; it returns once QMP answers.
+// With m.incoming set QEMU loads that migration stream (and m.ramFile,
+// when set, as its RAM) and continues, held to its CPU limit from the
+// start (a boot is limited by Create's last step).
+func (b *Backend) startQEMU(ctx context.Context, m *machine) (*launch.Process, error) {
+	args := qemuArgs(b.qemu, m)
+	var millis int64
 	if m.incoming != "" {
 		args = append(args, qemuvm.IncomingArgs...)
+		millis = m.CPUMillis
 	}
-	proc, qc, err := qemuvm.Start(ctx, qemuvm.Launch{Args: args, Dir: m.dir, Log: m.path(logFile), QMP: m.path(qmpSock), Net: m.net})
+	proc, qc, err := qemuvm.Start(ctx, qemuvm.Launch{Args: args, Dir: m.dir, Log: m.path(logFile), QMP: m.path(qmpSock), Net: m.net,
+		CPU: b.cpu, ID: m.id, CPUMillis: millis})
 	if err != nil {
 		return nil, err
 	}
@@ -111,10 +115,10 @@ func startQEMU(ctx context.Context, bin string, m *machine) (*launch.Process, er
 }
 
 // restoreQEMU starts QEMU loading the VM's state from its snapshotFile.
-func restoreQEMU(ctx context.Context, bin string, m *machine) (*launch.Process, error) {
+func (b *Backend) restoreQEMU(ctx context.Context, m *machine) (*launch.Process, error) {
 	m.incoming = m.path(snapshotFile)
 	defer func() { m.incoming = "" }()
-	return startQEMU(ctx, bin, m)
+	return b.startQEMU(ctx, m)
 }
 
 // saveState streams the stopped VM's RAM and device state to

@@ -322,7 +322,7 @@ func (s *sandbox) Resume(ctx context.Context) error {
 		s.paused = false
 		return nil
 	}
-	proc, err := restoreQEMU(ctx, s.b.qemu, s.m)
+	proc, err := s.b.restoreQEMU(ctx, s.m)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: restore: %w", s.m.id, err)
 	}

@@ -138,7 +138,7 @@ func (b *Backend) Restore(ctx context.Context, spec backend.Spec, dir string) (b
 	// The guest's firmware, kernel and agent are the snapshot's.
 	ms := &c.m.machineState
 	ms.Firmware, ms.Kernel, ms.Initrd, ms.Cmdline = src.Firmware, src.Kernel, src.Initrd, src.Cmdline
-	ms.OS, ms.Linux, ms.Agent = src.OS, src.Linux, src.Agent
+	ms.OS, ms.Linux, ms.Agent, ms.PortHandshake = src.OS, src.Linux, src.Agent, src.PortHandshake
 	timings, err := backend.RunSteps(ctx, c, restoreSteps(dir, src), &c.undo, b.failAt)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: restore: %w", spec.ID, err)

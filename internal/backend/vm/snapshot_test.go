@@ -63,7 +63,7 @@ echo before-snapshot > /root/snapmark; until [ -s /tmp/snapc ]; do sleep 0.1; do
 		if err := b.Cleanup(cctx, spec.ID, nil); err != nil {
 			t.Errorf("cleanup restored: %v", err)
 		}
-		if l := leftovers(b.cfg.RunDir, spec.ID); len(l) > 0 {
+		if l := leftovers(t, b.cfg, spec.ID); len(l) > 0 {
 			t.Errorf("restored sandbox left %v", l)
 		}
 	})
@@ -83,7 +83,7 @@ echo before-snapshot > /root/snapmark; until [ -s /tmp/snapc ]; do sleep 0.1; do
 
 	// The snapshot's secret opens no session to the restored agent.
 	rs.agent.close()
-	old := newAgentConn(rs.m.path(agentSock), sb.m.Secret)
+	old := newAgentConn(rs.m.path(agentSock), sb.m.Secret, rs.m.PortHandshake)
 	_, err = old.Call(ctx, agentproto.Request{Op: agentproto.OpPing})
 	old.close()
 	if !errdefs.IsPermissionDenied(err) {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -49,44 +50,67 @@ func openChannel(fc *agentproto.FileConfig) (channel, error) {
 	}
 }
 
-// serialPort is a virtio-serial port. While the node's end is not
-// connected the port polls as hung up; next waits for a connection.
+// serialPort is a virtio-serial port. Every connection of the node to its
+// host end starts with the port handshake (agentproto.AcceptSync); next
+// waits for the next one.
 type serialPort struct{ f *os.File }
 
 func (p *serialPort) next() (io.ReadWriteCloser, error) {
 	for {
-		fds := []unix.PollFd{{Fd: int32(p.f.Fd()), Events: unix.POLLIN}}
-		_, err := unix.Poll(fds, -1)
-		if err != nil && err != unix.EINTR {
-			return nil, fmt.Errorf("poll port: %w", err)
+		c := &sessionConn{f: p.f}
+		c.r = bufio.NewReader(portReader{c})
+		err := agentproto.AcceptSync(c.r, c)
+		if err == nil {
+			return c, nil
 		}
-		if fds[0].Revents&unix.POLLHUP == 0 {
-			return &sessionConn{f: p.f}, nil
-		}
-		time.Sleep(20 * time.Millisecond)
+		// A failed write of the Hello (the node hung up) must not end the
+		// agent: the next connection handshakes again. The pause keeps a
+		// port that keeps failing from flooding the console.
+		logf("port handshake: %v", err)
+		c.Close()
+		time.Sleep(time.Second)
 	}
 }
 
-// sessionConn lends the port to one yamux session. Close ends the session's
-// pending read without closing the port, so that no byte meant for the
-// next session is read by this one.
+// hungUpPause is how often a read retries while the node's end is not
+// connected.
+const hungUpPause = 20 * time.Millisecond
+
+// sessionConn lends the port to one yamux session. A hang-up of the
+// node's end does not end it: the guest learns of one late (see
+// agentproto.SyncPort), so the session goes on until it fails on the next
+// connection's handshake, or detaches. Close ends the session's pending
+// read without closing the port, so that it reads no more of the stream.
 type sessionConn struct {
 	f      *os.File
+	r      *bufio.Reader
 	rmu    sync.Mutex
 	closed atomic.Bool
 }
 
-func (c *sessionConn) Read(p []byte) (int, error) {
+func (c *sessionConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// portReader reads the port for a sessionConn's buffer.
+type portReader struct{ c *sessionConn }
+
+func (pr portReader) Read(p []byte) (int, error) {
+	c := pr.c
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
-	if c.closed.Load() {
-		return 0, io.EOF
+	for {
+		if c.closed.Load() {
+			return 0, io.EOF
+		}
+		n, err := c.f.Read(p)
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return n, io.EOF
+		case n == 0 && err == io.EOF: // the node's end is not connected
+			time.Sleep(hungUpPause)
+		default:
+			return n, err
+		}
 	}
-	n, err := c.f.Read(p)
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return n, io.EOF
-	}
-	return n, err
 }
 
 func (c *sessionConn) Write(p []byte) (int, error) {

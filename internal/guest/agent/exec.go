@@ -108,6 +108,7 @@ func (s *server) exec(fs *agentproto.Stream, req *agentproto.Exec) {
 		// The terminal (the child's fd 0) becomes its controlling one.
 		sys.Setctty, sys.Ctty = true, 0
 	}
+	s.cmds.join(sys)
 	attr := &syscall.ProcAttr{
 		Dir:   req.Cwd,
 		Env:   req.Env,

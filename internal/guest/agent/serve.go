@@ -31,6 +31,8 @@ type server struct {
 	secret   string
 	procs    *reaper
 	files    *safefs.FS
+	// cmds holds the commands to the node's limits once it sent them.
+	cmds commandsGroup
 	// maxVersion is agentproto.Version; tests lower it to play an older
 	// agent.
 	maxVersion int
@@ -54,6 +56,13 @@ func serve(cfg *runtimeConfig) error {
 	s.files = safefs.New(func() (*os.File, error) {
 		return os.OpenFile("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	})
+	if !cfg.service {
+		// A microVM's commands run under the group's memory.max from the
+		// first one (a full VM's are its systemd's to place).
+		if err := s.cmds.ensure(); err != nil {
+			logf("commands cgroup: %v", err)
+		}
+	}
 	logf("ready")
 	for {
 		conn, err := cfg.channel.next()
@@ -118,6 +127,8 @@ func (s *server) handle(st io.ReadWriteCloser, detach chan<- struct{}) {
 		detach <- struct{}{}
 	case agentproto.OpIdentity:
 		s.identity(fs, req.Identity)
+	case agentproto.OpLimits:
+		s.limits(fs, req.Limits)
 	case agentproto.OpExec:
 		s.exec(fs, req.Exec)
 	case agentproto.OpExtract, agentproto.OpArchive:
@@ -149,6 +160,19 @@ func (s *server) identity(fs *agentproto.Stream, id *agentproto.Identity) {
 	s.secretMu.Lock()
 	s.secret = id.Secret
 	s.secretMu.Unlock()
+	reply(fs, agentproto.Reply{Op: agentproto.ReplyOK})
+}
+
+// limits holds every command started from here on to lim.
+func (s *server) limits(fs *agentproto.Stream, lim *agentproto.Limits) {
+	if lim == nil {
+		replyErr(fs, errdefs.InvalidArgument("agent: limits without limits"))
+		return
+	}
+	if err := s.cmds.set(lim); err != nil {
+		replyErr(fs, err)
+		return
+	}
 	reply(fs, agentproto.Reply{Op: agentproto.ReplyOK})
 }
 

@@ -1,7 +1,7 @@
 // Package agentproto is the wire protocol between the node and corral-agent,
 // the init of a microVM guest. The transport is one byte stream (a
-// virtio-serial port under QEMU, a vsock connection under Firecracker)
-// carrying a yamux session; every operation is one yamux stream that the
+// virtio-serial port under QEMU, after the port handshake of portsync.go;
+// a vsock connection under Firecracker) carrying a yamux session; every operation is one yamux stream that the
 // node opens. On a stream both sides write frames: a kind byte, a
 // big-endian uint32 length and the payload. The first frame is always a
 // KindRequest carrying Version and the sandbox's Secret; the agent refuses
@@ -29,6 +29,9 @@
 //	  an exec is sent with version 3 (RequestVersion); an agent of version
 //	  2 refuses it with its version error, which the node reports as the
 //	  missing capability (RefusedVersion).
+//	4 (2026-12-02): limits (Limits): the agent starts every later command
+//	  in a guest cgroup holding them (pids.max). Sent with version 4 only;
+//	  an agent of version 3 refuses it, and its guest runs without them.
 package agentproto
 
 import (
@@ -47,7 +50,7 @@ import (
 )
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 3
+const Version = 4
 
 // MinVersion is the lowest version that has op: what the node sends it
 // with, so that older agents keep serving the ops they know.
@@ -55,6 +58,8 @@ func MinVersion(op string) int {
 	switch op {
 	case OpExtract, OpArchive, OpIdentity:
 		return 2
+	case OpLimits:
+		return 4
 	}
 	return 1
 }
@@ -133,6 +138,9 @@ const (
 	// sandbox's identity (Identity): the request carries the snapshot's
 	// secret, later ones the new secret.
 	OpIdentity = "identity"
+	// OpLimits sets the limits (Limits) that the commands the agent
+	// starts from then on are held to, together.
+	OpLimits = "limits"
 )
 
 // Ops of replies.
@@ -152,6 +160,8 @@ type Request struct {
 	File    *File  `json:"file,omitempty"`
 	// Identity is OpIdentity's argument.
 	Identity *Identity `json:"identity,omitempty"`
+	// Limits is OpLimits' argument.
+	Limits *Limits `json:"limits,omitempty"`
 	// Now, on a ping, is the node's clock (Unix nanoseconds): the agent
 	// sets the guest's to it, since a microVM has no RTC (and a restored
 	// one wakes with its snapshot's time). Optional: older agents ignore it.
@@ -165,6 +175,14 @@ type Identity struct {
 	// Network, for a networked guest, is its new slot: eth0 takes its MAC
 	// and addresses in place of the snapshot's.
 	Network *GuestNetwork `json:"network,omitempty"`
+}
+
+// Limits are the guest-side limits of the commands the agent starts
+// (the VMM's host cgroup holds CPU; the disk's size holds disk).
+type Limits struct {
+	// Pids caps the processes and threads of all commands together (0:
+	// no cap).
+	Pids int64 `json:"pids,omitempty"`
 }
 
 // Exec starts a command; stdin frames follow when Stdin is set.

@@ -64,7 +64,7 @@ func TestCheckSecret(t *testing.T) {
 
 // TestMinVersion: the ops of version 1 are still sent as version 1, so
 // that a guest running an older agent keeps serving them; the tree ops
-// need version 2; none needs more than this package's Version.
+// need version 2, limits 4; none needs more than this package's Version.
 func TestMinVersion(t *testing.T) {
 	for _, op := range []string{OpPing, OpExec, OpWrite, OpRead, OpList, OpStat, OpRemove, OpMkdir, OpDetach} {
 		if v := MinVersion(op); v != 1 {
@@ -75,5 +75,8 @@ func TestMinVersion(t *testing.T) {
 		if v := MinVersion(op); v != 2 || v > Version {
 			t.Errorf("%s: version %d, want 2 (Version %d)", op, v, Version)
 		}
+	}
+	if v := MinVersion(OpLimits); v != 4 || v > Version {
+		t.Errorf("%s: version %d, want 4 (Version %d)", OpLimits, v, Version)
 	}
 }

@@ -33,8 +33,9 @@ const poolMode = "pool"
 // inherits them. Capabilities, the bounding set and no_new_privs are
 // per-thread in Linux; hardening a running multi-threaded Go process would
 // need one stop-the-world AllThreadsSyscall per dropped capability (about
-// 1 ms each, most of create latency). It returns only on failure.
-func hardenAndExec(cfg *initproto.Config, exe int) error {
+// 1 ms each, most of create latency). With a stub fd (else -1) the program
+// is the stub (see execStub). It returns only on failure.
+func hardenAndExec(cfg *initproto.Config, exe, stub int) error {
 	runtime.LockOSThread() // never unlocked: execve replaces the process
 	// Keep init itself out of the OOM killer's reach; exec children get 0
 	// back (see server.start). Needs CAP_SYS_RESOURCE, so before the drop;
@@ -81,6 +82,9 @@ func hardenAndExec(cfg *initproto.Config, exe int) error {
 		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
 			return fmt.Errorf("keep fd %d across exec: %w", fd, err)
 		}
+	}
+	if stub >= 0 {
+		return execStub(stub, exe)
 	}
 	return execveat(exe, serve)
 }

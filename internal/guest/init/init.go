@@ -1,7 +1,9 @@
 // Package initproc is the body of cmd/corral-init, PID 1 of every container
 // sandbox: it builds the sandbox's root filesystem inside its own mount
 // namespace, drops privileges, then serves ping/exec/kill requests from the
-// node on the inherited control socket and reaps every process. It owns
+// node on the inherited control socket and reaps every process — or, given
+// the node's corral-initstub (stub.go), execs that as PID 1 and serves the
+// requests it hands over, as its on-demand server. It owns
 // nothing on the host. It must stay small and quick to start: it imports only
 // the standard library, golang.org/x/sys/unix, errdefs, guest/initproto,
 // runtime/seccomp, runtime/spare and guest/exec (with guest/passwd) — never
@@ -13,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
 
 	"github.com/corral-dev/corral/internal/guest/initproto"
 	"github.com/corral-dev/corral/internal/runtime/spare"
@@ -33,6 +36,10 @@ func Main() {
 	// Nothing may inspect init: not during setup, and not after the re-exec
 	// (execve makes a process dumpable again).
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	if len(os.Args) > 2 && os.Args[1] == serveStage && os.Args[2] == childMode {
+		serveChild()
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == serveStage {
 		serveMain()
 		return
@@ -56,8 +63,19 @@ func setupMain() {
 	if err != nil {
 		fail(setup, "read config: %v", err)
 	}
-	if len(mounts) != cfg.Mounts {
-		fail(setup, "config: got %d mount fds, want %d", len(mounts), cfg.Mounts)
+	if cfg.Stub && cfg.Pool {
+		fail(setup, "config: a pooled sandbox keeps the Go init as PID 1, not the stub")
+	}
+	want := cfg.Mounts
+	if cfg.Stub {
+		want++
+	}
+	if len(mounts) != want {
+		fail(setup, "config: got %d fds, want %d", len(mounts), want)
+	}
+	stub := -1
+	if cfg.Stub {
+		stub, mounts = ownCopy(setup, mounts[cfg.Mounts]), mounts[:cfg.Mounts]
 	}
 	if cfg.Version != initproto.Version {
 		fail(setup, "config: %v: got %d, want %d", initproto.ErrVersion, cfg.Version, initproto.Version)
@@ -74,7 +92,7 @@ func setupMain() {
 	if err := build(&cfg, mounts); err != nil {
 		fail(setup, "%v", err)
 	}
-	err = hardenAndExec(&cfg, exe)
+	err = hardenAndExec(&cfg, exe, stub)
 	fail(setup, "harden: %v", err)
 }
 
@@ -89,6 +107,9 @@ func serveMain() {
 	signal.Notify(sigs)
 	spare.Threads(spareThreads)
 	srv, err := newServer()
+	if err == nil {
+		err = srv.listen()
+	}
 	if err != nil {
 		fail(setup, "%v", err)
 	}
@@ -103,6 +124,18 @@ func serveMain() {
 	setup.Close()
 	go srv.reap(sigs)
 	srv.serve()
+}
+
+// ownCopy reopens the node's fd of the stub binary as a description of
+// init's own (O_PATH), so that nothing in the sandbox shares one with the
+// node, and closes the node's.
+func ownCopy(setup *initproto.Conn, fd int) int {
+	own, err := unix.Open("/proc/self/fd/"+strconv.Itoa(fd), unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		fail(setup, "open the stub: %v", err)
+	}
+	unix.Close(fd)
+	return own
 }
 
 // fail reports a setup error to the node and exits.

@@ -23,6 +23,9 @@ type server struct {
 	waiters map[int]chan exitStatus
 
 	pool *pool // nil unless in pool mode
+	// stub is the socket to the stub as its server (see tell), gate the
+	// stub's binary that starts its commands (see startGated); else -1.
+	stub, gate int
 }
 
 // exitStatus is a reaped command's status and resource usage.
@@ -32,20 +35,26 @@ type exitStatus struct {
 }
 
 func newServer() (*server, error) {
-	unix.CloseOnExec(initproto.ListenFd)
-	if err := unix.SetNonblock(initproto.ListenFd, true); err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	ln := os.NewFile(initproto.ListenFd, "ctl")
-	rc, err := ln.SyscallConn()
-	if err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
 	null, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open /dev/null: %w", err)
 	}
-	return &server{ln: ln, lnrc: rc, null: null, waiters: map[int]chan exitStatus{}}, nil
+	return &server{null: null, waiters: map[int]chan exitStatus{}, stub: -1, gate: -1}, nil
+}
+
+// listen takes the inherited control listener, for serve.
+func (s *server) listen() error {
+	unix.CloseOnExec(initproto.ListenFd)
+	if err := unix.SetNonblock(initproto.ListenFd, true); err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	s.ln = os.NewFile(initproto.ListenFd, "ctl")
+	rc, err := s.ln.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	s.lnrc = rc
+	return nil
 }
 
 // serve accepts connections forever; each gets one goroutine.
@@ -127,13 +136,16 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 	if req.Stdin {
 		stdin = fds[2]
 	}
-	pid, done, err := s.startIn(req, [3]int{stdin, fds[0], fds[1]})
+	// The stub learns of the command at once: a command may kill the
+	// server (it is not PID 1), and the stub then reports the exit.
+	pid, done, err := s.startIn(req, [3]int{stdin, fds[0], fds[1]}, func(pid int) { s.tell(pid, c) })
 	if err != nil {
 		replyErr(c, classify(err), err)
 		return
 	}
 	closeFds(fds) // the child has its copies; the node must see EOF
 	fds = nil
+	defer s.tell(pid, nil)
 	_ = c.Send(initproto.Reply{Op: initproto.OpStarted, Pid: pid})
 	go s.relayKills(c, pid)
 	es := <-done
@@ -195,16 +207,16 @@ func (s *server) reap(sigs <-chan os.Signal) {
 
 // startIn starts a command; in pool mode on the forker thread, inside the
 // view, and never concurrently with a reset.
-func (s *server) startIn(req *initproto.ExecRequest, stdio [3]int) (pid int, done chan exitStatus, err error) {
+func (s *server) startIn(req *initproto.ExecRequest, stdio [3]int, forked func(pid int)) (pid int, done chan exitStatus, err error) {
 	if s.pool == nil {
-		return s.start(req, stdio)
+		return s.start(req, stdio, forked)
 	}
 	s.pool.mu.Lock()
 	defer s.pool.mu.Unlock()
 	if err := rewindPids(callPidBase); err != nil {
 		return 0, nil, err
 	}
-	s.pool.forker.run(func() { pid, done, err = s.start(req, stdio) })
+	s.pool.forker.run(func() { pid, done, err = s.start(req, stdio, forked) })
 	return pid, done, err
 }
 

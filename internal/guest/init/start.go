@@ -1,9 +1,11 @@
 package initproc
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 
@@ -45,9 +47,10 @@ func classify(err error) string {
 	return initproto.ClassInternal
 }
 
-// start forks and execs one command in its own process group. The returned
+// start forks and execs one command in its own process group, calling
+// forked with its pid first thing (the command runs already). The returned
 // channel receives its wait status.
-func (s *server) start(req *initproto.ExecRequest, stdio [3]int) (int, chan exitStatus, error) {
+func (s *server) start(req *initproto.ExecRequest, stdio [3]int, forked func(pid int)) (int, chan exitStatus, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return 0, nil, &reqError{initproto.ClassInvalidArgument, errors.New("exec: empty argv")}
 	}
@@ -75,7 +78,15 @@ func (s *server) start(req *initproto.ExecRequest, stdio [3]int) (int, chan exit
 	}
 	done := make(chan exitStatus, 1)
 	s.mu.Lock()
-	pid, err := syscall.ForkExec(path, req.Argv, attr)
+	var pid int
+	if s.gate >= 0 {
+		pid, err = s.startGated(path, req.Argv, attr, forked)
+	} else {
+		pid, err = syscall.ForkExec(path, req.Argv, attr)
+		if err == nil {
+			forked(pid)
+		}
+	}
 	if err == nil {
 		s.waiters[pid] = done
 	}
@@ -91,4 +102,56 @@ func (s *server) start(req *initproto.ExecRequest, stdio [3]int) (int, chan exit
 		_ = unix.Prlimit(pid, unix.RLIMIT_CPU, &lim, nil)
 	}
 	return pid, done, nil
+}
+
+// startGated starts a command through the stub's gate: forked (the stub
+// told) before the command runs a single instruction of its own, as the
+// command could kill the server. The caller holds s.mu, so that the exit of
+// a gate whose exec failed is reaped after its pid is known here.
+func (s *server) startGated(path string, argv []string, attr *syscall.ProcAttr, forked func(pid int)) (int, error) {
+	var goAhead, execErr [2]int
+	if err := unix.Pipe2(goAhead[:], unix.O_CLOEXEC); err != nil {
+		return 0, err
+	}
+	defer unix.Close(goAhead[1])
+	if err := unix.Pipe2(execErr[:], unix.O_CLOEXEC); err != nil {
+		unix.Close(goAhead[0])
+		return 0, err
+	}
+	defer unix.Close(execErr[0])
+	gated := *attr
+	gated.Files = append(slices.Clone(attr.Files), uintptr(goAhead[0]), uintptr(execErr[1]), uintptr(s.gate))
+	pid, err := syscall.ForkExec("/proc/self/fd/"+strconv.Itoa(len(gated.Files)-1), append([]string{gateName, path}, argv...), &gated)
+	unix.Close(goAhead[0])
+	unix.Close(execErr[1])
+	if err != nil {
+		return 0, err
+	}
+	forked(pid)
+	if _, err := unix.Write(goAhead[1], []byte{1}); err != nil {
+		return 0, fmt.Errorf("start gate: %w", err)
+	}
+	var b [4]byte
+	n, _ := readFull(execErr[0], b[:])
+	if n == len(b) {
+		s.tell(pid, nil) // the gate exits 127, unreported
+		return 0, syscall.Errno(binary.NativeEndian.Uint32(b[:]))
+	}
+	return pid, nil
+}
+
+// readFull reads fd until b is full or EOF.
+func readFull(fd int, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := unix.Read(fd, b[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || m == 0 {
+			return n, err
+		}
+		n += m
+	}
+	return n, nil
 }

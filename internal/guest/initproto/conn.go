@@ -54,6 +54,9 @@ func Dial(path string) (*Conn, error) {
 	return NewConn(fd, path)
 }
 
+// Control runs fn with the connection's fd (see syscall.RawConn).
+func (c *Conn) Control(fn func(fd uintptr)) error { return c.rc.Control(fn) }
+
 // Close closes the connection.
 func (c *Conn) Close() error { return c.f.Close() }
 
@@ -117,7 +120,7 @@ func (c *Conn) Recv(msg any) ([]int, error) {
 	if err == nil {
 		err = rerr
 	}
-	fds := parseFds(oob[:oobn])
+	fds := ParseFds(oob[:oobn])
 	if err != nil {
 		closeAll(fds)
 		return nil, err
@@ -144,7 +147,8 @@ func ignoringEINTR(call func() error) error {
 	}
 }
 
-func parseFds(oob []byte) []int {
+// ParseFds returns the fds of SCM_RIGHTS messages in oob.
+func ParseFds(oob []byte) []int {
 	if len(oob) == 0 {
 		return nil
 	}

@@ -37,6 +37,11 @@
 //	  terminal.
 //	10 (2026-12-01): Config.FileSizeBytes is gone: sandboxes get no
 //	  RLIMIT_FSIZE (the disk quota bounds writes, as under Docker).
+//	11 (2026-12-02): Config.Stub: the config message carries one more fd,
+//	  the node's corral-initstub, which init execs as PID 1 in place of
+//	  its serving stage; the stub answers ping and kill and starts
+//	  corral-init's server (serve child) for every other request. Pool
+//	  mode keeps the Go PID 1.
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
@@ -45,7 +50,7 @@ package initproto
 const ShellPath = "/.corral/sh"
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 10
+const Version = 11
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -117,6 +122,9 @@ type Config struct {
 	Pool        bool   `json:"pool,omitempty"`
 	PoolSeccomp []byte `json:"pool_seccomp,omitempty"`
 	ViewBytes   int64  `json:"view_bytes,omitempty"`
+	// Stub: the fd after the mounts is the node's corral-initstub, PID 1
+	// of the hardened sandbox (not in pool mode).
+	Stub bool `json:"stub,omitempty"`
 }
 
 // Request is a node -> init message; the first on a connection opens it.

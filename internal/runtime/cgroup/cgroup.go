@@ -11,6 +11,7 @@ package cgroup
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,6 +25,25 @@ import (
 // copied in, and corral does not pin CPUs.
 var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer", "blkio"}
 
+// distinctV1 yields, in v1Controllers order, each directory of dirs (a
+// controller's mount or cgroup) once, with the first controller having it:
+// co-mounted controllers share one.
+func distinctV1(dirs map[string]string) iter.Seq2[string, string] {
+	return func(yield func(controller, dir string) bool) {
+		seen := map[string]bool{}
+		for _, c := range v1Controllers {
+			d := dirs[c]
+			if d == "" || seen[d] {
+				continue
+			}
+			seen[d] = true
+			if !yield(c, d) {
+				return
+			}
+		}
+	}
+}
+
 // Hierarchies is the cgroup layout of this host.
 type Hierarchies struct {
 	// V1 maps a v1 controller name to its mount point; empty on pure v2.
@@ -36,6 +56,15 @@ type Hierarchies struct {
 
 // Unified reports a pure v2 host: the limits live in the v2 tree.
 func (h *Hierarchies) Unified() bool { return len(h.V1) == 0 && h.V2 != "" }
+
+// Has reports whether groups get controller ctrl where their limits live:
+// the v2 tree on a pure v2 host, else a v1 hierarchy.
+func (h *Hierarchies) Has(ctrl string) bool {
+	if h.Unified() {
+		return h.V2Controllers[ctrl]
+	}
+	return h.V1[ctrl] != ""
+}
 
 var (
 	detectOnce sync.Once
@@ -126,13 +155,9 @@ func (m *Manager) Hierarchies() *Hierarchies { return m.h }
 
 // dirs returns the parent directories, one per hierarchy.
 func (m *Manager) dirs() []string {
-	seen := map[string]bool{}
 	var out []string
-	for _, c := range v1Controllers {
-		if mnt := m.h.V1[c]; mnt != "" && !seen[mnt] {
-			seen[mnt] = true
-			out = append(out, filepath.Join(mnt, m.parent))
-		}
+	for _, mnt := range distinctV1(m.h.V1) {
+		out = append(out, filepath.Join(mnt, m.parent))
 	}
 	if m.h.V2 != "" {
 		out = append(out, filepath.Join(m.h.V2, m.parent))

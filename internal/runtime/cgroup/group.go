@@ -55,13 +55,9 @@ func (m *Manager) Create(id string, lim Limits) (*Group, error) {
 }
 
 func (g *Group) allDirs() []string {
-	seen := map[string]bool{}
 	var out []string
-	for _, c := range v1Controllers {
-		if d := g.v1[c]; d != "" && !seen[d] {
-			seen[d] = true
-			out = append(out, d)
-		}
+	for _, d := range distinctV1(g.v1) {
+		out = append(out, d)
 	}
 	if g.v2 != "" {
 		out = append(out, g.v2)
@@ -94,11 +90,7 @@ func (g *Group) setLimits(lim Limits) error {
 		}
 	}
 	if lim.CPUMillis > 0 && g.v1["cpu"] != "" {
-		if err := write(g.v1["cpu"], "cpu.cfs_period_us", strconv.Itoa(cpuPeriodUS)); err != nil {
-			return err
-		}
-		quota := lim.CPUMillis * cpuPeriodUS / 1000
-		if err := write(g.v1["cpu"], "cpu.cfs_quota_us", strconv.FormatInt(quota, 10)); err != nil {
+		if err := g.SetCPU(lim.CPUMillis); err != nil {
 			return err
 		}
 	}
@@ -122,8 +114,7 @@ func (g *Group) setLimitsV2(lim Limits) error {
 		}
 	}
 	if lim.CPUMillis > 0 {
-		quota := lim.CPUMillis * cpuPeriodUS / 1000
-		if err := write(g.v2, "cpu.max", fmt.Sprintf("%d %d", quota, cpuPeriodUS)); err != nil {
+		if err := g.SetCPU(lim.CPUMillis); err != nil {
 			return err
 		}
 	}
@@ -155,13 +146,7 @@ func (g *Group) EnterThread() (restore func() error, err error) {
 		}
 		return errors.Join(errs...)
 	}
-	seen := map[string]bool{}
-	for _, c := range v1Controllers {
-		d := g.v1[c]
-		if d == "" || seen[d] {
-			continue
-		}
-		seen[d] = true
+	for c, d := range distinctV1(g.v1) {
 		if err := write(d, "tasks", tid); err != nil {
 			return nil, errors.Join(fmt.Errorf("cgroup %s: enter %s: %w", g.id, c, err), restore())
 		}
@@ -175,13 +160,7 @@ func (g *Group) EnterThread() (restore func() error, err error) {
 // spawner, which gets them with a request); the caller closes them.
 func (g *Group) OpenTasks() ([]*os.File, error) {
 	var files []*os.File
-	seen := map[string]bool{}
-	for _, c := range v1Controllers {
-		d := g.v1[c]
-		if d == "" || seen[d] {
-			continue
-		}
-		seen[d] = true
+	for c, d := range distinctV1(g.v1) {
 		f, err := os.OpenFile(filepath.Join(d, "tasks"), os.O_WRONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			for _, f := range files {

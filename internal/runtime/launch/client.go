@@ -227,8 +227,18 @@ func (c Client) Exec(ctx context.Context, req initproto.ExecRequest, stdout, std
 	}
 	conn.SetDeadline(time.Time{})
 	e := &Exec{Pid: r.Pid, conn: conn, exit: make(chan ExitResult, 1), client: c}
+	if r.Op == initproto.OpExit {
+		// The command killed init's server before it said started; init
+		// (the stub) reported the exit instead.
+		e.exit <- exitOf(r, nil)
+		return e, nil
+	}
 	go e.wait()
 	return e, nil
+}
+
+func exitOf(r initproto.Reply, err error) ExitResult {
+	return ExitResult{Code: r.ExitCode, Signal: r.Signal, CPU: time.Duration(r.CPUNanos), Err: err}
 }
 
 // sendCancellable sends msg with a deadline of now once ctx ends; stop ends
@@ -246,7 +256,7 @@ func (e *Exec) wait() {
 	if err == nil && r.Op != initproto.OpExit {
 		err = fmt.Errorf("unexpected reply %q", r.Op)
 	}
-	e.exit <- ExitResult{Code: r.ExitCode, Signal: r.Signal, CPU: time.Duration(r.CPUNanos), Err: err}
+	e.exit <- exitOf(r, err)
 }
 
 // Exited delivers the exit once.

@@ -29,14 +29,14 @@ type throttled struct {
 }
 
 func (t *throttled) Stat(ctx context.Context, key string) (int64, error) {
-	if err := sleepCtx(ctx, t.link.Latency); err != nil {
+	if err := Sleep(ctx, t.link.Latency); err != nil {
 		return 0, err
 	}
 	return t.Store.Stat(ctx, key)
 }
 
 func (t *throttled) GetRange(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
-	if err := sleepCtx(ctx, t.link.Latency); err != nil {
+	if err := Sleep(ctx, t.link.Latency); err != nil {
 		return nil, err
 	}
 	rc, err := t.Store.GetRange(ctx, key, off, n)
@@ -73,7 +73,7 @@ func (p *paced) Read(b []byte) (int, error) {
 	}
 	n, err := p.rc.Read(b)
 	if n > 0 {
-		if werr := sleepCtx(p.ctx, p.link.wait(n)); werr != nil {
+		if werr := Sleep(p.ctx, p.link.wait(n)); werr != nil {
 			return n, werr
 		}
 	}
@@ -82,7 +82,8 @@ func (p *paced) Read(b []byte) (int, error) {
 
 func (p *paced) Close() error { return p.rc.Close() }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
+// Sleep waits d, or until ctx ends (then it returns ctx's error).
+func Sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}

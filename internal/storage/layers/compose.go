@@ -135,27 +135,12 @@ func (s *Store) composition(ref string) (Composition, error) {
 
 // Compositions returns every composition sorted by reference.
 func (s *Store) Compositions(ctx context.Context) ([]Composition, error) {
-	entries, err := os.ReadDir(filepath.Join(s.dir, compositionsDir))
-	if err != nil {
-		return nil, fmt.Errorf("compositions: %w", err)
-	}
-	var out []Composition
-	for _, e := range entries {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
+	out, err := loadEach(ctx, filepath.Join(s.dir, compositionsDir), "compositions", func(e os.DirEntry) (string, bool) {
 		ref, ok := strings.CutSuffix(e.Name(), compositionExt)
-		if !ok || checkRef(ref) != nil {
-			continue // a temporary file
-		}
-		c, err := s.composition(ref)
-		if errors.Is(err, os.ErrNotExist) {
-			continue // removed meanwhile
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, c)
+		return ref, ok && checkRef(ref) == nil // else a temporary file
+	}, s.composition)
+	if err != nil {
+		return nil, err
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Ref < out[j].Ref })
 	return out, nil

@@ -224,29 +224,42 @@ func (s *Store) image(name string, env []string, stack []Layer) Image {
 	return img
 }
 
-// List returns the store's images sorted by name (their layers are not
-// mounted by List).
-func (s *Store) List(ctx context.Context) ([]Image, error) {
-	entries, err := os.ReadDir(s.dir)
+// loadEach loads each entry of dir that pick names; one that is gone by
+// then (removed meanwhile, or not one of them) is passed over.
+func loadEach[T any](ctx context.Context, dir, what string, pick func(os.DirEntry) (string, bool), load func(name string) (T, error)) ([]T, error) {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("image store: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	var out []Image
+	var out []T
 	for _, e := range entries {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if !e.IsDir() || checkName(e.Name()) != nil {
+		name, ok := pick(e)
+		if !ok {
 			continue
 		}
-		img, err := s.load(e.Name())
+		v, err := load(name)
 		if errors.Is(err, os.ErrNotExist) {
-			continue // not an image
+			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, img)
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// List returns the store's images sorted by name (their layers are not
+// mounted by List).
+func (s *Store) List(ctx context.Context) ([]Image, error) {
+	out, err := loadEach(ctx, s.dir, "image store", func(e os.DirEntry) (string, bool) {
+		return e.Name(), e.IsDir() && checkName(e.Name()) == nil
+	}, s.load)
+	if err != nil {
+		return nil, err
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil

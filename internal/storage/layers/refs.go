@@ -140,9 +140,7 @@ func (s *Store) Remove(ctx context.Context, ref string) (Removed, error) {
 	if err := checkRef(ref); err != nil {
 		return Removed{}, err
 	}
-	s.useMu.Lock()
-	defer s.useMu.Unlock()
-	idx, unlock, err := s.lockedIndex()
+	idx, unlock, err := s.lockedForRemoval()
 	if err != nil {
 		return Removed{}, err
 	}
@@ -223,14 +221,24 @@ func (idx index) refsOf(digest string) []string {
 	return out
 }
 
+// lockedForRemoval takes the pinning lock, then the index, as Remove and GC
+// do; unlock releases both.
+func (s *Store) lockedForRemoval() (idx index, unlock func(), err error) {
+	s.useMu.Lock()
+	idx, unlockIndex, err := s.lockedIndex()
+	if err != nil {
+		s.useMu.Unlock()
+		return idx, nil, err
+	}
+	return idx, func() { unlockIndex(); s.useMu.Unlock() }, nil
+}
+
 // GC deletes every layer that no sandbox, composition or built image uses
 // and that is not its name's latest version, then every file of the store
 // that no reference names (blobs of deleted layers, leftovers of an
 // earlier crash).
 func (s *Store) GC(ctx context.Context) (Removed, error) {
-	s.useMu.Lock()
-	defer s.useMu.Unlock()
-	idx, unlock, err := s.lockedIndex()
+	idx, unlock, err := s.lockedForRemoval()
 	if err != nil {
 		return Removed{}, err
 	}

@@ -33,8 +33,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -262,11 +264,7 @@ func (f *FS) blob(digest string) (*blobFile, error) {
 func (f *FS) all() []*blobFile {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]*blobFile, 0, len(f.blobs))
-	for _, b := range f.blobs {
-		out = append(out, b)
-	}
-	return out
+	return slices.Collect(maps.Values(f.blobs))
 }
 
 // flushLoop makes new chunks durable every FlushInterval.

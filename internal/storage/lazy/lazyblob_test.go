@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/storage/blob"
+	"github.com/corral-dev/corral/internal/testenv/accept"
 )
 
 // counting counts the ranges fetched from its store, per offset.
@@ -214,17 +215,11 @@ func TestStoreDownEIOWithinTimeout(t *testing.T) {
 	defer ln.Close()
 	var conns []net.Conn
 	var connMu sync.Mutex
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			connMu.Lock()
-			conns = append(conns, c) // held open, never answered
-			connMu.Unlock()
-		}
-	}()
+	accept.Each(ln, func(c net.Conn) {
+		connMu.Lock()
+		conns = append(conns, c) // held open, never answered
+		connMu.Unlock()
+	})
 	defer func() {
 		connMu.Lock()
 		for _, c := range conns {

@@ -8,6 +8,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/corral-dev/corral/internal/storage/blob"
 )
 
 // A hint is the chunks earlier starts of a blob's sandboxes read, in the
@@ -187,7 +189,7 @@ func (f *FS) Prefetch(ctx context.Context, digest string, mode PrefetchMode) err
 feed:
 	for _, i := range order {
 		for yield && f.foreground.Load() > 0 { // readers first
-			if sleep(ctx, 2*time.Millisecond) != nil {
+			if blob.Sleep(ctx, 2*time.Millisecond) != nil {
 				break feed
 			}
 		}
@@ -230,15 +232,4 @@ func (f *FS) StartPrefetch(digest string, mode PrefetchMode) {
 			f.cfg.Log.Warn("lazy blob: prefetch", "blob", digest, "err", err)
 		}
 	}()
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

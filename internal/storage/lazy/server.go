@@ -112,14 +112,10 @@ func (h *handler) mux() *http.ServeMux {
 	m.HandleFunc("GET /v1/ping", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, map[string]int{"pid": os.Getpid()}, nil)
 	})
-	m.HandleFunc("POST /v1/register", func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Digest string `json:"digest"`
-			Size   int64  `json:"size"`
-		}
-		if !decode(w, r, &req) {
-			return
-		}
+	decoded(m, "POST /v1/register", func(w http.ResponseWriter, r *http.Request, req struct {
+		Digest string `json:"digest"`
+		Size   int64  `json:"size"`
+	}) {
 		path, err := h.f.Register(r.Context(), req.Digest, req.Size)
 		reply(w, map[string]string{"path": path}, err)
 	})
@@ -142,13 +138,9 @@ func (h *handler) mux() *http.ServeMux {
 		after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
 		reply(w, h.f.Faults(after), nil)
 	})
-	m.HandleFunc("POST /v1/record", func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Digest string `json:"digest"`
-		}
-		if !decode(w, r, &req) {
-			return
-		}
+	decoded(m, "POST /v1/record", func(w http.ResponseWriter, r *http.Request, req struct {
+		Digest string `json:"digest"`
+	}) {
 		stop, err := h.f.Record(req.Digest)
 		if err != nil {
 			reply(w, nil, err)
@@ -161,13 +153,9 @@ func (h *handler) mux() *http.ServeMux {
 		h.mu.Unlock()
 		reply(w, map[string]string{"token": token}, nil)
 	})
-	m.HandleFunc("POST /v1/record/stop", func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Token string `json:"token"`
-		}
-		if !decode(w, r, &req) {
-			return
-		}
+	decoded(m, "POST /v1/record/stop", func(w http.ResponseWriter, r *http.Request, req struct {
+		Token string `json:"token"`
+	}) {
 		h.mu.Lock()
 		stop, ok := h.recs[req.Token]
 		delete(h.recs, req.Token)
@@ -178,14 +166,10 @@ func (h *handler) mux() *http.ServeMux {
 		}
 		reply(w, struct{}{}, stop())
 	})
-	m.HandleFunc("POST /v1/prefetch", func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Digest string       `json:"digest"`
-			Mode   PrefetchMode `json:"mode"`
-		}
-		if !decode(w, r, &req) {
-			return
-		}
+	decoded(m, "POST /v1/prefetch", func(w http.ResponseWriter, r *http.Request, req struct {
+		Digest string       `json:"digest"`
+		Mode   PrefetchMode `json:"mode"`
+	}) {
 		if _, err := h.f.blob(req.Digest); err != nil {
 			reply(w, nil, err)
 			return
@@ -207,6 +191,17 @@ func (h *handler) mux() *http.ServeMux {
 		}
 	})
 	return m
+}
+
+// decoded handles pattern with fn once the request body is decoded into a
+// Req (a malformed one is refused).
+func decoded[Req any](m *http.ServeMux, pattern string, fn func(w http.ResponseWriter, r *http.Request, req Req)) {
+	m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		var req Req
+		if decode(w, r, &req) {
+			fn(w, r, req)
+		}
+	})
 }
 
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
