@@ -284,31 +284,33 @@ func (s *Server) Stop() error {
 	return s.Server.Stop(ctx)
 }
 
-// RemoveCgroupParent removes the (empty) parent cgroup directories, the
-// VMMs' (qemu.CPUGroups) included.
+// RemoveCgroupParent removes the (empty) parent cgroup directories and
+// those the node makes beside it (see besideParent).
 func RemoveCgroupParent(parent string) {
-	for _, p := range withVMMParents(parent) {
+	for _, p := range besideParent(parent) {
 		for _, dir := range CgroupDirs(p) {
 			_ = os.Remove(dir)
 		}
 	}
 }
 
-// withVMMParents is parent and the parents of the microVMs' and VMs'
-// VMM cgroups beside it.
-func withVMMParents(parent string) []string {
-	return []string{parent, parent + "-microvm", parent + "-vm"}
+// besideParent is parent and the cgroups a node with that parent makes
+// beside it: the best-effort sandboxes' parent, the parents of the
+// microVMs' and VMs' VMM cgroups, and the daemon's own cgroup (corral
+// serve's default --node-cgroup), which a daemon killed by a test leaves.
+func besideParent(parent string) []string {
+	return []string{parent, parent + cgroup.IdleSuffix, parent + "-microvm", parent + "-vm", parent + "-node"}
 }
 
 // AssertNoLeaks fails the test if a mount under dataDir, a cgroup under
-// cgroupParent (or under the VMMs' parents beside it), or a process in
-// such a cgroup remains.
+// cgroupParent or the cgroups beside it (see besideParent), or a process
+// in such a cgroup remains.
 func AssertNoLeaks(t testing.TB, dataDir, cgroupParent string) {
 	t.Helper()
 	if mounts := MountsUnder(dataDir); len(mounts) > 0 {
 		t.Errorf("mounts left under %s: %v", dataDir, mounts)
 	}
-	for _, p := range withVMMParents(cgroupParent) {
+	for _, p := range besideParent(cgroupParent) {
 		for _, dir := range CgroupDirs(p) {
 			entries, _ := os.ReadDir(dir)
 			for _, e := range entries {

@@ -8,7 +8,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/backend/backendtest"
 	"github.com/corral-dev/corral/internal/bench"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -83,41 +83,23 @@ func TestCopyInNeverEscapes(t *testing.T) {
 	}
 	// The same path inside the sandbox, where the symlink case lands.
 	testenv.Sh(t, sb, "mkdir -p "+hostDir)
-	type entry struct {
-		hdr  tar.Header
-		body string
-	}
+	type entry = backendtest.TarEntry
 	upload := func(es ...entry) error {
-		var buf bytes.Buffer
-		tw := tar.NewWriter(&buf)
-		for _, e := range es {
-			h := e.hdr
-			h.Size = int64(len(e.body))
-			if err := tw.WriteHeader(&h); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := io.WriteString(tw, e.body); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := tw.Close(); err != nil {
-			t.Fatal(err)
-		}
-		_, err := sb.Files().UploadTar(ctx, "/in", &buf)
+		_, err := sb.Files().UploadTar(ctx, "/in", backendtest.TarOf(t, es...))
 		return err
 	}
 	for _, es := range [][]entry{
-		{{tar.Header{Name: "../../../../" + hostDir + "/dotdot", Typeflag: tar.TypeReg, Mode: 0o644}, "x"}},
-		{{tar.Header{Name: hostDir + "/abs", Typeflag: tar.TypeReg, Mode: 0o644}, "x"}},
-		{{tar.Header{Name: "out", Typeflag: tar.TypeSymlink, Linkname: hostDir}, ""},
-			{tar.Header{Name: "out/through", Typeflag: tar.TypeReg, Mode: 0o644}, "x"}},
+		{{Hdr: tar.Header{Name: "../../../../" + hostDir + "/dotdot", Typeflag: tar.TypeReg, Mode: 0o644}, Body: "x"}},
+		{{Hdr: tar.Header{Name: hostDir + "/abs", Typeflag: tar.TypeReg, Mode: 0o644}, Body: "x"}},
+		{{Hdr: tar.Header{Name: "out", Typeflag: tar.TypeSymlink, Linkname: hostDir}, Body: ""},
+			{Hdr: tar.Header{Name: "out/through", Typeflag: tar.TypeReg, Mode: 0o644}, Body: "x"}},
 	} {
 		if err := upload(es...); err != nil {
-			t.Fatalf("upload %s: %v", es[len(es)-1].hdr.Name, err)
+			t.Fatalf("upload %s: %v", es[len(es)-1].Hdr.Name, err)
 		}
 	}
 	// A hard link to a node file: its target is looked up in the sandbox.
-	err := upload(entry{tar.Header{Name: "hard", Typeflag: tar.TypeLink, Linkname: "../../../../" + canary}, ""})
+	err := upload(entry{Hdr: tar.Header{Name: "hard", Typeflag: tar.TypeLink, Linkname: "../../../../" + canary}, Body: ""})
 	wantCode(t, err, client.CodeNotFound, "canary")
 	if names, _ := os.ReadDir(hostDir); len(names) != 1 {
 		t.Fatalf("host dir %s has %d entries after the copies: %v", hostDir, len(names), names)

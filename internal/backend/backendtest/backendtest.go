@@ -222,3 +222,21 @@ func (st *suite) sh(t *testing.T, script string) string {
 	}
 	return r.stdout
 }
+
+// FirstThen is a Harness.New that returns first on its first call and a
+// new backend from again on every later one (the restarted daemon), for
+// backends whose first construction the test also needs beforehand.
+func FirstThen[B backend.Backend](first B, again func() (B, error)) func(t *testing.T) backend.Backend {
+	used := false
+	return func(t *testing.T) backend.Backend {
+		if !used {
+			used = true
+			return first
+		}
+		b, err := again()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+}

@@ -13,36 +13,38 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-// treeEntry is one entry of the conformance tree.
-type treeEntry struct {
-	hdr  tar.Header
-	body string
+// TarEntry is one entry of a tar stream made by TarOf.
+type TarEntry struct {
+	Hdr  tar.Header
+	Body string
 }
 
 // conformanceTree has what a tree copy must keep: nested directories,
 // modes with set-id bits, owners, mtimes, a symlink, a hard link, a user
 // xattr and a file spanning several frames of any transport.
-func conformanceTree() []treeEntry {
+func conformanceTree() []TarEntry {
 	mtime := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
 	big := strings.Repeat("0123456789abcdef", 20000) // 320 KB
-	return []treeEntry{
-		{hdr: tar.Header{Name: "t/", Typeflag: tar.TypeDir, Mode: 0o750, ModTime: mtime}},
-		{hdr: tar.Header{Name: "t/d/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime, Uid: 65534, Gid: 65534}},
-		{hdr: tar.Header{Name: "t/d/big", Typeflag: tar.TypeReg, Mode: 0o644, ModTime: mtime}, body: big},
-		{hdr: tar.Header{Name: "t/a", Typeflag: tar.TypeReg, Mode: 0o2755, ModTime: mtime, Uid: 65534, Gid: 65534,
-			PAXRecords: map[string]string{"SCHILY.xattr.user.corral": "yes"}}, body: "alpha\n"},
-		{hdr: tar.Header{Name: "t/l", Typeflag: tar.TypeSymlink, Linkname: "a", ModTime: mtime}},
-		{hdr: tar.Header{Name: "t/h", Typeflag: tar.TypeLink, Linkname: "t/a"}},
+	return []TarEntry{
+		{Hdr: tar.Header{Name: "t/", Typeflag: tar.TypeDir, Mode: 0o750, ModTime: mtime}},
+		{Hdr: tar.Header{Name: "t/d/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime, Uid: 65534, Gid: 65534}},
+		{Hdr: tar.Header{Name: "t/d/big", Typeflag: tar.TypeReg, Mode: 0o644, ModTime: mtime}, Body: big},
+		{Hdr: tar.Header{Name: "t/a", Typeflag: tar.TypeReg, Mode: 0o2755, ModTime: mtime, Uid: 65534, Gid: 65534,
+			PAXRecords: map[string]string{"SCHILY.xattr.user.corral": "yes"}}, Body: "alpha\n"},
+		{Hdr: tar.Header{Name: "t/l", Typeflag: tar.TypeSymlink, Linkname: "a", ModTime: mtime}},
+		{Hdr: tar.Header{Name: "t/h", Typeflag: tar.TypeLink, Linkname: "t/a"}},
 	}
 }
 
-func tarOf(t *testing.T, es ...treeEntry) *bytes.Buffer {
+// TarOf is a tar stream of es, each entry's size its body's (none for
+// other than regular files), in PAX format where an entry has records.
+func TarOf(t *testing.T, es ...TarEntry) *bytes.Buffer {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, e := range es {
-		h := e.hdr
-		h.Size = int64(len(e.body))
+		h := e.Hdr
+		h.Size = int64(len(e.Body))
 		if h.Typeflag != tar.TypeReg {
 			h.Size = 0
 		}
@@ -52,7 +54,7 @@ func tarOf(t *testing.T, es ...treeEntry) *bytes.Buffer {
 		if err := tw.WriteHeader(&h); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := io.WriteString(tw, e.body); err != nil {
+		if _, err := io.WriteString(tw, e.Body); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -74,12 +76,12 @@ func (st *suite) trees(t *testing.T) {
 	}
 	ctx := st.ctx(t)
 	es := conformanceTree()
-	entries, n, err := tr.CopyIn(ctx, "/ct/in", tarOf(t, es...))
+	entries, n, err := tr.CopyIn(ctx, "/ct/in", TarOf(t, es...))
 	if err != nil {
 		t.Fatalf("copy in: %v", err)
 	}
 	defer st.sh(t, "rm -rf /ct")
-	wantBytes := int64(len(es[2].body) + len(es[3].body))
+	wantBytes := int64(len(es[2].Body) + len(es[3].Body))
 	if entries != int64(len(es)) || n != wantBytes {
 		t.Errorf("copy in: %d entries, %d bytes; want %d, %d", entries, n, len(es), wantBytes)
 	}
@@ -129,11 +131,11 @@ func (st *suite) trees(t *testing.T) {
 	if hl.Typeflag != tar.TypeLink || !slices.Contains([]string{"t/a", "t/h"}, hl.Linkname) {
 		t.Errorf("hard link came back as %+v", hl)
 	}
-	if a.Mode&0o7777 != 0o2755 || a.Uid != 65534 || !a.ModTime.Equal(es[3].hdr.ModTime) ||
+	if a.Mode&0o7777 != 0o2755 || a.Uid != 65534 || !a.ModTime.Equal(es[3].Hdr.ModTime) ||
 		a.PAXRecords["SCHILY.xattr.user.corral"] != "yes" || bodies[a.Name] != "alpha\n" {
 		t.Errorf("file came back as %+v with %q", a, bodies[a.Name])
 	}
-	if bodies["t/d/big"] != es[2].body {
+	if bodies["t/d/big"] != es[2].Body {
 		t.Errorf("big file came back with %d bytes, not as sent", len(bodies["t/d/big"]))
 	}
 	st.treesStayInside(t, tr)
@@ -145,26 +147,26 @@ func (st *suite) trees(t *testing.T) {
 // is no tar is refused.
 func (st *suite) treesStayInside(t *testing.T, tr backend.Trees) {
 	ctx := st.ctx(t)
-	in := func(es ...treeEntry) error {
-		_, _, err := tr.CopyIn(ctx, "/ct/x", tarOf(t, es...))
+	in := func(es ...TarEntry) error {
+		_, _, err := tr.CopyIn(ctx, "/ct/x", TarOf(t, es...))
 		return err
 	}
-	for _, es := range [][]treeEntry{
-		{{hdr: tar.Header{Name: "../../../../up", Typeflag: tar.TypeReg, Mode: 0o644}, body: "x"}},
-		{{hdr: tar.Header{Name: "/abs", Typeflag: tar.TypeReg, Mode: 0o644}, body: "x"}},
-		{{hdr: tar.Header{Name: "out", Typeflag: tar.TypeSymlink, Linkname: "/"}},
-			{hdr: tar.Header{Name: "out/through", Typeflag: tar.TypeReg, Mode: 0o644}, body: "x"}},
+	for _, es := range [][]TarEntry{
+		{{Hdr: tar.Header{Name: "../../../../up", Typeflag: tar.TypeReg, Mode: 0o644}, Body: "x"}},
+		{{Hdr: tar.Header{Name: "/abs", Typeflag: tar.TypeReg, Mode: 0o644}, Body: "x"}},
+		{{Hdr: tar.Header{Name: "out", Typeflag: tar.TypeSymlink, Linkname: "/"}},
+			{Hdr: tar.Header{Name: "out/through", Typeflag: tar.TypeReg, Mode: 0o644}, Body: "x"}},
 	} {
 		if err := in(es...); err != nil {
-			t.Errorf("copy in %s: %v", es[len(es)-1].hdr.Name, err)
+			t.Errorf("copy in %s: %v", es[len(es)-1].Hdr.Name, err)
 		}
 	}
 	st.sh(t, "test -f /ct/x/up && test -f /ct/x/abs && test -L /ct/x/out && test -f /through && rm /through && ! test -e /up && ! test -e /abs")
-	err := in(treeEntry{hdr: tar.Header{Name: "hard", Typeflag: tar.TypeLink, Linkname: "../../../nowhere/at/all"}})
+	err := in(TarEntry{Hdr: tar.Header{Name: "hard", Typeflag: tar.TypeLink, Linkname: "../../../nowhere/at/all"}})
 	if !errdefs.IsNotFound(err) {
 		t.Errorf("hard link to a missing target: %v; want not found", err)
 	}
-	err = in(treeEntry{hdr: tar.Header{Name: "dev", Typeflag: tar.TypeChar, Mode: 0o666, Devmajor: 1, Devminor: 3}})
+	err = in(TarEntry{Hdr: tar.Header{Name: "dev", Typeflag: tar.TypeChar, Mode: 0o666, Devmajor: 1, Devminor: 3}})
 	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "is not supported") {
 		t.Errorf("a device entry: %v; want invalid argument", err)
 	}
@@ -172,7 +174,7 @@ func (st *suite) treesStayInside(t *testing.T, tr backend.Trees) {
 		t.Errorf("copy out of a missing path: %v; want not found", err)
 	}
 	// A broken stream is refused, and the sandbox stays usable.
-	if err := in(treeEntry{hdr: tar.Header{Name: "ok", Typeflag: tar.TypeReg, Mode: 0o644}, body: "x"}); err != nil {
+	if err := in(TarEntry{Hdr: tar.Header{Name: "ok", Typeflag: tar.TypeReg, Mode: 0o644}, Body: "x"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := tr.CopyIn(ctx, "/ct/x", strings.NewReader(strings.Repeat("garbage!", 200))); !errdefs.IsInvalidArgument(err) {

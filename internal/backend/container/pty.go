@@ -15,6 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+var _ backend.Interactive = (*sandbox)(nil)
+
 // Interactive implements backend.Interactive: Exec honours PTY and Started.
 func (s *sandbox) Interactive() {}
 

@@ -3,9 +3,6 @@ package microvm
 import (
 	"fmt"
 	"os"
-	"path/filepath"
-	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -23,18 +20,7 @@ func TestConformance(t *testing.T) {
 	first := newBackend(t, func(c *Config) { c.CgroupParent = fmt.Sprintf("corral-test%d", os.Getpid()) })
 	cfg := first.cfg
 	backendtest.Run(t, backendtest.Harness{
-		New: func(t *testing.T) backend.Backend {
-			if first != nil {
-				b := first
-				first = nil
-				return b
-			}
-			b, err := New(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return b
-		},
+		New:       backendtest.FirstThen(first, func() (*Backend, error) { return New(cfg) }),
 		Spec:      func(t *testing.T) backend.Spec { return testSpec(t) },
 		Detach:    func(s backend.Sandbox) { s.(*sandbox).dropSession() },
 		Leftovers: func(id string) []string { return leftovers(t, cfg, id) },
@@ -44,26 +30,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// leftovers lists what of sandbox id remains on the host: a VMM process,
-// its cgroup or its run dir.
+// leftovers lists what of sandbox id remains on the host.
 func leftovers(t *testing.T, cfg Config, id string) []string {
-	var out []string
-	for _, pid := range vmmProcesses(cfg.RunDir)[id] {
-		out = append(out, "VMM process "+strconv.Itoa(pid))
-	}
 	cg, err := qemuvm.NewCPUGroups(cfg.CgroupParent, "microvm")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids, err := cg.List()
+	out, err := qemuvm.Leftovers(cfg.RunDir, id, vmmProcesses(cfg.RunDir), cg)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if slices.Contains(ids, id) {
-		out = append(out, "VMM cgroup")
-	}
-	if _, err := os.Lstat(filepath.Join(cfg.RunDir, id)); !os.IsNotExist(err) {
-		out = append(out, "run dir")
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -125,4 +126,25 @@ func Remove(ctx context.Context, id, dir string, pid int, start uint64, leftover
 		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
 	}
 	return nil
+}
+
+// Leftovers names what of sandbox id is still on the host: a VMM process
+// in procs (see Processes), its cgroup in groups, its run dir under
+// runDir. After a Remove it is empty.
+func Leftovers(runDir, id string, procs map[string][]int, groups *CPUGroups) ([]string, error) {
+	var out []string
+	for _, pid := range procs[id] {
+		out = append(out, "VMM process "+strconv.Itoa(pid))
+	}
+	ids, err := groups.List()
+	if err != nil {
+		return nil, fmt.Errorf("leftovers of %s: %w", id, err)
+	}
+	if slices.Contains(ids, id) {
+		out = append(out, "VMM cgroup")
+	}
+	if _, err := os.Lstat(filepath.Join(runDir, id)); !os.IsNotExist(err) {
+		out = append(out, "run dir")
+	}
+	return out, nil
 }

@@ -3,9 +3,6 @@ package vm
 import (
 	"fmt"
 	"os"
-	"path/filepath"
-	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -29,18 +26,7 @@ func TestConformance(t *testing.T) {
 		t.Fatalf("test image %s: %v, agent %v: want corral-agent in it", testRef, err, im.Agent)
 	}
 	backendtest.Run(t, backendtest.Harness{
-		New: func(t *testing.T) backend.Backend {
-			if first != nil {
-				b := first
-				first = nil
-				return b
-			}
-			b, err := New(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return b
-		},
+		New:       backendtest.FirstThen(first, func() (*Backend, error) { return New(cfg) }),
 		Spec:      conformanceSpec,
 		Detach:    func(s backend.Sandbox) { s.(*sandbox).qga.close(); s.(*sandbox).agent.close() },
 		Leftovers: func(id string) []string { return leftovers(t, cfg, id) },
@@ -50,26 +36,15 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// leftovers lists what of sandbox id remains on the host: a QEMU process,
-// its cgroup or its run dir (overlay, sockets, state).
+// leftovers lists what of sandbox id remains on the host.
 func leftovers(t *testing.T, cfg Config, id string) []string {
-	var out []string
-	for _, pid := range qemuProcesses(cfg.RunDir)[id] {
-		out = append(out, "QEMU process "+strconv.Itoa(pid))
-	}
 	cg, err := qemuvm.NewCPUGroups(cfg.CgroupParent, "vm")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids, err := cg.List()
+	out, err := qemuvm.Leftovers(cfg.RunDir, id, qemuProcesses(cfg.RunDir), cg)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if slices.Contains(ids, id) {
-		out = append(out, "QEMU cgroup")
-	}
-	if _, err := os.Lstat(filepath.Join(cfg.RunDir, id)); !os.IsNotExist(err) {
-		out = append(out, "run dir")
 	}
 	return out
 }

@@ -14,10 +14,8 @@ const vncSock = "vnc.sock"
 // DialVNC implements backend.LiveViewer: a connection to the VM's VNC
 // server.
 func (s *sandbox) DialVNC(ctx context.Context) (net.Conn, error) {
-	select {
-	case <-s.done:
-		return nil, errdefs.FailedPrecondition("sandbox %s: not running", s.m.id)
-	default:
+	if err := s.running(); err != nil {
+		return nil, err
 	}
 	if s.Checkpointed() {
 		return nil, errdefs.FailedPrecondition("sandbox %s: paused to a snapshot on disk: resume it first", s.m.id)

@@ -110,11 +110,21 @@ func (s *sandbox) ExitReason() string {
 	return s.reason
 }
 
-func (s *sandbox) live() error {
+// running refuses a sandbox whose QEMU has ended.
+func (s *sandbox) running() error {
 	select {
 	case <-s.done:
 		return errdefs.FailedPrecondition("sandbox %s: not running", s.m.id)
 	default:
+		return nil
+	}
+}
+
+// live refuses a sandbox that has ended or is paused (its agents cannot
+// answer).
+func (s *sandbox) live() error {
+	if err := s.running(); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -236,10 +246,8 @@ systemctl daemon-reload </dev/null >/dev/null 2>&1 &`); err != nil {
 // passed (at once when zero), when the VM's state goes to a file and QEMU
 // exits.
 func (s *sandbox) Pause(ctx context.Context) error {
-	select {
-	case <-s.done:
-		return errdefs.FailedPrecondition("sandbox %s: not running", s.m.id)
-	default:
+	if err := s.running(); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	if s.paused {
@@ -301,10 +309,8 @@ func (s *sandbox) Checkpointed() bool {
 // Resume implements backend.Sandbox: QMP cont, or a new QEMU restoring
 // the snapshot, then the guest agent again.
 func (s *sandbox) Resume(ctx context.Context) error {
-	select {
-	case <-s.done:
-		return errdefs.FailedPrecondition("sandbox %s: not running", s.m.id)
-	default:
+	if err := s.running(); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -25,10 +25,8 @@ func (s *sandbox) Screenshot(ctx context.Context, scale float64) (backend.Screen
 	if scale < 0 || scale > 1 {
 		return shot, errdefs.InvalidArgument("scale: %g must be in (0, 1] (0 means 1)", scale)
 	}
-	select {
-	case <-s.done:
-		return shot, errdefs.FailedPrecondition("sandbox %s: not running", s.m.id)
-	default:
+	if err := s.running(); err != nil {
+		return shot, err
 	}
 	if s.Checkpointed() {
 		return shot, errdefs.FailedPrecondition("sandbox %s: paused to a snapshot on disk: resume it first", s.m.id)
