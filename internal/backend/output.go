@@ -2,7 +2,11 @@ package backend
 
 import (
 	"bytes"
+	"errors"
+	"os"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // OutputBuffers collects a command's stdout and stderr: its Write is the
@@ -67,4 +71,50 @@ func (l *OutputLimiter) Truncated() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.truncated
+}
+
+// pipeDrainMax bounds what CopyPipe reads past the deadline: what the pipe
+// held, not what a background process keeps writing.
+const pipeDrainMax = 1 << 20
+
+// CopyPipe passes what a command writes to its output pipe f to deliver,
+// until end of file, an error, or deliver returning false. Backends set a
+// read deadline once the command exited, since a background process it
+// left may hold the pipe open forever; past it CopyPipe still delivers
+// what the pipe already holds, without waiting for more. The command's
+// last output is still there when the reader was slow, as when it was
+// delivering the chunk before: a plain read past its deadline would drop it.
+func CopyPipe(f *os.File, buf []byte, deliver func([]byte) bool) {
+	for {
+		n, err := f.Read(buf)
+		if n > 0 && !deliver(buf[:n]) {
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			drainPipe(f, buf, deliver)
+			return
+		}
+		if err != nil {
+			return // EOF, or closed after the limit
+		}
+	}
+}
+
+// drainPipe delivers what is in the pipe: its fd is non-blocking, so a
+// read of an empty pipe ends at once (EAGAIN).
+func drainPipe(f *os.File, buf []byte, deliver func([]byte) bool) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	for total := 0; total < pipeDrainMax; {
+		var n int
+		if rc.Control(func(fd uintptr) { n, _ = unix.Read(int(fd), buf) }) != nil || n <= 0 {
+			return
+		}
+		total += n
+		if !deliver(buf[:n]) {
+			return
+		}
+	}
 }

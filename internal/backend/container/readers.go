@@ -1,18 +1,12 @@
 package container
 
 import (
-	"errors"
 	"os"
 	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
-	"golang.org/x/sys/unix"
 )
-
-// drainMax bounds what is read after the exit from one stream: what the
-// pipe held, not what a background process keeps writing.
-const drainMax = 1 << 20
 
 // readers copy one exec's stdout and stderr through the output limiter.
 type readers struct {
@@ -41,39 +35,7 @@ var readBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 func (r *readers) copy(f *os.File, stream backend.Stream) {
 	bp := readBufs.Get().(*[]byte)
 	defer readBufs.Put(bp)
-	buf := *bp
-	for {
-		n, err := f.Read(buf)
-		if n > 0 && !r.deliver(stream, buf[:n]) {
-			return
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			r.drain(f, stream, buf)
-			return
-		}
-		if err != nil {
-			return // EOF, or closed after the limit
-		}
-	}
-}
-
-// drain reads what is already in the pipe without waiting for more.
-func (r *readers) drain(f *os.File, stream backend.Stream, buf []byte) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return
-	}
-	total := 0
-	for total < drainMax {
-		var n int
-		if rc.Control(func(fd uintptr) { n, _ = unix.Read(int(fd), buf) }) != nil || n <= 0 {
-			return
-		}
-		total += n
-		if !r.deliver(stream, buf[:n]) {
-			return
-		}
-	}
+	backend.CopyPipe(f, *bp, func(p []byte) bool { return r.deliver(stream, p) })
 }
 
 // deliver passes p on; false stops reading (limit reached or callback error,

@@ -164,19 +164,13 @@ func (s *server) exec(fs *agentproto.Stream, req *agentproto.Exec) {
 // copyOutput forwards one pipe through the limiter; past the limit it
 // closes the pipe so the writer gets SIGPIPE instead of filling memory.
 func copyOutput(f *os.File, stream backend.Stream, lim *backend.OutputLimiter) {
-	buf := make([]byte, agentproto.ChunkSize)
-	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			if more, derr := lim.Deliver(stream, buf[:n]); !more || derr != nil {
-				f.Close()
-				return
-			}
+	backend.CopyPipe(f, make([]byte, agentproto.ChunkSize), func(p []byte) bool {
+		if more, err := lim.Deliver(stream, p); !more || err != nil {
+			f.Close()
+			return false
 		}
-		if err != nil {
-			return
-		}
-	}
+		return true
+	})
 }
 
 // relayInput feeds stdin frames to the command, applies signal frames to
