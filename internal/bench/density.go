@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/procfs"
 )
 
 // DensityOptions configure Density. Zero fields take the defaults.
@@ -219,16 +220,9 @@ func mib(b int64) float64 { return round(float64(b) / (1 << 20)) }
 // and ends with its load: the kernel threads made for something, such as
 // the rescuer of a mounted filesystem's workqueue.
 func kernelThreads() int64 {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return -1
-	}
 	var n int64
-	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+	for pid := range procfs.PIDs() {
+		b, err := os.ReadFile(procfs.Path(pid, "stat"))
 		if err != nil {
 			continue
 		}

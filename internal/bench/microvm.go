@@ -9,12 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/procfs"
 )
 
 // MicroVMOptions configure MicroVM. Zero fields take the defaults.
@@ -291,27 +292,11 @@ type vmmInfo struct {
 // findVMM finds the VMM of sandbox id by its "-name corral-<id>" or
 // "--id corral-<id>" argument.
 func findVMM(id string) *vmmInfo {
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
+	for pid, args := range procfs.Cmdlines() {
+		if !slices.Contains(args, "corral-"+id) {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		found := false
-		for _, a := range args {
-			if a == "corral-"+id {
-				found = true
-			}
-		}
-		if !found {
-			continue
-		}
-		dir, _ := os.Readlink(filepath.Join("/proc", p.Name(), "cwd"))
+		dir, _ := os.Readlink(procfs.Path(pid, "cwd"))
 		v := &vmmInfo{pid: pid, dir: dir, name: filepath.Base(args[0])}
 		for i, a := range args {
 			if a == "-accel" && i+1 < len(args) && strings.HasPrefix(args[i+1], "kvm") {

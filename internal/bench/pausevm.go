@@ -3,12 +3,10 @@ package bench
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/procfs"
 )
 
 // MicroVMSnapshotFigures time snapshots of a running microVM (256 MiB of
@@ -115,16 +113,10 @@ func vmmMemory(ids []string) (rssMiB, pssMiB float64) {
 		want["corral-"+id] = true
 	}
 	var rss, pss int64
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
+	for pid, args := range procfs.Cmdlines() {
 		for i := 0; i+1 < len(args); i++ {
 			if args[i] == "-name" && want[args[i+1]] {
-				rollup := filepath.Join("/proc", p.Name(), "smaps_rollup")
+				rollup := procfs.Path(pid, "smaps_rollup")
 				rss += statusKB(rollup, "Rss:") << 10
 				pss += statusKB(rollup, "Pss:") << 10
 			}

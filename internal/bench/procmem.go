@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/corral-dev/corral/internal/procfs"
 )
 
 // ReadMemAvailable returns MemAvailable from /proc/meminfo, in bytes.
@@ -80,26 +82,18 @@ func sandboxProcMemory(ids []string) *ProcMemory {
 	for _, id := range ids {
 		want[id] = true
 	}
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
 	pm := &ProcMemory{}
 	cgroups := map[string]bool{}
 	var rss, pss, usage int64
-	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		dir := filepath.Join("/proc", e.Name())
-		cg, err := os.ReadFile(filepath.Join(dir, "cgroup"))
+	for pid := range procfs.PIDs() {
+		cg, err := os.ReadFile(procfs.Path(pid, "cgroup"))
 		if err != nil || !namesSandbox(cg, want, ids) {
 			continue
 		}
 		pm.Processes++
-		pm.Threads += statusKB(filepath.Join(dir, "status"), "Threads:")
-		rss += statusKB(filepath.Join(dir, "status"), "VmRSS:") << 10
-		pss += statusKB(filepath.Join(dir, "smaps_rollup"), "Pss:") << 10
+		pm.Threads += statusKB(procfs.Path(pid, "status"), "Threads:")
+		rss += statusKB(procfs.Path(pid, "status"), "VmRSS:") << 10
+		pss += statusKB(procfs.Path(pid, "smaps_rollup"), "Pss:") << 10
 		if p := memoryCgroupUsageFile(cg); p != "" && !cgroups[p] {
 			cgroups[p] = true
 			if b, err := os.ReadFile(p); err == nil {

@@ -42,6 +42,7 @@ var rules = []rule{
 	// The leaves: nothing from corral.
 	{pkg: "internal/errdefs"},
 	{pkg: "internal/mountinfo"},
+	{pkg: "internal/procfs"},
 	{pkg: "internal/events"},
 	{pkg: "internal/metrics"},
 	{pkg: "internal/etcdembed"},
@@ -114,7 +115,7 @@ var rules = []rule{
 	// The QEMU machine protocol client both QEMU backends drive.
 	{pkg: "internal/qmp", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 	// The QEMU process, migration and snapshot files both QEMU backends share.
-	{pkg: "internal/backend/qemu", may: []string{"internal/backend", "internal/errdefs", "internal/guest/agentclient", "internal/netpolicy", "internal/qmp", "internal/runtime/cgroup", "internal/runtime/launch"}, never: cat(backends, stateful)},
+	{pkg: "internal/backend/qemu", may: []string{"internal/backend", "internal/errdefs", "internal/guest/agentclient", "internal/netpolicy", "internal/procfs", "internal/qmp", "internal/runtime/cgroup", "internal/runtime/launch"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/vm/...", may: []string{"internal/backend", "internal/backend/qemu", "internal/errdefs", "internal/guest/agentclient", "internal/guest/agentproto", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},
 	{pkg: "internal/fncall", may: []string{"internal/backend", "internal/errdefs", "internal/storage/layers"}, never: stateful},
@@ -144,12 +145,12 @@ var rules = []rule{
 
 	// The wiring and the front ends: may know everything below them.
 	{pkg: "internal/server", may: []string{"..."}, never: []string{"internal/cli", "client", "internal/testenv", "internal/bench"}},
-	{pkg: "internal/bench", may: []string{"client", "internal/storage/blob", "internal/cluster/...", "internal/etcdembed", "internal/storage/layers", "internal/storage/lazy", "internal/seaweed", "internal/server"},
+	{pkg: "internal/bench", may: []string{"client", "internal/storage/blob", "internal/cluster/...", "internal/etcdembed", "internal/storage/layers", "internal/storage/lazy", "internal/procfs", "internal/seaweed", "internal/server"},
 		never: []string{"internal/cli"}},
 	{pkg: "internal/cli", may: []string{"..."}, never: []string{"internal/testenv"}},
 	{pkg: "cmd/corral", may: []string{"internal/cli"}},
 	{pkg: "internal/testenv/accept", may: []string{}},
-	{pkg: "internal/testenv", may: []string{"client", "internal/mountinfo", "internal/runtime/cgroup", "internal/server", "internal/backend/vm", "internal/netpolicy", "internal/netpolicy/netlab"}},
+	{pkg: "internal/testenv", may: []string{"client", "internal/mountinfo", "internal/procfs", "internal/runtime/cgroup", "internal/server", "internal/backend/vm", "internal/netpolicy", "internal/netpolicy/netlab"}},
 	{pkg: "test/...", may: []string{"..."}},
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/procfs"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -31,15 +32,10 @@ type proc struct {
 // sandboxPids lists the host processes in the sandbox's cgroup, in any
 // hierarchy.
 func sandboxPids(cgroupParent, id string) []proc {
-	entries, _ := os.ReadDir("/proc")
 	needle := "/" + cgroupParent + "/" + id
 	var out []proc
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+	for pid := range procfs.PIDs() {
+		data, err := os.ReadFile(procfs.Path(pid, "cgroup"))
 		if err != nil {
 			continue
 		}

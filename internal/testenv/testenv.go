@@ -23,6 +23,7 @@ import (
 
 	"github.com/corral-dev/corral/client"
 	"github.com/corral-dev/corral/internal/mountinfo"
+	"github.com/corral-dev/corral/internal/procfs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/server"
 )
@@ -355,17 +356,13 @@ func CgroupDirs(parent string) []string {
 // SandboxProcesses returns pids of processes in any cgroup under
 // cgroupParent, in any hierarchy: every sandbox process lives there.
 func SandboxProcesses(cgroupParent string) []string {
-	entries, _ := os.ReadDir("/proc")
 	var pids []string
 	needle := []byte("/" + cgroupParent + "/")
 	flat := []byte("/" + cgroupParent + cgroup.FlatCPUSep) // the sandbox's own cpu cgroup
-	for _, e := range entries {
-		if e.Name()[0] < '0' || e.Name()[0] > '9' {
-			continue
-		}
-		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err == nil && (bytes.Contains(cg, needle) || bytes.Contains(cg, flat)) && !isZombie(e.Name()) {
-			pids = append(pids, e.Name())
+	for pid := range procfs.PIDs() {
+		cg, err := os.ReadFile(procfs.Path(pid, "cgroup"))
+		if err == nil && (bytes.Contains(cg, needle) || bytes.Contains(cg, flat)) && !isZombie(pid) {
+			pids = append(pids, strconv.Itoa(pid))
 		}
 	}
 	return pids
@@ -387,18 +384,17 @@ func NetNamespaces(pids []string) map[string]bool {
 // process inside one, an open fd of any process, or an nsfs bind mount.
 func NamespaceHolders(namespaces map[string]bool) []string {
 	var holders []string
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		if e.Name()[0] < '0' || e.Name()[0] > '9' || isZombie(e.Name()) {
+	for pid := range procfs.PIDs() {
+		if isZombie(pid) {
 			continue
 		}
-		if ns, err := os.Readlink(filepath.Join("/proc", e.Name(), "ns", "net")); err == nil && namespaces[ns] {
-			holders = append(holders, "process "+e.Name())
+		if ns, err := os.Readlink(procfs.Path(pid, "ns/net")); err == nil && namespaces[ns] {
+			holders = append(holders, fmt.Sprintf("process %d", pid))
 		}
-		fds, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "fd"))
+		fds, _ := os.ReadDir(procfs.Path(pid, "fd"))
 		for _, fd := range fds {
-			if target, err := os.Readlink(filepath.Join("/proc", e.Name(), "fd", fd.Name())); err == nil && namespaces[target] {
-				holders = append(holders, "fd "+fd.Name()+" of process "+e.Name())
+			if target, err := os.Readlink(procfs.Path(pid, "fd/"+fd.Name())); err == nil && namespaces[target] {
+				holders = append(holders, fmt.Sprintf("fd %s of process %d", fd.Name(), pid))
 			}
 		}
 	}
@@ -414,8 +410,8 @@ func NamespaceHolders(namespaces map[string]bool) []string {
 // isZombie reports a process that has exited and waits for its parent to
 // reap it: after a daemon restart a sandbox's init is reparented to the
 // host's PID 1, which reaps on its own schedule. A zombie holds no resources.
-func isZombie(pid string) bool {
-	stat, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+func isZombie(pid int) bool {
+	stat, err := os.ReadFile(procfs.Path(pid, "stat"))
 	if err != nil {
 		return true // gone already
 	}

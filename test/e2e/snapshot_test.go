@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/procfs"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -184,11 +185,9 @@ func TestMicroVMSnapshotRestoreFork(t *testing.T) {
 // vmmsUnder lists processes whose command line names a path under dir.
 func vmmsUnder(dir string) []string {
 	var out []string
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(b), dir+"/") && strings.Contains(string(b), "qemu") {
-			out = append(out, p.Name())
+	for pid, args := range procfs.Cmdlines() {
+		if line := strings.Join(args, " "); strings.Contains(line, dir+"/") && strings.Contains(line, "qemu") {
+			out = append(out, strconv.Itoa(pid))
 		}
 	}
 	return out

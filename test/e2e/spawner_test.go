@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/procfs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -18,14 +19,8 @@ import (
 // spawners lists the pids of the daemon's spawner children.
 func spawners(daemon int) []int {
 	var out []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || parentOf(pid) != daemon {
-			continue
-		}
-		cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if args := strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00"); len(args) == 2 && args[1] == "spawner" {
+	for pid, args := range procfs.Cmdlines() {
+		if len(args) == 2 && args[1] == "spawner" && parentOf(pid) == daemon {
 			out = append(out, pid)
 		}
 	}

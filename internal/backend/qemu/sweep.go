@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/procfs"
 	"github.com/corral-dev/corral/internal/runtime/launch"
 )
 
@@ -24,18 +25,8 @@ import (
 func Processes(runDir string, isVMM func(argv0 string) bool) map[string][]int {
 	out := map[string][]int{}
 	prefix := filepath.Clean(runDir) + "/"
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		if len(args) == 0 || !isVMM(args[0]) {
+	for pid, args := range procfs.Cmdlines() {
+		if !isVMM(args[0]) {
 			continue
 		}
 		for _, a := range args {
