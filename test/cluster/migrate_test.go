@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/procfs"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -258,11 +259,9 @@ func nodeClient(t *testing.T, r *rig, i int) *client.Client {
 // line names the node's data dir and the id (its VMM).
 func vmmOf(r *rig, i int, id string) []string {
 	var out []string
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, _ := os.ReadFile(p)
-		if s := string(b); strings.Contains(s, r.nodeDir[i]) && strings.Contains(s, id) {
-			out = append(out, "process "+filepath.Base(filepath.Dir(p))+": "+strings.ReplaceAll(s, "\x00", " "))
+	for pid, args := range procfs.Cmdlines() {
+		if s := strings.Join(args, " "); strings.Contains(s, r.nodeDir[i]) && strings.Contains(s, id) {
+			out = append(out, fmt.Sprintf("process %d: %s", pid, s))
 		}
 	}
 	return out

@@ -8,6 +8,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/backend/backendtest"
+	"github.com/corral-dev/corral/internal/procfs"
 )
 
 // TestConformance runs the backend conformance suite: every backend's
@@ -51,8 +52,8 @@ func leftovers(b *Backend, id string) []string {
 	}
 	// The cgroup cannot go while a process is in it; mounts can outlive
 	// it in another namespace.
-	procs, _ := filepath.Glob("/proc/[0-9]*/mountinfo")
-	for _, p := range procs {
+	for pid := range procfs.PIDs() {
+		p := procfs.Path(pid, "mountinfo")
 		if mi, err := os.ReadFile(p); err == nil && strings.Contains(string(mi), "/"+id+"/") {
 			out = append(out, "a mount in "+p)
 			break
