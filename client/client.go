@@ -1,6 +1,7 @@
 // Package client is corral's Go SDK. It speaks plain Go types and errors:
 // nothing from the transport (Connect, protobuf) appears in its exported
-// API, and it imports nothing from corral's internal packages.
+// API, and of corral's internal packages it imports only internal/wsconn,
+// a leaf (a websocket as a net.Conn, for the live view).
 //
 //	c, err := client.New("unix:///var/lib/corral/corral.sock")
 //	sb, err := c.Create(ctx, client.CreateOptions{Image: "busybox"})

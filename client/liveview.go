@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -16,6 +15,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	corralv1 "github.com/corral-dev/corral/api/corral/v1"
+	"github.com/corral-dev/corral/internal/wsconn"
 )
 
 // LiveView is a one-time grant to watch and drive a vm sandbox's screen
@@ -65,51 +65,5 @@ func (c *Client) DialLiveView(ctx context.Context, lv LiveView) (net.Conn, error
 		}
 		return nil, fmt.Errorf("live view: %w", err)
 	}
-	return &wsConn{ws: ws}, nil
+	return wsconn.New(ws), nil
 }
-
-// wsConn is a websocket's binary messages as a byte stream.
-type wsConn struct {
-	ws  *websocket.Conn
-	cur io.Reader
-}
-
-func (c *wsConn) Read(p []byte) (int, error) {
-	for {
-		if c.cur != nil {
-			n, err := c.cur.Read(p)
-			if n > 0 {
-				return n, nil
-			}
-			if err != io.EOF {
-				return 0, err
-			}
-			c.cur = nil
-		}
-		kind, r, err := c.ws.NextReader()
-		if err != nil {
-			var ce *websocket.CloseError
-			if errors.As(err, &ce) {
-				return 0, io.EOF // the sandbox's screen closed
-			}
-			return 0, err
-		}
-		if kind == websocket.BinaryMessage {
-			c.cur = r
-		}
-	}
-}
-
-func (c *wsConn) Write(p []byte) (int, error) {
-	if err := c.ws.WriteMessage(websocket.BinaryMessage, p); err != nil {
-		return 0, err
-	}
-	return len(p), nil
-}
-
-func (c *wsConn) Close() error                       { return c.ws.Close() }
-func (c *wsConn) LocalAddr() net.Addr                { return c.ws.LocalAddr() }
-func (c *wsConn) RemoteAddr() net.Addr               { return c.ws.RemoteAddr() }
-func (c *wsConn) SetDeadline(t time.Time) error      { return c.ws.NetConn().SetDeadline(t) }
-func (c *wsConn) SetReadDeadline(t time.Time) error  { return c.ws.SetReadDeadline(t) }
-func (c *wsConn) SetWriteDeadline(t time.Time) error { return c.ws.SetWriteDeadline(t) }

@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/probeproto"
 )
 
 // Modes for the fncall rows of round 2, each a step of an attack that
@@ -18,9 +20,9 @@ import (
 // the sandbox's identity (its init's start time); "forkn N" runs N
 // short-lived children.
 
-func mqMode(args []string) []Result {
+func mqMode(args []string) []probeproto.Result {
 	if len(args) != 2 {
-		return one(Result{Name: "kernel2/mq", Outcome: blocked, Errno: "USAGE"})
+		return one(probeproto.Result{Name: "kernel2/mq", Outcome: blocked, Errno: "USAGE"})
 	}
 	switch args[0] {
 	case "put":

@@ -16,37 +16,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/probeproto"
 )
 
-// FloodInput is what "dnsflood" reads on stdin: one attack on the node's
-// services (issue 21, findings 1, 2 and 8).
-type FloodInput struct {
-	// Kind: "tcp" holds Conns TCP connections to Resolver, a query on
-	// each every two seconds; "udp" sends queries for distinct names
-	// under Suffix as fast as it can from one socket; "udp-wait" does so
-	// from Conns sockets, each waiting (up to a second) for the answer
-	// before its next query, as resolver libraries do; "ports" sends one
-	// UDP datagram to Target from each of Conns fresh source ports.
-	Kind     string  `json:"kind"`
-	Resolver string  `json:"resolver"`
-	Target   string  `json:"target,omitempty"`
-	Suffix   string  `json:"suffix,omitempty"`
-	Conns    int     `json:"conns,omitempty"`
-	Seconds  float64 `json:"seconds"`
-}
-
-// FloodResult is the one JSON line "dnsflood" prints.
-type FloodResult struct {
-	Sent     int64  `json:"sent"`
-	Answered int64  `json:"answered"`
-	Opened   int64  `json:"opened,omitempty"`    // TCP connections established
-	Closed   int64  `json:"closed,omitempty"`    // TCP connections the proxy closed
-	Errors   int64  `json:"errors,omitempty"`    // failed connects or sends
-	FirstErr string `json:"first_err,omitempty"` // the first of them
-}
-
 func dnsFlood() {
-	var in FloodInput
+	var in probeproto.FloodInput
 	if err := json.NewDecoder(os.Stdin).Decode(&in); err != nil || in.Seconds <= 0 || in.Seconds > 600 {
 		fmt.Fprintln(os.Stderr, "corral-probe dnsflood: bad input (want a FloodInput, seconds in (0, 600]):", err)
 		os.Exit(2)
@@ -71,7 +46,7 @@ func dnsFlood() {
 		fmt.Fprintln(os.Stderr, "corral-probe dnsflood: unknown kind", in.Kind)
 		os.Exit(2)
 	}
-	r := FloodResult{Sent: f.sent.Load(), Answered: f.answered.Load(), Opened: f.opened.Load(), Closed: f.closed.Load(), Errors: f.errs.Load()}
+	r := probeproto.FloodResult{Sent: f.sent.Load(), Answered: f.answered.Load(), Opened: f.opened.Load(), Closed: f.closed.Load(), Errors: f.errs.Load()}
 	if e, ok := f.firstErr.Load().(string); ok {
 		r.FirstErr = e
 	}
@@ -79,7 +54,7 @@ func dnsFlood() {
 }
 
 type flood struct {
-	in                                   FloodInput
+	in                                   probeproto.FloodInput
 	deadline                             time.Time
 	sent, answered, opened, closed, errs atomic.Int64
 	firstErr                             atomic.Value

@@ -15,39 +15,41 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/probeproto"
 )
 
 // harnessAttempts are docs/THREATS.md's "reward hacking and harness tampering"
 // rows: look for the harness, forge a request to it, read other sandboxes.
-func harnessAttempts(in Input) {
+func harnessAttempts(in probeproto.Input) {
 	var sockets []string
-	attempt("harness/find-sockets", func() []Result {
+	attempt("harness/find-sockets", func() []probeproto.Result {
 		sockets = findSockets("/")
 		if len(sockets) == 0 {
-			return one(Result{Name: "harness/find-sockets", Outcome: blocked, Errno: "ENOENT", Detail: "no unix socket in the filesystem"})
+			return one(probeproto.Result{Name: "harness/find-sockets", Outcome: blocked, Errno: "ENOENT", Detail: "no unix socket in the filesystem"})
 		}
-		return one(Result{Name: "harness/find-sockets", Outcome: succeeded, Detail: strings.Join(sockets, " ")})
+		return one(probeproto.Result{Name: "harness/find-sockets", Outcome: succeeded, Detail: strings.Join(sockets, " ")})
 	})
 	var bound []string
-	attempt("harness/proc-net-unix", func() []Result {
+	attempt("harness/proc-net-unix", func() []probeproto.Result {
 		var err error
 		bound, err = boundUnixNames()
 		if err != nil {
 			return one(fromErr("harness/proc-net-unix", err, "read /proc/net/unix"))
 		}
 		if len(bound) == 0 {
-			return one(Result{Name: "harness/proc-net-unix", Outcome: blocked, Errno: "ENOENT", Detail: "no bound unix socket in this network namespace"})
+			return one(probeproto.Result{Name: "harness/proc-net-unix", Outcome: blocked, Errno: "ENOENT", Detail: "no bound unix socket in this network namespace"})
 		}
-		return one(Result{Name: "harness/proc-net-unix", Outcome: succeeded, Detail: strings.Join(bound, " ")})
+		return one(probeproto.Result{Name: "harness/proc-net-unix", Outcome: succeeded, Detail: strings.Join(bound, " ")})
 	})
-	attempt("harness/proc1-fd", func() []Result {
+	attempt("harness/proc1-fd", func() []probeproto.Result {
 		ents, err := os.ReadDir("/proc/1/fd")
 		first := fromErr("harness/proc1-fd", err, fmt.Sprintf("%d entries", len(ents)))
 		if err == nil && len(ents) == 0 {
 			// A masked (empty) directory shows nothing of init's fds.
-			first = Result{Name: "harness/proc1-fd", Outcome: blocked, Errno: "EMPTY", Detail: "0 entries (masked)"}
+			first = probeproto.Result{Name: "harness/proc1-fd", Outcome: blocked, Errno: "EMPTY", Detail: "0 entries (masked)"}
 		}
-		rs := []Result{first}
+		rs := []probeproto.Result{first}
 		for _, e := range ents {
 			target, err := os.Readlink("/proc/1/fd/" + e.Name())
 			rs = append(rs, fromErr("harness/proc1-fd-readlink", err, "fd "+e.Name()+" "+target))
@@ -60,7 +62,7 @@ func harnessAttempts(in Input) {
 	})
 	for _, f := range []string{"environ", "mem", "maps", "root/"} {
 		name := "harness/proc1-" + strings.TrimSuffix(f, "/")
-		attempt(name, func() []Result {
+		attempt(name, func() []probeproto.Result {
 			if f == "root/" {
 				_, err := os.ReadDir("/proc/1/root/")
 				return one(fromErr(name, err, "list init's root"))
@@ -69,14 +71,14 @@ func harnessAttempts(in Input) {
 			return one(readResult(name, b, err))
 		})
 	}
-	attempt("harness/canary-grep", func() []Result { return one(grepCanaries(in.Canaries)) })
-	attempt("forge/connect", func() []Result {
+	attempt("harness/canary-grep", func() []probeproto.Result { return one(grepCanaries(in.Canaries)) })
+	attempt("forge/connect", func() []probeproto.Result {
 		targets := append(append(append([]string{}, sockets...), bound...), in.Sockets...)
 		targets = append(targets, "@corral", "@corral-init", "@corral.sock", "@/run/corral/init.sock")
 		return connectAll(targets)
 	})
-	attempt("other-sandbox/procs", func() []Result {
-		var rs []Result
+	attempt("other-sandbox/procs", func() []probeproto.Result {
+		var rs []probeproto.Result
 		for _, pid := range in.Pids {
 			rs = append(rs, fromErr("other-sandbox/kill0", unix.Kill(pid, 0), "host pid "+strconv.Itoa(pid)))
 			b, err := readSome("/proc/"+strconv.Itoa(pid)+"/environ", 4096)
@@ -126,9 +128,9 @@ func boundUnixNames() ([]string, error) {
 }
 
 // connectAll tries a stream and a seqpacket connection to every target.
-func connectAll(targets []string) []Result {
+func connectAll(targets []string) []probeproto.Result {
 	seen := map[string]bool{}
-	var rs []Result
+	var rs []probeproto.Result
 	for _, t := range targets {
 		if seen[t] {
 			continue
@@ -144,7 +146,7 @@ func connectAll(targets []string) []Result {
 			c, err = net.DialTimeout(network, addr, 2*time.Second)
 			if err == nil {
 				c.Close()
-				rs = append(rs, Result{Name: "forge/connect", Outcome: succeeded, Detail: network + " " + t})
+				rs = append(rs, probeproto.Result{Name: "forge/connect", Outcome: succeeded, Detail: network + " " + t})
 				break
 			}
 			if !isErrno(err, unix.EPROTOTYPE) {
@@ -165,10 +167,10 @@ func isErrno(err error, want unix.Errno) bool {
 
 // grepCanaries reads every regular file (up to 8 MiB each) and every
 // visible process's environ and cmdline, looking for the canaries.
-func grepCanaries(canaries []string) Result {
+func grepCanaries(canaries []string) probeproto.Result {
 	const name = "harness/canary-grep"
 	if len(canaries) == 0 {
-		return Result{Name: name, Outcome: blocked, Errno: "EINVAL", Detail: "no canaries given"}
+		return probeproto.Result{Name: name, Outcome: blocked, Errno: "EINVAL", Detail: "no canaries given"}
 	}
 	var hits []string
 	files := 0
@@ -209,9 +211,9 @@ func grepCanaries(canaries []string) Result {
 		check("own environment", []byte(e))
 	}
 	if len(hits) > 0 {
-		return Result{Name: name, Outcome: succeeded, Detail: strings.Join(hits, "; ")}
+		return probeproto.Result{Name: name, Outcome: succeeded, Detail: strings.Join(hits, "; ")}
 	}
-	return Result{Name: name, Outcome: blocked, Errno: "ENOENT", Detail: fmt.Sprintf("%d canaries not found in %d files", len(canaries), files)}
+	return probeproto.Result{Name: name, Outcome: blocked, Errno: "ENOENT", Detail: fmt.Sprintf("%d canaries not found in %d files", len(canaries), files)}
 }
 
 // readSome reads up to n bytes; open and read errors are returned as is.
@@ -225,25 +227,25 @@ func readSome(p string, n int64) ([]byte, error) {
 }
 
 // readResult: an error blocks, zero bytes is "EMPTY" (a masked file).
-func readResult(name string, b []byte, err error) Result {
+func readResult(name string, b []byte, err error) probeproto.Result {
 	switch {
 	case err != nil:
 		return fromErr(name, err, "")
 	case len(b) == 0:
-		return Result{Name: name, Outcome: blocked, Errno: "EMPTY", Detail: "read 0 bytes"}
+		return probeproto.Result{Name: name, Outcome: blocked, Errno: "EMPTY", Detail: "read 0 bytes"}
 	}
-	return Result{Name: name, Outcome: succeeded, Detail: fmt.Sprintf("read %d bytes", len(b))}
+	return probeproto.Result{Name: name, Outcome: succeeded, Detail: fmt.Sprintf("read %d bytes", len(b))}
 }
 
 // overwrite replaces the shells and python with the probe itself (which
 // prints HijackMarker when run under another name) and writes into a
 // directory of the image's shared layer.
-func overwrite() []Result {
+func overwrite() []probeproto.Result {
 	self, err := os.ReadFile("/proc/self/exe")
 	if err != nil {
 		return one(fromErr("overwrite/read-self", err, ""))
 	}
-	var rs []Result
+	var rs []probeproto.Result
 	for _, target := range []string{"/bin/sh", "/bin/bash", "/usr/bin/python3"} {
 		name := "overwrite/write:" + target
 		// Absent in this image: planting the binary where a harness would
@@ -268,7 +270,7 @@ func overwrite() []Result {
 
 // fillInodes creates empty files in dir until the filesystem refuses, up
 // to a million files or two minutes.
-func fillInodes(dir string) Result {
+func fillInodes(dir string) probeproto.Result {
 	const name = "resource/inodes"
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fromErr(name, err, "mkdir "+dir)
@@ -287,16 +289,16 @@ func fillInodes(dir string) Result {
 		}
 		unix.Close(fd)
 		if i%1000 == 0 && time.Now().After(deadline) {
-			return Result{Name: name, Outcome: succeeded, Detail: fmt.Sprintf("created %d files before the deadline", i)}
+			return probeproto.Result{Name: name, Outcome: succeeded, Detail: fmt.Sprintf("created %d files before the deadline", i)}
 		}
 	}
-	return Result{Name: name, Outcome: succeeded, Detail: "created 1000000 files"}
+	return probeproto.Result{Name: name, Outcome: succeeded, Detail: "created 1000000 files"}
 }
 
 // killAll is `kill -9 -1` and `kill 1` (SIGKILL and SIGTERM): the calls
 // themselves succeed; the suite checks what they did.
-func killAll() []Result {
-	return []Result{
+func killAll() []probeproto.Result {
+	return []probeproto.Result{
 		fromErr("kill/minus-1", unix.Kill(-1, unix.SIGKILL), "kill -9 -1"),
 		fromErr("kill/init-sigkill", unix.Kill(1, unix.SIGKILL), "kill -9 1"),
 		fromErr("kill/init-sigterm", unix.Kill(1, unix.SIGTERM), "kill 1"),

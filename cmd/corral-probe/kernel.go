@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/probeproto"
 )
 
 // x86_64 ioctl commands the XFS rows name (from xfs_fs.h and fs.h).
@@ -33,9 +35,9 @@ func errnoOf(e syscall.Errno) error {
 }
 
 // kernelAttempts are the "filesystem and kernel surface" rows.
-func kernelAttempts(in Input) {
+func kernelAttempts(in probeproto.Input) {
 	attempt("ioctl", ioctlAttempts)
-	attempt("open_by_handle_at", func() []Result {
+	attempt("open_by_handle_at", func() []probeproto.Result {
 		root, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY, 0)
 		if err != nil {
 			return one(fromErr("open_by_handle_at", err, "open /"))
@@ -48,15 +50,15 @@ func kernelAttempts(in Input) {
 			unix.Close(fd)
 		}
 		_, _, nerr := unix.NameToHandleAt(unix.AT_FDCWD, "/", 0)
-		return []Result{fromErr("open_by_handle_at", err, "inode 2 of /"), fromErr("name_to_handle_at", nerr, "/")}
+		return []probeproto.Result{fromErr("open_by_handle_at", err, "inode 2 of /"), fromErr("name_to_handle_at", nerr, "/")}
 	})
 	attempt("mount", mountAttempts)
 	attempt("syscalls", syscallAttempts)
 	attempt("sockets", socketAttempts)
-	attempt("ptrace", func() []Result { return ptraceAttempts(in.Pids) })
+	attempt("ptrace", func() []probeproto.Result { return ptraceAttempts(in.Pids) })
 }
 
-func ioctlAttempts() []Result {
+func ioctlAttempts() []probeproto.Result {
 	const p = "/corral-probe-ioctl"
 	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
@@ -91,7 +93,7 @@ func ioctlAttempts() []Result {
 	put64(bulk, 24, int64(uintptr(unsafe.Pointer(&b.ocount))))
 	fsx := make([]byte, 28) // struct fsxattr, all zero: no flags, project 0
 
-	var rs []Result
+	var rs []probeproto.Result
 	for _, c := range []struct {
 		name string
 		cmd  uintptr
@@ -136,11 +138,11 @@ func inDiscardedThread(f func() error) error {
 	return <-done
 }
 
-func mountAttempts() []Result {
+func mountAttempts() []probeproto.Result {
 	dir, _ := os.MkdirTemp("", "corral-probe-mnt-")
 	defer os.RemoveAll(dir)
 	_ = os.Mkdir(dir+"/old", 0o755)
-	var rs []Result
+	var rs []probeproto.Result
 	err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m")
 	if err == nil {
 		_ = unix.Unmount(dir, unix.MNT_DETACH)
@@ -171,8 +173,8 @@ func mountAttempts() []Result {
 	return rs
 }
 
-func syscallAttempts() []Result {
-	var rs []Result
+func syscallAttempts() []probeproto.Result {
+	var rs []probeproto.Result
 	sys := func(name string, nr uintptr, detail string, args ...uintptr) {
 		var a [6]uintptr
 		copy(a[:], args)
@@ -214,8 +216,8 @@ func syscallAttempts() []Result {
 	return rs
 }
 
-func socketAttempts() []Result {
-	var rs []Result
+func socketAttempts() []probeproto.Result {
+	var rs []probeproto.Result
 	for _, s := range []struct {
 		name                  string
 		family, typ, protocol int
@@ -240,8 +242,8 @@ func socketAttempts() []Result {
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
-func ptraceAttempts(outside []int) []Result {
-	var rs []Result
+func ptraceAttempts(outside []int) []probeproto.Result {
+	var rs []probeproto.Result
 	attach := func(name string, pid int) {
 		err := inDiscardedThread(func() error {
 			err := unix.PtraceSeize(pid)

@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/probeproto"
 )
 
 // Modes "hog SECONDS" and "kres" (round 2 of the red team): node-wide
@@ -88,7 +90,7 @@ func hog(args []string) {
 	}
 }
 
-func kres() []Result {
+func kres() []probeproto.Result {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
 	ino := fromErr("kernel2/inotify-init", err, "inotify_init1")
 	if err == nil {
@@ -101,7 +103,7 @@ func kres() []Result {
 		unix.Close(fd)
 		mqUnlink(name)
 	}
-	return []Result{ino, mq}
+	return []probeproto.Result{ino, mq}
 }
 
 // spin burns secs of CPU (its own, by getrusage) and exits (mode "spin").

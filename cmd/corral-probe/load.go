@@ -10,17 +10,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-)
 
-// LoadResult is what "httpload" prints: requests that got a 200 and those
-// that failed, over Seconds.
-type LoadResult struct {
-	Requests int64   `json:"requests"`
-	Errors   int64   `json:"errors"`
-	Seconds  float64 `json:"seconds"`
-	PerS     float64 `json:"per_s"`
-	FirstErr string  `json:"first_error,omitempty"`
-}
+	"github.com/corral-dev/corral/internal/probeproto"
+)
 
 // httpLoad sends GETs to url from conc keep-alive connections for dur: the
 // load half of `corral bench net`, run the same way in a sandbox and on the
@@ -68,7 +60,7 @@ func httpLoad(args []string) {
 	}
 	wg.Wait()
 	el := time.Since(start).Seconds()
-	r := LoadResult{Requests: ok.Load(), Errors: bad.Load(), Seconds: el, PerS: float64(ok.Load()) / el}
+	r := probeproto.LoadResult{Requests: ok.Load(), Errors: bad.Load(), Seconds: el, PerS: float64(ok.Load()) / el}
 	if e, _ := firstErr.Load().(string); e != "" {
 		r.FirstErr = e
 	}

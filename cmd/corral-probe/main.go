@@ -13,9 +13,10 @@
 // that a call that got past the policy fails harmlessly later (invalid flags,
 // a non-ELF module) and the errno shows it got that far.
 //
-// It is never part of an image and imports only the standard library and
-// golang.org/x/sys/unix, so that it builds with CGO_ENABLED=0 and runs in
-// any image.
+// It is never part of an image and imports only the standard library,
+// golang.org/x/sys/unix and internal/probeproto (its stdin and stdout
+// types, shared with the suite), so that it builds with CGO_ENABLED=0,
+// runs in any image and knows nothing of corral's internals.
 //
 // Modes (first argument): "attempts" (default) reads a JSON Input from
 // stdin; "overwrite" replaces /bin/sh, /bin/bash and /usr/bin/python3 with
@@ -52,32 +53,13 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/probeproto"
 )
 
 // HijackMarker is what the probe prints when it runs in place of a
 // binary it overwrote.
 const HijackMarker = "HIJACKED-BY-CORRAL-PROBE"
-
-// Input is what the suite passes on stdin: secrets never appear in argv or
-// the environment, where the probe's own search would find them.
-type Input struct {
-	// Canaries are strings planted outside the sandbox (node log, config,
-	// environment, another sandbox) that must not be readable inside.
-	Canaries []string `json:"canaries"`
-	// Sockets are host paths of sockets the node uses (its API socket,
-	// init control sockets): connecting to them must fail.
-	Sockets []string `json:"sockets"`
-	// Pids are host pids of processes outside this sandbox.
-	Pids []int `json:"pids"`
-}
-
-// Result is one attempt's outcome, one JSON line.
-type Result struct {
-	Name    string `json:"name"`
-	Outcome string `json:"outcome"`
-	Errno   string `json:"errno,omitempty"`
-	Detail  string `json:"detail,omitempty"`
-}
 
 const (
 	blocked   = "blocked"
@@ -87,18 +69,18 @@ const (
 var out = json.NewEncoder(os.Stdout)
 
 // emit writes each result as one JSON line.
-func emit(rs ...Result) {
+func emit(rs ...probeproto.Result) {
 	for _, r := range rs {
 		_ = out.Encode(r)
 	}
 }
 
 // fromErr turns a call's error into a Result: nil is a success.
-func fromErr(name string, err error, detail string) Result {
+func fromErr(name string, err error, detail string) probeproto.Result {
 	if err == nil {
-		return Result{Name: name, Outcome: succeeded, Detail: detail}
+		return probeproto.Result{Name: name, Outcome: succeeded, Detail: detail}
 	}
-	return Result{Name: name, Outcome: blocked, Errno: errnoName(err), Detail: detail}
+	return probeproto.Result{Name: name, Outcome: blocked, Errno: errnoName(err), Detail: detail}
 }
 
 func errnoName(err error) string {
@@ -121,16 +103,16 @@ func errnoName(err error) string {
 }
 
 // attempt runs f and emits its results; a panic becomes a result too.
-func attempt(name string, f func() []Result) {
+func attempt(name string, f func() []probeproto.Result) {
 	defer func() {
 		if p := recover(); p != nil {
-			emit(Result{Name: name, Outcome: blocked, Errno: "PANIC", Detail: fmt.Sprint(p)})
+			emit(probeproto.Result{Name: name, Outcome: blocked, Errno: "PANIC", Detail: fmt.Sprint(p)})
 		}
 	}()
 	emit(f()...)
 }
 
-func one(r Result) []Result { return []Result{r} }
+func one(r probeproto.Result) []probeproto.Result { return []probeproto.Result{r} }
 
 func main() {
 	debug.SetGCPercent(50)
@@ -144,7 +126,7 @@ func main() {
 	}
 	switch mode {
 	case "attempts":
-		var in Input
+		var in probeproto.Input
 		if data, err := io.ReadAll(os.Stdin); err == nil && len(strings.TrimSpace(string(data))) > 0 {
 			if err := json.Unmarshal(data, &in); err != nil {
 				fmt.Fprintln(os.Stderr, "corral-probe: bad input:", err)
@@ -163,7 +145,7 @@ func main() {
 	case "kill":
 		emit(killAll()...)
 	case "net":
-		var in NetInput
+		var in probeproto.NetInput
 		if err := json.NewDecoder(os.Stdin).Decode(&in); err != nil {
 			fmt.Fprintln(os.Stderr, "corral-probe net: bad input:", err)
 			os.Exit(2)
@@ -222,7 +204,7 @@ func main() {
 	}
 }
 
-func runAttempts(in Input) {
+func runAttempts(in probeproto.Input) {
 	harnessAttempts(in)
 	kernelAttempts(in)
 	surfaceAttempts()

@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/probeproto"
 )
 
 // neighbourAttempts look for other sandboxes through shared kernel views
@@ -15,7 +17,7 @@ import (
 // (other sandboxes' disk images, named by their ids) and the host's device
 // events (a loop device attached whenever another sandbox is created).
 func neighbourAttempts() {
-	attempt("neighbour/loop-backing-file", func() []Result {
+	attempt("neighbour/loop-backing-file", func() []probeproto.Result {
 		var found []string
 		for _, g := range []string{"/sys/block/*/loop/backing_file", "/sys/devices/virtual/block/*/loop/backing_file", "/sys/class/block/*/loop/backing_file"} {
 			files, _ := filepath.Glob(g)
@@ -26,11 +28,11 @@ func neighbourAttempts() {
 			}
 		}
 		if len(found) > 0 {
-			return one(Result{Name: "neighbour/loop-backing-file", Outcome: succeeded, Detail: strings.Join(found[:min(len(found), 3)], " ")})
+			return one(probeproto.Result{Name: "neighbour/loop-backing-file", Outcome: succeeded, Detail: strings.Join(found[:min(len(found), 3)], " ")})
 		}
-		return one(Result{Name: "neighbour/loop-backing-file", Outcome: blocked, Errno: "ENOENT", Detail: "no loop backing_file readable under /sys"})
+		return one(probeproto.Result{Name: "neighbour/loop-backing-file", Outcome: blocked, Errno: "ENOENT", Detail: "no loop backing_file readable under /sys"})
 	})
-	attempt("neighbour/uevent-socket", func() []Result {
+	attempt("neighbour/uevent-socket", func() []probeproto.Result {
 		const netlinkKobjectUevent = 15
 		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, netlinkKobjectUevent)
 		if err == nil {
@@ -47,13 +49,13 @@ func neighbourAttempts() {
 // page cache, the way a sandbox would learn that a neighbour read it
 // (mode "pagecache"): mincore on a mapping of it, cachestat, and a
 // preadv2 with RWF_NOWAIT (EAGAIN when not cached: an answer too).
-func pageCacheProbes() []Result {
+func pageCacheProbes() []probeproto.Result {
 	f, err := os.Open("/bin/sh")
 	if err != nil {
-		return one(Result{Name: "pagecache/mincore", Outcome: blocked, Errno: errnoName(err)})
+		return one(probeproto.Result{Name: "pagecache/mincore", Outcome: blocked, Errno: errnoName(err)})
 	}
 	defer f.Close()
-	var out []Result
+	var out []probeproto.Result
 	m, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ, unix.MAP_SHARED)
 	if err == nil {
 		vec := make([]byte, 1)

@@ -11,35 +11,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-)
 
-// NetInput is what the suite passes to "net" on stdin: the test network's
-// addresses, so that the probe needs to know nothing about it.
-type NetInput struct {
-	// Resolver is the sandbox's DNS server (the node's proxy), "ip:53".
-	Resolver string `json:"resolver"`
-	// AllowedName is a name the sandbox's rules allow; AllowedURL a URL on
-	// it.
-	AllowedName string `json:"allowed_name"`
-	AllowedURL  string `json:"allowed_url"`
-	// DeniedName resolves upstream, but no rule allows it.
-	DeniedName string `json:"denied_name"`
-	// DeniedTCP are "ip:port" of a host no rule allows (IPv4 and IPv6).
-	DeniedTCP  []string `json:"denied_tcp"`
-	DeniedTCP6 []string `json:"denied_tcp6"`
-	DeniedUDP  string   `json:"denied_udp"`
-	DeniedICMP string   `json:"denied_icmp"`
-	// NodeAddrs are the node's own addresses (gateway, uplink); every port
-	// but the DNS proxy's must be closed.
-	NodeAddrs []string `json:"node_addrs"`
-	// Upstream is the resolver the node's proxy asks, "ip:53".
-	Upstream string `json:"upstream"`
-}
+	"github.com/corral-dev/corral/internal/probeproto"
+)
 
 // netAttempts are the network rows: each is "blocked" when refused (errno
 // EPERM from the eBPF programs, or REFUSED from the DNS proxy).
-func netAttempts(in NetInput) {
-	attempt("net/allowed-name", func() []Result {
+func netAttempts(in probeproto.NetInput) {
+	attempt("net/allowed-name", func() []probeproto.Result {
 		// The one row that must succeed: a name the rules allow.
 		rcode, _, err := dnsQuery(in.Resolver, in.AllowedName, 1)
 		if err == nil && rcode != 0 {
@@ -50,16 +29,16 @@ func netAttempts(in NetInput) {
 		}
 		return one(fromErr("net/allowed-name", err, in.AllowedName))
 	})
-	attempt("net/denied-name-dns", func() []Result {
+	attempt("net/denied-name-dns", func() []probeproto.Result {
 		rcode, _, err := dnsQuery(in.Resolver, in.DeniedName, 1)
 		if err == nil && rcode != 0 {
 			err = rcodeErr(rcode)
 		}
 		return one(fromErr("net/denied-name-dns", err, in.DeniedName))
 	})
-	attempt("net/denied-ip", func() []Result { return dialAll("net/denied-ip", "tcp", in.DeniedTCP) })
-	attempt("net/denied-ipv6", func() []Result { return dialAll("net/denied-ipv6", "tcp", in.DeniedTCP6) })
-	attempt("net/denied-udp", func() []Result {
+	attempt("net/denied-ip", func() []probeproto.Result { return dialAll("net/denied-ip", "tcp", in.DeniedTCP) })
+	attempt("net/denied-ipv6", func() []probeproto.Result { return dialAll("net/denied-ipv6", "tcp", in.DeniedTCP6) })
+	attempt("net/denied-udp", func() []probeproto.Result {
 		pc, err := net.ListenPacket("udp", ":0")
 		if err == nil {
 			defer pc.Close()
@@ -70,10 +49,10 @@ func netAttempts(in NetInput) {
 		}
 		return one(fromErr("net/denied-udp", err, in.DeniedUDP))
 	})
-	attempt("net/denied-icmp", func() []Result {
+	attempt("net/denied-icmp", func() []probeproto.Result {
 		return one(fromErr("net/denied-icmp", ping(in.DeniedICMP), in.DeniedICMP))
 	})
-	attempt("net/scan-node", func() []Result {
+	attempt("net/scan-node", func() []probeproto.Result {
 		var targets []string
 		for _, a := range in.NodeAddrs {
 			for _, p := range []string{"22", "80", "443", "2379", "6443", "7070", "8080"} {
@@ -82,8 +61,8 @@ func netAttempts(in NetInput) {
 		}
 		return dialAll("net/scan-node", "tcp", targets)
 	})
-	attempt("net/scan-node-icmp", func() []Result {
-		var rs []Result
+	attempt("net/scan-node-icmp", func() []probeproto.Result {
+		var rs []probeproto.Result
 		for _, a := range in.NodeAddrs {
 			if !strings.Contains(a, ":") {
 				rs = append(rs, fromErr("net/scan-node-icmp", ping(a), a))
@@ -91,18 +70,18 @@ func netAttempts(in NetInput) {
 		}
 		return rs
 	})
-	attempt("net/scan-private", func() []Result {
+	attempt("net/scan-private", func() []probeproto.Result {
 		return dialAll("net/scan-private", "tcp", []string{"10.0.0.1:80", "172.16.0.1:80", "192.168.0.1:80",
 			"100.64.0.1:80", "[fd00::1]:80"})
 	})
-	attempt("net/metadata", func() []Result {
+	attempt("net/metadata", func() []probeproto.Result {
 		return dialAll("net/metadata", "tcp", []string{"169.254.169.254:80", "[fd00:ec2::254]:80"})
 	})
-	attempt("net/dns-other-resolver", func() []Result {
+	attempt("net/dns-other-resolver", func() []probeproto.Result {
 		_, _, err := dnsQuery(in.Upstream, in.DeniedName, 1)
 		return one(fromErr("net/dns-other-resolver", err, in.Upstream))
 	})
-	attempt("net/dns-tunnel-txt", func() []Result {
+	attempt("net/dns-tunnel-txt", func() []probeproto.Result {
 		// Tunnels ride on TXT answers; even for an allowed name the proxy
 		// must not relay them.
 		rcode, _, err := dnsQuery(in.Resolver, "x1f3a."+in.AllowedName, 16)
@@ -114,8 +93,8 @@ func netAttempts(in NetInput) {
 }
 
 // dialAll connects to every target; any success is a "succeeded" row.
-func dialAll(name, network string, targets []string) []Result {
-	var rs []Result
+func dialAll(name, network string, targets []string) []probeproto.Result {
+	var rs []probeproto.Result
 	for _, t := range targets {
 		c, err := net.DialTimeout(network, t, 2*time.Second)
 		if err == nil {

@@ -6,12 +6,14 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/probeproto"
 )
 
 // surfaceAttempts are the /proc, /sys, terminal and device-node rows.
 func surfaceAttempts() {
-	attempt("procfs-read", func() []Result {
-		var rs []Result
+	attempt("procfs-read", func() []probeproto.Result {
+		var rs []probeproto.Result
 		// Only the first bytes: page 0's entry, never the offsets that
 		// crashed kernels.
 		for _, p := range []string{"/proc/kpagecgroup", "/proc/kpageflags", "/proc/kpagecount", "/proc/kcore",
@@ -21,8 +23,8 @@ func surfaceAttempts() {
 		}
 		return rs
 	})
-	attempt("procfs-write", func() []Result {
-		var rs []Result
+	attempt("procfs-write", func() []probeproto.Result {
+		var rs []probeproto.Result
 		// Opened for writing and closed: nothing is ever written.
 		for _, c := range []struct{ name, path string }{
 			{"procfs-write:/proc/sysrq-trigger", "/proc/sysrq-trigger"},
@@ -50,8 +52,8 @@ func surfaceAttempts() {
 		return rs
 	})
 	attempt("tty", ttyAttempts)
-	attempt("mknod", func() []Result {
-		var rs []Result
+	attempt("mknod", func() []probeproto.Result {
+		var rs []probeproto.Result
 		for _, c := range []struct {
 			name         string
 			mode         uint32
@@ -71,10 +73,10 @@ func surfaceAttempts() {
 	})
 }
 
-func ttyAttempts() []Result {
+func ttyAttempts() []probeproto.Result {
 	c := byte('#')
 	_, _, e := unix.Syscall(unix.SYS_IOCTL, 0, unix.TIOCSTI, uintptr(unsafe.Pointer(&c)))
-	rs := []Result{fromErr("tty/tiocsti-stdin", errnoOf(e), "TIOCSTI on fd 0")}
+	rs := []probeproto.Result{fromErr("tty/tiocsti-stdin", errnoOf(e), "TIOCSTI on fd 0")}
 	master, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return append(rs, fromErr("tty/tiocsti-pty", err, "open /dev/ptmx"))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/probeproto"
 )
 
 // NetOptions configure Net. The caller provides the network: a server whose
@@ -46,15 +47,6 @@ func (o *NetOptions) defaults() {
 	ifZero(&o.Log, io.Discard)
 }
 
-// LoadRound is one load measurement (corral-probe httpload's output).
-type LoadRound struct {
-	Requests int64   `json:"requests"`
-	Errors   int64   `json:"errors"`
-	Seconds  float64 `json:"seconds"`
-	PerS     float64 `json:"per_s"`
-	FirstErr string  `json:"first_error,omitempty"`
-}
-
 // NetResult is the outcome of Net.
 type NetResult struct {
 	Image       string  `json:"image"`
@@ -74,11 +66,11 @@ type NetResult struct {
 	// (veth, bridge, NAT, eBPF) to the test server; HostReqPerS the same
 	// load from the node's side; ThroughputRatio the first over the second
 	// (medians of the rounds).
-	SandboxReqPerS  float64     `json:"sandbox_req_per_s"`
-	HostReqPerS     float64     `json:"host_req_per_s"`
-	ThroughputRatio float64     `json:"throughput_ratio"`
-	SandboxRounds   []LoadRound `json:"sandbox_rounds"`
-	HostRounds      []LoadRound `json:"host_rounds"`
+	SandboxReqPerS  float64                 `json:"sandbox_req_per_s"`
+	HostReqPerS     float64                 `json:"host_req_per_s"`
+	ThroughputRatio float64                 `json:"throughput_ratio"`
+	SandboxRounds   []probeproto.LoadResult `json:"sandbox_rounds"`
+	HostRounds      []probeproto.LoadResult `json:"host_rounds"`
 
 	Leaked  int      `json:"leaked_sandboxes"`
 	Load    Load     `json:"load"`
@@ -192,8 +184,8 @@ func timedCreate(ctx context.Context, t *tracker, image string, nw client.Networ
 	return d, t.delete(ctx, sb)
 }
 
-func parseRound(out []byte) (LoadRound, error) {
-	var r LoadRound
+func parseRound(out []byte) (probeproto.LoadResult, error) {
+	var r probeproto.LoadResult
 	if err := json.Unmarshal(bytes.TrimSpace(out), &r); err != nil {
 		return r, fmt.Errorf("parse %q: %w", out, err)
 	}
@@ -203,7 +195,7 @@ func parseRound(out []byte) (LoadRound, error) {
 	return r, nil
 }
 
-func medianRate(rs []LoadRound) float64 {
+func medianRate(rs []probeproto.LoadResult) float64 {
 	v := make([]float64, len(rs))
 	for i, r := range rs {
 		v[i] = r.PerS

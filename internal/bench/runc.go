@@ -15,58 +15,6 @@ import (
 	"github.com/corral-dev/corral/internal/storage/layers"
 )
 
-// BuildRootfs fills dir (which must exist) with a minimal busybox root
-// filesystem: a static busybox, one relative symlink per applet in /bin,
-// and the usual mount points. It is the runc peer's default rootfs, so the
-// benchmark works without knowing where the server keeps its images.
-func BuildRootfs(dir string) error {
-	src, err := layers.StaticBusybox()
-	if err != nil {
-		return err
-	}
-	for _, d := range []string{"bin", "dev", "etc", "proc", "root", "sys", "tmp"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			return err
-		}
-	}
-	dst := filepath.Join(dir, "bin", "busybox")
-	if err := copyFile(src, dst, 0o755); err != nil {
-		return err
-	}
-	// `busybox --install -s` would write absolute host paths into the links;
-	// relative ones resolve inside the container too.
-	out, err := exec.Command(dst, "--list").Output()
-	if err != nil {
-		return fmt.Errorf("busybox --list: %w", err)
-	}
-	for _, name := range strings.Fields(string(out)) {
-		if name == "busybox" || strings.Contains(name, "/") {
-			continue
-		}
-		if err := os.Symlink("busybox", filepath.Join(dir, "bin", name)); err != nil && !errors.Is(err, os.ErrExist) {
-			return err
-		}
-	}
-	return nil
-}
-
-func copyFile(src, dst string, mode os.FileMode) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
-}
-
 // EditSpec turns the config.json written by `runc spec` into the peer's:
 // rootfs read-only at rootfs, the process args without a terminal, and
 // a network namespace among the namespaces (as a corral sandbox has).
@@ -140,14 +88,16 @@ func newRuncPeer(ctx context.Context, runc, rootfs string, args []string, worker
 		if err := os.Mkdir(rootfs, 0o755); err != nil {
 			return p, err
 		}
-		if err := BuildRootfs(rootfs); err != nil {
+		// The busybox image's own recipe: the peer runs the rootfs a
+		// corral busybox sandbox runs.
+		if err := layers.BuildBusybox(ctx, rootfs, io.Discard); err != nil {
 			return p, err
 		}
 	}
 	if rootfs, err = filepath.Abs(rootfs); err != nil {
 		return p, err
 	}
-	if _, err := os.Stat(filepath.Join(rootfs, "bin", "true")); err != nil {
+	if _, err := os.Lstat(filepath.Join(rootfs, "bin", "true")); err != nil {
 		return p, fmt.Errorf("rootfs %s has no /bin/true: %w", rootfs, err)
 	}
 	specDir := filepath.Join(dir, "spec")

@@ -3,31 +3,11 @@ package bench
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/internal/storage/layers"
 )
-
-func TestBuildRootfs(t *testing.T) {
-	if _, err := layers.StaticBusybox(); err != nil {
-		t.Skip(err)
-	}
-	dir := t.TempDir()
-	if err := BuildRootfs(dir); err != nil {
-		t.Fatal(err)
-	}
-	target, err := os.Readlink(filepath.Join(dir, "bin", "true"))
-	if err != nil || target != "busybox" {
-		t.Errorf("bin/true -> %q, %v; want a relative link to busybox", target, err)
-	}
-	for _, d := range []string{"proc", "dev", "sys", "tmp"} {
-		if fi, err := os.Stat(filepath.Join(dir, d)); err != nil || !fi.IsDir() {
-			t.Errorf("mount point /%s missing: %v", d, err)
-		}
-	}
-}
 
 // TestRuncPeer runs the runc peer's cycle for real: a few `runc run true`
 // on two workers. It checks that the peer works, not how fast.

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/corral-dev/corral/internal/wsconn"
 )
 
 // DialNode opens the live view endpoint of the node at addr (a control
@@ -36,7 +38,7 @@ func DialNode(ctx context.Context, scheme, addr string, tlsConfig *tls.Config, h
 		}
 		return nil, &StatusError{Code: http.StatusBadGateway, Msg: fmt.Sprintf("node %s: %v", addr, err)}
 	}
-	return &wsConn{ws: ws}, nil
+	return wsconn.New(ws), nil
 }
 
 func trimNL(b []byte) string {
@@ -45,45 +47,3 @@ func trimNL(b []byte) string {
 	}
 	return string(b)
 }
-
-// wsConn is a websocket's binary messages as a byte stream.
-type wsConn struct {
-	ws  *websocket.Conn
-	cur io.Reader
-}
-
-func (c *wsConn) Read(p []byte) (int, error) {
-	for {
-		if c.cur != nil {
-			n, err := c.cur.Read(p)
-			if n > 0 {
-				return n, nil
-			}
-			if err != io.EOF {
-				return 0, err
-			}
-			c.cur = nil
-		}
-		kind, r, err := c.ws.NextReader()
-		if err != nil {
-			return 0, err
-		}
-		if kind == websocket.BinaryMessage {
-			c.cur = r
-		}
-	}
-}
-
-func (c *wsConn) Write(p []byte) (int, error) {
-	if err := c.ws.WriteMessage(websocket.BinaryMessage, p); err != nil {
-		return 0, err
-	}
-	return len(p), nil
-}
-
-func (c *wsConn) Close() error                       { return c.ws.Close() }
-func (c *wsConn) LocalAddr() net.Addr                { return c.ws.LocalAddr() }
-func (c *wsConn) RemoteAddr() net.Addr               { return c.ws.RemoteAddr() }
-func (c *wsConn) SetDeadline(t time.Time) error      { return c.ws.NetConn().SetDeadline(t) }
-func (c *wsConn) SetReadDeadline(t time.Time) error  { return c.ws.SetReadDeadline(t) }
-func (c *wsConn) SetWriteDeadline(t time.Time) error { return c.ws.SetWriteDeadline(t) }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/probeproto"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -25,7 +26,7 @@ func TestProbeFnCall(t *testing.T) {
 	secretB := testenv.UniqueName("CANARY-SANDBOX-B") + testenv.UniqueName("")
 	b := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Env: map[string]string{"B_SECRET": secretB}})
 	testenv.Sh(t, b, "echo "+secretB+" > /root-secret; sleep 1000 >/dev/null 2>&1 &")
-	stdin, _ := json.Marshal(probeInput{
+	stdin, _ := json.Marshal(probeproto.Input{
 		Canaries: append(c.list(), secretB),
 		Sockets:  hostSockets(srv),
 		Pids:     hostPids(srv.Config.CgroupParent, b.ID()),

@@ -10,23 +10,10 @@ import (
 
 	"github.com/corral-dev/corral/client"
 	"github.com/corral-dev/corral/internal/netpolicy/netlab"
+	"github.com/corral-dev/corral/internal/probeproto"
 	"github.com/corral-dev/corral/internal/server"
 	"github.com/corral-dev/corral/internal/testenv"
 )
-
-// netProbeInput mirrors cmd/corral-probe's NetInput.
-type netProbeInput struct {
-	Resolver    string   `json:"resolver"`
-	AllowedName string   `json:"allowed_name"`
-	AllowedURL  string   `json:"allowed_url"`
-	DeniedName  string   `json:"denied_name"`
-	DeniedTCP   []string `json:"denied_tcp"`
-	DeniedTCP6  []string `json:"denied_tcp6"`
-	DeniedUDP   string   `json:"denied_udp"`
-	DeniedICMP  string   `json:"denied_icmp"`
-	NodeAddrs   []string `json:"node_addrs"`
-	Upstream    string   `json:"upstream"`
-}
 
 // TestProbeNetwork runs the probe's network rows in an allowlisted
 // sandbox on a private test network (netlab: the node side and the test
@@ -44,7 +31,7 @@ func TestProbeNetwork(t *testing.T) {
 	sb := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend, Network: client.Network{Allow: []string{"pypi"}}})
 	installProbe(t, sb)
 	hp := func(a netip.Addr, port int) string { return netip.AddrPortFrom(a, uint16(port)).String() }
-	in := netProbeInput{
+	in := probeproto.NetInput{
 		Resolver:    hp(gw, 53),
 		AllowedName: "pypi.test",
 		AllowedURL:  fmt.Sprintf("http://%s/", hp(netlab.PyPI4, netlab.HTTPPort)),

@@ -21,6 +21,7 @@ import (
 	"github.com/corral-dev/corral/client"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/netpolicy/netlab"
+	"github.com/corral-dev/corral/internal/probeproto"
 	"github.com/corral-dev/corral/internal/server"
 	"github.com/corral-dev/corral/internal/testenv"
 )
@@ -30,26 +31,6 @@ import (
 // CPU and log) and the host conntrack table, and check that the node
 // keeps serving everyone else meanwhile. The node's limits are per node,
 // whichever backend floods them, so they run on the container backend.
-
-// floodInput mirrors cmd/corral-probe's FloodInput.
-type floodInput struct {
-	Kind     string  `json:"kind"`
-	Resolver string  `json:"resolver"`
-	Target   string  `json:"target,omitempty"`
-	Suffix   string  `json:"suffix,omitempty"`
-	Conns    int     `json:"conns,omitempty"`
-	Seconds  float64 `json:"seconds"`
-}
-
-// floodResult mirrors cmd/corral-probe's FloodResult.
-type floodResult struct {
-	Sent     int64  `json:"sent"`
-	Answered int64  `json:"answered"`
-	Opened   int64  `json:"opened"`
-	Closed   int64  `json:"closed"`
-	Errors   int64  `json:"errors"`
-	FirstErr string `json:"first_err"`
-}
 
 // nodeLab is a server whose sandboxes reach a private test network
 // (netlab) with an upstream resolver of the suite's own (the probe's
@@ -105,7 +86,7 @@ func startNodeLab(t *testing.T, mutate ...func(*server.Config)) *nodeLab {
 func (l *nodeLab) resolver() string { return netip.AddrPortFrom(l.gw, 53).String() }
 
 // flood runs the probe's dnsflood in sb and returns its result.
-func flood(t *testing.T, sb *client.Sandbox, in floodInput) floodResult {
+func flood(t *testing.T, sb *client.Sandbox, in probeproto.FloodInput) probeproto.FloodResult {
 	t.Helper()
 	stdin, _ := json.Marshal(in)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(in.Seconds)*time.Second+2*time.Minute)
@@ -113,9 +94,9 @@ func flood(t *testing.T, sb *client.Sandbox, in floodInput) floodResult {
 	res, err := sb.Run(ctx, client.Command{Args: []string{"/corral-probe/corral-probe", "dnsflood"}, Stdin: stdin, Timeout: time.Duration(in.Seconds)*time.Second + time.Minute})
 	if err != nil {
 		t.Errorf("flood %s: %v", in.Kind, err)
-		return floodResult{}
+		return probeproto.FloodResult{}
 	}
-	var r floodResult
+	var r probeproto.FloodResult
 	if err := json.Unmarshal(res.Stdout, &r); err != nil {
 		t.Errorf("flood %s: exit %d, output %q %q: %v", in.Kind, res.ExitCode, res.Stdout, res.Stderr, err)
 	}
@@ -197,7 +178,7 @@ func TestNodeDNSFloodFDs(t *testing.T) {
 	base := daemonFDs()
 	stop := make(chan struct{})
 	most := watchFDs(stop)
-	tcp := flood(t, sb, floodInput{Kind: "tcp", Resolver: l.resolver(), Suffix: "slow.test", Conns: 4000, Seconds: 15})
+	tcp := flood(t, sb, probeproto.FloodInput{Kind: "tcp", Resolver: l.resolver(), Suffix: "slow.test", Conns: 4000, Seconds: 15})
 	close(stop)
 	grew := <-most - base
 	lim := limitRefusals(t, sb)
@@ -208,7 +189,7 @@ func TestNodeDNSFloodFDs(t *testing.T) {
 	base = daemonFDs()
 	stop = make(chan struct{})
 	most = watchFDs(stop)
-	udp := flood(t, sb, floodInput{Kind: "udp", Resolver: l.resolver(), Suffix: "slow.test", Seconds: 15})
+	udp := flood(t, sb, probeproto.FloodInput{Kind: "udp", Resolver: l.resolver(), Suffix: "slow.test", Seconds: 15})
 	close(stop)
 	grew = <-most - base
 	lim = limitRefusals(t, sb)
@@ -281,11 +262,11 @@ func TestNodeDNSCPU(t *testing.T) {
 	idlePerSec := (processCPU() - idle0).Seconds() / rest.Seconds()
 	var rows []Result
 	for _, f := range []struct {
-		in      floodInput
+		in      probeproto.FloodInput
 		allowed float64 // daemon/sandbox
 	}{
-		{floodInput{Kind: "udp", Resolver: l.resolver(), Suffix: "wild.test", Seconds: 10}, 1},
-		{floodInput{Kind: "udp-wait", Resolver: l.resolver(), Suffix: "wild.test", Conns: 64, Seconds: 10}, 3},
+		{probeproto.FloodInput{Kind: "udp", Resolver: l.resolver(), Suffix: "wild.test", Seconds: 10}, 1},
+		{probeproto.FloodInput{Kind: "udp-wait", Resolver: l.resolver(), Suffix: "wild.test", Conns: 64, Seconds: 10}, 3},
 	} {
 		in := f.in
 		sb0, d0, start := sandboxCPU(t, parent, sb.ID()), processCPU(), time.Now()
@@ -347,8 +328,8 @@ func TestNodeConntrack(t *testing.T) {
 	const ctCap, ports = 4096, 20000 // netpolicy's default cap
 	addr := sandboxAddr4(t, sb)
 	before := nodeConntrack(t, l, addr)
-	toProxy := flood(t, sb, floodInput{Kind: "ports", Target: l.resolver(), Suffix: "wild.test", Conns: ports / 2, Seconds: 60})
-	toHost := flood(t, sb, floodInput{Kind: "ports", Target: echo.String(), Suffix: "wild.test", Conns: ports / 2, Seconds: 60})
+	toProxy := flood(t, sb, probeproto.FloodInput{Kind: "ports", Target: l.resolver(), Suffix: "wild.test", Conns: ports / 2, Seconds: 60})
+	toHost := flood(t, sb, probeproto.FloodInput{Kind: "ports", Target: echo.String(), Suffix: "wild.test", Conns: ports / 2, Seconds: 60})
 	grew := nodeConntrack(t, l, addr) - before
 	lim := limitRefusals(t, sb)
 	judgeNode(t, backend, []Result{check("node/conntrack-cap", grew <= ctCap && lim["conntrack"] > 0,
@@ -429,23 +410,23 @@ func TestNodeDNSFloodNoisy(t *testing.T) {
 	var idleLs, idleCreate, idleExec, ls, create, execs []time.Duration
 	var idleDaemon, idleIRQ, floodDaemon, floodIRQ, floodA, idleWait, floodWait time.Duration
 	var createRatio, execRatio []float64
-	var tcp, udp floodResult
+	var tcp, udp probeproto.FloodResult
 	for range rounds {
 		cpu0, irq0, w0 := processCPU(), softirqTime(), runQueueWait()
 		iLs, iCreate, iExec := nodeLatencies(t, l, b, window)
 		idleDaemon, idleIRQ, idleWait = idleDaemon+processCPU()-cpu0, idleIRQ+softirqTime()-irq0, idleWait+runQueueWait()-w0
 
 		var wg sync.WaitGroup
-		var rt, ru floodResult
+		var rt, ru probeproto.FloodResult
 		secs := (ramp + window + time.Second).Seconds()
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			rt = flood(t, a, floodInput{Kind: "tcp", Resolver: l.resolver(), Suffix: "slow.test", Conns: 4000, Seconds: secs})
+			rt = flood(t, a, probeproto.FloodInput{Kind: "tcp", Resolver: l.resolver(), Suffix: "slow.test", Conns: 4000, Seconds: secs})
 		}()
 		go func() {
 			defer wg.Done()
-			ru = flood(t, a, floodInput{Kind: "udp", Resolver: l.resolver(), Suffix: "wild.test", Seconds: secs})
+			ru = flood(t, a, probeproto.FloodInput{Kind: "udp", Resolver: l.resolver(), Suffix: "wild.test", Seconds: secs})
 		}()
 		time.Sleep(ramp) // the connections are open, the queries flowing
 		cpu0, irq0, a0, w0 := processCPU(), softirqTime(), sandboxCPU(t, parent, a.ID()), runQueueWait()

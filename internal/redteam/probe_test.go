@@ -11,15 +11,9 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/probeproto"
 	"github.com/corral-dev/corral/internal/testenv"
 )
-
-// probeInput mirrors cmd/corral-probe's Input.
-type probeInput struct {
-	Canaries []string `json:"canaries"`
-	Sockets  []string `json:"sockets"`
-	Pids     []int    `json:"pids"`
-}
 
 // TestProbe runs every in-sandbox attempt: the probe in sandbox A, while
 // sandbox B (same image) holds a secret in its environment, a file and a
@@ -34,7 +28,7 @@ func TestProbe(t *testing.T) {
 		testenv.Sh(t, b, "echo "+secretB+" > /root-secret; sleep 1000 >/dev/null 2>&1 &")
 		installProbe(t, a)
 
-		in := probeInput{
+		in := probeproto.Input{
 			Canaries: append(c.list(), secretB),
 			Sockets:  hostSockets(srv),
 			Pids:     hostPids(srv.Config.CgroupParent, b.ID()),

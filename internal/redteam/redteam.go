@@ -21,17 +21,14 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/corral-dev/corral/internal/probeproto"
 )
 
 // Result is one attempt's outcome, as the probe prints it (one JSON line)
 // or as a test computes it. Outcome is "blocked" or "succeeded" for an
 // attempt, "ok" or "violated" for a check the suite makes itself.
-type Result struct {
-	Name    string `json:"name"`
-	Outcome string `json:"outcome"`
-	Errno   string `json:"errno,omitempty"`
-	Detail  string `json:"detail,omitempty"`
-}
+type Result = probeproto.Result
 
 // Expect is what one backend must show for one attempt.
 type Expect struct {

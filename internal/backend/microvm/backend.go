@@ -276,22 +276,15 @@ func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (_ backend.S
 		}()
 	}
 	if m.Snapshotted {
-		return b.newSnapshotted(m), nil
+		return b.newSandbox(m, nil), nil
 	}
 	proc, err := launch.Attach(m.Pid, m.StartTime)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	s := b.newSandbox(m, proc)
-	// A stopped VM cannot answer: continue it first (the node pauses it
-	// again when its record says paused).
-	if err := b.drv.Resume(ctx, m); err != nil {
-		_ = proc.Kill()
-		return nil, errdefs.NotFound("sandbox %s: vmm does not answer: %v", id, err)
-	}
-	if err := s.waitAgent(ctx, bootTimeout(m.KVM)); err != nil {
-		_ = proc.Kill()
-		return nil, errdefs.NotFound("sandbox %s: agent does not answer: %v", id, err)
+	if err := s.Reattach(ctx, bootTimeout(m.KVM)); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

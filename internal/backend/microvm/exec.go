@@ -18,7 +18,7 @@ func (s *sandbox) Interactive() {}
 // Exec implements backend.Sandbox through the agent (internal/guest/
 // agentclient), which streams the output, stdin and the exit.
 func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.OutputFunc) (backend.ExecResult, error) {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return backend.ExecResult{}, err
 	}
 	if len(spec.Argv) == 0 {
@@ -30,7 +30,7 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 		// image's /bin/sh does not hijack the next shell command.
 		spec.Argv = append([]string{agentproto.ShellPath}, spec.Argv[1:]...)
 	}
-	res, err := s.agent.Exec(ctx, spec, out, s.done)
+	res, err := s.agent.Exec(ctx, spec, out, s.Done())
 	switch {
 	case errors.Is(err, agentclient.ErrEnded):
 		return res, fmt.Errorf("sandbox %s: exec %q: %w: %s", s.m.id, name, err, s.ExitReason())

@@ -22,7 +22,7 @@ func (s *sandbox) fileErr(op, path string, err error) error {
 }
 
 func (s *sandbox) WriteFile(ctx context.Context, path string, r io.Reader, opts backend.WriteOptions) (int64, error) {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return 0, err
 	}
 	n, err := s.agent.WriteFile(ctx, path, r, opts)
@@ -30,7 +30,7 @@ func (s *sandbox) WriteFile(ctx context.Context, path string, r io.Reader, opts 
 }
 
 func (s *sandbox) ReadFile(ctx context.Context, path string, offset, limit int64) (io.ReadCloser, error) {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return nil, err
 	}
 	rc, err := s.agent.ReadFile(ctx, path, offset, limit)
@@ -38,7 +38,7 @@ func (s *sandbox) ReadFile(ctx context.Context, path string, offset, limit int64
 }
 
 func (s *sandbox) ListDir(ctx context.Context, path string) ([]backend.FileInfo, error) {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return nil, err
 	}
 	out, err := s.agent.ListDir(ctx, path)
@@ -46,7 +46,7 @@ func (s *sandbox) ListDir(ctx context.Context, path string) ([]backend.FileInfo,
 }
 
 func (s *sandbox) Stat(ctx context.Context, path string) (backend.FileInfo, error) {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return backend.FileInfo{}, err
 	}
 	fi, err := s.agent.Stat(ctx, path)
@@ -54,14 +54,14 @@ func (s *sandbox) Stat(ctx context.Context, path string) (backend.FileInfo, erro
 }
 
 func (s *sandbox) Remove(ctx context.Context, path string, recursive bool) error {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return err
 	}
 	return s.fileErr(agentproto.OpRemove, path, s.agent.Remove(ctx, path, recursive))
 }
 
 func (s *sandbox) MakeDir(ctx context.Context, path string, mode fs.FileMode, parents bool) error {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return err
 	}
 	return s.fileErr(agentproto.OpMkdir, path, s.agent.MakeDir(ctx, path, mode, parents))

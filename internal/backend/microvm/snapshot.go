@@ -39,45 +39,38 @@ var (
 // driver saves memory and devices with the vCPUs stopped and the disk is
 // copied before they continue.
 func (s *sandbox) SnapshotTo(ctx context.Context, dir string) (int64, error) {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return 0, err
 	}
 	ls, ok := s.b.drv.(liveSnapshotter)
 	if !ok {
 		return 0, errdefs.NotSupported("not supported: snapshot of a running %s microVM", s.b.drv.Name())
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.paused || s.proc == nil || s.stopped {
-		return 0, errdefs.FailedPrecondition("sandbox %s: snapshot of a paused microVM (resume it first)", s.m.id)
+	if err := s.WhileRunning(func() error { return qemuvm.WriteState(dir, s.m.machineState) }); err != nil {
+		return 0, err
 	}
-	if err := qemuvm.WriteState(dir, s.m.machineState); err != nil {
-		return 0, fmt.Errorf("sandbox %s: %w", s.m.id, err)
-	}
-	s.mu.Unlock()
 	_, err := s.agent.Call(ctx, agentproto.Request{Op: agentproto.OpDetach})
-	s.mu.Lock()
-	if s.sess != nil {
-		s.sess.Close()
-		s.sess = nil
-	}
+	s.dropSession()
 	if err != nil {
 		return 0, fmt.Errorf("sandbox %s: snapshot: detach agent: %w", s.m.id, err)
 	}
-	err = ls.SnapshotLive(ctx, s.m, filepath.Join(dir, snapMemFile), filepath.Join(dir, qemuvm.SnapRAMFile), func() error {
-		return qemuvm.CopyDisk(ctx, s.m.path(diskFile), filepath.Join(dir, snapDiskFile))
-	})
+	if err := s.WhileRunning(func() error {
+		err := ls.SnapshotLive(ctx, s.m, filepath.Join(dir, snapMemFile), filepath.Join(dir, qemuvm.SnapRAMFile), func() error {
+			return qemuvm.CopyDisk(ctx, s.m.path(diskFile), filepath.Join(dir, snapDiskFile))
+		})
+		if err != nil {
+			return fmt.Errorf("snapshot: %w", err)
+		}
+		return nil
+	}); err != nil {
+		_ = s.waitAgent(ctx, time.Minute)
+		return 0, err
+	}
 	// The agent's old session may still write its last frames into the
 	// next connection: a fresh session is proven with a ping (and made
 	// again until one answers) before the sandbox serves calls again.
-	s.mu.Unlock()
-	werr := s.waitAgent(ctx, time.Minute)
-	s.mu.Lock()
-	if err == nil && werr != nil {
-		err = fmt.Errorf("agent after the snapshot: %w", werr)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("sandbox %s: snapshot: %w", s.m.id, err)
+	if err := s.waitAgent(ctx, time.Minute); err != nil {
+		return 0, fmt.Errorf("sandbox %s: snapshot: agent after the snapshot: %w", s.m.id, err)
 	}
 	return qemuvm.DiskUsage(dir)
 }

@@ -8,17 +8,11 @@ import (
 )
 
 var (
-	_ backend.StatsReader  = (*sandbox)(nil)
+	_ backend.StatsReader = (*sandbox)(nil)
+	// Checkpointed is the Lifecycle's: no VMM runs while the VM's state
+	// is in its snapshot files.
 	_ backend.Checkpointer = (*sandbox)(nil)
 )
-
-// Checkpointed implements backend.Checkpointer: no VMM runs while the VM's
-// state is in its snapshot files.
-func (s *sandbox) Checkpointed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.proc == nil && !s.stopped
-}
 
 // Stats implements backend.StatsReader from the host side, without asking
 // the guest: the VMM's CPU time and resident memory (what the VM costs the
@@ -26,8 +20,5 @@ func (s *sandbox) Checkpointed() bool {
 // the writable disk image holds. A snapshotted VM has no VMM: zero CPU and
 // memory.
 func (s *sandbox) Stats(_ context.Context) (backend.Stats, error) {
-	s.mu.Lock()
-	proc := s.proc
-	s.mu.Unlock()
-	return qemuvm.Stats(s.m.id, s.m.path(diskFile), proc)
+	return qemuvm.Stats(s.m.id, s.m.path(diskFile), s.Proc())
 }

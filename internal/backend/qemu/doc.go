@@ -1,5 +1,8 @@
 // Package qemu owns what the two QEMU backends (microvm and vm) do alike
-// with a QEMU process: starting it in its own session (inside the
+// with a QEMU process: its lifecycle as a sandbox's VMM (Lifecycle:
+// pause, snapshot to a file after a while, restore, stop, the watch for
+// an exit nobody asked for), each backend supplying the steps
+// (LifecycleOps); starting it in its own session (inside the
 // sandbox's network namespace, with the tap as fd 3) and adopting it,
 // dialling its QMP socket while watching that it still runs, saving a
 // machine's state to files through QEMU's migration stream (a stopped VM
@@ -11,7 +14,7 @@
 // cgroup and its CPU quota (CPUGroups), the VMM processes of a run dir
 // and the sweep of leftovers, a recovered VM's network slot, and tree
 // copies through corral-agent. The machine types, command lines,
-// lifecycles and guest identities stay in the backends.
+// agent connections and guest identities stay in the backends.
 //
 // It imports backend, errdefs, guest/agentclient, netpolicy, qmp,
 // runtime/cgroup and runtime/launch; never a backend package, the node,

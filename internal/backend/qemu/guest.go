@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"syscall"
-	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -69,22 +67,4 @@ func CopyOut(ctx context.Context, id string, a *agentclient.Client, path string,
 		return fmt.Errorf("sandbox %s: copy out %s: %w", id, path, err)
 	}
 	return nil
-}
-
-// SnapshotLater is what a pause does next when the backend's
-// SnapshotAfter is positive: after that long the paused VM's state goes
-// to disk through snapshot (a failure is logged and leaves the VM paused
-// in memory). It returns the timer a resume stops (nil when after is not
-// positive: zero snapshots at pause, by the caller; negative never).
-func SnapshotLater(after time.Duration, log *slog.Logger, id string, snapshot func(context.Context) error) *time.Timer {
-	if after <= 0 {
-		return nil
-	}
-	return time.AfterFunc(after, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if err := snapshot(ctx); err != nil {
-			log.Warn("snapshot of a paused VM failed; it stays paused in memory", "sandbox", id, "err", err)
-		}
-	})
 }

@@ -192,7 +192,7 @@ func (a *agentConn) close() {
 func (s *sandbox) waitCorralAgent(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	err := s.agent.Wait(ctx, s.done, agentclient.Waiting{Attempt: 5 * time.Second, Pause: 200 * time.Millisecond,
+	err := s.agent.Wait(ctx, s.Done(), agentclient.Waiting{Attempt: 5 * time.Second, Pause: 200 * time.Millisecond,
 		Redial: s.agent.close})
 	switch {
 	case errors.Is(err, agentclient.ErrEnded):
@@ -202,27 +202,6 @@ func (s *sandbox) waitCorralAgent(ctx context.Context, timeout time.Duration) er
 	}
 	s.m.OS, s.m.Linux = "linux", true
 	return s.m.save()
-}
-
-// detachAgentLocked, before a snapshot of the stopped VM, has the agent
-// start a fresh session after the restore (it must not expect this
-// session's stream ids); the vCPUs run for the exchange. s.mu is held.
-func (s *sandbox) detachAgentLocked(ctx context.Context) error {
-	if s.agent == nil {
-		return nil
-	}
-	if _, err := qmpRun(ctx, s.m, "cont", nil); err != nil {
-		return err
-	}
-	_, err := s.agent.Call(ctx, agentproto.Request{Op: agentproto.OpDetach})
-	if _, perr := qmpRun(ctx, s.m, "stop", nil); err == nil {
-		err = perr
-	}
-	s.agent.close()
-	if err != nil {
-		return fmt.Errorf("sandbox %s: detach corral-agent: %w", s.m.id, err)
-	}
-	return nil
 }
 
 // agentExec is Exec through corral-agent (internal/guest/agentclient):
@@ -235,7 +214,7 @@ func (s *sandbox) agentExec(ctx context.Context, spec backend.ExecSpec, out back
 	}
 	// Shell commands run the guest's own /bin/sh: the whole VM is the
 	// sandbox, so replacing it only affects that sandbox.
-	res, err := s.agent.Exec(ctx, spec, out, s.done)
+	res, err := s.agent.Exec(ctx, spec, out, s.Done())
 	switch {
 	case errors.Is(err, agentclient.ErrEnded):
 		return res, fmt.Errorf("sandbox %s: exec %q: %w: %s", s.m.id, spec.Argv[0], err, s.ExitReason())

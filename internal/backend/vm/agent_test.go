@@ -103,7 +103,7 @@ func TestVMAgentRedial(t *testing.T) {
 // guest through qemu-ga, the path of images without the agent.
 func qgaView(t *testing.T, sb *sandbox) *sandbox {
 	t.Helper()
-	q := &sandbox{b: sb.b, m: sb.m, qga: sb.qga, done: sb.done, proc: sb.proc}
+	q := &sandbox{Lifecycle: sb.Lifecycle, b: sb.b, m: sb.m, qga: sb.qga}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := q.waitAgent(ctx, time.Minute); err != nil {

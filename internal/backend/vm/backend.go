@@ -361,22 +361,15 @@ func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (_ backend.S
 		}()
 	}
 	if m.Snapshotted {
-		return b.newSnapshotted(m), nil
+		return b.newSandbox(m, nil), nil
 	}
 	proc, err := launch.Attach(m.Pid, m.StartTime)
 	if err != nil {
 		return nil, errdefs.NotFound("sandbox %s: qemu is gone: %v", id, err)
 	}
 	s := b.newSandbox(m, proc)
-	// A stopped VM cannot answer: continue it (the node pauses it again
-	// when its record says paused).
-	if _, err := qmpRun(ctx, m, "cont", nil); err != nil {
-		_ = proc.Kill()
-		return nil, errdefs.NotFound("sandbox %s: qemu does not answer: %v", id, err)
-	}
-	if err := s.waitAgent(ctx, time.Minute); err != nil {
-		_ = proc.Kill()
-		return nil, errdefs.NotFound("sandbox %s: guest agent does not answer: %v", id, err)
+	if err := s.Reattach(ctx, time.Minute); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

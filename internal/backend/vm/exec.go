@@ -130,7 +130,7 @@ func (s *sandbox) Interactive() {}
 // (the protocol does not stream).
 func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.OutputFunc) (backend.ExecResult, error) {
 	var res backend.ExecResult
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return res, err
 	}
 	if s.agent != nil {
@@ -260,7 +260,7 @@ func (s *sandbox) waitExec(ctx context.Context, pid int, timeout time.Duration) 
 		case <-deadline:
 			s.killGuest(pid)
 			deadline = nil
-		case <-s.done:
+		case <-s.Done():
 			return st, errdefs.FailedPrecondition("sandbox %s: the vm ended while the command ran", s.m.id)
 		case <-time.After(wait):
 		}
@@ -293,11 +293,7 @@ func (s *sandbox) oomKilledSince(ctx context.Context) bool {
 	if err != nil {
 		return false
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	killed := n > s.oomSeen
-	s.oomSeen = n
-	return killed
+	return n > s.oomSeen.Swap(n)
 }
 
 // oomKills reads the guest kernel's count of OOM kills.

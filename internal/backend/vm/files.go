@@ -52,7 +52,7 @@ func (s *sandbox) closeFile(h int64) {
 
 // WriteFile implements backend.Files.
 func (s *sandbox) WriteFile(ctx context.Context, p string, r io.Reader, opts backend.WriteOptions) (int64, error) {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return 0, err
 	}
 	if s.agent != nil {
@@ -117,7 +117,7 @@ func (s *sandbox) WriteFile(ctx context.Context, p string, r io.Reader, opts bac
 // ReadFile implements backend.Files: the reader pulls chunks from the
 // guest as it is read.
 func (s *sandbox) ReadFile(ctx context.Context, p string, offset, limit int64) (io.ReadCloser, error) {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return nil, err
 	}
 	if s.agent != nil {
@@ -245,7 +245,7 @@ func (s *sandbox) find(ctx context.Context, p string, depth string) ([]backend.F
 
 // ListDir implements backend.Files.
 func (s *sandbox) ListDir(ctx context.Context, p string) ([]backend.FileInfo, error) {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return nil, err
 	}
 	if s.agent != nil {
@@ -272,7 +272,7 @@ func (s *sandbox) ListDir(ctx context.Context, p string) ([]backend.FileInfo, er
 
 // Stat implements backend.Files.
 func (s *sandbox) Stat(ctx context.Context, p string) (backend.FileInfo, error) {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return backend.FileInfo{}, err
 	}
 	if s.agent != nil {
@@ -294,7 +294,7 @@ func (s *sandbox) Stat(ctx context.Context, p string) (backend.FileInfo, error) 
 
 // Remove implements backend.Files.
 func (s *sandbox) Remove(ctx context.Context, p string, recursive bool) error {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return err
 	}
 	if s.agent != nil {
@@ -318,7 +318,7 @@ func (s *sandbox) Remove(ctx context.Context, p string, recursive bool) error {
 
 // MakeDir implements backend.Files.
 func (s *sandbox) MakeDir(ctx context.Context, p string, mode fs.FileMode, parents bool) error {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return err
 	}
 	if s.agent != nil {

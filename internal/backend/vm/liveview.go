@@ -14,7 +14,7 @@ const vncSock = "vnc.sock"
 // DialVNC implements backend.LiveViewer: a connection to the VM's VNC
 // server.
 func (s *sandbox) DialVNC(ctx context.Context) (net.Conn, error) {
-	if err := s.running(); err != nil {
+	if err := s.Running(); err != nil {
 		return nil, err
 	}
 	if s.Checkpointed() {

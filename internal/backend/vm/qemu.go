@@ -3,6 +3,7 @@ package vm
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 
 	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
@@ -114,11 +115,22 @@ func (b *Backend) startQEMU(ctx context.Context, m *machine) (*launch.Process, e
 	return proc, nil
 }
 
-// restoreQEMU starts QEMU loading the VM's state from its snapshotFile.
+// restoreQEMU starts QEMU loading the VM's state from its snapshotFile,
+// and records it.
 func (b *Backend) restoreQEMU(ctx context.Context, m *machine) (*launch.Process, error) {
 	m.incoming = m.path(snapshotFile)
 	defer func() { m.incoming = "" }()
-	return b.startQEMU(ctx, m)
+	proc, err := b.startQEMU(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	m.Snapshotted = false
+	if err := m.save(); err != nil {
+		_ = proc.Kill()
+		return nil, err
+	}
+	_ = os.Remove(m.path(snapshotFile))
+	return proc, nil
 }
 
 // saveState streams the stopped VM's RAM and device state to

@@ -25,7 +25,7 @@ func (s *sandbox) Screenshot(ctx context.Context, scale float64) (backend.Screen
 	if scale < 0 || scale > 1 {
 		return shot, errdefs.InvalidArgument("scale: %g must be in (0, 1] (0 means 1)", scale)
 	}
-	if err := s.running(); err != nil {
+	if err := s.Running(); err != nil {
 		return shot, err
 	}
 	if s.Checkpointed() {
@@ -173,7 +173,7 @@ const absMax = 0x7fff
 // on the PS/2 keyboard, pointer on the virtio tablet (absolute, scaled
 // to the current screen size).
 func (s *sandbox) SendInput(ctx context.Context, events []backend.InputEvent) error {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return err
 	}
 	var w, h int

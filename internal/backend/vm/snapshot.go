@@ -45,21 +45,14 @@ func restorable(ms machineState) error {
 // stopped the device state and guest RAM are saved and the overlay (and
 // UEFI variables) copied before the VM continues.
 func (s *sandbox) SnapshotTo(ctx context.Context, dir string) (int64, error) {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return 0, err
 	}
 	if err := restorable(s.m.machineState); err != nil {
 		return 0, err
 	}
-	s.mu.Lock()
-	if s.paused || s.proc == nil || s.stopped {
-		s.mu.Unlock()
-		return 0, errdefs.FailedPrecondition("sandbox %s: snapshot of a paused VM (resume it first)", s.m.id)
-	}
-	err := qemuvm.WriteState(dir, s.m.machineState)
-	s.mu.Unlock()
-	if err != nil {
-		return 0, fmt.Errorf("sandbox %s: %w", s.m.id, err)
+	if err := s.WhileRunning(func() error { return qemuvm.WriteState(dir, s.m.machineState) }); err != nil {
+		return 0, err
 	}
 	if s.agent != nil {
 		_, err := s.agent.Call(ctx, agentproto.Request{Op: agentproto.OpDetach})
@@ -68,24 +61,22 @@ func (s *sandbox) SnapshotTo(ctx context.Context, dir string) (int64, error) {
 			return 0, fmt.Errorf("sandbox %s: snapshot: detach corral-agent: %w", s.m.id, err)
 		}
 	}
-	s.mu.Lock()
-	err = s.saveLiveLocked(ctx, dir)
-	s.mu.Unlock()
+	err := s.WhileRunning(func() error { return s.saveLive(ctx, dir) })
 	if s.agent != nil {
 		// The agent's old session may still write its last frames into
 		// the next connection: a fresh session is proven with a ping.
 		if werr := s.waitCorralAgent(ctx, time.Minute); err == nil && werr != nil {
-			err = fmt.Errorf("corral-agent after the snapshot: %w", werr)
+			err = fmt.Errorf("sandbox %s: snapshot: corral-agent after the snapshot: %w", s.m.id, werr)
 		}
 	}
 	if err != nil {
-		return 0, fmt.Errorf("sandbox %s: snapshot: %w", s.m.id, err)
+		return 0, err
 	}
 	return qemuvm.DiskUsage(dir)
 }
 
-// saveLiveLocked saves the running VM into dir; s.mu is held.
-func (s *sandbox) saveLiveLocked(ctx context.Context, dir string) error {
+// saveLive saves the running VM into dir (under the Lifecycle's lock).
+func (s *sandbox) saveLive(ctx context.Context, dir string) error {
 	qc, err := dialQMP(ctx, s.m, nil)
 	if err != nil {
 		return err

@@ -18,7 +18,7 @@ var _ backend.Trees = (*sandbox)(nil)
 // without corral-agent offer no tree copy.
 
 func (s *sandbox) treesOK() error {
-	if err := s.live(); err != nil {
+	if err := s.Serving(); err != nil {
 		return err
 	}
 	if s.agent == nil {

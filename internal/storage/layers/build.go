@@ -23,7 +23,7 @@ type recipe struct {
 }
 
 var recipes = map[string]recipe{
-	"busybox": {env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, build: buildBusybox},
+	"busybox": {env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, build: BuildBusybox},
 	"debian": {env: []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"LANG=C.UTF-8",

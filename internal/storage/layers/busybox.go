@@ -49,9 +49,10 @@ func isStatic(p string) (bool, error) {
 	return true, nil
 }
 
-// buildBusybox makes a tiny image: a static busybox, a symlink for each
-// applet, and the few files programs expect in /etc.
-func buildBusybox(ctx context.Context, rootfs string, progress io.Writer) error {
+// BuildBusybox fills rootfs with the busybox image: a static busybox, a
+// symlink for each applet, and the few files programs expect in /etc. The
+// benchmarks' runc peer runs it too.
+func BuildBusybox(ctx context.Context, rootfs string, progress io.Writer) error {
 	src, err := findBusybox()
 	if err != nil {
 		return err
