@@ -80,6 +80,7 @@ type Backend struct {
 	kvm  bool
 	init *initramfs
 	cpu  *qemuvm.CPUGroups
+	vms  *qemuvm.RunDir
 	log  *slog.Logger
 }
 
@@ -136,6 +137,7 @@ func New(cfg Config) (*Backend, error) {
 	if b.cpu, err = qemuvm.NewCPUGroups(cfg.CgroupParent, "microvm"); err != nil {
 		return nil, fmt.Errorf("microvm backend: %w", err)
 	}
+	b.vms = &qemuvm.RunDir{Path: cfg.RunDir, IsVMM: isVMM, Network: cfg.Network, Groups: b.cpu, Log: b.log}
 	mods := guestModules
 	if fc := cfg.Firecracker; b.kvm {
 		if fc == "" {
@@ -203,7 +205,7 @@ func (b *Backend) Name() string { return "microvm" }
 func (b *Backend) Driver() string { return b.drv.Name() }
 func (b *Backend) KVM() bool      { return b.kvm }
 
-func (b *Backend) runDir(id string) string { return filepath.Join(b.cfg.RunDir, id) }
+func (b *Backend) runDir(id string) string { return b.vms.Dir(id) }
 
 // Create implements backend.Backend: the spec checked against what the
 // backend and its driver can do, then the steps of createSteps (run dir,
@@ -256,68 +258,28 @@ func makeDisk(ctx context.Context, path string, bytes, inodes int64) error {
 }
 
 // Recover implements backend.Backend from the run dir's vm.json.
-func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (_ backend.Sandbox, err error) {
-	if err := backend.CheckID(id); err != nil {
+func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (backend.Sandbox, error) {
+	m := &machine{id: id, dir: b.runDir(id), kernel: b.cfg.Kernel}
+	if err := b.vms.Load(id, &m.machineState); err != nil {
 		return nil, err
 	}
-	m, err := loadMachine(b.runDir(id), id)
-	if err != nil {
-		return nil, errdefs.NotFound("sandbox %s: no vm state: %v", id, err)
-	}
-	m.kernel = b.cfg.Kernel
-	if m.net, err = qemuvm.RecoverNet(ctx, b.cfg.Network, id, m.Net); err != nil {
-		return nil, err
-	}
-	if m.net != nil {
-		defer func() {
-			if err != nil {
-				_ = m.net.Close()
-			}
-		}()
-	}
-	if m.Snapshotted {
-		return b.newSandbox(m, nil), nil
-	}
-	proc, err := launch.Attach(m.Pid, m.StartTime)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	s := b.newSandbox(m, proc)
-	if err := s.Reattach(ctx, bootTimeout(m.KVM)); err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
-// Cleanup implements backend.Backend: kill the VMM (checked by start time
-// against pid reuse), then remove the run dir with everything in it.
-func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
-	if err := backend.CheckID(id); err != nil {
-		return err
-	}
-	dir := b.runDir(id)
-	var pid int
-	var start uint64
-	var rec *netpolicy.Record
-	if m, err := loadMachine(dir, id); err == nil {
-		if !m.Snapshotted {
-			pid, start = m.Pid, m.StartTime
-		}
-		rec = m.Net
-	}
-	return qemuvm.Remove(ctx, id, dir, pid, start, vmmProcesses(b.cfg.RunDir)[id], b.cfg.Network, rec, b.cpu)
-}
-
-// Sweep implements backend.Backend: VMM processes and run dirs of
-// sandboxes without a record are removed.
-func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
-	return qemuvm.Sweep(ctx, b.log, b.cfg.RunDir, vmmProcesses(b.cfg.RunDir), b.cpu, keep, func(ctx context.Context, id string) error {
-		return b.Cleanup(ctx, id, nil)
+	return qemuvm.Recover(ctx, b.cfg.Network, id, m.VMM, bootTimeout(m.KVM), func(ns *netpolicy.Sandbox, proc *launch.Process) *sandbox {
+		m.net = ns
+		return b.newSandbox(m, proc)
 	})
 }
 
-// vmmProcesses finds the VMM processes started for sandboxes under runDir.
-func vmmProcesses(runDir string) map[string][]int { return qemuvm.Processes(runDir, isVMM) }
+// Cleanup implements backend.Backend: the VMM, network slot, cgroup and
+// run dir go (qemuvm.RunDir.Cleanup).
+func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
+	return b.vms.Cleanup(ctx, id)
+}
+
+// Sweep implements backend.Backend: VMM processes, cgroups and run dirs
+// of sandboxes without a record are removed.
+func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
+	return b.vms.Sweep(ctx, keep)
+}
 
 func isVMM(argv0 string) bool { return qemuvm.IsQEMU(argv0) || filepath.Base(argv0) == "firecracker" }
 

@@ -8,7 +8,6 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/backend/backendtest"
-	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 )
 
 // TestConformance runs the backend conformance suite against microVMs. It
@@ -23,7 +22,7 @@ func TestConformance(t *testing.T) {
 		New:       backendtest.FirstThen(first, func() (*Backend, error) { return New(cfg) }),
 		Spec:      func(t *testing.T) backend.Spec { return testSpec(t) },
 		Detach:    func(s backend.Sandbox) { s.(*sandbox).dropSession() },
-		Leftovers: func(id string) []string { return leftovers(t, cfg, id) },
+		Leftovers: func(id string) []string { return leftovers(t, first, id) },
 		Timeout:   4 * time.Minute,
 		// A stopped guest cannot answer; the node resumes it first.
 		NoCallsWhilePaused: "microvm: file calls go through the guest agent, which cannot answer while its vCPUs are stopped",
@@ -31,12 +30,8 @@ func TestConformance(t *testing.T) {
 }
 
 // leftovers lists what of sandbox id remains on the host.
-func leftovers(t *testing.T, cfg Config, id string) []string {
-	cg, err := qemuvm.NewCPUGroups(cfg.CgroupParent, "microvm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := qemuvm.Leftovers(cfg.RunDir, id, vmmProcesses(cfg.RunDir), cg)
+func leftovers(t *testing.T, b *Backend, id string) []string {
+	out, err := b.vms.Leftovers(id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func TestCreateFailureAtEachStep(t *testing.T) {
 			if !errors.Is(err, backend.ErrInjected) || !strings.Contains(err.Error(), st.Name) {
 				t.Fatalf("step %s (networked %v): want the injected failure, got %v", st.Name, networked, err)
 			}
-			for _, l := range leftovers(t, b.cfg, spec.ID) {
+			for _, l := range leftovers(t, b, spec.ID) {
 				t.Errorf("step %s (networked %v): left on the host: %s", st.Name, networked, l)
 			}
 			// At most the pool's ready namespace and the one its filler
@@ -49,7 +49,7 @@ func TestCreateFailureAtEachStep(t *testing.T) {
 	if _, err := b.Create(ctx, spec); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled create: %v", err)
 	}
-	for _, l := range leftovers(t, b.cfg, spec.ID) {
+	for _, l := range leftovers(t, b, spec.ID) {
 		t.Errorf("cancelled create: left on the host: %s", l)
 	}
 }

@@ -28,7 +28,7 @@ func TestSweepFindsVMMWithoutState(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	deadline := time.Now().Add(20 * time.Second)
-	for len(vmmProcesses(b.cfg.RunDir)["orphan-1"]) == 0 {
+	for len(b.vms.Processes()["orphan-1"]) == 0 {
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
 			t.Fatal("the orphan VMM is not found by its command line")

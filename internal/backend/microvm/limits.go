@@ -19,9 +19,7 @@ var _ backend.LimitEnforcer = (*Backend)(nil)
 func (b *Backend) Enforces(l backend.Limit) error {
 	switch l {
 	case backend.LimitCPU:
-		if err := b.cpu.Enforces(); err != nil {
-			return fmt.Errorf("%s: %w", l, err)
-		}
+		return b.cpu.Enforces()
 	case backend.LimitPids, backend.LimitDisk:
 	default:
 		return errdefs.NotSupported("%s: not a limit of the microvm backend", l)

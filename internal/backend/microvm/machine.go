@@ -37,14 +37,12 @@ const (
 // daemon restart. It is rewritten whenever the VMM process changes
 // (snapshot, restore), which the node's own record does not follow.
 type machineState struct {
-	Driver    string `json:"driver"`
-	Pid       int    `json:"pid,omitempty"`
-	StartTime uint64 `json:"start_time,omitempty"`
-	// Snapshotted: the VM's state is in snapshotFile and no process runs.
-	Snapshotted bool   `json:"snapshotted,omitempty"`
-	Secret      string `json:"secret"`
-	VCPUs       int    `json:"vcpus"`
-	MemoryMiB   int64  `json:"memory_mib"`
+	Driver string `json:"driver"`
+	// VMM: the process, snapshotFile when Snapshotted, the network slot.
+	qemuvm.VMM
+	Secret    string `json:"secret"`
+	VCPUs     int    `json:"vcpus"`
+	MemoryMiB int64  `json:"memory_mib"`
 	// CPUMillis is the VMM's CPU quota (0: none) and Pids the guest's
 	// pids limit of the agent's commands (0: none).
 	CPUMillis int64 `json:"cpu_millis,omitempty"`
@@ -52,10 +50,6 @@ type machineState struct {
 	// Layers are the attached layer files, topmost first.
 	Layers []backend.LayerDisk `json:"layers"`
 	KVM    bool                `json:"kvm"`
-	// Net is the network slot of a networked VM (nil: no NIC) and MAC
-	// its NIC's address.
-	Net *netpolicy.Record `json:"net,omitempty"`
-	MAC string            `json:"mac,omitempty"`
 	// PortHandshake: the guest's agent takes the port handshake
 	// (agentproto.SyncPort) on the QEMU port; a snapshot taken before it
 	// restores an agent that does not.
@@ -92,14 +86,6 @@ func (m *machine) path(name string) string { return filepath.Join(m.dir, name) }
 
 // save writes machineState as the run dir's qemuvm.MachineFile.
 func (m *machine) save() error { return qemuvm.SaveMachine(m.dir, m.machineState) }
-
-func loadMachine(dir, id string) (*machine, error) {
-	m := &machine{id: id, dir: dir}
-	if err := qemuvm.LoadMachine(dir, &m.machineState); err != nil {
-		return nil, err
-	}
-	return m, nil
-}
 
 // diskSerial names the virtio-blk serial of layer i's device j (j = 0 the
 // EROFS image itself); the agent finds its disks by serial, not by order.
@@ -150,6 +136,6 @@ func (m *machine) adopt(p *os.Process, pidfd int) (*launch.Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.Pid, m.StartTime = proc.Pid, proc.StartTime
+	m.Started(proc)
 	return proc, nil
 }

@@ -101,7 +101,7 @@ func (q *qemu) Start(ctx context.Context, m *machine, restore bool) (*launch.Pro
 		return nil, err
 	}
 	defer qc.Close()
-	m.Pid, m.StartTime = proc.Pid, proc.StartTime
+	m.Started(proc)
 	if restore {
 		if err := qemuvm.Incoming(ctx, qc, m.incomingPath(), m.ramFile != ""); err != nil {
 			_ = proc.Kill()

@@ -134,7 +134,7 @@ func (o lifecycleOps) WaitAgent(ctx context.Context, timeout time.Duration) erro
 func (o lifecycleOps) Disconnect() { o.s.dropSession() }
 
 func (o lifecycleOps) Hibernated() error {
-	o.s.m.Snapshotted, o.s.m.Pid, o.s.m.StartTime = true, 0, 0
+	o.s.m.Hibernated()
 	return o.s.m.save()
 }
 
@@ -180,11 +180,5 @@ func (b *Backend) restore(ctx context.Context, m *machine) (*launch.Process, err
 	if err != nil {
 		return nil, err
 	}
-	m.Snapshotted = false
-	if err := m.save(); err != nil {
-		_ = proc.Kill()
-		return nil, err
-	}
-	_ = os.Remove(m.path(snapshotFile))
-	return proc, nil
+	return m.Restored(proc, m.save, m.path(snapshotFile))
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 )
@@ -36,13 +37,14 @@ func NewCPUGroups(parent, backend string) (*CPUGroups, error) {
 }
 
 // Enforces is nil when VMMs are held to their CPU limits, else an
-// errdefs.NotSupported error saying why not.
+// errdefs.NotSupported error saying why not: the backends' answer of
+// backend.LimitEnforcer for backend.LimitCPU.
 func (g *CPUGroups) Enforces() error {
 	if g == nil {
-		return errdefs.NotSupported("no cgroup parent configured for the VMMs")
+		return errdefs.NotSupported("%s: no cgroup parent configured for the VMMs", backend.LimitCPU)
 	}
 	if !g.m.Hierarchies().Has("cpu") {
-		return errdefs.NotSupported("this host has no cpu cgroup controller")
+		return errdefs.NotSupported("%s: this host has no cpu cgroup controller", backend.LimitCPU)
 	}
 	return nil
 }

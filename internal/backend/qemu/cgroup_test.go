@@ -5,19 +5,19 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
 )
 
 // TestSweepRemovesVMMGroup: a VMM joined to its group shows in List; a
-// sweep of a daemon that knows no sandbox cleans up an id that has only
-// a group left (no run dir, no VMM found by command line), and Remove
-// takes the group and then the empty parent.
+// sweep of a daemon that knows no sandbox cleans up the id: the VMM its
+// record names is killed (it is found by no command line), then the
+// group, the empty parent and the run dir go.
 func TestSweepRemovesVMMGroup(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (creates cgroups)")
@@ -30,36 +30,46 @@ func TestSweepRemovesVMMGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vmm := exec.Command("sleep", "60")
-	if err := vmm.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = vmm.Process.Kill(); _ = vmm.Wait() }()
+	vmm := startVMM(t)
 	const id = "sbx1"
-	if err := g.Join(id, vmm.Process.Pid, 250); err != nil {
+	if err := g.Join(id, vmm.Pid, 250); err != nil {
 		t.Fatal(err)
 	}
 	if ids, err := g.List(); err != nil || !slices.Contains(ids, id) {
 		t.Fatalf("groups after Join: %v %v", ids, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	runDir := t.TempDir()
-	var swept []string
-	err = Sweep(ctx, slog.Default(), runDir, nil, g, func(string) bool { return false }, func(ctx context.Context, id string) error {
-		swept = append(swept, id)
-		_ = vmm.Process.Kill() // what Remove does to a VMM it finds
-		_ = vmm.Wait()
-		return Remove(ctx, id, filepath.Join(runDir, id), 0, 0, nil, nil, nil, g)
-	})
-	if err != nil {
+	r := &RunDir{Path: t.TempDir(), IsVMM: IsQEMU, Groups: g, Log: slog.Default()}
+	if err := os.Mkdir(r.Dir(id), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(swept, []string{id}) {
-		t.Errorf("swept %v; want [%s]", swept, id)
+	var rec VMM
+	rec.Started(vmm)
+	if err := SaveMachine(r.Dir(id), rec); err != nil {
+		t.Fatal(err)
 	}
-	if ids, err := g.List(); err != nil || len(ids) != 0 {
-		t.Errorf("groups after the sweep: %v %v", ids, err)
+	var loaded VMM
+	if err := r.Load(id, &loaded); err != nil || loaded != rec {
+		t.Errorf("load: %+v %v, want %+v", loaded, err, rec)
+	}
+	if err := r.Load("../"+id, &loaded); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("load of a path for an id: %v, want InvalidArgument", err)
+	}
+	if left, err := r.Leftovers(id); err != nil || !slices.Equal(left, []string{"VMM cgroup", "run dir"}) {
+		t.Errorf("leftovers before the sweep: %v %v", left, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.Sweep(ctx, func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if vmm.Alive() {
+		t.Error("the recorded VMM outlived the sweep")
+	}
+	if err := r.Load(id, &loaded); !errdefs.IsNotFound(err) {
+		t.Errorf("load after the sweep: %v, want NotFound", err)
+	}
+	if left, err := r.Leftovers(id); err != nil || len(left) != 0 {
+		t.Errorf("leftovers after the sweep: %v %v", left, err)
 	}
 	if left, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent + "-microvm*"); len(left) > 0 {
 		t.Errorf("left after the last group went: %v", left)

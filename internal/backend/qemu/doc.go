@@ -9,11 +9,13 @@
 // that then quits, or a running one that continues, its guest RAM
 // copied aside as a sparse image) and loading it back (-incoming defer,
 // the RAM image mapped copy-on-write), the files of a snapshot dir (the
-// disk copy, the state record, their size), the run dir's machine record,
-// the host-side cost of a VMM (CPU time, resident memory), the VMM's host
-// cgroup and its CPU quota (CPUGroups), the VMM processes of a run dir
-// and the sweep of leftovers, a recovered VM's network slot, and tree
-// copies through corral-agent. The machine types, command lines,
+// disk copy, the state record, their size), the run dir's machine record
+// and the VMM's part of it (VMM: process, snapshotted, network slot),
+// the recovery of a sandbox from that record after a daemon restart
+// (Recover), the host-side cost of a VMM (CPU time, resident memory), the
+// VMM's host cgroup and its CPU quota (CPUGroups), a backend's run dirs
+// with their cleanup, the sweep of leftovers and the VMM processes found
+// by command line (RunDir), and tree copies through corral-agent. The machine types, command lines,
 // agent connections and guest identities stay in the backends.
 //
 // It imports backend, errdefs, guest/agentclient, netpolicy, qmp,

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/procfs"
 	"github.com/corral-dev/corral/internal/runtime/launch"
@@ -47,18 +48,90 @@ func Processes(runDir string, isVMM func(argv0 string) bool) map[string][]int {
 // IsQEMU accepts a QEMU system emulator's argv[0].
 func IsQEMU(argv0 string) bool { return strings.HasPrefix(filepath.Base(argv0), "qemu-system") }
 
-// Sweep removes, with cleanup, every sandbox of runDir that keep does not
-// know: those with a VMM process in procs (see Processes), a run dir or a
-// VMM cgroup in groups.
-func Sweep(ctx context.Context, log *slog.Logger, runDir string, procs map[string][]int, groups *CPUGroups, keep func(id string) bool, cleanup func(ctx context.Context, id string) error) error {
+// RunDir is where one backend's VM sandboxes live on this host: each has
+// a run dir <Path>/<id> holding its MachineFile (a record embedding
+// VMM), a VMM process, a CPU cgroup in Groups and, when networked, a slot
+// of Network. Cleanup and Sweep find each part from the record or, where
+// none was written, from what the host holds.
+type RunDir struct {
+	Path string
+	// IsVMM accepts the argv[0] of the backend's VMM processes.
+	IsVMM   func(argv0 string) bool
+	Network *netpolicy.Manager // nil: the node runs VMs without network
+	Groups  *CPUGroups
+	Log     *slog.Logger
+}
+
+// Dir is sandbox id's run dir.
+func (r *RunDir) Dir(id string) string { return filepath.Join(r.Path, id) }
+
+// Load decodes sandbox id's record (MachineFile) into record, which
+// embeds VMM; a sandbox without one is NotFound.
+func (r *RunDir) Load(id string, record any) error {
+	if err := backend.CheckID(id); err != nil {
+		return err
+	}
+	if err := LoadMachine(r.Dir(id), record); err != nil {
+		return errdefs.NotFound("sandbox %s: no vm state: %v", id, err)
+	}
+	return nil
+}
+
+// Processes finds the backend's VMM processes by sandbox id (see
+// Processes).
+func (r *RunDir) Processes() map[string][]int { return Processes(r.Path, r.IsVMM) }
+
+// Cleanup removes sandbox id from the host: the VMM its record names is
+// killed (checked by start time against pid reuse) and waited for, then
+// VMMs of the sandbox whose record was never written (found by command
+// line), then its network slot (the veth goes with the namespace once
+// the VMM is gone; this covers a namespace something else still held),
+// its cgroup and its run dir with everything in it.
+func (r *RunDir) Cleanup(ctx context.Context, id string) error {
+	if err := backend.CheckID(id); err != nil {
+		return err
+	}
+	dir := r.Dir(id)
+	var v VMM
+	_ = LoadMachine(dir, &v) // none: nothing but what the host holds to go by
+	if pid, start := v.Live(); pid > 0 {
+		if proc, err := launch.Attach(pid, start); err == nil {
+			_ = proc.Kill()
+			select {
+			case <-proc.Done():
+			case <-ctx.Done():
+			}
+			proc.Release()
+		}
+	}
+	for _, p := range r.Processes()[id] {
+		_ = unix.Kill(p, unix.SIGKILL)
+	}
+	if v.Net != nil && r.Network != nil {
+		if err := r.Network.Remove(*v.Net); err != nil {
+			return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
+		}
+	}
+	if err := r.Groups.Remove(ctx, id); err != nil {
+		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
+	}
+	return nil
+}
+
+// Sweep cleans up every sandbox that keep does not know: those with a
+// VMM process, a run dir or a VMM cgroup.
+func (r *RunDir) Sweep(ctx context.Context, keep func(id string) bool) error {
 	ids := map[string]bool{}
-	for id, pids := range procs {
+	for id, pids := range r.Processes() {
 		if !keep(id) {
-			log.Info("killing VMM that outlived its sandbox record", "sandbox", id, "pids", pids)
+			r.Log.Info("killing VMM that outlived its sandbox record", "sandbox", id, "pids", pids)
 			ids[id] = true
 		}
 	}
-	ents, err := os.ReadDir(runDir)
+	ents, err := os.ReadDir(r.Path)
 	if err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("sweep: %w", err)
 	}
@@ -67,7 +140,7 @@ func Sweep(ctx context.Context, log *slog.Logger, runDir string, procs map[strin
 			ids[e.Name()] = true
 		}
 	}
-	cgs, err := groups.List()
+	cgs, err := r.Groups.List()
 	if err != nil {
 		return fmt.Errorf("sweep: %w", err)
 	}
@@ -78,63 +151,27 @@ func Sweep(ctx context.Context, log *slog.Logger, runDir string, procs map[strin
 	}
 	var errs []error
 	for id := range ids {
-		log.Info("sweeping leftover sandbox", "sandbox", id)
-		errs = append(errs, cleanup(ctx, id))
+		r.Log.Info("sweeping leftover sandbox", "sandbox", id)
+		errs = append(errs, r.Cleanup(ctx, id))
 	}
 	return errors.Join(errs...)
 }
 
-// Remove is the end of a VM's Cleanup: the VMM recorded as pid (0: none;
-// checked by its start time against pid reuse) is killed and waited for,
-// then VMMs of the sandbox whose record was never written (leftovers,
-// found by command line), then the network slot rec (nil: none; the veth
-// goes with the namespace once QEMU is gone, Remove covers a namespace
-// something else still held), the VMM's cgroup in groups and the run dir
-// with everything in it.
-func Remove(ctx context.Context, id, dir string, pid int, start uint64, leftovers []int, mgr *netpolicy.Manager, rec *netpolicy.Record, groups *CPUGroups) error {
-	if pid > 0 {
-		if proc, err := launch.Attach(pid, start); err == nil {
-			_ = proc.Kill()
-			select {
-			case <-proc.Done():
-			case <-ctx.Done():
-			}
-			proc.Release()
-		}
-	}
-	for _, p := range leftovers {
-		_ = unix.Kill(p, unix.SIGKILL)
-	}
-	if rec != nil && mgr != nil {
-		if err := mgr.Remove(*rec); err != nil {
-			return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
-		}
-	}
-	if err := groups.Remove(ctx, id); err != nil {
-		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("sandbox %s: cleanup: %w", id, err)
-	}
-	return nil
-}
-
-// Leftovers names what of sandbox id is still on the host: a VMM process
-// in procs (see Processes), its cgroup in groups, its run dir under
-// runDir. After a Remove it is empty.
-func Leftovers(runDir, id string, procs map[string][]int, groups *CPUGroups) ([]string, error) {
+// Leftovers names what of sandbox id is still on the host: a VMM
+// process, its cgroup, its run dir. After a Cleanup it is empty.
+func (r *RunDir) Leftovers(id string) ([]string, error) {
 	var out []string
-	for _, pid := range procs[id] {
+	for _, pid := range r.Processes()[id] {
 		out = append(out, "VMM process "+strconv.Itoa(pid))
 	}
-	ids, err := groups.List()
+	ids, err := r.Groups.List()
 	if err != nil {
 		return nil, fmt.Errorf("leftovers of %s: %w", id, err)
 	}
 	if slices.Contains(ids, id) {
 		out = append(out, "VMM cgroup")
 	}
-	if _, err := os.Lstat(filepath.Join(runDir, id)); !os.IsNotExist(err) {
+	if _, err := os.Lstat(r.Dir(id)); !os.IsNotExist(err) {
 		out = append(out, "run dir")
 	}
 	return out, nil

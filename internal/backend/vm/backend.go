@@ -19,7 +19,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -74,6 +73,7 @@ type Backend struct {
 	kvm    bool
 	images *Images
 	cpu    *qemuvm.CPUGroups
+	vms    *qemuvm.RunDir
 	log    *slog.Logger
 	// failAt, in tests, fails Create at the named step.
 	failAt string
@@ -114,6 +114,7 @@ func New(cfg Config) (*Backend, error) {
 	if b.cpu, err = qemuvm.NewCPUGroups(cfg.CgroupParent, "vm"); err != nil {
 		return nil, fmt.Errorf("vm backend: %w", err)
 	}
+	b.vms = &qemuvm.RunDir{Path: cfg.RunDir, IsVMM: qemuvm.IsQEMU, Network: cfg.Network, Groups: b.cpu, Log: b.log}
 	imgs, err := openImages(cfg.ImageDir, b.usersOf)
 	if err != nil {
 		return nil, err
@@ -153,7 +154,7 @@ func (b *Backend) Images() *Images { return b.images }
 // of this backend's store, not a layer composition.
 func (b *Backend) OwnsImages() {}
 
-func (b *Backend) runDir(id string) string { return filepath.Join(b.cfg.RunDir, id) }
+func (b *Backend) runDir(id string) string { return b.vms.Dir(id) }
 
 func (b *Backend) bootTimeout() time.Duration {
 	switch {
@@ -170,7 +171,8 @@ func (b *Backend) usersOf(ref string) []string {
 	ents, _ := os.ReadDir(b.cfg.RunDir)
 	var out []string
 	for _, e := range ents {
-		if m, err := loadMachine(b.runDir(e.Name()), e.Name()); err == nil && m.Image == ref {
+		var st machineState
+		if b.vms.Load(e.Name(), &st) == nil && st.Image == ref {
 			out = append(out, e.Name())
 		}
 	}
@@ -342,62 +344,25 @@ func (b *Backend) validate(spec backend.Spec) (*creation, error) {
 }
 
 // Recover implements backend.Backend from the run dir's vm.json.
-func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (_ backend.Sandbox, err error) {
-	if err := backend.CheckID(id); err != nil {
+func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (backend.Sandbox, error) {
+	m := &machine{id: id, dir: b.runDir(id)}
+	if err := b.vms.Load(id, &m.machineState); err != nil {
 		return nil, err
 	}
-	m, err := loadMachine(b.runDir(id), id)
-	if err != nil {
-		return nil, errdefs.NotFound("sandbox %s: no vm state: %v", id, err)
-	}
-	if m.net, err = qemuvm.RecoverNet(ctx, b.cfg.Network, id, m.Net); err != nil {
-		return nil, err
-	}
-	if m.net != nil {
-		defer func() {
-			if err != nil {
-				_ = m.net.Close()
-			}
-		}()
-	}
-	if m.Snapshotted {
-		return b.newSandbox(m, nil), nil
-	}
-	proc, err := launch.Attach(m.Pid, m.StartTime)
-	if err != nil {
-		return nil, errdefs.NotFound("sandbox %s: qemu is gone: %v", id, err)
-	}
-	s := b.newSandbox(m, proc)
-	if err := s.Reattach(ctx, time.Minute); err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
-// Cleanup implements backend.Backend: kill QEMU (checked by start time
-// against pid reuse, and by command line for one whose state was never
-// written), remove the network slot, then the run dir with the overlay.
-func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
-	if err := backend.CheckID(id); err != nil {
-		return err
-	}
-	dir := b.runDir(id)
-	var pid int
-	var start uint64
-	var rec *netpolicy.Record
-	if m, err := loadMachine(dir, id); err == nil {
-		pid, start, rec = m.Pid, m.StartTime, m.Net
-	}
-	return qemuvm.Remove(ctx, id, dir, pid, start, qemuProcesses(b.cfg.RunDir)[id], b.cfg.Network, rec, b.cpu)
-}
-
-// Sweep implements backend.Backend: QEMU processes and run dirs of
-// sandboxes without a record are removed.
-func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
-	return qemuvm.Sweep(ctx, b.log, b.cfg.RunDir, qemuProcesses(b.cfg.RunDir), b.cpu, keep, func(ctx context.Context, id string) error {
-		return b.Cleanup(ctx, id, nil)
+	return qemuvm.Recover(ctx, b.cfg.Network, id, m.VMM, time.Minute, func(ns *netpolicy.Sandbox, proc *launch.Process) *sandbox {
+		m.net = ns
+		return b.newSandbox(m, proc)
 	})
 }
 
-// qemuProcesses finds QEMU processes started for sandboxes under runDir.
-func qemuProcesses(runDir string) map[string][]int { return qemuvm.Processes(runDir, qemuvm.IsQEMU) }
+// Cleanup implements backend.Backend: QEMU, the network slot, the cgroup
+// and the run dir with the overlay go (qemuvm.RunDir.Cleanup).
+func (b *Backend) Cleanup(ctx context.Context, id string, _ []byte) error {
+	return b.vms.Cleanup(ctx, id)
+}
+
+// Sweep implements backend.Backend: QEMU processes, cgroups and run dirs
+// of sandboxes without a record are removed.
+func (b *Backend) Sweep(ctx context.Context, keep func(id string) bool) error {
+	return b.vms.Sweep(ctx, keep)
+}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/backend/backendtest"
-	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
 )
 
 // TestConformance runs the backend conformance suite against full VMs.
@@ -29,7 +28,7 @@ func TestConformance(t *testing.T) {
 		New:       backendtest.FirstThen(first, func() (*Backend, error) { return New(cfg) }),
 		Spec:      conformanceSpec,
 		Detach:    func(s backend.Sandbox) { s.(*sandbox).qga.close(); s.(*sandbox).agent.close() },
-		Leftovers: func(id string) []string { return leftovers(t, cfg, id) },
+		Leftovers: func(id string) []string { return leftovers(t, first, id) },
 		Timeout:   6 * time.Minute,
 		// The agents run in the guest: with its vCPUs stopped they cannot answer.
 		NoCallsWhilePaused: "vm: exec and file calls go through an agent in the guest, which cannot answer while its vCPUs are stopped",
@@ -37,12 +36,8 @@ func TestConformance(t *testing.T) {
 }
 
 // leftovers lists what of sandbox id remains on the host.
-func leftovers(t *testing.T, cfg Config, id string) []string {
-	cg, err := qemuvm.NewCPUGroups(cfg.CgroupParent, "vm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := qemuvm.Leftovers(cfg.RunDir, id, qemuProcesses(cfg.RunDir), cg)
+func leftovers(t *testing.T, b *Backend, id string) []string {
+	out, err := b.vms.Leftovers(id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,7 @@ func TestCreateStepFailures(t *testing.T) {
 		if _, err := os.Stat(b.runDir(spec.ID)); !os.IsNotExist(err) {
 			t.Errorf("failAt %s: run dir left (%v)", st.Name, err)
 		}
-		if left := qemuProcesses(b.cfg.RunDir); len(left) > 0 {
+		if left := b.vms.Processes(); len(left) > 0 {
 			t.Errorf("failAt %s: qemu left: %v", st.Name, left)
 		}
 	}

@@ -1,8 +1,6 @@
 package vm
 
 import (
-	"fmt"
-
 	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -18,10 +16,7 @@ var _ backend.LimitEnforcer = (*Backend)(nil)
 func (b *Backend) Enforces(l backend.Limit) error {
 	switch l {
 	case backend.LimitCPU:
-		if err := b.cpu.Enforces(); err != nil {
-			return fmt.Errorf("%s: %w", l, err)
-		}
-		return nil
+		return b.cpu.Enforces()
 	case backend.LimitPids:
 		return errdefs.NotSupported("%s: a full VM's guest init owns its cgroups (corral-agent runs as one of its services, qemu-ga guests have no agent of corral's), so no process count is held", l)
 	case backend.LimitDisk:

@@ -31,20 +31,15 @@ type machineState struct {
 	VCPUs     int    `json:"vcpus"`
 	MemoryMiB int64  `json:"memory_mib"`
 	// CPUMillis is QEMU's CPU quota (0: none).
-	CPUMillis int64  `json:"cpu_millis,omitempty"`
-	KVM       bool   `json:"kvm"`
-	Pid       int    `json:"pid,omitempty"`
-	StartTime uint64 `json:"start_time,omitempty"`
-	// Snapshotted: the VM's state is in snapshotFile and no QEMU runs.
-	Snapshotted bool `json:"snapshotted,omitempty"`
+	CPUMillis int64 `json:"cpu_millis,omitempty"`
+	KVM       bool  `json:"kvm"`
+	// VMM: QEMU's process, snapshotFile when Snapshotted, the network
+	// slot.
+	qemuvm.VMM
 	// OS is the guest agent's os id ("debian", "mswindows", ...); Linux
 	// whether commands may be wrapped by a POSIX shell.
 	OS    string `json:"os,omitempty"`
 	Linux bool   `json:"linux,omitempty"`
-	// Net is the network slot of a networked VM (nil: no NIC) and MAC
-	// its NIC's address.
-	Net *netpolicy.Record `json:"net,omitempty"`
-	MAC string            `json:"mac,omitempty"`
 	// Agent: the image runs corral-agent (see agent.go), which takes
 	// requests carrying Secret.
 	Agent  bool   `json:"agent,omitempty"`
@@ -71,11 +66,3 @@ func (m *machine) path(name string) string { return filepath.Join(m.dir, name) }
 
 // save writes machineState as the run dir's qemuvm.MachineFile.
 func (m *machine) save() error { return qemuvm.SaveMachine(m.dir, m.machineState) }
-
-func loadMachine(dir, id string) (*machine, error) {
-	m := &machine{id: id, dir: dir}
-	if err := qemuvm.LoadMachine(dir, &m.machineState); err != nil {
-		return nil, err
-	}
-	return m, nil
-}

@@ -3,7 +3,6 @@ package vm
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 
 	qemuvm "github.com/corral-dev/corral/internal/backend/qemu"
@@ -104,7 +103,7 @@ func (b *Backend) startQEMU(ctx context.Context, m *machine) (*launch.Process, e
 		return nil, err
 	}
 	defer qc.Close()
-	m.Pid, m.StartTime = proc.Pid, proc.StartTime
+	m.Started(proc)
 	if m.incoming != "" {
 		if err := qemuvm.Incoming(ctx, qc, m.incoming, m.ramFile != ""); err != nil {
 			_ = proc.Kill()
@@ -124,13 +123,7 @@ func (b *Backend) restoreQEMU(ctx context.Context, m *machine) (*launch.Process,
 	if err != nil {
 		return nil, err
 	}
-	m.Snapshotted = false
-	if err := m.save(); err != nil {
-		_ = proc.Kill()
-		return nil, err
-	}
-	_ = os.Remove(m.path(snapshotFile))
-	return proc, nil
+	return m.Restored(proc, m.save, m.path(snapshotFile))
 }
 
 // saveState streams the stopped VM's RAM and device state to

@@ -189,9 +189,8 @@ func (o lifecycleOps) Continue(ctx context.Context) error {
 func (o lifecycleOps) Hibernate(ctx context.Context) error { return saveState(ctx, o.s.m) }
 
 func (o lifecycleOps) Hibernated() error {
-	m := o.s.m
-	m.Snapshotted, m.Pid, m.StartTime = true, 0, 0
-	return m.save()
+	o.s.m.Hibernated()
+	return o.s.m.save()
 }
 
 func (o lifecycleOps) Restore(ctx context.Context) (*launch.Process, error) {

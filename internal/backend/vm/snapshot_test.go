@@ -63,7 +63,7 @@ echo before-snapshot > /root/snapmark; until [ -s /tmp/snapc ]; do sleep 0.1; do
 		if err := b.Cleanup(cctx, spec.ID, nil); err != nil {
 			t.Errorf("cleanup restored: %v", err)
 		}
-		if l := leftovers(t, b.cfg, spec.ID); len(l) > 0 {
+		if l := leftovers(t, b, spec.ID); len(l) > 0 {
 			t.Errorf("restored sandbox left %v", l)
 		}
 	})

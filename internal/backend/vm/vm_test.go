@@ -473,7 +473,7 @@ func TestVMDelete(t *testing.T) {
 	if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
 		t.Errorf("qemu %d still runs", pid)
 	}
-	if left := qemuProcesses(b.cfg.RunDir); len(left) > 0 {
+	if left := b.vms.Processes(); len(left) > 0 {
 		t.Errorf("qemu processes left: %v", left)
 	}
 	if err := b.images.Remove(testRef); err != nil {
