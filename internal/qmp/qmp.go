@@ -9,7 +9,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -72,6 +74,24 @@ type reply struct {
 
 // Run executes one command and returns its "return" value.
 func (q *Client) Run(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	return q.run(ctx, cmd, args, nil)
+}
+
+// SendFD hands QEMU a copy of f's descriptor under name (QMP getfd), for
+// a later command to name: a migration to or from "fd:<name>" reads or
+// writes a file the caller opened, where an "exec:" URI would have QEMU
+// spawn a shell.
+func (q *Client) SendFD(ctx context.Context, name string, f *os.File) error {
+	if _, ok := q.conn.(*net.UnixConn); !ok {
+		return fmt.Errorf("qmp getfd: not a unix socket")
+	}
+	_, err := q.run(ctx, "getfd", map[string]any{"fdname": name}, syscall.UnixRights(int(f.Fd())))
+	return err
+}
+
+// run writes one command, its descriptors (oob, SCM_RIGHTS) with it, and
+// reads until its reply.
+func (q *Client) run(ctx context.Context, cmd string, args any, oob []byte) (json.RawMessage, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if d, ok := ctx.Deadline(); ok {
@@ -86,7 +106,13 @@ func (q *Client) Run(ctx context.Context, cmd string, args any) (json.RawMessage
 		msg["arguments"] = args
 	}
 	b, _ := json.Marshal(msg)
-	if _, err := q.conn.Write(append(b, '\n')); err != nil {
+	var err error
+	if oob != nil {
+		_, _, err = q.conn.(*net.UnixConn).WriteMsgUnix(append(b, '\n'), oob, nil)
+	} else {
+		_, err = q.conn.Write(append(b, '\n'))
+	}
+	if err != nil {
 		return nil, fmt.Errorf("qmp %s: %w", cmd, ctxOr(ctx, err))
 	}
 	for {

@@ -51,6 +51,7 @@ func (q *qemu) args(m *machine, restore bool) []string {
 	ram := qemuvm.RAMObject(m.MemoryMiB, ramFile)
 	args := []string{q.bin, "-M", machineOpts, "-object", ram}
 	args = append(args, accel...)
+	args = append(args, qemuvm.SandboxArgs...)
 	args = append(args,
 		"-name", "corral-"+m.id,
 		"-m", fmt.Sprintf("%dM", m.MemoryMiB),

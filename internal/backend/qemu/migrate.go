@@ -32,6 +32,18 @@ func RAMObject(memoryMiB int64, ramFile string) string {
 // before the stream is read).
 var IncomingArgs = []string{"-incoming", "defer"}
 
+// SandboxArgs turn on QEMU's own seccomp filter for both backends' VMMs:
+// no obsolete syscalls, no setuid or other privilege changes, no
+// scheduler or affinity changes, and no spawning of processes (a
+// compromised VMM cannot start a program). Migration streams therefore go
+// through descriptors the daemon opened (migrationFD), never an "exec:"
+// URI's shell.
+var SandboxArgs = []string{"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"}
+
+// migrationFD names the descriptor (QMP getfd) a migration stream is read
+// from or written to.
+const migrationFD = "migration"
+
 // Incoming loads a machine started with IncomingArgs from the migration
 // stream in memPath (its RAM mapped from a RAMObject file when
 // ignoreShared: the stream then holds the device state only) and
@@ -42,7 +54,17 @@ func Incoming(ctx context.Context, qc *qmp.Client, memPath string, ignoreShared 
 			return err
 		}
 	}
-	if _, err := qc.Run(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + ShellQuote(memPath)}); err != nil {
+	f, err := os.Open(memPath)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	// QEMU holds a copy of the descriptor from here on.
+	err = qc.SendFD(ctx, migrationFD, f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if _, err := qc.Run(ctx, "migrate-incoming", map[string]any{"uri": "fd:" + migrationFD}); err != nil {
 		return err
 	}
 	for {
@@ -65,13 +87,13 @@ func Incoming(ctx context.Context, qc *qmp.Client, memPath string, ignoreShared 
 			return err
 		}
 	}
-	_, err := qc.Run(ctx, "cont", nil)
+	_, err = qc.Run(ctx, "cont", nil)
 	return err
 }
 
 // Hibernate stops the machine, streams its RAM and device state to
-// memPath (through a temporary file: QEMU 7.2 has no file: migration
-// target) and quits QEMU.
+// memPath (written as a temporary file, renamed once complete) and quits
+// QEMU.
 func Hibernate(ctx context.Context, qc *qmp.Client, memPath string) error {
 	if _, err := qc.Run(ctx, "stop", nil); err != nil {
 		return err
@@ -145,7 +167,18 @@ func migrateTo(ctx context.Context, qc *qmp.Client, path string) error {
 		return err
 	}
 	tmp := path + ".tmp"
-	if _, err := qc.Run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + ShellQuote(tmp)}); err != nil {
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	// QEMU holds a copy of the descriptor from here on.
+	err = qc.SendFD(ctx, migrationFD, f)
+	f.Close()
+	if err == nil {
+		_, err = qc.Run(ctx, "migrate", map[string]any{"uri": "fd:" + migrationFD})
+	}
+	if err != nil {
+		os.Remove(tmp)
 		return err
 	}
 	if err := waitMigration(ctx, qc); err != nil {

@@ -182,9 +182,6 @@ func HostTSCkHz() int64 {
 // Escape doubles commas, QEMU's option separator.
 func Escape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 
-// ShellQuote quotes s for the shell of QEMU's exec: migration URIs.
-func ShellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
-
 // TailFile returns the end of a (log) file for error messages.
 func TailFile(path string, n int64) string {
 	b, err := os.ReadFile(path)

@@ -77,17 +77,13 @@ func TestMachineRecord(t *testing.T) {
 	}
 }
 
-// TestRAMObjectAndQuoting: a booted VM's RAM is a memfd, a restored one's
-// a private mapping of the image (commas in the path escaped); a quoted
-// path survives the shell of exec: URIs.
-func TestRAMObjectAndQuoting(t *testing.T) {
+// TestRAMObject: a booted VM's RAM is a memfd, a restored one's a
+// private mapping of the image (commas in the path escaped).
+func TestRAMObject(t *testing.T) {
 	if got := RAMObject(512, ""); got != "memory-backend-memfd,id=ram,size=512M" {
 		t.Errorf("memfd: %s", got)
 	}
 	if got := RAMObject(256, "/s/a,b/ram.img"); got != "memory-backend-file,id=ram,size=256M,mem-path=/s/a,,b/ram.img,share=off" {
 		t.Errorf("file: %s", got)
-	}
-	if got := ShellQuote("/x/it's"); got != `'/x/it'\''s'` {
-		t.Errorf("quote: %s", got)
 	}
 }

@@ -30,15 +30,12 @@ func qemuArgs(bin string, m *machine) []string {
 		// a new sandbox a private mapping of the snapshot's RAM image.
 		"-object", qemuvm.RAMObject(m.MemoryMiB, m.ramFile)}
 	args = append(args, accel...)
+	args = append(args, qemuvm.SandboxArgs...)
 	args = append(args,
 		"-name", "corral-"+m.id,
 		"-m", fmt.Sprintf("%dM", m.MemoryMiB),
 		"-smp", strconv.Itoa(m.VCPUs),
 		"-nodefaults", "-no-user-config", "-display", "none",
-		// QEMU's own seccomp filter: no obsolete syscalls, no setuid or
-		// privilege changes, no scheduler or affinity changes. Spawning
-		// stays allowed: snapshots stream through `exec:cat`.
-		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=allow,resourcecontrol=deny",
 		// A guest reboot ends QEMU (and the sandbox), as a panic does.
 		"-no-reboot",
 		"-vga", "std",
