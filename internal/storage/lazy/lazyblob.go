@@ -192,7 +192,13 @@ func New(ctx context.Context, cfg Config, store blob.Store) (*FS, error) {
 			// Replies come from memory; splicing them only logs that a 1 MiB
 			// reply plus its header outgrows the pipe.
 			DisableSplice: true,
-			Options:       []string{"ro", "default_permissions"},
+			// No passthrough (reads are served from the cache here): a FUSE
+			// mount that negotiates it is a stacked file system (its
+			// s_stack_depth is the passthrough depth), and kernels with
+			// erofs's stacking limit (6.19, backported to 6.18.y) refuse
+			// file-backed EROFS mounts of blobs on it.
+			DisabledCapabilities: fuse.CAP_PASSTHROUGH,
+			Options:              []string{"ro", "default_permissions"},
 		},
 		EntryTimeout:    &attr,
 		AttrTimeout:     &attr,
