@@ -31,6 +31,7 @@ type daemon struct {
 	parent  string
 	cmd     *exec.Cmd
 	exited  chan struct{}
+	swept   bool // sweep ran
 }
 
 func (d *daemon) start(extra ...string) *client.Client {
@@ -45,14 +46,18 @@ func (d *daemon) start(extra ...string) *client.Client {
 	}
 	d.exited = make(chan struct{})
 	go func() { _ = d.cmd.Wait(); close(d.exited) }()
-	// A test that fails half-way must not leave its daemon running.
-	exited := d.exited
+	// A test that fails half-way must not leave its daemon running, nor
+	// the sandboxes a daemon keeps across its exit.
+	cmd, exited := d.cmd, d.exited
 	d.t.Cleanup(func() {
 		select {
 		case <-exited:
 		default:
-			_ = d.cmd.Process.Signal(syscall.SIGKILL)
+			_ = cmd.Process.Signal(syscall.SIGKILL)
 			<-exited
+		}
+		if d.t.Failed() {
+			d.sweep(args)
 		}
 	})
 	c, err := client.New("unix://" + filepath.Join(d.dataDir, "corral.sock"))
@@ -73,6 +78,54 @@ func (d *daemon) start(extra ...string) *client.Client {
 			d.t.Fatalf("daemon did not come up in 60s")
 		}
 	}
+}
+
+// sweep deletes what a failed test left in the data dir: a daemon with
+// the test's flags and --cleanup-on-exit recovers every recorded sandbox
+// and deletes them all when stopped. It runs once per daemon.
+func (d *daemon) sweep(args []string) {
+	if d.swept {
+		return
+	}
+	d.swept = true
+	cmd := exec.Command(filepath.Join(d.bins, "corral"), append(args, "--cleanup-on-exit")...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		d.t.Logf("sweep after the failure: %v", err)
+		return
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	c, err := client.New("unix://" + filepath.Join(d.dataDir, "corral.sock"))
+	if err == nil {
+		defer c.Close()
+		deadline := time.After(time.Minute)
+	wait:
+		for {
+			if _, err = c.List(context.Background(), client.ListOptions{}); err == nil {
+				break
+			}
+			select {
+			case <-exited:
+				break wait
+			case <-deadline:
+				break wait
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	if err != nil {
+		d.t.Logf("sweep after the failure: the daemon does not answer: %v", err)
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(2 * time.Minute):
+		d.t.Logf("sweep after the failure: the daemon did not stop in 2 min; killing it")
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		<-exited
+	}
+	testenv.RemoveCgroupParent(d.parent)
 }
 
 func (d *daemon) stop(sig syscall.Signal) {
