@@ -93,6 +93,11 @@ func Serve(ctx context.Context, sc ServerConfig, log *slog.Logger) error {
 			time.Sleep(time.Second)
 		}
 	}
+	// Gracefully: the shutdown call's own reply is still being written
+	// when done closes, and Close would cut it off (the client saw EOF).
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	_ = srv.Shutdown(sctx)
+	cancel()
 	srv.Close()
 	os.Remove(sc.Socket)
 	return nil
