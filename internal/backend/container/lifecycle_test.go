@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/backend"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -132,5 +133,27 @@ func TestSweep(t *testing.T) {
 	assertGone(t, b, spec.ID, pid)
 	if r := sh(t, keepS, "echo ok"); r.stdout != "ok\n" {
 		t.Fatal("kept sandbox broken by sweep")
+	}
+}
+
+// TestCommandsAreTheOOMVictims: the commands init starts, as root or as
+// another user, have oom_score_adj 1000, so an OOM kill in the sandbox
+// takes one of them before init (which stays at -1000 where the node
+// has CAP_SYS_RESOURCE, at 0 where it has not, as on this test host).
+func TestCommandsAreTheOOMVictims(t *testing.T) {
+	b := newBackend(t)
+	s := createBare(t, b, defaultSpec(newID(t)))
+	defer s.Stop(context.Background())
+	adj, err := os.ReadFile("/proc/" + strconv.Itoa(s.(*sandbox).proc.Pid) + "/oom_score_adj")
+	if err != nil || (strings.TrimSpace(string(adj)) != "0" && strings.TrimSpace(string(adj)) != "-1000") {
+		t.Errorf("init's oom_score_adj %q %v, want -1000 or 0", adj, err)
+	}
+	for _, user := range []string{"", "1000"} {
+		// Init sets the score just after the fork: the command reads its
+		// own a moment later.
+		r := run1(t, s, backend.ExecSpec{Argv: []string{"sh", "-c", "sleep 0.2; cat /proc/$$/oom_score_adj"}, User: user})
+		if strings.TrimSpace(r.stdout) != "1000" {
+			t.Errorf("a command's (user %q) oom_score_adj %q (stderr %q), want 1000", user, r.stdout, r.stderr)
+		}
 	}
 }

@@ -37,8 +37,8 @@ const poolMode = "pool"
 // is the stub (see execStub). It returns only on failure.
 func hardenAndExec(cfg *initproto.Config, exe, stub int) error {
 	runtime.LockOSThread() // never unlocked: execve replaces the process
-	// Keep init itself out of the OOM killer's reach; exec children get 0
-	// back (see server.start). Needs CAP_SYS_RESOURCE, so before the drop;
+	// Keep init itself out of the OOM killer's reach; commands get
+	// commandOOMScoreAdj (see server.start). Needs CAP_SYS_RESOURCE, so before the drop;
 	// best effort, as hosts that withhold it from the node exist (init is
 	// then merely the smallest OOM candidate).
 	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0); err != nil {

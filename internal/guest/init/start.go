@@ -47,6 +47,9 @@ func classify(err error) string {
 	return initproto.ClassInternal
 }
 
+// commandOOMScoreAdj is every command's oom_score_adj: killed first.
+const commandOOMScoreAdj = "1000"
+
 // start forks and execs one command in its own process group, calling
 // forked with its pid first thing (the command runs already). The returned
 // channel receives its wait status.
@@ -94,9 +97,12 @@ func (s *server) start(req *initproto.ExecRequest, stdio [3]int, forked func(pid
 	if err != nil {
 		return 0, nil, fmt.Errorf("exec %s: %w", req.Argv[0], err)
 	}
-	// Children inherit init's -1000; give the command the default back so
-	// that a cgroup OOM picks it rather than nothing.
-	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("0"), 0)
+	// Commands are what an OOM kill in the sandbox takes, before init:
+	// init's own -1000 (hardenAndExec) needs CAP_SYS_RESOURCE, which a node
+	// may lack (then init stays at 0 and, after a memory bomb's kill, a
+	// second kill could take it). Raising the score needs no capability;
+	// a command may lower its own back to init's, never below.
+	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(commandOOMScoreAdj), 0)
 	if n := req.CPUSeconds; n > 0 {
 		lim := unix.Rlimit{Cur: uint64(n), Max: uint64(n) + 1}
 		_ = unix.Prlimit(pid, unix.RLIMIT_CPU, &lim, nil)
