@@ -69,7 +69,7 @@ type Reattacher interface {
 // timeout. sandbox makes the backend's sandbox of the slot and the process
 // (nil while snapshotted). On failure the slot is released and the error
 // is NotFound when the VMM is gone.
-func Recover[S Reattacher](ctx context.Context, mgr *netpolicy.Manager, id string, v VMM, timeout time.Duration, sandbox func(*netpolicy.Sandbox, *launch.Process) S) (_ backend.Sandbox, err error) {
+func Recover(ctx context.Context, mgr *netpolicy.Manager, id string, v VMM, timeout time.Duration, sandbox func(*netpolicy.Sandbox, *launch.Process) Reattacher) (_ backend.Sandbox, err error) {
 	ns, err := RecoverNet(ctx, mgr, id, v.Net)
 	if err != nil {
 		return nil, err

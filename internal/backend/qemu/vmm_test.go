@@ -104,7 +104,7 @@ func (r *reattached) Reattach(context.Context, time.Duration) error { r.did = tr
 func TestRecover(t *testing.T) {
 	ctx := context.Background()
 	recover := func(v VMM, reattachErr error) (*reattached, error) {
-		s, err := Recover(ctx, nil, "s1", v, time.Second, func(_ *netpolicy.Sandbox, p *launch.Process) *reattached {
+		s, err := Recover(ctx, nil, "s1", v, time.Second, func(_ *netpolicy.Sandbox, p *launch.Process) Reattacher {
 			return &reattached{proc: p, err: reattachErr}
 		})
 		if err != nil {

@@ -349,7 +349,7 @@ func (b *Backend) Recover(ctx context.Context, id string, _ []byte) (backend.San
 	if err := b.vms.Load(id, &m.machineState); err != nil {
 		return nil, err
 	}
-	return qemuvm.Recover(ctx, b.cfg.Network, id, m.VMM, time.Minute, func(ns *netpolicy.Sandbox, proc *launch.Process) *sandbox {
+	return qemuvm.Recover(ctx, b.cfg.Network, id, m.VMM, time.Minute, func(ns *netpolicy.Sandbox, proc *launch.Process) qemuvm.Reattacher {
 		m.net = ns
 		return b.newSandbox(m, proc)
 	})

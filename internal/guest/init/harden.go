@@ -38,9 +38,9 @@ const poolMode = "pool"
 func hardenAndExec(cfg *initproto.Config, exe, stub int) error {
 	runtime.LockOSThread() // never unlocked: execve replaces the process
 	// Keep init itself out of the OOM killer's reach; commands get
-	// commandOOMScoreAdj (see server.start). Needs CAP_SYS_RESOURCE, so before the drop;
-	// best effort, as hosts that withhold it from the node exist (init is
-	// then merely the smallest OOM candidate).
+	// commandOOMScoreAdj (see server.start). Needs CAP_SYS_RESOURCE, so
+	// before the drop; best effort, as hosts that withhold it from the
+	// node exist (init then stays at 0, below every command).
 	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0); err != nil {
 		fmt.Fprintln(os.Stderr, "corral-init: oom_score_adj:", err)
 	}
