@@ -51,6 +51,12 @@ type Spec struct {
 	// pools). Its writable layer is a tmpfs of Resources.DiskBytes inside
 	// the sandbox, charged to its memory limit.
 	Resettable bool
+	// Recyclable asks for a container sandbox that implements Recycler: a
+	// full container sandbox on network mode none (its usual disk with the
+	// disk limit, its files, terminals, pause), whose view init can swap
+	// under itself like a Resettable one's, so that a deleted one can be
+	// scrubbed and handed to a later create instead of torn down.
+	Recyclable bool
 	// Network is the network policy; the zero value is mode none
 	// (loopback only).
 	Network Network
@@ -111,6 +117,23 @@ type Resetter interface {
 	// KillAllBut kills every process of the sandbox but its init and the
 	// processes keep (pids inside the sandbox), leaving its files alone.
 	KillAllBut(ctx context.Context, keep []int) error
+}
+
+// Recycler is implemented by sandboxes created with Spec.Recyclable: a
+// deleted one is made as good as new for a later create of the same
+// project instead of being torn down (see node's warm pools).
+type Recycler interface {
+	// Scrub kills every process of the sandbox but its init and removes
+	// what they left in its kernel namespaces (SysV IPC objects, POSIX
+	// message queues; the PID counter goes back to the start); it notes
+	// whether the sandbox's files were changed. When it returns nothing of
+	// the sandbox runs. On error the sandbox must be stopped, not reused.
+	Scrub(ctx context.Context) error
+	// Renew, after Scrub, gives a sandbox whose files were changed a fresh
+	// writable layer (and /dev, /dev/shm), and starts its usage figures
+	// (CPU time, OOM kills, memory peak) again from zero. On error the
+	// sandbox must be stopped, not reused.
+	Renew(ctx context.Context) error
 }
 
 // Backend creates sandboxes of one kind and cleans up after them.

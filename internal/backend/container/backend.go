@@ -208,6 +208,14 @@ type record struct {
 	StartTime uint64            `json:"start_time"`
 	Net       *netpolicy.Record `json:"net,omitempty"`
 	IDs       userns.Range      `json:"ids"`
+	// View is what a recyclable sandbox's next view is made of.
+	View *viewRecord `json:"view,omitempty"`
+}
+
+// viewRecord is a recyclable sandbox's spec as Renew needs it.
+type viewRecord struct {
+	Layers    []string          `json:"layers"`
+	Resources backend.Resources `json:"resources"`
 }
 
 func (b *Backend) runDir(id string) string { return filepath.Join(b.cfg.RunDir, id) }
@@ -232,6 +240,13 @@ func (b *Backend) Recover(ctx context.Context, id string, rec []byte) (backend.S
 		return nil, errdefs.NotFound("sandbox %s: record has no id range (made before user namespaces)", id)
 	}
 	s := b.newSandbox(id, b.group(id), proc, nil, r.IDs)
+	if r.View != nil {
+		spec := backend.Spec{ID: id, Layers: r.View.Layers, Resources: r.View.Resources, Recyclable: true}
+		if err := s.startPool(spec); err != nil {
+			proc.Release()
+			return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+	}
 	if r.Net != nil {
 		if b.cfg.Network == nil {
 			proc.Release()

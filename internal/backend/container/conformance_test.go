@@ -35,6 +35,19 @@ func TestConformance(t *testing.T) {
 			Leftovers: func(id string) []string { return append(leftovers(b, id), diskLeftovers(id)...) },
 		})
 	})
+	t.Run("recyclable", func(t *testing.T) {
+		b := newDiskBackend(t)
+		backendtest.Run(t, backendtest.Harness{
+			New: func(t *testing.T) backend.Backend { return newDiskBackend(t) },
+			Spec: func(t *testing.T) backend.Spec {
+				spec := defaultSpec(newID(t))
+				recyclable(&spec)
+				return spec
+			},
+			Leftovers: func(id string) []string { return append(leftovers(b, id), diskLeftovers(id)...) },
+			Skip: map[string]string{"Resettable": "a sandbox is resettable (fncall) or recyclable, not both: the dir and ext4-image rows run it"},
+		})
+	})
 }
 
 // leftovers lists what of sandbox id remains on the host: its cgroup, run

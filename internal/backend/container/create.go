@@ -51,7 +51,8 @@ var createSteps = []backend.Step[*creation]{
 // disk limit.
 const defaultViewBytes = 64 << 20
 
-// failStep makes Create fail at the named step (tests only).
+// failStep makes Create, or a recyclable sandbox's Renew, fail at the named
+// step (tests only).
 var failStep string
 
 // Create implements backend.Backend.
@@ -62,14 +63,17 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	if len(spec.Layers) == 0 {
 		return nil, errdefs.InvalidArgument("sandbox %s: layers: at least one is required", spec.ID)
 	}
+	if spec.Resettable && spec.Recyclable {
+		return nil, errdefs.InvalidArgument("sandbox %s: a sandbox is resettable (fncall) or recyclable, not both", spec.ID)
+	}
 	c := &creation{b: b, spec: spec, dir: b.runDir(spec.ID)}
 	timings, err := backend.RunSteps(ctx, c, createSteps, &c.undo, failStep)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	s := b.newSandbox(spec.ID, c.group, c.proc, c.net, c.ids)
-	if spec.Resettable {
-		if err := s.startPool(); err != nil {
+	if spec.Resettable || spec.Recyclable {
+		if err := s.startPool(spec); err != nil {
 			c.undo.Run()
 			return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
@@ -128,8 +132,8 @@ func (c *creation) makeNetwork(ctx context.Context) error {
 	if c.b.cfg.Network == nil {
 		return errdefs.NotSupported("network.mode: %s needs the node's network manager (this node runs without one)", mode)
 	}
-	if c.spec.Resettable {
-		return errdefs.NotSupported("network.mode: %s is not available to resettable (fncall) sandboxes", mode)
+	if c.spec.Resettable || c.spec.Recyclable {
+		return errdefs.NotSupported("network.mode: %s is not available to resettable (fncall) or recyclable sandboxes", mode)
 	}
 	n, err := c.b.cfg.Network.Attach(ctx, c.spec.ID, c.group.V2Path(), netpolicy.Policy{Mode: mode, Allow: c.spec.Network.Allow})
 	if err != nil {
@@ -236,6 +240,11 @@ func (c *creation) waitReady(ctx context.Context) error {
 		if cfg.ViewBytes <= 0 {
 			cfg.ViewBytes = defaultViewBytes
 		}
+	}
+	if c.spec.Recyclable {
+		cfg.Pool, cfg.View = true, true
+	}
+	if cfg.Pool {
 		if !cfg.NoSeccomp {
 			cfg.Seccomp, cfg.PoolSeccomp = c.b.poolSeccomp, c.b.seccomp
 		}

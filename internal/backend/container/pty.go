@@ -137,7 +137,7 @@ func (s *sandbox) Usage(context.Context) (backend.Usage, error) {
 	if err != nil {
 		return backend.Usage{}, err
 	}
-	u := backend.Usage{CPU: cg.CPU, MemoryBytes: cg.MemoryBytes, CacheBytes: cg.CacheBytes}
+	u := backend.Usage{CPU: cg.CPU - s.since().cpu, MemoryBytes: cg.MemoryBytes, CacheBytes: cg.CacheBytes}
 	root, err := s.openRoot()
 	if err != nil {
 		return backend.Usage{}, fmt.Errorf("sandbox %s: %w", s.id, err)

@@ -13,19 +13,28 @@ import (
 
 var _ backend.Resetter = (*sandbox)(nil)
 
-// poolState is what a resettable sandbox keeps between calls: one open
-// connection for resets, the memory files held open, and the OOM kill
-// count after the last command (calls on a pooled sandbox are serial, so
-// the next command's "before" need not be read again).
+// poolState is what a resettable or recyclable sandbox keeps between
+// calls: one open connection for resets, the memory files held open, and
+// the OOM kill count after the last command (calls on a pooled sandbox are
+// serial, so the next command's "before" need not be read again). A
+// recyclable one also keeps what its next view is made of (recycle.go).
 type poolState struct {
 	mu      sync.Mutex
 	resets  launch.Resetter
 	mem     *cgroup.MemoryWatch
 	oomLast uint64
+
+	// view: the node makes this sandbox's views (Spec.Recyclable), from
+	// spec; dirty: the last Scrub found the view written to; base: usage
+	// counters at the last Renew, which the sandbox's figures start from.
+	view  bool
+	spec  backend.Spec
+	dirty bool
+	base  usageBase
 }
 
-// startPool prepares a resettable sandbox's pool state.
-func (s *sandbox) startPool() error {
+// startPool prepares a resettable or recyclable sandbox's pool state.
+func (s *sandbox) startPool(spec backend.Spec) error {
 	mem, err := s.group.WatchMemory()
 	if err != nil {
 		return err
@@ -35,7 +44,10 @@ func (s *sandbox) startPool() error {
 		mem.Close()
 		return err
 	}
-	s.pool = &poolState{resets: launch.Resetter{Client: s.client}, mem: mem, oomLast: n}
+	s.pool = &poolState{resets: launch.Resetter{Client: s.client}, mem: mem, oomLast: n, view: spec.Recyclable}
+	if spec.Recyclable {
+		s.pool.spec = backend.Spec{ID: spec.ID, Layers: spec.Layers, Resources: spec.Resources, Recyclable: true}
+	}
 	return nil
 }
 

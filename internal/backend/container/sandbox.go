@@ -80,14 +80,20 @@ func (s *sandbox) MakeDir(ctx context.Context, p string, mode fs.FileMode, paren
 	return userns.AsRoot(s.ids, func() error { return s.FS.MakeDir(ctx, p, mode, parents) })
 }
 
-// openRoot opens the sandbox's root as init sees it. The liveness check
-// after the open makes sure the pid was not reused by another process.
-func (s *sandbox) openRoot() (*os.File, error) {
+// rootPath is the sandbox's root as init sees it: its own, or a pooled
+// sandbox's view (re-opened every time: a reset replaces the mount).
+func (s *sandbox) rootPath() string {
 	path := fmt.Sprintf("/proc/%d/root", s.proc.Pid)
 	if s.pool != nil {
-		path += "/v" // re-opened every time: a reset replaces the mount
+		path += "/v"
 	}
-	f, err := os.OpenFile(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	return path
+}
+
+// openRoot opens the sandbox's root. The liveness check after the open
+// makes sure the pid was not reused by another process.
+func (s *sandbox) openRoot() (*os.File, error) {
+	f, err := os.OpenFile(s.rootPath(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -103,6 +109,9 @@ func (s *sandbox) ID() string { return s.id }
 // Record implements backend.Sandbox; it changes with UpdateNetwork.
 func (s *sandbox) Record() []byte {
 	r := record{Pid: s.proc.Pid, StartTime: s.proc.StartTime, IDs: s.ids}
+	if s.pool != nil && s.pool.view {
+		r.View = &viewRecord{Layers: s.pool.spec.Layers, Resources: s.pool.spec.Resources}
+	}
 	if s.net != nil {
 		nr := s.net.Record()
 		r.Net = &nr

@@ -22,15 +22,20 @@ func (s *sandbox) Stats(_ context.Context) (backend.Stats, error) {
 	if err != nil {
 		return backend.Stats{}, fmt.Errorf("sandbox %s: stats: %w", s.id, err)
 	}
-	st := backend.Stats{CPUTime: u.CPU, MemoryBytes: u.MemoryBytes, Pids: u.Pids}
-	st.OOMKills, _ = s.group.OOMKills()
-	if du, ok := s.b.cfg.Uppers.(upper.Usager); ok && s.pool == nil {
+	base := s.since()
+	st := backend.Stats{CPUTime: u.CPU - base.cpu, MemoryBytes: u.MemoryBytes, Pids: u.Pids}
+	if n, err := s.group.OOMKills(); err == nil {
+		st.OOMKills = n - base.ooms
+	}
+	// A resettable (fncall) sandbox writes to a tmpfs charged as memory.
+	onDisk := s.pool == nil || s.pool.view
+	if du, ok := s.b.cfg.Uppers.(upper.Usager); ok && onDisk {
 		st.DiskBytes, _, _ = du.Usage(s.id)
-	} else if s.pool == nil {
+	} else if onDisk {
 		// overlayfs reports its upper filesystem: the sandbox's own ext4
 		// disk for the ext4-image store.
 		var fs unix.Statfs_t
-		if unix.Statfs(fmt.Sprintf("/proc/%d/root", s.proc.Pid), &fs) == nil {
+		if unix.Statfs(s.rootPath(), &fs) == nil {
 			st.DiskBytes = int64(fs.Blocks-fs.Bfree) * fs.Bsize
 		}
 	}

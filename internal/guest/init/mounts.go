@@ -84,7 +84,7 @@ func buildRoot(cfg *initproto.Config, mounts []int) error {
 	if err := attachRoot(mounts[0]); err != nil {
 		return fmt.Errorf("root overlay: %w", err)
 	}
-	if err := mountShell(cfg); err != nil {
+	if err := mountShell(".", cfg.Shell); err != nil {
 		return err
 	}
 	if cfg.ResolvConf {
@@ -316,16 +316,17 @@ func loopbackUp() error {
 	return nil
 }
 
-// mountShell puts the node's static shell at initproto.ShellPath inside the
-// root (the working directory): a read-only bind of the host file on a file of a tiny tmpfs, itself
-// remounted read-only. The directory is a mount point, so from inside it
-// can be neither written, renamed, removed nor mounted over.
-func mountShell(cfg *initproto.Config) error {
-	if cfg.Shell == "" {
+// mountShell puts the static shell src (the node's, or init's template of
+// it in pool mode) at initproto.ShellPath under root: a read-only bind of
+// the file on a file of a tiny tmpfs, itself remounted read-only. The
+// directory is a mount point, so from inside it can be neither written,
+// renamed, removed nor mounted over. An empty src mounts nothing.
+func mountShell(root, src string) error {
+	if src == "" {
 		return nil
 	}
-	dir := "." + filepath.Dir(initproto.ShellPath)
-	file := "." + initproto.ShellPath
+	dir := root + filepath.Dir(initproto.ShellPath)
+	file := root + initproto.ShellPath
 	steps := []struct {
 		what string
 		do   func() error
@@ -350,7 +351,7 @@ func mountShell(cfg *initproto.Config) error {
 			}
 			return err
 		}},
-		{"bind", func() error { return unix.Mount(cfg.Shell, file, "", unix.MS_BIND, "") }},
+		{"bind", func() error { return unix.Mount(src, file, "", unix.MS_BIND, "") }},
 		{"bind read-only", func() error {
 			return unix.Mount("", file, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, "")
 		}},
@@ -360,7 +361,7 @@ func mountShell(cfg *initproto.Config) error {
 	}
 	for _, st := range steps {
 		if err := st.do(); err != nil {
-			return fmt.Errorf("mount shell %s: %s: %w", cfg.Shell, st.what, err)
+			return fmt.Errorf("mount shell %s: %s: %w", src, st.what, err)
 		}
 	}
 	return nil

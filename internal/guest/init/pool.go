@@ -17,6 +17,10 @@ import (
 // size-limited tmpfs on /upper) and the sandbox's view on /v: an overlay of
 // both with its own /proc, /dev and /sys. Every command runs chrooted into
 // the view (see forker), so a reset can replace the view under a live init.
+// With Config.View (a recyclable container sandbox) the view is instead the
+// overlay the node made on the sandbox's disk, with the node's shell bound
+// in from init's template of it (/sh); there are no /l and /upper, and a
+// dirty reset detaches the view until the node sends the next (OpView).
 const (
 	poolLayers = "/l"
 	poolUpper  = "/upper"
@@ -24,9 +28,10 @@ const (
 	poolState  = "/pool.json"
 	// Templates of /proc, /sys and /dev's nodes for the views, made
 	// while the host's mounts are still visible (see buildRoot).
-	poolProc = "/p"
-	poolSys  = "/s"
-	poolDev  = "/d"
+	poolProc  = "/p"
+	poolSys   = "/s"
+	poolDev   = "/d"
+	poolShell = "/sh"
 )
 
 // poolCaps are the capabilities init keeps beyond DefaultCaps in pool mode
@@ -41,15 +46,25 @@ type poolConfig struct {
 	Layers    int    `json:"layers"`
 	ViewBytes int64  `json:"view_bytes"`
 	Seccomp   []byte `json:"seccomp,omitempty"`
+	// View: the node makes the views (Config.View); Shell is then the
+	// template of the node's shell, if it gave one.
+	View  bool   `json:"view,omitempty"`
+	Shell string `json:"shell,omitempty"`
 }
 
 // buildPoolRoot makes init's tmpfs root with the layers (mounts, made by
-// the node), the templates of the API filesystems and the view, and pivots
-// into it.
+// the node) or the node's view, the templates of the API filesystems and
+// the view, and pivots into it.
 func buildPoolRoot(cfg *initproto.Config, mounts []int) error {
 	unix.Umask(0)
 	defer unix.Umask(0o022)
-	if len(mounts) == 0 || cfg.ViewBytes <= 0 {
+	view := -1
+	if cfg.View {
+		if len(mounts) != 1 {
+			return fmt.Errorf("pool root: got %d mounts, want the node's view alone", len(mounts))
+		}
+		view, mounts = mounts[0], nil
+	} else if len(mounts) == 0 || cfg.ViewBytes <= 0 {
 		return errors.New("pool root: needs layers and a view size")
 	}
 	if !cfg.NoSeccomp && len(cfg.PoolSeccomp) == 0 {
@@ -85,15 +100,28 @@ func buildPoolRoot(cfg *initproto.Config, mounts []int) error {
 	if err := mountMqueue("."); err != nil {
 		return err
 	}
+	pc := poolConfig{Layers: len(mounts), ViewBytes: cfg.ViewBytes, Seccomp: cfg.PoolSeccomp, View: cfg.View}
+	if cfg.View && cfg.Shell != "" {
+		// The host's path is out of reach once pivoted: every view binds
+		// this template.
+		if err := bindFile(cfg.Shell, "."+poolShell); err != nil {
+			return fmt.Errorf("pool root: %w", err)
+		}
+		pc.Shell = poolShell
+	}
 	if err := pivot(); err != nil {
 		return err
 	}
-	pc := poolConfig{Layers: len(mounts), ViewBytes: cfg.ViewBytes, Seccomp: cfg.PoolSeccomp}
 	b, _ := json.Marshal(pc)
 	if err := os.WriteFile(poolState, b, 0o600); err != nil {
 		return fmt.Errorf("pool root: %w", err)
 	}
-	if err := mountView(&pc); err != nil {
+	if cfg.View {
+		err = attachView(&pc, view)
+	} else {
+		err = mountView(&pc)
+	}
+	if err != nil {
 		return err
 	}
 	// init's own uses of /proc and /dev (capabilities, /dev/null) go to the
@@ -181,15 +209,37 @@ func mountView(pc *poolConfig) error {
 	if err := unix.Mount("overlay", poolView, "overlay", 0, ovl); err != nil {
 		return fmt.Errorf("view: mount overlay: %w", err)
 	}
+	return furnishView(pc)
+}
+
+// attachView attaches the node's view fd (closed here) and furnishes it.
+func attachView(pc *poolConfig, fd int) error {
+	if err := attach(fd, poolView); err != nil {
+		return fmt.Errorf("view: %w", err)
+	}
+	return furnishView(pc)
+}
+
+// furnishView mounts the shell and the API filesystems into the view and
+// masks them.
+func furnishView(pc *poolConfig) error {
+	if err := mountShell(poolView, pc.Shell); err != nil {
+		return fmt.Errorf("view: %w", err)
+	}
 	if err := mountAPIFS(poolView, poolAPI); err != nil {
 		return fmt.Errorf("view: %w", err)
 	}
 	return maskPaths(poolView)
 }
 
-// unmountView lazily detaches the view (with its submounts) and the upper.
-func unmountView() error {
-	for _, p := range []string{poolView, poolUpper} {
+// unmountView lazily detaches the view (with its submounts) and the upper
+// (a node's view has none: its disk goes with the overlay).
+func unmountView(pc *poolConfig) error {
+	dirs := []string{poolView, poolUpper}
+	if pc.View {
+		dirs = dirs[:1]
+	}
+	for _, p := range dirs {
 		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
 			return fmt.Errorf("view: unmount %s: %w", p, err)
 		}
@@ -208,9 +258,16 @@ var writablePaths = [3][2]string{
 	{poolView + "/dev/shm", poolView + "/dev/shm"},
 }
 
-func takeFingerprint() (fingerprint, error) {
+// takeFingerprint summarises pc's view. A node's view has no tmpfs upper of
+// init's: the overlay itself reports its writable layer (statfs gives the
+// upper filesystem's figures, the root's ctime the upper root's).
+func takeFingerprint(pc *poolConfig) (fingerprint, error) {
 	var fp fingerprint
-	for i, p := range writablePaths {
+	paths := writablePaths
+	if pc.View {
+		paths[0] = [2]string{poolView, poolView}
+	}
+	for i, p := range paths {
 		var fs unix.Statfs_t
 		if err := unix.Statfs(p[0], &fs); err != nil {
 			return fp, fmt.Errorf("statfs %s: %w", p[0], err)

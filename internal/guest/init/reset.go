@@ -22,7 +22,7 @@ type pool struct {
 
 	mu     sync.Mutex // held by resets and while a command is forked
 	base   fingerprint
-	forker *forker
+	forker *forker // nil while a node's view is detached (between reset and OpView)
 }
 
 // killDeadline bounds how long a reset waits for every process to go.
@@ -30,7 +30,7 @@ const killDeadline = 5 * time.Second
 
 // renew records the view's empty state and makes a forker for it.
 func (p *pool) renew() error {
-	fp, err := takeFingerprint()
+	fp, err := takeFingerprint(&p.cfg)
 	if err != nil {
 		return fmt.Errorf("pool: %w", err)
 	}
@@ -47,10 +47,14 @@ func (p *pool) renew() error {
 
 // reset kills every process but init and keep, removes SysV IPC objects
 // and, if anything was written, kills keep too and replaces the view with a
-// fresh one. It reports whether the view was re-mounted.
+// fresh one (a node's view: detaches it, for attach to replace). It reports
+// whether the view was written to.
 func (p *pool) reset(keep []int) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.forker == nil {
+		return false, errors.New("reset: the view is detached: send the next one first")
+	}
 	if err := killAllBut(keep); err != nil {
 		return false, err
 	}
@@ -61,7 +65,7 @@ func (p *pool) reset(keep []int) (bool, error) {
 	if err := rewindPids(1); err != nil {
 		return false, err
 	}
-	fp, err := takeFingerprint()
+	fp, err := takeFingerprint(&p.cfg)
 	if err != nil {
 		return false, fmt.Errorf("reset: %w", err)
 	}
@@ -77,8 +81,17 @@ func (p *pool) reset(keep []int) (bool, error) {
 	if err := rewindPids(1); err != nil { // the new forker's thread low
 		return true, err
 	}
-	if err := unmountView(); err != nil {
+	if p.cfg.View {
+		// The forker's root is in the view: its thread must end for the
+		// view's disk to be let go.
+		p.forker.stop()
+		p.forker = nil
+	}
+	if err := unmountView(&p.cfg); err != nil {
 		return true, fmt.Errorf("reset: %w", err)
+	}
+	if p.cfg.View {
+		return true, nil
 	}
 	if err := mountView(&p.cfg); err != nil {
 		return true, fmt.Errorf("reset: %w", err)
@@ -87,6 +100,21 @@ func (p *pool) reset(keep []int) (bool, error) {
 		return true, fmt.Errorf("reset: %w", err)
 	}
 	return true, nil
+}
+
+// attach furnishes the node's fresh view fd (closed here) after a dirty
+// reset detached the last one, and makes its forker.
+func (p *pool) attach(fd int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.cfg.View || p.forker != nil {
+		unix.Close(fd)
+		return errors.New("view: no detached view to replace (only after a dirty reset of a sandbox whose views the node makes)")
+	}
+	if err := attachView(&p.cfg, fd); err != nil {
+		return err
+	}
+	return p.renew()
 }
 
 // killAll SIGKILLs every process of the PID namespace but init until none

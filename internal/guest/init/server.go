@@ -103,9 +103,8 @@ func (s *server) handle(c *initproto.Conn) {
 		s.kill(c, req.Pgid, req.Signal)
 	case initproto.OpExec:
 		s.exec(c, req.Exec, fds)
-	case initproto.OpReset:
-		closeFds(fds)
-		s.reset(c, req.Keep)
+	case initproto.OpReset, initproto.OpView:
+		s.reset(c, req, fds)
 	default:
 		closeFds(fds)
 		replyErr(c, initproto.ClassInvalidArgument, fmt.Errorf("unknown op %q", req.Op))
@@ -213,36 +212,60 @@ func (s *server) startIn(req *initproto.ExecRequest, stdio [3]int, forked func(p
 	}
 	s.pool.mu.Lock()
 	defer s.pool.mu.Unlock()
-	if err := rewindPids(callPidBase); err != nil {
-		return 0, nil, err
+	if s.pool.forker == nil {
+		return 0, nil, &reqError{initproto.ClassInternal, errors.New("exec: the sandbox is between views (being recycled)")}
+	}
+	// A fncall's pids start at the same number whatever earlier calls
+	// forked; a recyclable container's count up as on any Linux box (its
+	// resets rewind them).
+	if !s.pool.cfg.View {
+		if err := rewindPids(callPidBase); err != nil {
+			return 0, nil, err
+		}
 	}
 	s.pool.forker.run(func() { pid, done, err = s.start(req, stdio, forked) })
 	return pid, done, err
 }
 
-// reset serves OpReset (pool mode only), and every further reset request
-// on the same connection: the node keeps one open for all its resets.
-func (s *server) reset(c *initproto.Conn, keep []int) {
+// reset serves OpReset and OpView (pool mode only), and every further such
+// request on the same connection: the node keeps one open for all its
+// resets.
+func (s *server) reset(c *initproto.Conn, req initproto.Request, fds []int) {
 	if s.pool == nil {
+		closeFds(fds)
 		replyErr(c, initproto.ClassInvalidArgument, errors.New("reset: init is not in pool mode"))
 		return
 	}
 	for {
-		dirty, err := s.pool.reset(keep)
+		var rep initproto.Reply
+		var err error
+		switch {
+		case req.Op == initproto.OpReset:
+			closeFds(fds)
+			rep.Dirty, err = s.pool.reset(req.Keep)
+		case req.Op == initproto.OpView && len(fds) == 1:
+			err = s.pool.attach(fds[0])
+		default:
+			closeFds(fds)
+			err = fmt.Errorf("%s: unexpected on a reset connection (with %d fds)", req.Op, len(fds))
+		}
 		if err != nil {
 			replyErr(c, initproto.ClassInternal, err)
 			return
 		}
-		if c.Send(initproto.Reply{Op: initproto.OpPong, Dirty: dirty}) != nil {
+		rep.Op = initproto.OpPong
+		if c.Send(rep) != nil {
 			return
 		}
-		var req initproto.Request
-		fds, err := c.Recv(&req)
-		closeFds(fds)
-		if err != nil || req.Op != initproto.OpReset || req.Version != initproto.Version {
+		req = initproto.Request{}
+		if fds, err = c.Recv(&req); err != nil {
+			closeFds(fds)
 			return
 		}
-		keep = req.Keep
+		if req.Version != initproto.Version {
+			closeFds(fds)
+			return
+		}
 	}
 }
 

@@ -42,6 +42,13 @@
 //	  its serving stage; the stub answers ping and kill and starts
 //	  corral-init's server (serve child) for every other request. Pool
 //	  mode keeps the Go PID 1.
+//	12 (2026-12-06): Config.View: in pool mode the one mount is the
+//	  sandbox's root overlay the node made (its writable layer a disk),
+//	  which init attaches as the view (with the node's shell) instead of
+//	  mounting layers over a tmpfs; a reset that finds it written detaches
+//	  it and answers Dirty, and OpView on the same connection brings the
+//	  fresh overlay that replaces it. Execs in such a sandbox keep the PID
+//	  counter where it is (a reset still rewinds it).
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
@@ -50,7 +57,7 @@ package initproto
 const ShellPath = "/.corral/sh"
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 11
+const Version = 12
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -66,6 +73,7 @@ const (
 	OpExec    = "exec"
 	OpKill    = "kill"
 	OpReset   = "reset"
+	OpView    = "view"
 	OpConfig  = "config"
 	OpReady   = "ready"
 	OpPong    = "pong"
@@ -122,6 +130,12 @@ type Config struct {
 	Pool        bool   `json:"pool,omitempty"`
 	PoolSeccomp []byte `json:"pool_seccomp,omitempty"`
 	ViewBytes   int64  `json:"view_bytes,omitempty"`
+	// View (pool mode): the one mount is the view itself, an overlay the
+	// node made on a writable layer of its own (a recyclable container
+	// sandbox, backend.Spec.Recyclable), in place of the layers and the
+	// tmpfs upper; ViewBytes is unused. A dirty reset detaches it and waits
+	// for OpView.
+	View bool `json:"view,omitempty"`
 	// Stub: the fd after the mounts is the node's corral-initstub, PID 1
 	// of the hardened sandbox (not in pool mode).
 	Stub bool `json:"stub,omitempty"`
@@ -138,6 +152,8 @@ type Request struct {
 	Signal int `json:"sig,omitempty"`
 	// Keep are pids an OpReset spares (and continues, should they be
 	// stopped) unless the view was written to: then every process goes.
+	// An OpView request, sent on a reset connection after a Dirty reply
+	// of a Config.View sandbox, carries the fd of the fresh view.
 	Keep []int `json:"keep,omitempty"`
 }
 
@@ -168,6 +184,7 @@ type Reply struct {
 	// CPUNanos is the user+system CPU time of an exited command (and of
 	// the children it waited for), from wait4.
 	CPUNanos int64 `json:"cpu_ns,omitempty"`
-	// Dirty: a reset found the view written to and re-mounted it.
+	// Dirty: a reset found the view written to and re-mounted it (with
+	// Config.View: detached it; the node sends the next with OpView).
 	Dirty bool `json:"dirty,omitempty"`
 }

@@ -167,6 +167,33 @@ func (r *Resetter) Reset(ctx context.Context, keep []int) (dirty bool, err error
 	return rep.Dirty, nil
 }
 
+// Renew hands init the fresh view of a sandbox whose views the node makes
+// (initproto.Config.View), after a Reset reported the last one dirty (init
+// detached it). The caller keeps view and closes it after the call.
+func (r *Resetter) Renew(ctx context.Context, view *os.File) error {
+	if r.conn == nil {
+		return errdefs.FailedPrecondition("renew the view: no reset on this connection before")
+	}
+	d, ok := ctx.Deadline()
+	if !ok {
+		d = time.Now().Add(time.Minute)
+	}
+	r.conn.SetDeadline(d)
+	var rep initproto.Reply
+	err := r.conn.Send(initproto.Request{Version: initproto.Version, Op: initproto.OpView}, int(view.Fd()))
+	if err == nil {
+		_, err = r.conn.Recv(&rep)
+	}
+	if err == nil {
+		err = ReplyError(rep)
+	}
+	if err != nil {
+		r.Close()
+		return ctxOr(ctx, err)
+	}
+	return nil
+}
+
 // Close drops the connection.
 func (r *Resetter) Close() {
 	if r.conn != nil {

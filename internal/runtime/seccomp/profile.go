@@ -91,7 +91,8 @@ func DefaultProfile() *Profile {
 
 // PoolInitProfile is the filter of a pooled (resettable) sandbox's init, on
 // which the commands' DefaultProfile is stacked: init itself re-mounts the
-// sandbox's view on reset (mount, umount2) and confines the thread that
+// sandbox's view on reset (mount, umount2, and move_mount to attach a view
+// the node made) and confines the thread that
 // forks commands (unshare of CLONE_FS only, chroot). Commands never run
 // under this profile alone: they inherit DefaultProfile on top of it, and
 // with stacked filters the strictest answer wins.
@@ -100,6 +101,8 @@ func PoolInitProfile() *Profile {
 	for _, name := range []string{"mount", "umount2", "chroot", "mknod", "mknodat"} {
 		p.rules[name] = rule{def: actAllow, origin: "corral pool init", why: "pooled sandbox init: reset re-mounts the view; the forking thread is chrooted into it"}
 	}
+	p.rules["move_mount"] = rule{def: actAllow, origin: "corral pool init",
+		why: "recyclable container sandbox: init attaches the fresh view the node made (a detached mount) after a reset found the last one written to"}
 	p.rules["unshare"] = rule{def: actEPERM, origin: "corral pool init",
 		why:    "pooled sandbox init: only CLONE_FS, to give the forking thread its own root",
 		checks: []check{{when: []cond{eq(0, unix.CLONE_FS)}, then: actAllow, why: "CLONE_FS only"}}}

@@ -1,11 +1,14 @@
 // Command ipctool makes SysV IPC objects ("make") or counts those in its
-// IPC namespace ("count"), for the reset tests: busybox has no ipcmk/ipcs.
+// IPC namespace ("count"), makes a POSIX message queue ("mqmake NAME") or
+// says whether one exists ("mqhas NAME": 1 or 0), for the reset and
+// recycle tests: busybox has no ipcmk/ipcs.
 package main
 
 import (
 	"fmt"
 	"os"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -32,6 +35,27 @@ func main() {
 			n += strings.Count(strings.TrimSpace(string(b)), "\n") // minus the header line
 		}
 		fmt.Println(n)
+	case "mqmake", "mqhas":
+		name, err := unix.BytePtrFromString(os.Args[2])
+		if err != nil {
+			fail(err)
+		}
+		flags := unix.O_RDONLY
+		if os.Args[1] == "mqmake" {
+			flags |= unix.O_CREAT
+		}
+		fd, _, e := unix.Syscall6(unix.SYS_MQ_OPEN, uintptr(unsafe.Pointer(name)), uintptr(flags), 0o600, 0, 0, 0)
+		switch {
+		case e == unix.ENOENT && os.Args[1] == "mqhas":
+			fmt.Println(0)
+		case e != 0:
+			fail(e)
+		default:
+			unix.Close(int(fd))
+			if os.Args[1] == "mqhas" {
+				fmt.Println(1)
+			}
+		}
 	}
 }
 
