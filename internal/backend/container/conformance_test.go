@@ -45,7 +45,7 @@ func TestConformance(t *testing.T) {
 				return spec
 			},
 			Leftovers: func(id string) []string { return append(leftovers(b, id), diskLeftovers(id)...) },
-			Skip: map[string]string{"Resettable": "a sandbox is resettable (fncall) or recyclable, not both: the dir and ext4-image rows run it"},
+			Skip:      map[string]string{"Resettable": "a sandbox is resettable (fncall) or recyclable, not both: the dir and ext4-image rows run it"},
 		})
 	})
 }
