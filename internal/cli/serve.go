@@ -159,6 +159,7 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.BoolVar(&cfg.InitStub, "init-stub", false, "container sandboxes run the one-thread corral-initstub as PID 1 and start corral-init's server per exec (it lingers 2 s): about 2 host PIDs and 0.3 MiB per idle sandbox instead of 8 and 1.2, a slower first exec after a pause")
 	fl.Float64Var(&cfg.InitStubServing, "init-stub-serving", 0.5, "with --init-stub: the share of container sandboxes whose server may run at once; admission keeps host PIDs free for that many servers (1: every sandbox, as without the stub), and an exec beyond it may be refused with resource exhausted")
 	fl.IntVar(&cfg.WarmPool, "warm-pool", 2, "container sandboxes kept made ahead of demand per image (up to 4 images), handed to creates with the default resources and network none; 0: none")
+	fl.IntVar(&cfg.Recycle, "recycle", 0, "deleted sandboxes of those creates kept per image (at most 256): a delete scrubs its sandbox (every process killed, IPC and PID counter reset; a fresh disk if it was written to) and the next create of the same project takes it instead of making one; 0: every delete tears its sandbox down. Not with --init-stub")
 	fl.IntVar(&cfg.FnCallPoolCeiling, "fncall-pool-ceiling", 16, "fncall: most sandboxes per pool")
 	fl.StringVar(&d.Image, "default-image", "", "image for requests that name none (default busybox)")
 	fl.StringVar(&defMemory, "default-memory", "", "memory limit for requests that set none (default 512Mi)")

@@ -37,6 +37,8 @@ type Metrics struct {
 	events   *prometheus.CounterVec
 	api      *prometheus.CounterVec
 	verdicts *prometheus.CounterVec
+	recycles *prometheus.CounterVec
+	handouts *prometheus.CounterVec
 }
 
 // New makes a registry with the Go runtime and process collectors and
@@ -63,8 +65,16 @@ func New() *Metrics {
 			Name: "corral_fncall_calls_total",
 			Help: "fncall calls by verdict.",
 		}, []string{"verdict"}),
+		recycles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_sandbox_recycles_total",
+			Help: "Deleted sandboxes a recycling node tried to keep for reuse, by outcome: pooled (scrubbed, renewed if written, back in its image's pool) or torn_down.",
+		}, []string{"outcome"}),
+		handouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_warm_pool_handouts_total",
+			Help: "Creates served by a warm pool, by where the sandbox came from: made ahead of demand, or recycled from a deleted one.",
+		}, []string{"source"}),
 	}
-	m.Registry.MustRegister(m.ops, m.events, m.api, m.verdicts,
+	m.Registry.MustRegister(m.ops, m.events, m.api, m.verdicts, m.recycles, m.handouts,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -94,6 +104,20 @@ func (m *Metrics) CountRequest(method, code string) {
 func (m *Metrics) CountVerdict(verdict string) {
 	if m != nil {
 		m.verdicts.WithLabelValues(verdict).Inc()
+	}
+}
+
+// CountRecycle counts one deleted sandbox's recycling by its outcome.
+func (m *Metrics) CountRecycle(outcome string) {
+	if m != nil {
+		m.recycles.WithLabelValues(outcome).Inc()
+	}
+}
+
+// CountHandout counts one create served by a warm pool, by source.
+func (m *Metrics) CountHandout(source string) {
+	if m != nil {
+		m.handouts.WithLabelValues(source).Inc()
 	}
 }
 

@@ -143,7 +143,9 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		n.cfg.Images.Release(rec.ID)
 		return nil, fmt.Errorf("record sandbox %s: %w", rec.ID, err)
 	}
-	sb, err := makeSandbox(ctx, b, req, specOf(rec, img))
+	spec := specOf(rec, img)
+	spec.Recyclable = n.warm.recyclable(rec)
+	sb, err := makeSandbox(ctx, b, req, spec)
 	if err != nil {
 		n.abandon(rec, b)
 		return nil, fmt.Errorf("create sandbox: %w", err)
@@ -177,7 +179,7 @@ func specOf(rec *state.Record, img layers.Image) backend.Spec {
 func (n *Node) started(rec *state.Record, b backend.Backend, sb backend.Sandbox, start time.Time, warm bool) *Sandbox {
 	rec.Phase = state.PhaseRunning
 	rec.BackendRecord = sb.Record()
-	e := &entry{rec: rec, backend: b, sb: sb}
+	e := &entry{rec: rec, backend: b, sb: sb, deleted: make(chan struct{})}
 	e.obs.primed = true // a new sandbox's counters start at zero
 	e.touch()
 	n.persist(e)

@@ -38,6 +38,21 @@ type entry struct {
 	// fence is set while a migration holds the sandbox (fence.go);
 	// changed under mu.
 	fence atomic.Pointer[fence]
+
+	// deleted is closed once Delete has taken the sandbox away (set with
+	// deleting): a recycled sandbox lives on under another entry, which
+	// watches it instead.
+	deleted     chan struct{}
+	deletedOnce sync.Once
+}
+
+// markDeleted closes e.deleted (e.mu held or not).
+func (e *entry) markDeleted() {
+	e.deletedOnce.Do(func() {
+		if e.deleted != nil {
+			close(e.deleted)
+		}
+	})
 }
 
 func (e *entry) touch() { e.lastActive.Store(time.Now().UnixNano()) }

@@ -84,6 +84,11 @@ type Config struct {
 	// of demand per image, for creates with the default resources and no
 	// network (warm.go); 0: none.
 	WarmPool int
+	// Recycle is how many deleted sandboxes of such creates the node keeps
+	// per image, scrubbed (recyclable container sandboxes), for the next
+	// creates of the same project (warm.go); 0: none, every delete tears
+	// its sandbox down.
+	Recycle int
 
 	// Snapshots bound the snapshots the node keeps (snapshotlimit.go).
 	Snapshots SnapshotLimits
@@ -190,7 +195,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("recover node %s: %w", id, err)
 	}
 	n.dropFences(ctx)
-	n.warm = newWarmPools(n, cfg.WarmPool)
+	n.warm = newWarmPools(n, cfg.WarmPool, cfg.Recycle)
 	reapCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.stopReaper = cancel
 	n.reaperDone = make(chan struct{})
@@ -274,7 +279,7 @@ func (n *Node) recover(ctx context.Context) error {
 	}
 	known := map[string]bool{}
 	for _, rec := range recs {
-		known[rec.ID] = true
+		known[rec.BackendName()] = true
 		n.recoverOne(ctx, rec)
 	}
 	for name, b := range n.backends {
@@ -292,10 +297,10 @@ func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
 		log.Warn("record of a backend this node no longer runs; keeping it", "backend", rec.Backend)
 		return
 	}
-	e := &entry{rec: rec, backend: b}
+	e := &entry{rec: rec, backend: b, deleted: make(chan struct{})}
 	if rec.Deleting {
 		log.Info("finishing the teardown of a deleted sandbox")
-		if err := b.Cleanup(ctx, rec.ID, rec.BackendRecord); err != nil {
+		if err := b.Cleanup(ctx, rec.BackendName(), rec.BackendRecord); err != nil {
 			log.Error("teardown of deleted sandbox", "err", err)
 			return
 		}
@@ -308,7 +313,7 @@ func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
 	switch rec.Phase {
 	case state.PhaseCreating:
 		log.Info("removing sandbox whose creation was interrupted")
-		if err := b.Cleanup(ctx, rec.ID, rec.BackendRecord); err != nil {
+		if err := b.Cleanup(ctx, rec.BackendName(), rec.BackendRecord); err != nil {
 			log.Error("cleanup interrupted create", "err", err)
 			return
 		}
@@ -317,10 +322,10 @@ func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
 		}
 		return
 	case state.PhaseRunning, state.PhasePaused:
-		sb, err := b.Recover(ctx, rec.ID, rec.BackendRecord)
+		sb, err := b.Recover(ctx, rec.BackendName(), rec.BackendRecord)
 		if err != nil {
 			log.Warn("sandbox did not survive the restart", "err", err)
-			if err := b.Cleanup(ctx, rec.ID, rec.BackendRecord); err != nil {
+			if err := b.Cleanup(ctx, rec.BackendName(), rec.BackendRecord); err != nil {
 				log.Error("cleanup lost sandbox", "err", err)
 			}
 			e.markStopped(fmt.Sprintf("lost at daemon restart: %v", err))
@@ -358,9 +363,14 @@ func (n *Node) persist(e *entry) {
 	}
 }
 
-// watch marks a sandbox stopped when its processes die on their own.
+// watch marks a sandbox stopped when its processes die on their own; it
+// ends when Delete takes the sandbox away.
 func (n *Node) watch(e *entry, sb backend.Sandbox) {
-	<-sb.Done()
+	select {
+	case <-sb.Done():
+	case <-e.deleted:
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	reason := "sandbox init exited"

@@ -126,7 +126,9 @@ func decodePageToken(tok string) (string, error) {
 // node succeeds with existed=false. It answers once the sandbox's processes
 // are dead and its record says deleting; the rest of the teardown (writable
 // layer, run dir, id range, record) runs in the background (teardown), and
-// a restart finishes what a crash interrupted.
+// a restart finishes what a crash interrupted. On a recycling node a
+// recyclable sandbox is scrubbed instead of stopped, and renewed and pooled
+// for its project in the background (warm.go).
 func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) {
 	e, err := n.lookupAny(id)
 	if errdefs.IsNotFound(err) {
@@ -155,7 +157,15 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 		cancelPack()
 		<-packing
 	}
-	if sb != nil {
+	recycle := sb != nil && f == nil && n.warm.mayRecycle(rec, sb)
+	if recycle {
+		if err := sb.(backend.Recycler).Scrub(ctx); err != nil {
+			n.log.Warn("delete sandbox: scrub for recycling failed; stopping it", "sandbox", id, "err", err)
+			n.cfg.Metrics.CountRecycle("torn_down")
+			recycle = false
+		}
+	}
+	if sb != nil && !recycle {
 		if err := sb.Stop(ctx); err != nil {
 			e.mu.Lock()
 			e.deleting = false
@@ -173,12 +183,16 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 	n.mu.Lock()
 	delete(n.sandboxes, id)
 	n.mu.Unlock()
+	e.markDeleted()
 	if f != nil {
 		n.removeFenceMark(id)
 	}
 	done := n.startTeardown(id)
 	go func() {
 		defer n.endTeardown(id, done)
+		if recycle && n.warm.renewAndPool(rec, sb) {
+			return
+		}
 		n.teardown(e.backend, rec, start, stopped)
 	}()
 	n.cfg.Metrics.ObserveOp(rec.Backend, metrics.OpDelete, stopped)
@@ -198,7 +212,7 @@ func (n *Node) teardown(b backend.Backend, rec *state.Record, start time.Time, s
 	began := time.Now()
 	for i := 0; ; i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err := b.Cleanup(ctx, id, rec.BackendRecord)
+		err := b.Cleanup(ctx, rec.BackendName(), rec.BackendRecord)
 		cancel()
 		if err == nil {
 			break

@@ -81,7 +81,7 @@ func (n *Node) Pack(ctx context.Context, req PackRequest) (*PackResult, error) {
 		cancel()
 		close(done)
 	}()
-	dir, remove, err := n.snapshotUpper(ctx, e, req.ID, sb, snap, running)
+	dir, remove, err := n.snapshotUpper(ctx, e, rec, sb, snap, running)
 	if err != nil {
 		return nil, fmt.Errorf("pack sandbox %s: %w", req.ID, err)
 	}
@@ -107,10 +107,11 @@ func (n *Node) Pack(ctx context.Context, req PackRequest) (*PackResult, error) {
 	return out, nil
 }
 
-// snapshotUpper copies the upper directory of sandbox id (entry e, live
+// snapshotUpper copies the upper directory of sandbox rec (entry e, live
 // sandbox sb), frozen around the copy when it runs; it is thawed after
 // unless a delete came meanwhile.
-func (n *Node) snapshotUpper(ctx context.Context, e *entry, id string, sb backend.Sandbox, snap backend.UpperSnapshotter, running bool) (string, func() error, error) {
+func (n *Node) snapshotUpper(ctx context.Context, e *entry, rec *state.Record, sb backend.Sandbox, snap backend.UpperSnapshotter, running bool) (string, func() error, error) {
+	id := rec.ID
 	if running {
 		if err := sb.Pause(ctx); err != nil {
 			return "", nil, fmt.Errorf("pause: %w", err)
@@ -127,7 +128,7 @@ func (n *Node) snapshotUpper(ctx context.Context, e *entry, id string, sb backen
 		}()
 	}
 	start := time.Now()
-	dir, remove, err := snap.SnapshotUpper(ctx, id)
+	dir, remove, err := snap.SnapshotUpper(ctx, rec.BackendName())
 	if err != nil {
 		return "", nil, err
 	}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -21,6 +22,15 @@ import (
 // mounts, so pools are off with per-project layer mounts). A pooled
 // sandbox has no record, so a daemon that dies with some leaves them to
 // the backend's sweep at the next start, like any half-made sandbox.
+//
+// With Config.Recycle, such sandboxes are made recyclable, and a delete of
+// one scrubs it (every process killed, what they left in its kernel
+// namespaces removed: the delete answers then) and, off the request path,
+// renews it (a fresh disk if it was written to, usage figures from zero)
+// and puts it back in its image's pool instead of tearing it down, up to
+// Config.Recycle per image. A recycled sandbox goes only to a later create
+// of the project it served (projects share nothing through it), under a
+// new id; its record's BackendID keeps the name its backend knows it by.
 
 // maxWarmImages bounds how many images have a pool; a request for another
 // image drains the pool used least recently.
@@ -32,10 +42,19 @@ const warmBackend = "container"
 
 // warmSandbox is one pooled sandbox.
 type warmSandbox struct {
-	id  string
+	id  string // its backend name, and a made one's id at hand-out
 	sb  backend.Sandbox
 	img layers.Image
+	// pin is the image store's holder keeping its layers while pooled.
+	pin string
+	// recycled: it served project before (and goes to no other).
+	recycled bool
+	project  string
 }
+
+// recyclePin is the image store's holder of a recycled sandbox's layers
+// while it waits in a pool (its own id may be a record's holder still).
+func recyclePin(id string) string { return "recycled/" + id }
 
 // warmPool is the pool of one image.
 type warmPool struct {
@@ -47,10 +66,12 @@ type warmPool struct {
 	stopped bool
 }
 
-// warmPools are the node's pools (Config.WarmPool sandboxes each).
+// warmPools are the node's pools (Config.WarmPool sandboxes made each,
+// and up to Config.Recycle recycled ones).
 type warmPools struct {
-	n    *Node
-	size int
+	n       *Node
+	size    int
+	recycle int
 
 	mu     sync.Mutex
 	pools  map[string]*warmPool
@@ -60,9 +81,9 @@ type warmPools struct {
 	cancel context.CancelFunc
 }
 
-func newWarmPools(n *Node, size int) *warmPools {
+func newWarmPools(n *Node, size, recycle int) *warmPools {
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &warmPools{n: n, size: size, pools: map[string]*warmPool{}, ctx: ctx, cancel: cancel}
+	w := &warmPools{n: n, size: size, recycle: recycle, pools: map[string]*warmPool{}, ctx: ctx, cancel: cancel}
 	if _, ok := n.backends[warmBackend]; ok && size > 0 {
 		w.mu.Lock()
 		w.poolLocked(n.cfg.Defaults.Image)
@@ -79,7 +100,7 @@ func (w *warmPools) template(image string) (*state.Record, error) {
 // matches says whether rec may take a pooled sandbox: everything the
 // backend made it with is the node's default.
 func (w *warmPools) matches(rec *state.Record) bool {
-	if _, ok := w.n.backends[warmBackend]; !ok || w.size <= 0 || rec.Backend != warmBackend || w.n.cfg.PerProjectLayerMounts {
+	if _, ok := w.n.backends[warmBackend]; !ok || (w.size <= 0 && w.recycle <= 0) || rec.Backend != warmBackend || w.n.cfg.PerProjectLayerMounts {
 		return false
 	}
 	t, err := w.template(rec.Image)
@@ -89,6 +110,20 @@ func (w *warmPools) matches(rec *state.Record) bool {
 	return rec.CPUMillis == t.CPUMillis && rec.MemoryBytes == t.MemoryBytes && rec.DiskBytes == t.DiskBytes &&
 		rec.Pids == t.Pids && !rec.BestEffort && rec.IO == (state.IOLimits{}) &&
 		(rec.NetworkMode == "" || rec.NetworkMode == "none") && len(rec.NetworkAllow) == 0
+}
+
+// recyclable says whether a sandbox for rec is made recyclable.
+func (w *warmPools) recyclable(rec *state.Record) bool {
+	return w != nil && w.recycle > 0 && w.matches(rec)
+}
+
+// mayRecycle says whether a delete of sb (record rec) recycles it: a
+// running sandbox made recyclable, whose pool class still fits.
+func (w *warmPools) mayRecycle(rec *state.Record, sb backend.Sandbox) bool {
+	if _, ok := sb.(backend.Recycler); !ok || rec.Phase != state.PhaseRunning || rec.Reclaimed {
+		return false
+	}
+	return w.recyclable(rec)
 }
 
 // poolLocked returns image's pool, making it (and its filler) if needed,
@@ -128,21 +163,25 @@ func (w *warmPools) drainLocked(p *warmPool) {
 	}
 }
 
+// capLocked is how many sandboxes a pool holds at most.
+func (w *warmPools) capLocked() int { return max(w.size, w.recycle) }
+
 // discardLocked destroys a pooled sandbox in the background; once the
 // pools are closed (close waits for the background), right away.
 func (w *warmPools) discardLocked(ws *warmSandbox) {
 	if w.closed {
-		w.destroy(ws.id, ws.sb)
+		w.destroy(ws.id, ws.pin, ws.sb)
 		return
 	}
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
-		w.destroy(ws.id, ws.sb)
+		w.destroy(ws.id, ws.pin, ws.sb)
 	}()
 }
 
-func (w *warmPools) destroy(id string, sb backend.Sandbox) {
+// destroy stops and removes pooled sandbox id and drops its layers' pin.
+func (w *warmPools) destroy(id, pin string, sb backend.Sandbox) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	b := w.n.backends[warmBackend]
@@ -155,12 +194,13 @@ func (w *warmPools) destroy(id string, sb backend.Sandbox) {
 		// No record names it: the sweep at the next start retries.
 		w.n.log.Error("warm pool: remove a pooled sandbox", "sandbox", id, "err", err)
 	}
-	w.n.cfg.Images.Release(id)
+	w.n.cfg.Images.Release(pin)
 }
 
-// take returns a pooled sandbox of image, or nil, and wakes the pool's
-// filler.
-func (w *warmPools) take(image string) *warmSandbox {
+// take returns a pooled sandbox of image that project may have, or nil,
+// and wakes the pool's filler: one recycled from project's own deletes
+// first (no other project may take it), else one made ahead of demand.
+func (w *warmPools) take(image, project string) *warmSandbox {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	p, ok := w.pools[image]
@@ -169,13 +209,21 @@ func (w *warmPools) take(image string) *warmSandbox {
 	}
 	p.used = time.Now()
 	var ws *warmSandbox
-	for len(p.ready) > 0 && ws == nil {
-		ws, p.ready = p.ready[0], p.ready[1:]
+	for ws == nil {
+		i := slices.IndexFunc(p.ready, func(c *warmSandbox) bool { return c.recycled && c.project == project })
+		if i < 0 {
+			i = slices.IndexFunc(p.ready, func(c *warmSandbox) bool { return !c.recycled })
+		}
+		if i < 0 {
+			break
+		}
+		c := p.ready[i]
+		p.ready = slices.Delete(p.ready, i, i+1)
 		select {
-		case <-ws.sb.Done(): // its init died while pooled
-			w.discardLocked(ws)
-			ws = nil
+		case <-c.sb.Done(): // its init died while pooled
+			w.discardLocked(c)
 		default:
+			ws = c
 		}
 	}
 	select {
@@ -190,11 +238,24 @@ func (w *warmPools) take(image string) *warmSandbox {
 func (w *warmPools) putBack(image string, ws *warmSandbox) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if p, ok := w.pools[image]; ok && !p.stopped && len(p.ready) < w.size {
+	if p, ok := w.pools[image]; ok && !p.stopped && len(p.ready) < w.capLocked() {
 		p.ready = append([]*warmSandbox{ws}, p.ready...)
 		return
 	}
 	w.discardLocked(ws)
+}
+
+// putRecycled puts a renewed sandbox at the front of image's pool (the
+// warmest first); false when the pool has no room (the caller destroys it).
+func (w *warmPools) putRecycled(image string, ws *warmSandbox) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p := w.poolLocked(image)
+	if p == nil || p.stopped || len(p.ready) >= w.capLocked() {
+		return false
+	}
+	p.ready = append([]*warmSandbox{ws}, p.ready...)
+	return true
 }
 
 // fill keeps p at size sandboxes, one made at a time, until p is drained
@@ -261,12 +322,14 @@ func (w *warmPools) make(image string) (*warmSandbox, error) {
 		return nil, err
 	}
 	b := n.backends[warmBackend]
-	sb, err := b.Create(w.ctx, specOf(rec, img))
+	spec := specOf(rec, img)
+	spec.Recyclable = w.recyclable(rec)
+	sb, err := b.Create(w.ctx, spec)
 	if err != nil {
-		w.destroy(rec.ID, nil)
+		w.destroy(rec.ID, rec.ID, nil)
 		return nil, err
 	}
-	return &warmSandbox{id: rec.ID, sb: sb, img: img}, nil
+	return &warmSandbox{id: rec.ID, sb: sb, img: img, pin: rec.ID}, nil
 }
 
 // handOut gives rec (admitted, not yet reserved) a pooled sandbox when it
@@ -275,13 +338,22 @@ func (w *warmPools) handOut(ctx context.Context, rec *state.Record, b backend.Ba
 	if w == nil || !w.matches(rec) {
 		return nil, false, nil
 	}
-	ws := w.take(rec.Image)
+	ws := w.take(rec.Image, rec.Project)
 	if ws == nil {
 		return nil, false, nil
 	}
 	n := w.n
 	r := *rec
 	r.ID = ws.id
+	if ws.recycled {
+		// A new sandbox to its caller: a new id; the backend keeps its name.
+		id, err := n.newID()
+		if err != nil {
+			w.putBack(rec.Image, ws)
+			return nil, true, fmt.Errorf("sandbox id: %w", err)
+		}
+		r.ID, r.BackendID = id, ws.id
+	}
 	if err := n.reserve(ctx, &r); err != nil {
 		w.putBack(rec.Image, ws)
 		return nil, true, err
@@ -290,17 +362,65 @@ func (w *warmPools) handOut(ctx context.Context, rec *state.Record, b backend.Ba
 	// The name may point at other layers by now: pin what it names, and
 	// hand out only a sandbox made from exactly those.
 	img, err := n.cfg.Images.AcquireIn(ctx, r.Image, r.ID, "")
-	if err != nil || !slices.Equal(img.Stack, ws.img.Stack) {
+	if err != nil || !sameStack(img.Stack, ws.img.Stack) {
+		if err == nil && r.ID != ws.pin {
+			n.cfg.Images.Release(r.ID)
+		}
 		w.mu.Lock()
 		w.discardLocked(ws)
 		w.mu.Unlock()
 		return nil, false, nil
 	}
+	if ws.pin != r.ID {
+		n.cfg.Images.Release(ws.pin) // r.ID holds them now
+	}
 	r.Env = mergeEnv(img.Env, r.Env)
 	r.Layers = stateLayers(img.Stack)
+	source := "made"
+	if ws.recycled {
+		source = "recycled"
+	}
+	n.cfg.Metrics.CountHandout(source)
 	// One record write: until it, nothing names the sandbox, and a crash
 	// leaves it to the sweep.
 	return n.started(&r, b, ws.sb, start, true), true, nil
+}
+
+// sameStack says whether two stacks are the same layers (by digest).
+func sameStack(a, b []layers.Layer) bool {
+	return slices.EqualFunc(a, b, func(x, y layers.Layer) bool { return x.Digest == y.Digest })
+}
+
+// renewAndPool renews a deleted sandbox that Delete scrubbed and puts it back in
+// its image's pool for its project; false when it could not (renew failed:
+// the sandbox is stopped, for the caller's teardown). Either way rec is
+// done with once it returns true.
+func (w *warmPools) renewAndPool(rec *state.Record, sb backend.Sandbox) bool {
+	n := w.n
+	ctx, cancel := context.WithTimeout(w.ctx, time.Minute)
+	defer cancel()
+	start := time.Now()
+	if err := sb.(backend.Recycler).Renew(ctx); err != nil {
+		n.log.Warn("recycle a deleted sandbox: renew failed; tearing it down", "sandbox", rec.ID, "err", err)
+		n.cfg.Metrics.CountRecycle("torn_down")
+		if err := sb.Stop(context.WithoutCancel(ctx)); err != nil {
+			n.log.Warn("stop a sandbox whose renew failed", "sandbox", rec.ID, "err", err)
+		}
+		return false
+	}
+	name := rec.BackendName()
+	stack := imageLayers(rec.Layers)
+	ws := &warmSandbox{id: name, sb: sb, img: layers.Image{Stack: stack}, pin: recyclePin(name), recycled: true, project: rec.Project}
+	n.cfg.Images.Pin(ws.pin, stack)
+	outcome := "pooled"
+	if !w.putRecycled(rec.Image, ws) {
+		outcome = "torn_down"
+		w.destroy(ws.id, ws.pin, sb)
+	}
+	n.forget(rec)
+	n.cfg.Metrics.CountRecycle(outcome)
+	n.log.Debug("sandbox recycled", "sandbox", rec.ID, "as", name, "project", projectOf(rec), "outcome", outcome, "took", time.Since(start))
+	return true
 }
 
 // made notes a sandbox made from scratch for rec: if such creates may

@@ -60,3 +60,74 @@ func TestWarmPoolServesOnlyDefaultCreates(t *testing.T) {
 		t.Errorf("a node without pools handed out: %v %v", ok, err)
 	}
 }
+
+// idleSandbox is a pooled sandbox that stays alive.
+type idleSandbox struct {
+	backend.Sandbox
+	done chan struct{}
+}
+
+func (s idleSandbox) Done() <-chan struct{} { return s.done }
+
+// recyclingSandbox also implements backend.Recycler.
+type recyclingSandbox struct {
+	idleSandbox
+	backend.Recycler
+}
+
+// TestRecycledSandboxesStayInTheirProject: a create takes a sandbox made
+// ahead of demand or one recycled from its own project's deletes, never
+// one another project used.
+func TestRecycledSandboxesStayInTheirProject(t *testing.T) {
+	n := testNode()
+	w := &warmPools{n: n, size: 1, recycle: 4, pools: map[string]*warmPool{}}
+	alive := idleSandbox{done: make(chan struct{})}
+	fromA := &warmSandbox{id: "n-a", sb: alive, recycled: true, project: "a"}
+	made := &warmSandbox{id: "n-made", sb: alive}
+	fromB := &warmSandbox{id: "n-b", sb: alive, recycled: true, project: "b"}
+	w.pools["busybox"] = &warmPool{image: "busybox", ready: []*warmSandbox{fromA, made, fromB}, wake: make(chan struct{}, 1)}
+	for _, step := range []struct {
+		project string
+		want    *warmSandbox
+	}{{"b", fromB}, {"c", made}, {"c", nil}, {"", nil}, {"a", fromA}} {
+		if got := w.take("busybox", step.project); got != step.want {
+			t.Fatalf("project %q took %+v, want %+v", step.project, got, step.want)
+		}
+	}
+}
+
+// TestMayRecycle: only a running, recyclable sandbox of the pools' class
+// on a recycling node is recycled by its delete.
+func TestMayRecycle(t *testing.T) {
+	n := testNode()
+	n.backends = map[string]backend.Backend{warmBackend: nil}
+	w := &warmPools{n: n, size: 2, recycle: 4}
+	rec, err := n.admit(CreateRequest{Project: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Phase = state.PhaseRunning
+	alive := idleSandbox{done: make(chan struct{})}
+	recycler := recyclingSandbox{idleSandbox: alive}
+	if !w.mayRecycle(rec, recycler) {
+		t.Fatal("a running default sandbox is not recycled")
+	}
+	if w.mayRecycle(rec, alive) {
+		t.Error("a sandbox that cannot be recycled is")
+	}
+	paused, reclaimed, big := *rec, *rec, *rec
+	paused.Phase = state.PhasePaused
+	reclaimed.Reclaimed = true
+	big.MemoryBytes *= 2
+	for name, r := range map[string]*state.Record{"paused": &paused, "reclaimed": &reclaimed, "own memory limit": &big} {
+		if w.mayRecycle(r, recycler) {
+			t.Errorf("%s: recycled", name)
+		}
+	}
+	if (&warmPools{n: n, size: 2}).mayRecycle(rec, recycler) {
+		t.Error("recycled on a node without --recycle")
+	}
+	if !(&warmPools{n: n, recycle: 1}).recyclable(rec) {
+		t.Error("--warm-pool 0 --recycle 1 makes no recyclable sandboxes")
+	}
+}

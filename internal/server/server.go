@@ -21,6 +21,7 @@ import (
 	"github.com/corral-dev/corral/api/corral/v1/corralv1connect"
 	"github.com/corral-dev/corral/internal/backend/container"
 	"github.com/corral-dev/corral/internal/control"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/fncall"
 	"github.com/corral-dev/corral/internal/iam"
@@ -101,6 +102,11 @@ type Config struct {
 	// WarmPool is how many container sandboxes the node keeps made ahead
 	// of demand per image (node.Config.WarmPool); 0: none.
 	WarmPool int
+	// Recycle is how many deleted sandboxes of the warm pools' class the
+	// node keeps per image, scrubbed, for the next creates of the same
+	// project (node.Config.Recycle); 0: none. Not with InitStub: a
+	// recyclable sandbox keeps corral-init as PID 1.
+	Recycle int
 	// Snapshots bound the snapshots the node keeps
 	// (node.Config.Snapshots; zero fields take the node's defaults).
 	Snapshots node.SnapshotLimits
@@ -184,12 +190,22 @@ type Server struct {
 }
 
 // Start builds the node and starts serving. Stop ends it.
+// maxRecycle bounds Config.Recycle: each pooled sandbox holds its init, a
+// disk and its cgroups.
+const maxRecycle = 256
+
 func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Socket == "" {
 		cfg.Socket = filepath.Join(cfg.DataDir, "corral.sock")
+	}
+	if cfg.Recycle < 0 || cfg.Recycle > maxRecycle {
+		return nil, errdefs.InvalidArgument("recycle: %d is out of range (0 to %d sandboxes per image)", cfg.Recycle, maxRecycle)
+	}
+	if cfg.Recycle > 0 && cfg.InitStub {
+		return nil, errdefs.InvalidArgument("recycle: not with init-stub: a recyclable sandbox keeps corral-init as PID 1 (the stub is for nodes that hold many sandboxes idle; recycling for nodes that make and delete them fast)")
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
@@ -301,6 +317,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 		PerProjectLayerMounts: cfg.LayerMounts == LayerMountsPerProject,
 		WarmPool:              cfg.WarmPool,
+		Recycle:               cfg.Recycle,
 		Snapshots:             cfg.Snapshots,
 	})
 	if err != nil {

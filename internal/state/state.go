@@ -40,6 +40,10 @@ const (
 type Record struct {
 	ID      string `json:"id"`
 	Backend string `json:"backend"`
+	// BackendID names the sandbox's resources in its backend (run dir,
+	// cgroups, disk) when they are not named after ID: a recycled sandbox
+	// keeps those of the sandbox it was first made as ("": ID).
+	BackendID string `json:"backend_id,omitempty"`
 	// Project is the IAM project the sandbox belongs to ("": the node
 	// administrator's own).
 	Project string `json:"project,omitempty"`
@@ -82,6 +86,14 @@ type Record struct {
 	// Deleting: Delete has answered (the sandbox's processes are dead) and
 	// its teardown runs in the background; a restart finishes it.
 	Deleting bool `json:"deleting,omitempty"`
+}
+
+// BackendName is the name the sandbox's backend knows it by.
+func (r *Record) BackendName() string {
+	if r.BackendID != "" {
+		return r.BackendID
+	}
+	return r.ID
 }
 
 // IOLimits are disk I/O limits per second.
