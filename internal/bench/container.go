@@ -73,6 +73,13 @@ type ContainerResult struct {
 	RuncCycles     *Rate    `json:"runc_cycles,omitempty"`
 	RuncReason     string   `json:"runc_reason,omitempty"`
 	RatioVsRunc    *float64 `json:"ratio_vs_runc"`
+	// WriteCycles are cycles whose command writes a file (a recycling
+	// node then renews the sandbox's disk), beside runc running the same;
+	// ColdCycles are cycles of creates no warm pool serves (made from
+	// scratch, torn down).
+	WriteCycles     Rate  `json:"write_cycles"`
+	RuncWriteCycles *Rate `json:"runc_write_cycles,omitempty"`
+	ColdCycles      Rate  `json:"cold_cycles"`
 
 	// Auth is set with ContainerOptions.TCPAddr.
 	Auth *AuthResult `json:"auth,omitempty"`
@@ -82,7 +89,14 @@ type ContainerResult struct {
 	Leaked  int      `json:"leaked"`
 }
 
-var trueCmd = client.Command{Args: []string{"true"}}
+var (
+	trueCmd  = client.Command{Args: []string{"true"}}
+	writeCmd = client.Command{Args: []string{"sh", "-c", "echo x > /tmp/f"}}
+	// runcWriteArgs write to runc's one writable place: its peer's rootfs
+	// is read-only and shared, so it never gets a fresh writable layer,
+	// which every corral cycle above does.
+	runcWriteArgs = []string{"sh", "-c", "echo x > /dev/shm/f"}
+)
 
 // Container measures the container backend's lifecycle and exec latency
 // against runc and a host fork/exec, in this order: create→ready
@@ -131,32 +145,48 @@ func Container(ctx context.Context, c *client.Client, o ContainerOptions) (res *
 	}
 
 	fmt.Fprintf(o.Log, "corral cycles (create, true, delete): %d workers for %s\n", o.Concurrency, o.Duration)
-	res.Cycles = sustain(ctx, o.Concurrency, o.Duration, func(ctx context.Context, _, _ int) error {
-		sb, err := t.create(ctx, create)
-		if err != nil {
-			return fmt.Errorf("create: %w", err)
-		}
-		rerr := runTrue(ctx, sb)
-		return errors.Join(rerr, t.delete(ctx, sb))
-	})
+	res.Cycles = sustain(ctx, o.Concurrency, o.Duration, cycleOf(t, create, trueCmd))
 	res.CyclesPerS = res.Cycles.PerS
+	fmt.Fprintf(o.Log, "corral cycles writing a file (create, sh -c 'echo x > /tmp/f', delete): %d workers for %s\n", o.Concurrency, o.Duration)
+	res.WriteCycles = sustain(ctx, o.Concurrency, o.Duration, cycleOf(t, create, writeCmd))
+	fmt.Fprintf(o.Log, "corral cycles made from scratch (no pooled sandbox): %d workers for %s\n", o.Concurrency, o.Duration)
+	res.ColdCycles = sustain(ctx, o.Concurrency, o.Duration, cycleOf(t, cold, trueCmd))
 	if ctx.Err() != nil {
 		return res, ctx.Err()
 	}
 
 	fmt.Fprintf(o.Log, "runc cycles (runc run true): %d workers for %s\n", o.Concurrency, o.Duration)
-	runcRate, reason := runcRate(ctx, o, trueCmd.Args, t.label)
-	if runcRate != nil {
-		res.RuncCycles = runcRate
-		res.RuncCyclesPerS = &runcRate.PerS
-		if runcRate.PerS > 0 {
-			r := round(res.CyclesPerS / runcRate.PerS)
+	runc, reason := runcRate(ctx, o, trueCmd.Args, t.label)
+	if runc != nil {
+		res.RuncCycles = runc
+		res.RuncCyclesPerS = &runc.PerS
+		if runc.PerS > 0 {
+			r := round(res.CyclesPerS / runc.PerS)
 			res.RatioVsRunc = &r
 		}
 	}
 	res.RuncReason = reason
+	if runc != nil {
+		fmt.Fprintf(o.Log, "runc cycles writing a file (/dev/shm/f): %d workers for %s\n", o.Concurrency, o.Duration)
+		res.RuncWriteCycles, _ = runcRate(ctx, o, runcWriteArgs, t.label)
+	}
 	res.Targets = containerTargets(res)
 	return res, ctx.Err()
+}
+
+// cycleOf is one create, cmd, delete cycle.
+func cycleOf(t *tracker, create client.CreateOptions, cmd client.Command) func(ctx context.Context, _, _ int) error {
+	return func(ctx context.Context, _, _ int) error {
+		sb, err := t.create(ctx, create)
+		if err != nil {
+			return fmt.Errorf("create: %w", err)
+		}
+		r, rerr := sb.Run(ctx, cmd)
+		if rerr == nil && r.ExitCode != 0 {
+			rerr = fmt.Errorf("%q in %s: exit code %d", cmd.Args, sb.ID(), r.ExitCode)
+		}
+		return errors.Join(rerr, t.delete(ctx, sb))
+	}
 }
 
 // createReady times n sequential creates until a first `true` has run,
@@ -378,12 +408,18 @@ func (r *ContainerResult) WriteTable(w io.Writer) error {
 	if r.RatioVsRunc != nil {
 		ratio = f3(*r.RatioVsRunc) + "x"
 	}
+	runcWrite := "n/a"
+	if w := r.RuncWriteCycles; w != nil {
+		runcWrite = fmt.Sprintf("runc run writing /dev/shm (read-only rootfs): %s/s (%s)", f3(w.PerS), ratioOf(r.WriteCycles.PerS, w.PerS))
+	}
 	rows := []row{
 		{"create→ready p50", f3(r.CreateReadyP50Ms) + " ms", "", targetFor(r.Targets, "create_ready_p50_ms")},
 		{"create→ready p99", f3(r.CreateReadyP99Ms) + " ms", "", ""},
 		{"create→ready p50, made from scratch", f3(r.CreateReadyColdP50Ms) + " ms", "p99 " + f3(r.CreateReadyCold.P99) + " ms (a create no warm pool serves)", ""},
 		{"cycles/s (create+true+delete)", fmt.Sprintf("%s/s (%d cycles, %d errors)", f3(r.CyclesPerS), r.Cycles.Cycles, r.Cycles.Errors), runc, targetFor(r.Targets, "cycles_per_s")},
 		{"ratio vs runc", ratio, "", targetFor(r.Targets, "ratio_vs_runc")},
+		{"cycles/s writing a file", fmt.Sprintf("%s/s (%d cycles, %d errors)", f3(r.WriteCycles.PerS), r.WriteCycles.Cycles, r.WriteCycles.Errors), runcWrite, ""},
+		{"cycles/s made from scratch", fmt.Sprintf("%s/s (%d cycles, %d errors)", f3(r.ColdCycles.PerS), r.ColdCycles.Cycles, r.ColdCycles.Errors), "creates no warm pool serves", ""},
 		{"exec true p50 (sequential: one in flight)", f3(r.ExecP50Ms) + " ms", "fork/exec: " + f3(r.ForkExecP50Ms) + " ms", targetFor(r.Targets, "exec_p50_ms")},
 		{"exec true p99", f3(r.ExecP99Ms) + " ms", "fork/exec: " + f3(r.ForkExecP99Ms) + " ms", ""},
 		{"exec true p50 (streaming Exec)", f3(r.ExecStream.P50) + " ms", "", ""},
@@ -409,8 +445,21 @@ func (r *ContainerResult) WriteTable(w io.Writer) error {
 			fmt.Fprintf(w, "%s: %d failed samples (retried), first: %s\n", e.what, e.e.Count, e.e.First)
 		}
 	}
-	if r.Cycles.FirstErr != "" {
-		fmt.Fprintf(w, "first corral cycle error: %s\n", r.Cycles.FirstErr)
+	for _, c := range []struct {
+		what string
+		r    Rate
+	}{{"corral cycle", r.Cycles}, {"corral cycle writing a file", r.WriteCycles}, {"corral cycle made from scratch", r.ColdCycles}} {
+		if c.r.FirstErr != "" {
+			fmt.Fprintf(w, "first %s error: %s\n", c.what, c.r.FirstErr)
+		}
 	}
 	return nil
+}
+
+// ratioOf formats a/b as "N.NNNx".
+func ratioOf(a, b float64) string {
+	if b <= 0 {
+		return "n/a"
+	}
+	return f3(a/b) + "x"
 }

@@ -69,12 +69,12 @@ func (s *sandbox) Renew(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.dirty {
-		start := time.Now()
-		if err := s.renewView(ctx, p); err != nil {
+		timings, err := s.renewView(ctx, p)
+		if err != nil {
 			return fmt.Errorf("sandbox %s: renew: %w", s.id, err)
 		}
 		p.dirty = false
-		s.b.log.Debug("sandbox view renewed", "sandbox", s.id, "took", time.Since(start))
+		s.b.log.Debug("sandbox view renewed", append([]any{"sandbox", s.id}, timings...)...)
 	}
 	if err := p.mem.ResetPeak(); err != nil {
 		return fmt.Errorf("sandbox %s: renew: %w", s.id, err)
@@ -91,25 +91,30 @@ func (s *sandbox) Renew(ctx context.Context) error {
 	return nil
 }
 
-// renewView replaces the view Scrub detached with a fresh one.
-func (s *sandbox) renewView(ctx context.Context, p *poolState) error {
+// renewView replaces the view Scrub detached with a fresh one; it returns
+// how long each part took, for a debug log.
+func (s *sandbox) renewView(ctx context.Context, p *poolState) ([]any, error) {
+	start := time.Now()
 	// The old disk is let go once the kernel has unmounted the detached
 	// view (init's forking thread, rooted in it, ended with the reset);
 	// Remove waits for its loop device to detach.
 	if err := s.b.cfg.Uppers.Remove(ctx, s.id); err != nil {
-		return err
+		return nil, err
 	}
+	timings := []any{"remove", time.Since(start)}
 	c := &creation{b: s.b, spec: p.spec, dir: s.b.runDir(s.id), group: s.group, proc: s.proc, ids: s.ids}
-	if _, err := backend.RunSteps(ctx, c, viewSteps, &c.undo, failStep); err != nil {
-		return err
+	steps, err := backend.RunSteps(ctx, c, viewSteps, &c.undo, failStep)
+	if err != nil {
+		return nil, err
 	}
 	defer c.layer.Close()
 	defer closeAll(c.mounts)
+	start = time.Now()
 	if err := p.resets.Renew(ctx, c.mounts[0]); err != nil {
 		c.undo.Run()
-		return err
+		return nil, err
 	}
-	return nil
+	return append(append(timings, steps...), "attach", time.Since(start)), nil
 }
 
 // since is the usage counters' base of a recycled sandbox (zero for others),
