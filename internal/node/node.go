@@ -232,6 +232,9 @@ func (n *Node) Close() error {
 // `corral serve --cleanup-on-exit` and by tests.
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.log.Info("deleting every sandbox before exit", "count", len(n.ids()))
+	if n.warm != nil {
+		n.warm.draining.Store(true)
+	}
 	// Deletes mostly wait (processes to die, cgroups to go): a few at
 	// once end a node of hundreds in seconds rather than minutes.
 	var (

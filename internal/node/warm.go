@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
@@ -76,6 +77,9 @@ type warmPools struct {
 	mu     sync.Mutex
 	pools  map[string]*warmPool
 	closed bool
+	// draining: the node deletes every sandbox before it exits (Shutdown),
+	// so deletes tear down instead of recycling.
+	draining atomic.Bool
 	wg     sync.WaitGroup // fillers and drains
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -120,7 +124,7 @@ func (w *warmPools) recyclable(rec *state.Record) bool {
 // mayRecycle says whether a delete of sb (record rec) recycles it: a
 // running sandbox made recyclable, whose pool class still fits.
 func (w *warmPools) mayRecycle(rec *state.Record, sb backend.Sandbox) bool {
-	if _, ok := sb.(backend.Recycler); !ok || rec.Phase != state.PhaseRunning || rec.Reclaimed {
+	if _, ok := sb.(backend.Recycler); !ok || rec.Phase != state.PhaseRunning || rec.Reclaimed || w.draining.Load() {
 		return false
 	}
 	return w.recyclable(rec)
