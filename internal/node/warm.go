@@ -80,9 +80,9 @@ type warmPools struct {
 	// draining: the node deletes every sandbox before it exits (Shutdown),
 	// so deletes tear down instead of recycling.
 	draining atomic.Bool
-	wg     sync.WaitGroup // fillers and drains
-	ctx    context.Context
-	cancel context.CancelFunc
+	wg       sync.WaitGroup // fillers and drains
+	ctx      context.Context
+	cancel   context.CancelFunc
 }
 
 func newWarmPools(n *Node, size, recycle int) *warmPools {
