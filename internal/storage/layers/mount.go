@@ -38,6 +38,26 @@ func mountsUnder(dir string) (map[string]bool, error) {
 	return out, nil
 }
 
+// isMountPoint says whether dir is the root of a mount. Every create asks
+// (Acquire of its layers), so it is one statx rather than a read of
+// mountinfo, which grows with the node's mounts; kernels that cannot tell
+// (before 5.8) get the read.
+func isMountPoint(dir string) (bool, error) {
+	var stx unix.Statx_t
+	err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_TYPE, &stx)
+	if errors.Is(err, unix.ENOENT) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("statx %s: %w", dir, err)
+	}
+	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
+	}
+	mounted, err := mountsUnder(dir)
+	return mounted[dir], err
+}
+
 // privatize makes the layers directory a private mount of its own.
 func (s *Store) privatize(mounted map[string]bool) error {
 	if !mounted[s.layers] {
@@ -123,11 +143,11 @@ func (s *Store) mountLayerAt(ctx context.Context, l Layer, mp string) (backend.L
 	}
 	s.mountMu.Lock()
 	defer s.mountMu.Unlock()
-	mounted, err := mountsUnder(mp)
+	mounted, err := isMountPoint(mp)
 	if err != nil {
 		return disk, err
 	}
-	if mounted[mp] {
+	if mounted {
 		return disk, nil
 	}
 	if err := os.Mkdir(mp, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
