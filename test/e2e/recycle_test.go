@@ -106,6 +106,9 @@ func TestRecycledSandboxes(t *testing.T) {
 	waitUntil(t, "the third sandbox pooled", time.Minute, func() bool { return counter(t, d, pooledRecycles) == 2 })
 	d.stop(syscall.SIGKILL)
 	c = d.start(args...)
+	if info, err := c.Get(ctx, second.ID()); err != nil || info.State != client.StateRunning {
+		t.Fatalf("recycled sandbox after the restart: %+v %v", info, err)
+	}
 	if out := testenv.Sh(t, second, "cat /root/api"); out != "via the file API\n" {
 		t.Fatalf("recycled sandbox after the restart: %q", out)
 	}
