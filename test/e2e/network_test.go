@@ -293,9 +293,15 @@ func TestNetworkCLI(t *testing.T) {
 // metrics reads the node's /metrics over its API socket.
 func metrics(t *testing.T, srv *testenv.Server) string {
 	t.Helper()
+	return metricsAt(t, strings.TrimPrefix(srv.Addr, "unix://"))
+}
+
+// metricsAt reads /metrics over the API socket at path.
+func metricsAt(t *testing.T, path string) string {
+	t.Helper()
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, "unix", strings.TrimPrefix(srv.Addr, "unix://"))
+		return d.DialContext(ctx, "unix", path)
 	}}}
 	resp, err := hc.Get("http://corral/metrics")
 	if err != nil {

@@ -2,9 +2,6 @@ package e2e
 
 import (
 	"context"
-	"io"
-	"net"
-	"net/http"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -18,25 +15,16 @@ import (
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
-// counter reads one sample of the daemon's /metrics on its unix socket
-// (0 when it has none yet).
+// counter reads one sample of the daemon's /metrics (0 when it has none
+// yet).
 func counter(t *testing.T, d *daemon, sample string) int {
 	t.Helper()
-	hc := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var dl net.Dialer
-		return dl.DialContext(ctx, "unix", filepath.Join(d.dataDir, "corral.sock"))
-	}}}
-	resp, err := hc.Get("http://node/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(sample) + ` (\d+)$`).FindSubmatch(body)
+	body := metricsAt(t, filepath.Join(d.dataDir, "corral.sock"))
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(sample) + ` (\d+)$`).FindStringSubmatch(body)
 	if m == nil {
 		return 0
 	}
-	n, _ := strconv.Atoi(string(m[1]))
+	n, _ := strconv.Atoi(m[1])
 	return n
 }
 

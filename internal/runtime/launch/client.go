@@ -147,24 +147,8 @@ func (r *Resetter) Reset(ctx context.Context, keep []int) (dirty bool, err error
 			return false, errdefs.Unavailable("connect to init: %v", err)
 		}
 	}
-	d, ok := ctx.Deadline()
-	if !ok {
-		d = time.Now().Add(time.Minute)
-	}
-	r.conn.SetDeadline(d)
-	var rep initproto.Reply
-	err = r.conn.Send(initproto.Request{Version: initproto.Version, Op: initproto.OpReset, Keep: keep})
-	if err == nil {
-		_, err = r.conn.Recv(&rep)
-	}
-	if err == nil {
-		err = ReplyError(rep)
-	}
-	if err != nil {
-		r.Close()
-		return false, ctxOr(ctx, err)
-	}
-	return rep.Dirty, nil
+	rep, err := r.roundTrip(ctx, initproto.Request{Op: initproto.OpReset, Keep: keep})
+	return rep.Dirty, err
 }
 
 // Renew hands init the fresh view of a sandbox whose views the node makes
@@ -174,13 +158,22 @@ func (r *Resetter) Renew(ctx context.Context, view *os.File) error {
 	if r.conn == nil {
 		return errdefs.FailedPrecondition("renew the view: no reset on this connection before")
 	}
+	_, err := r.roundTrip(ctx, initproto.Request{Op: initproto.OpView}, int(view.Fd()))
+	return err
+}
+
+// roundTrip sends req (with fds) on the reset connection and reads init's
+// reply, under ctx's deadline (a minute without one); a failure drops the
+// connection.
+func (r *Resetter) roundTrip(ctx context.Context, req initproto.Request, fds ...int) (initproto.Reply, error) {
 	d, ok := ctx.Deadline()
 	if !ok {
 		d = time.Now().Add(time.Minute)
 	}
 	r.conn.SetDeadline(d)
+	req.Version = initproto.Version
 	var rep initproto.Reply
-	err := r.conn.Send(initproto.Request{Version: initproto.Version, Op: initproto.OpView}, int(view.Fd()))
+	err := r.conn.Send(req, fds...)
 	if err == nil {
 		_, err = r.conn.Recv(&rep)
 	}
@@ -189,9 +182,9 @@ func (r *Resetter) Renew(ctx context.Context, view *os.File) error {
 	}
 	if err != nil {
 		r.Close()
-		return ctxOr(ctx, err)
+		return rep, ctxOr(ctx, err)
 	}
-	return nil
+	return rep, nil
 }
 
 // Close drops the connection.
