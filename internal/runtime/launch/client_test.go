@@ -52,14 +52,15 @@ func startFakeInit(t *testing.T) *fakeInit {
 			if err != nil {
 				return
 			}
-			f.accepted.Add(1)
 			c, err := initproto.NewConn(fd, "conn")
 			if err != nil {
 				continue
 			}
+			// Idle before counted: a test that saw the count may close it.
 			f.mu.Lock()
 			f.idle[c] = true
 			f.mu.Unlock()
+			f.accepted.Add(1)
 			go f.serve(c)
 		}
 	}()
@@ -120,9 +121,11 @@ func TestClientKeepsAConnectionForTheNextExec(t *testing.T) {
 	}
 	// Five execs: the first dialed, each dialed the next one's while it ran.
 	waitFor(t, func() bool { return f.accepted.Load() == 6 }, "6 connections for 5 execs")
-	if c.spare.conn == nil {
-		t.Fatal("no connection kept after an exec")
-	}
+	waitFor(t, func() bool {
+		c.spare.mu.Lock()
+		defer c.spare.mu.Unlock()
+		return c.spare.conn != nil
+	}, "a connection kept after an exec")
 
 	// The kept connection's peer goes away: the next exec notices on its
 	// send, dials, and keeps another.
