@@ -124,10 +124,10 @@ func (w *warmPools) recyclable(rec *state.Record) bool {
 // mayRecycle says whether a delete of sb (record rec) recycles it: a
 // running sandbox made recyclable, whose pool class still fits.
 func (w *warmPools) mayRecycle(rec *state.Record, sb backend.Sandbox) bool {
-	if _, ok := sb.(backend.Recycler); !ok || rec.Phase != state.PhaseRunning || rec.Reclaimed || w.draining.Load() {
+	if _, ok := sb.(backend.Recycler); !ok || rec.Phase != state.PhaseRunning || rec.Reclaimed || !w.recyclable(rec) {
 		return false
 	}
-	return w.recyclable(rec)
+	return !w.draining.Load()
 }
 
 // poolLocked returns image's pool, making it (and its filler) if needed,
