@@ -395,10 +395,10 @@ func sameStack(a, b []layers.Layer) bool {
 	return slices.EqualFunc(a, b, func(x, y layers.Layer) bool { return x.Digest == y.Digest })
 }
 
-// renewAndPool renews a deleted sandbox that Delete scrubbed and puts it back in
-// its image's pool for its project; false when it could not (renew failed:
-// the sandbox is stopped, for the caller's teardown). Either way rec is
-// done with once it returns true.
+// renewAndPool renews a deleted sandbox that Delete scrubbed and puts it
+// back in its image's pool for its project (or destroys it when the pool
+// has no room), and forgets rec. False when the renew failed: the sandbox
+// is stopped, and rec is left to the caller's teardown.
 func (w *warmPools) renewAndPool(rec *state.Record, sb backend.Sandbox) bool {
 	n := w.n
 	ctx, cancel := context.WithTimeout(w.ctx, time.Minute)

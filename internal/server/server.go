@@ -189,11 +189,11 @@ type Server struct {
 	liveView  *liveview.Handler
 }
 
-// Start builds the node and starts serving. Stop ends it.
 // maxRecycle bounds Config.Recycle: each pooled sandbox holds its init, a
 // disk and its cgroups.
 const maxRecycle = 256
 
+// Start builds the node and starts serving. Stop ends it.
 func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
