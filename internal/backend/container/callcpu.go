@@ -14,9 +14,18 @@ import (
 )
 
 // CPUUsage implements backend.Resetter: the CPU time of every process the
-// sandbox has run, from its cgroup's accounting.
+// sandbox has run, from its cgroup's accounting (a pooled sandbox's held
+// file).
 func (s *sandbox) CPUUsage() (time.Duration, error) {
-	d, err := s.group.CPUUsage()
+	var d time.Duration
+	var err error
+	if s.pool != nil {
+		s.pool.mu.Lock()
+		d, err = s.pool.watch.CPUUsage()
+		s.pool.mu.Unlock()
+	} else {
+		d, err = s.group.CPUUsage()
+	}
 	if err != nil {
 		return 0, fmt.Errorf("sandbox %s: %w", s.id, err)
 	}
@@ -29,7 +38,7 @@ func (s *sandbox) CPUUsage() (time.Duration, error) {
 // its pid is checked, so a pid reused meanwhile is never hit.
 func (s *sandbox) KillAllBut(ctx context.Context, keep []int) error {
 	for {
-		pids, err := s.group.Procs()
+		pids, err := s.procs()
 		if err != nil {
 			return fmt.Errorf("sandbox %s: kill: %w", s.id, err)
 		}
@@ -58,6 +67,17 @@ func (s *sandbox) KillAllBut(ctx context.Context, keep []int) error {
 		case <-time.After(time.Millisecond):
 		}
 	}
+}
+
+// procs lists the sandbox's processes (a pooled sandbox's through its held
+// file).
+func (s *sandbox) procs() ([]int, error) {
+	if s.pool == nil {
+		return s.group.Procs()
+	}
+	s.pool.mu.Lock()
+	defer s.pool.mu.Unlock()
+	return s.pool.watch.Procs()
 }
 
 // innerPid is host pid p's pid in its own (innermost) PID namespace, the

@@ -76,14 +76,14 @@ func (s *sandbox) Renew(ctx context.Context) error {
 		p.dirty = false
 		s.b.log.Debug("sandbox view renewed", append([]any{"sandbox", s.id}, timings...)...)
 	}
-	if err := p.mem.ResetPeak(); err != nil {
+	if err := p.watch.ResetPeak(); err != nil {
 		return fmt.Errorf("sandbox %s: renew: %w", s.id, err)
 	}
-	cpu, err := s.group.CPUUsage()
+	cpu, err := p.watch.CPUUsage()
 	if err != nil {
 		return fmt.Errorf("sandbox %s: renew: %w", s.id, err)
 	}
-	ooms, err := p.mem.OOMKills()
+	ooms, err := p.watch.OOMKills()
 	if err != nil {
 		return fmt.Errorf("sandbox %s: renew: %w", s.id, err)
 	}

@@ -14,14 +14,14 @@ import (
 var _ backend.Resetter = (*sandbox)(nil)
 
 // poolState is what a resettable or recyclable sandbox keeps between
-// calls: one open connection for resets, the memory files held open, and
+// calls: one open connection for resets, its cgroup's files held open, and
 // the OOM kill count after the last command (calls on a pooled sandbox are
 // serial, so the next command's "before" need not be read again). A
 // recyclable one also keeps what its next view is made of (recycle.go).
 type poolState struct {
 	mu      sync.Mutex
 	resets  launch.Resetter
-	mem     *cgroup.MemoryWatch
+	watch   *cgroup.Watch
 	oomLast uint64
 
 	// view: the node makes this sandbox's views (Spec.Recyclable), from
@@ -35,16 +35,16 @@ type poolState struct {
 
 // startPool prepares a resettable or recyclable sandbox's pool state.
 func (s *sandbox) startPool(spec backend.Spec) error {
-	mem, err := s.group.WatchMemory()
+	watch, err := s.group.Watch()
 	if err != nil {
 		return err
 	}
-	n, err := mem.OOMKills()
+	n, err := watch.OOMKills()
 	if err != nil {
-		mem.Close()
+		watch.Close()
 		return err
 	}
-	s.pool = &poolState{resets: launch.Resetter{Client: s.client}, mem: mem, oomLast: n, view: spec.Recyclable}
+	s.pool = &poolState{resets: launch.Resetter{Client: s.client}, watch: watch, oomLast: n, view: spec.Recyclable}
 	if spec.Recyclable {
 		s.pool.spec = backend.Spec{ID: spec.ID, Layers: spec.Layers, Resources: spec.Resources, Recyclable: true}
 	}
@@ -59,7 +59,7 @@ func (s *sandbox) stopPool() {
 	s.pool.mu.Lock()
 	defer s.pool.mu.Unlock()
 	s.pool.resets.Close()
-	s.pool.mem.Close()
+	s.pool.watch.Close()
 }
 
 // Reset implements backend.Resetter: init kills every process and, if the
@@ -77,7 +77,7 @@ func (s *sandbox) Reset(ctx context.Context, keep []int) (bool, error) {
 	if err != nil {
 		return dirty, fmt.Errorf("sandbox %s: reset: %w", s.id, err)
 	}
-	if err := s.pool.mem.ResetPeak(); err != nil {
+	if err := s.pool.watch.ResetPeak(); err != nil {
 		return dirty, fmt.Errorf("sandbox %s: reset: %w", s.id, err)
 	}
 	return dirty, nil
@@ -90,12 +90,12 @@ func (s *sandbox) MemoryPeak() (int64, error) {
 	}
 	s.pool.mu.Lock()
 	defer s.pool.mu.Unlock()
-	return s.pool.mem.Peak()
+	return s.pool.watch.Peak()
 }
 
 // OOMKills implements backend.Resetter.
 func (s *sandbox) OOMKills() (uint64, error) {
-	return s.ooms(func(p *poolState) (uint64, error) { return p.mem.OOMKills() })
+	return s.ooms(func(p *poolState) (uint64, error) { return p.watch.OOMKills() })
 }
 
 // oomBefore is the sandbox's OOM kill count before a command.
@@ -106,7 +106,7 @@ func (s *sandbox) oomBefore() (uint64, error) {
 // oomAfter is the count after a command.
 func (s *sandbox) oomAfter() (uint64, error) {
 	return s.ooms(func(p *poolState) (uint64, error) {
-		n, err := p.mem.OOMKills()
+		n, err := p.watch.OOMKills()
 		if err == nil {
 			p.oomLast = n
 		}

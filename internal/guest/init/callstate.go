@@ -80,16 +80,29 @@ func removeMqueues() error {
 // and below the smallest pid_max Linux allows (301).
 const callPidBase = 100
 
-// rewindPids sets the PID namespace's cursor to last (see above): the
-// next process or thread gets the first free id above it. A kernel without
-// checkpoint/restore support has no ns_last_pid, and so no way to rewind:
-// the counter then carries over.
-func rewindPids(last int) error {
-	err := os.WriteFile(poolProc+"/sys/kernel/ns_last_pid", []byte(strconv.Itoa(last)), 0)
+// openPidCursor opens the PID namespace's cursor (ns_last_pid) for
+// rewindPids, once: a sysctl's open costs several times its write, and a
+// pooled sandbox rewinds twice per call. A kernel without
+// checkpoint/restore support has no ns_last_pid, and so no way to rewind
+// (nil): the counter then carries over.
+func openPidCursor() (*os.File, error) {
+	f, err := os.OpenFile(poolProc+"/sys/kernel/ns_last_pid", os.O_WRONLY, 0)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
+		return nil, fmt.Errorf("pool: open the pid cursor: %w", err)
+	}
+	return f, nil
+}
+
+// rewindPids sets the PID namespace's cursor to last (see above): the
+// next process or thread gets the first free id above it.
+func (p *pool) rewindPids(last int) error {
+	if p.cursor == nil {
+		return nil
+	}
+	if _, err := p.cursor.WriteAt([]byte(strconv.Itoa(last)), 0); err != nil {
 		return fmt.Errorf("reset: rewind pids: %w", err)
 	}
 	return nil

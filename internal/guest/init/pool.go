@@ -291,7 +291,11 @@ func loadPool() (*pool, error) {
 	if err := json.Unmarshal(b, &pc); err != nil {
 		return nil, fmt.Errorf("pool: %w", err)
 	}
-	p := &pool{cfg: pc}
+	cursor, err := openPidCursor()
+	if err != nil {
+		return nil, err
+	}
+	p := &pool{cfg: pc, cursor: cursor}
 	if err := p.renew(); err != nil {
 		return nil, err
 	}

@@ -22,7 +22,8 @@ type pool struct {
 
 	mu     sync.Mutex // held by resets and while a command is forked
 	base   fingerprint
-	forker *forker // nil while a node's view is detached (between reset and OpView)
+	forker *forker  // nil while a node's view is detached (between reset and OpView)
+	cursor *os.File // the PID namespace's ns_last_pid; nil if the kernel has none
 }
 
 // killDeadline bounds how long a reset waits for every process to go.
@@ -62,7 +63,7 @@ func (p *pool) reset(keep []int) (bool, error) {
 	if err := removeMqueues(); err != nil {
 		return false, err
 	}
-	if err := rewindPids(1); err != nil {
+	if err := p.rewindPids(1); err != nil {
 		return false, err
 	}
 	fp, err := takeFingerprint(&p.cfg)
@@ -78,7 +79,7 @@ func (p *pool) reset(keep []int) (bool, error) {
 	if err := killAll(); err != nil {
 		return true, err
 	}
-	if err := rewindPids(1); err != nil { // the new forker's thread low
+	if err := p.rewindPids(1); err != nil { // the new forker's thread low
 		return true, err
 	}
 	if p.cfg.View {

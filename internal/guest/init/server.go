@@ -219,7 +219,7 @@ func (s *server) startIn(req *initproto.ExecRequest, stdio [3]int, forked func(p
 	// forked; a recyclable container's count up as on any Linux box (its
 	// resets rewind them).
 	if !s.pool.cfg.View {
-		if err := rewindPids(callPidBase); err != nil {
+		if err := s.pool.rewindPids(callPidBase); err != nil {
 			return 0, nil, err
 		}
 	}

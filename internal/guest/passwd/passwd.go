@@ -9,9 +9,12 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 )
 
 // NotFoundError says which user or group the files lack.
@@ -39,6 +42,18 @@ func Lookup(root, user string) (*syscall.Credential, error) {
 		}
 	}
 	passwdFile, groupFile := root+"/etc/passwd", root+"/etc/group"
+	key, stamps := root+"\x00"+user, [2]stamp{stampOf(passwdFile), stampOf(groupFile)}
+	if c, ok := cache.get(key, stamps); ok {
+		return c, nil
+	}
+	cred, err := lookupFiles(passwdFile, groupFile, name, group, hasGroup)
+	if err == nil {
+		cache.put(key, stamps, cred)
+	}
+	return cred, err
+}
+
+func lookupFiles(passwdFile, groupFile, name, group string, hasGroup bool) (*syscall.Credential, error) {
 	cred := &syscall.Credential{Groups: []uint32{}}
 	uid, err := strconv.ParseUint(name, 10, 32)
 	var pw []string
@@ -129,4 +144,72 @@ func scanColon(file string, fn func(f []string) bool) bool {
 		}
 	}
 	return false
+}
+
+// stamp identifies one version of a file: a change to it moves its ctime
+// (or, replaced, its inode).
+type stamp struct {
+	dev, ino  uint64
+	size      int64
+	ctime     syscall.Timespec
+	missing   bool
+	unsettled bool // changed within the last second: not to be trusted
+}
+
+// settle is how old a file's last change must be for its stamp to identify
+// its content. Timestamps are coarse (a clock tick), so a write in the
+// same tick as a stat could leave the ctime as it was; a second later,
+// any write moves it.
+const settle = time.Second
+
+func stampOf(file string) stamp {
+	var st syscall.Stat_t
+	if err := syscall.Stat(file, &st); err != nil {
+		return stamp{missing: true}
+	}
+	ctime := time.Unix(st.Ctim.Sec, st.Ctim.Nsec)
+	return stamp{dev: st.Dev, ino: st.Ino, size: st.Size, ctime: st.Ctim, unsettled: time.Since(ctime) < settle}
+}
+
+// cache keeps the credentials of each root and user while both files keep
+// their stamps: a pooled sandbox's init looks its user up on every call,
+// and two stats cost less than reading and parsing both files.
+var cache = credCache{m: map[string]cachedCred{}}
+
+// maxCached bounds the cache (users are few; a caller cycling through
+// numeric ids must not grow it without end).
+const maxCached = 64
+
+type cachedCred struct {
+	stamps [2]stamp
+	cred   syscall.Credential
+}
+
+type credCache struct {
+	mu sync.Mutex
+	m  map[string]cachedCred
+}
+
+func (c *credCache) get(key string, stamps [2]stamp) (*syscall.Credential, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[key]
+	if !ok || e.stamps != stamps {
+		return nil, false
+	}
+	cred := e.cred
+	cred.Groups = slices.Clone(e.cred.Groups)
+	return &cred, true
+}
+
+func (c *credCache) put(key string, stamps [2]stamp, cred *syscall.Credential) {
+	if stamps[0].unsettled || stamps[1].unsettled {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= maxCached {
+		clear(c.m)
+	}
+	c.m[key] = cachedCred{stamps: stamps, cred: syscall.Credential{Uid: cred.Uid, Gid: cred.Gid, Groups: slices.Clone(cred.Groups)}}
 }

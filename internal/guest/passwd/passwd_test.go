@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestLookup(t *testing.T) {
@@ -50,5 +52,58 @@ func TestLookup(t *testing.T) {
 		if cred.Uid != tc.uid || cred.Gid != tc.gid || !slices.Equal(cred.Groups, tc.groups) {
 			t.Errorf("%q: got %d:%d %v, want %d:%d %v", tc.user, cred.Uid, cred.Gid, cred.Groups, tc.uid, tc.gid, tc.groups)
 		}
+	}
+}
+
+// TestLookupSeesChangedFiles: the cache never serves credentials from a
+// version of the files that is gone, even when the new one has the same
+// size and is written within a second of the last lookup.
+func TestLookupSeesChangedFiles(t *testing.T) {
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, data string) {
+		if err := os.WriteFile(filepath.Join(root, "etc", name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lookup := func(user string) *syscall.Credential {
+		t.Helper()
+		cred, err := Lookup(root, user)
+		if err != nil {
+			t.Fatalf("%q: %v", user, err)
+		}
+		return cred
+	}
+	write("passwd", "alice:x:1000:1000::/home/alice:/bin/sh\n")
+	write("group", "wheel:x:10:alice\n")
+	time.Sleep(settle + 100*time.Millisecond) // settled: the next lookups cache
+	for range 2 {
+		if c := lookup("alice"); c.Uid != 1000 || c.Gid != 1000 || !slices.Equal(c.Groups, []uint32{10}) {
+			t.Fatalf("alice: %+v", c)
+		}
+	}
+	if _, ok := cache.get(root+"\x00alice", [2]stamp{stampOf(filepath.Join(root, "etc/passwd")), stampOf(filepath.Join(root, "etc/group"))}); !ok {
+		t.Fatal("settled files: the lookup was not cached")
+	}
+	lookup("alice").Groups[0] = 99
+	if c := lookup("alice"); !slices.Equal(c.Groups, []uint32{10}) {
+		t.Fatalf("a caller's change to its groups reached the cache: %v", c.Groups)
+	}
+	// Same sizes, written at once: each change must show.
+	write("passwd", "alice:x:1001:1000::/home/alice:/bin/sh\n")
+	if c := lookup("alice"); c.Uid != 1001 || !slices.Equal(c.Groups, []uint32{10}) {
+		t.Fatalf("after a passwd change: %+v", c)
+	}
+	write("group", "wheel:x:11:alice\n")
+	if c := lookup("alice"); !slices.Equal(c.Groups, []uint32{11}) {
+		t.Fatalf("after a group change: %+v", c)
+	}
+	if err := os.Remove(filepath.Join(root, "etc/passwd")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Lookup(root, "alice"); err == nil {
+		t.Fatal("alice found after /etc/passwd was removed")
 	}
 }

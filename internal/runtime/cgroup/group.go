@@ -262,13 +262,22 @@ func readKey(file, key string) (uint64, error) {
 		buf = buf[:len(buf)+n]
 	}
 	unix.Close(fd)
-	for line := range strings.Lines(string(buf)) {
+	v, err := keyValue(buf, key)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", file, err)
+	}
+	return v, nil
+}
+
+// keyValue finds the "key value" line of a cgroup file's content.
+func keyValue(b []byte, key string) (uint64, error) {
+	for line := range strings.Lines(string(b)) {
 		k, v, ok := strings.Cut(strings.TrimSuffix(line, "\n"), " ")
 		if ok && k == key {
 			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
 		}
 	}
-	return 0, fmt.Errorf("%s: no %q", file, key)
+	return 0, fmt.Errorf("no %q", key)
 }
 
 // Procs returns the pids in the group (read from the freezer or pids v1
@@ -288,13 +297,18 @@ func (g *Group) Procs() ([]int, error) {
 		}
 		return nil, fmt.Errorf("cgroup %s: procs: %w", g.id, err)
 	}
+	return parsePids(b), nil
+}
+
+// parsePids parses a cgroup.procs.
+func parsePids(b []byte) []int {
 	var pids []int
 	for _, f := range strings.Fields(string(b)) {
 		if p, err := strconv.Atoi(f); err == nil {
 			pids = append(pids, p)
 		}
 	}
-	return pids, nil
+	return pids
 }
 
 // Kill sends SIGKILL to every process in the group. A frozen group is thawed

@@ -1,0 +1,64 @@
+package cgroup
+
+import (
+	"os/exec"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestWatchReadsAfresh: the files a Watch holds open answer each read with
+// the group's state at that moment, not the state of their first read —
+// a process that joins shows in Procs and its CPU in CPUUsage, one that
+// has exited is gone from Procs.
+func TestWatchReadsAfresh(t *testing.T) {
+	m := testManager(t)
+	g, err := m.Create("sb.watch", Limits{Pids: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Remove(t.Context()) })
+	w, err := g.Watch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if pids, err := w.Procs(); err != nil || len(pids) != 0 {
+		t.Fatalf("empty group: Procs = %v %v", pids, err)
+	}
+	cpu0, err := w.CPUUsage()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	spin := exec.Command("/bin/sh", "-c", "while :; do :; done")
+	if err := spin.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer spin.Process.Kill()
+	for _, d := range g.allDirs() {
+		if err := write(d, "cgroup.procs", strconv.Itoa(spin.Process.Pid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if pids, err := w.Procs(); err != nil || !slices.Equal(pids, []int{spin.Process.Pid}) {
+		t.Fatalf("after a process joined: Procs = %v %v, want [%d]", pids, err, spin.Process.Pid)
+	}
+	time.Sleep(200 * time.Millisecond)
+	spin.Process.Kill()
+	spin.Wait()
+	if pids, err := w.Procs(); err != nil || len(pids) != 0 {
+		t.Fatalf("after it exited: Procs = %v %v, want none", pids, err)
+	}
+	cpu1, err := w.CPUUsage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if direct, err := g.CPUUsage(); err != nil || cpu1 != direct {
+		t.Errorf("CPUUsage %v through the held file, %v %v read afresh", cpu1, direct, err)
+	}
+	if cpu1-cpu0 < 50*time.Millisecond {
+		t.Errorf("CPUUsage went from %v to %v over 200ms of a spinning process", cpu0, cpu1)
+	}
+}
