@@ -82,7 +82,7 @@ func (c canaries) list() []string { return []string{c.Log, c.Config, c.Env} }
 
 // startServer starts a server whose log, data dir and environment carry
 // canaries; the log goes to a file in the data dir (like a harness log).
-func startServer(t *testing.T) (*testenv.Server, canaries) {
+func startServer(t *testing.T, mutate ...func(*server.Config)) (*testenv.Server, canaries) {
 	t.Helper()
 	c := canaries{
 		Log:    testenv.UniqueName("CANARY-LOG") + testenv.UniqueName(""),
@@ -102,6 +102,9 @@ func startServer(t *testing.T) (*testenv.Server, canaries) {
 		// Before the server starts: its store then turns layers/ into a
 		// mount of its own, across which nothing can be hard-linked.
 		addDebianImage(t, filepath.Join(cfg.DataDir, "images"))
+		for _, m := range mutate {
+			m(cfg)
+		}
 	})
 	logger.Info("grader answer", "secret", c.Log)
 	// The log also lives in the data dir, where a harness keeps its files.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/client"
+	"github.com/corral-dev/corral/internal/server"
 	"github.com/corral-dev/corral/internal/testenv"
 )
 
@@ -74,7 +75,9 @@ type load struct {
 func TestNoisyNeighbours(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, backend string) {
 		skipIfTableSays(t, backend, "resource/")
-		srv, _ := startServer(t)
+		// The daemon in a node cgroup of its own, as `corral serve` runs
+		// by default: B's exec is the daemon's work as much as B's.
+		srv, _ := startServer(t, func(c *server.Config) { c.NodeCgroup = c.CgroupParent + "-node" })
 		const disk, outCap = 64 << 20, 1 << 20
 		a := testenv.NewSandbox(t, srv.Client, client.CreateOptions{Backend: backend, Resources: client.Resources{
 			CPUMillis: 2000, MemoryBytes: 128 << 20, Pids: 128, DiskBytes: disk}})
