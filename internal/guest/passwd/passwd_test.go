@@ -10,16 +10,22 @@ import (
 	"time"
 )
 
-func TestLookup(t *testing.T) {
+// testRoot is a root with an /etc, and a writer of its files.
+func testRoot(t *testing.T) (string, func(name, data string)) {
 	root := t.TempDir()
 	if err := os.Mkdir(filepath.Join(root, "etc"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	write := func(name, data string) {
+	return root, func(name, data string) {
+		t.Helper()
 		if err := os.WriteFile(filepath.Join(root, "etc", name), []byte(data), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+func TestLookup(t *testing.T) {
+	root, write := testRoot(t)
 	write("passwd", "root:x:0:0:root:/root:/bin/sh\n# comment\nalice:x:1000:1000::/home/alice:/bin/sh\n")
 	write("group", "root:x:0:\nalice:x:1000:\nwheel:x:10:alice,bob\ndocker:x:999:alice\n")
 	for _, tc := range []struct {
@@ -59,15 +65,7 @@ func TestLookup(t *testing.T) {
 // version of the files that is gone, even when the new one has the same
 // size and is written within a second of the last lookup.
 func TestLookupSeesChangedFiles(t *testing.T) {
-	root := t.TempDir()
-	if err := os.Mkdir(filepath.Join(root, "etc"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	write := func(name, data string) {
-		if err := os.WriteFile(filepath.Join(root, "etc", name), []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	root, write := testRoot(t)
 	lookup := func(user string) *syscall.Credential {
 		t.Helper()
 		cred, err := Lookup(root, user)
