@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -409,12 +411,14 @@ func TestNodeDNSFloodNoisy(t *testing.T) {
 	parent := l.srv.Config.CgroupParent
 	var idleLs, idleCreate, idleExec, ls, create, execs []time.Duration
 	var idleDaemon, idleIRQ, floodDaemon, floodIRQ, floodA, idleWait, floodWait time.Duration
+	var idleGo, floodGo goWaits
 	var createRatio, execRatio []float64
 	var tcp, udp probeproto.FloodResult
 	for range rounds {
-		cpu0, irq0, w0 := processCPU(), softirqTime(), runQueueWait()
+		cpu0, irq0, w0, g0 := processCPU(), softirqTime(), runQueueWait(), goRunnableWaits()
 		iLs, iCreate, iExec := nodeLatencies(t, l, b, window)
 		idleDaemon, idleIRQ, idleWait = idleDaemon+processCPU()-cpu0, idleIRQ+softirqTime()-irq0, idleWait+runQueueWait()-w0
+		idleGo.add(g0, goRunnableWaits())
 
 		var wg sync.WaitGroup
 		var rt, ru probeproto.FloodResult
@@ -429,10 +433,11 @@ func TestNodeDNSFloodNoisy(t *testing.T) {
 			ru = flood(t, a, probeproto.FloodInput{Kind: "udp", Resolver: l.resolver(), Suffix: "wild.test", Seconds: secs})
 		}()
 		time.Sleep(ramp) // the connections are open, the queries flowing
-		cpu0, irq0, a0, w0 := processCPU(), softirqTime(), sandboxCPU(t, parent, a.ID()), runQueueWait()
+		cpu0, irq0, a0, w0, g0 := processCPU(), softirqTime(), sandboxCPU(t, parent, a.ID()), runQueueWait(), goRunnableWaits()
 		fLs, fCreate, fExec := nodeLatencies(t, l, b, window)
 		floodDaemon, floodIRQ, floodA = floodDaemon+processCPU()-cpu0, floodIRQ+softirqTime()-irq0, floodA+sandboxCPU(t, parent, a.ID())-a0
 		floodWait += runQueueWait() - w0
+		floodGo.add(g0, goRunnableWaits())
 		wg.Wait()
 		tcp.Sent, tcp.Opened, tcp.Errors, udp.Sent = tcp.Sent+rt.Sent, tcp.Opened+rt.Opened, tcp.Errors+rt.Errors, udp.Sent+ru.Sent
 
@@ -464,9 +469,12 @@ func TestNodeDNSFloodNoisy(t *testing.T) {
 	// And what an exec over 2× waited for: the daemon's threads' time
 	// runnable but not running (its API work behind its own DNS work, at
 	// the node's weight, docs/limits.md).
-	report.Logf("node/dns-flood-* CPU over %d × %v (node cgroup %v): A %v; daemon %v (idle windows %v); host softirq %v (idle windows %v); daemon threads waiting for a CPU %v (idle windows %v)",
+	// And, inside the daemon, how long its goroutines waited runnable for
+	// one of Go's Ps (its API work behind its DNS work in Go's own queues).
+	report.Logf("node/dns-flood-* CPU over %d × %v (node cgroup %v): A %v; daemon %v (idle windows %v); host softirq %v (idle windows %v); daemon threads waiting for a CPU %v (idle windows %v); goroutines waiting for a P: %s (idle windows %s)",
 		rounds, window, nodeCgroup, floodA.Round(time.Millisecond), floodDaemon.Round(time.Millisecond), idleDaemon.Round(time.Millisecond),
-		floodIRQ.Round(time.Millisecond), idleIRQ.Round(time.Millisecond), floodWait.Round(time.Millisecond), idleWait.Round(time.Millisecond))
+		floodIRQ.Round(time.Millisecond), idleIRQ.Round(time.Millisecond), floodWait.Round(time.Millisecond), idleWait.Round(time.Millisecond),
+		floodGo, idleGo)
 	rows := []Result{
 		check("node/dns-flood-ls", len(ls) > 0 && p99(ls) < 100*time.Millisecond, "%s", figures),
 		check("node/dns-flood-neighbour-create", len(create) > 0, "%s", figures),
@@ -517,6 +525,63 @@ func runQueueWait() time.Duration {
 		}
 	}
 	return time.Duration(sum)
+}
+
+// goRunnableWaits is the Go scheduler's histogram of how long goroutines
+// of this process (the daemon's, and the test's client) waited runnable
+// before they ran.
+func goRunnableWaits() *metrics.Float64Histogram {
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return nil
+	}
+	return s[0].Value.Float64Histogram()
+}
+
+// goWaits sums the goroutine waits of several windows.
+type goWaits struct {
+	counts  []uint64
+	buckets []float64
+}
+
+// add adds the waits between two readings of goRunnableWaits.
+func (w *goWaits) add(before, after *metrics.Float64Histogram) {
+	if before == nil || after == nil || len(before.Counts) != len(after.Counts) {
+		return
+	}
+	if w.counts == nil {
+		w.counts, w.buckets = make([]uint64, len(after.Counts)), after.Buckets
+	}
+	for i := range after.Counts {
+		w.counts[i] += after.Counts[i] - before.Counts[i]
+	}
+}
+
+// String is the waits' count, p99 and total time (each wait at its
+// bucket's upper bound).
+func (w goWaits) String() string {
+	var n uint64
+	for _, c := range w.counts {
+		n += c
+	}
+	if n == 0 {
+		return "none"
+	}
+	var seen uint64
+	var sum, p99 float64
+	for i, c := range w.counts {
+		hi := w.buckets[i+1]
+		if math.IsInf(hi, 1) {
+			hi = w.buckets[i]
+		}
+		sum += float64(c) * hi
+		if seen < n*99/100 && seen+c >= n*99/100 {
+			p99 = hi
+		}
+		seen += c
+	}
+	return fmt.Sprintf("%d waits, p99 %v, total %v", n, time.Duration(p99*1e9).Round(time.Microsecond), time.Duration(sum*1e9).Round(time.Millisecond))
 }
 
 // loadAverage is the host's 1-minute load average (/proc/loadavg).
