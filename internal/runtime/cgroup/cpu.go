@@ -2,7 +2,6 @@ package cgroup
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,16 +13,31 @@ import (
 // cpu.stat's usage_usec. Unlike wait4 of one child it counts detached and
 // re-parented processes too.
 func (g *Group) CPUUsage() (time.Duration, error) {
+	file, cpuStat := g.cpuFile()
+	b, err := readSmall(file)
+	if err != nil {
+		return 0, fmt.Errorf("cgroup %s: cpu usage: %w", g.id, err)
+	}
+	return g.parseCPUUsage(b, cpuStat)
+}
+
+// cpuFile is the group's CPU usage file, and whether it is v2's cpu.stat
+// (else v1's cpuacct.usage).
+func (g *Group) cpuFile() (file string, cpuStat bool) {
 	if g.unified || g.v1["cpuacct"] == "" {
-		us, err := readKey(filepath.Join(g.v2, "cpu.stat"), "usage_usec")
+		return filepath.Join(g.v2, "cpu.stat"), true
+	}
+	return filepath.Join(g.v1["cpuacct"], "cpuacct.usage"), false
+}
+
+// parseCPUUsage reads the content of the file cpuFile names.
+func (g *Group) parseCPUUsage(b []byte, cpuStat bool) (time.Duration, error) {
+	if cpuStat {
+		us, err := keyValue(b, "usage_usec")
 		if err != nil {
 			return 0, fmt.Errorf("cgroup %s: cpu usage: %w", g.id, err)
 		}
 		return time.Duration(us) * time.Microsecond, nil
-	}
-	b, err := os.ReadFile(filepath.Join(g.v1["cpuacct"], "cpuacct.usage"))
-	if err != nil {
-		return 0, fmt.Errorf("cgroup %s: cpu usage: %w", g.id, err)
 	}
 	ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 	if err != nil {

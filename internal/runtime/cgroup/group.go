@@ -221,28 +221,47 @@ func (g *Group) Exists() bool {
 	return false
 }
 
+// oomFile is the group's file with its OOM kill counter: v1
+// memory.oom_control, v2 memory.events.
+func (g *Group) oomFile() string {
+	if g.unified {
+		return filepath.Join(g.v2, "memory.events")
+	}
+	return filepath.Join(g.v1["memory"], "memory.oom_control")
+}
+
 // OOMKills returns the number of OOM kills in the group so far.
 func (g *Group) OOMKills() (uint64, error) {
-	file := filepath.Join(g.v1["memory"], "memory.oom_control")
-	if g.unified {
-		file = filepath.Join(g.v2, "memory.events")
-	}
-	v, err := readKey(file, "oom_kill")
+	v, err := readKey(g.oomFile(), "oom_kill")
 	if err != nil {
 		return 0, fmt.Errorf("cgroup %s: oom counter: %w", g.id, err)
 	}
 	return v, nil
 }
 
-// readKey reads one "key value" line of a small cgroup file. It reads with
-// plain syscalls: os.Open would register the file with Go's poller (kernfs
-// files are pollable) and unregister it again, and an exec reads the OOM
-// counter twice.
+// readKey reads one "key value" line of a small cgroup file.
 func readKey(file, key string) (uint64, error) {
+	b, err := readSmall(file)
+	if err != nil {
+		return 0, err
+	}
+	v, err := keyValue(b, key)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", file, err)
+	}
+	return v, nil
+}
+
+// readSmall reads a small cgroup file whole. It reads with plain syscalls:
+// os.Open would register the file with Go's poller (kernfs files are
+// pollable) and unregister it again, and an exec reads the OOM counter
+// twice.
+func readSmall(file string) ([]byte, error) {
 	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0, &os.PathError{Op: "open", Path: file, Err: err}
+		return nil, &os.PathError{Op: "open", Path: file, Err: err}
 	}
+	defer unix.Close(fd)
 	buf := make([]byte, 0, 4096)
 	for {
 		if len(buf) == cap(buf) {
@@ -253,20 +272,13 @@ func readKey(file, key string) (uint64, error) {
 			continue
 		}
 		if err != nil {
-			unix.Close(fd)
-			return 0, &os.PathError{Op: "read", Path: file, Err: err}
+			return nil, &os.PathError{Op: "read", Path: file, Err: err}
 		}
 		if n == 0 {
-			break
+			return buf, nil
 		}
 		buf = buf[:len(buf)+n]
 	}
-	unix.Close(fd)
-	v, err := keyValue(buf, key)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", file, err)
-	}
-	return v, nil
 }
 
 // keyValue finds the "key value" line of a cgroup file's content.

@@ -31,15 +31,12 @@ type Watch struct {
 
 // Watch opens the group's files.
 func (g *Group) Watch() (*Watch, error) {
-	events, peak := filepath.Join(g.v1["memory"], "memory.oom_control"), filepath.Join(g.v1["memory"], "memory.max_usage_in_bytes")
+	peak := filepath.Join(g.v1["memory"], "memory.max_usage_in_bytes")
 	if g.unified {
-		events, peak = filepath.Join(g.v2, "memory.events"), filepath.Join(g.v2, "memory.peak")
+		peak = filepath.Join(g.v2, "memory.peak")
 	}
-	w := &Watch{g: g, buf: make([]byte, 4096), resettable: true, cpuStat: g.unified || g.v1["cpuacct"] == ""}
-	cpu := filepath.Join(g.v1["cpuacct"], "cpuacct.usage")
-	if w.cpuStat {
-		cpu = filepath.Join(g.v2, "cpu.stat")
-	}
+	cpu, cpuStat := g.cpuFile()
+	w := &Watch{g: g, buf: make([]byte, 4096), resettable: true, cpuStat: cpuStat}
 	var err error
 	open := func(file string, flag int) *os.File {
 		if err != nil {
@@ -51,7 +48,7 @@ func (g *Group) Watch() (*Watch, error) {
 		}
 		return f
 	}
-	w.events, w.peak, w.cpu = open(events, os.O_RDONLY), open(peak, os.O_RDWR), open(cpu, os.O_RDONLY)
+	w.events, w.peak, w.cpu = open(g.oomFile(), os.O_RDONLY), open(peak, os.O_RDWR), open(cpu, os.O_RDONLY)
 	// A v1 cgroup.procs held open keeps serving the pid list it built
 	// first (for up to a second); v2's is read afresh from offset 0.
 	if g.v2 != "" {
@@ -97,18 +94,7 @@ func (w *Watch) CPUUsage() (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	if w.cpuStat {
-		us, err := keyValue(b, "usage_usec")
-		if err != nil {
-			return 0, fmt.Errorf("cgroup %s: cpu usage: %w", w.g.id, err)
-		}
-		return time.Duration(us) * time.Microsecond, nil
-	}
-	ns, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("cgroup %s: cpu usage: %w", w.g.id, err)
-	}
-	return time.Duration(ns), nil
+	return w.g.parseCPUUsage(b, w.cpuStat)
 }
 
 // Procs is Group.Procs, through the held v2 file where there is one.
