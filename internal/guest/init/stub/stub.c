@@ -227,6 +227,20 @@ static int kill_of(const char *b, size_t n, long *pgid, long *sig)
 }
 
 /*
+ * recv_now is a non-blocking recv whose end of file is confirmed by a
+ * second look: the kernel checks a SOCK_SEQPACKET queue before the peer's
+ * shutdown, so a packet sent just before the peer closed can read as end
+ * of file (initproto's peekLen).
+ */
+static ssize_t recv_now(int fd, char *b, size_t len, int flags)
+{
+	ssize_t n = recv(fd, b, len, flags | MSG_DONTWAIT);
+	if (n == 0)
+		n = recv(fd, b, len, flags | MSG_DONTWAIT);
+	return n;
+}
+
+/*
  * serve_conn looks at a connection's first packet: a ping or a kill it
  * answers (and closes, as the server does); anything else, and a kill the
  * kernel refused (the server then reports why), goes to the server. It
@@ -235,7 +249,7 @@ static int kill_of(const char *b, size_t n, long *pgid, long *sig)
 static int serve_conn(int fd)
 {
 	char b[512];
-	ssize_t n = recv(fd, b, sizeof b, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT);
+	ssize_t n = recv_now(fd, b, sizeof b, MSG_PEEK | MSG_TRUNC);
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
 		return 0;
 	if (n <= 0) {
@@ -359,7 +373,7 @@ static void server_msg(void)
 static int exec_conn(int i)
 {
 	char b[128];
-	ssize_t n = recv(execs[i].fd, b, sizeof b, MSG_DONTWAIT | MSG_TRUNC);
+	ssize_t n = recv_now(execs[i].fd, b, sizeof b, MSG_TRUNC);
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
 		return 0;
 	if (n <= 0) {
