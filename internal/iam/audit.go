@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -79,7 +80,7 @@ func (b *AuditBegun) Finish(result string) error {
 	e := b.rec.entry
 	e.Result = result
 	val, _ := json.Marshal(e)
-	rec := auditWrite{entry: e, value: val, done: make(chan error, 1), rewrite: true}
+	rec := auditWrite{entry: e, value: val, done: make(chan error, 1), rewrite: true, unawaited: result == "ok"}
 	if err := b.s.enqueueAudit(rec); err != nil {
 		return err
 	}
@@ -134,8 +135,10 @@ type auditWrite struct {
 	value []byte
 	done  chan error
 	// quiet: not published when written (BeginRecord's Finish does);
-	// rewrite: replaces the entry of the same key (a failed begun call).
-	quiet, rewrite bool
+	// rewrite: replaces the entry of the same key (a begun call's result);
+	// unawaited: nobody waits for it (a successful call's result), so the
+	// writer may hold it (resultHold).
+	quiet, rewrite, unawaited bool
 }
 
 // maxAuditBatch bounds the entries of one audit transaction.
@@ -145,29 +148,63 @@ const maxAuditBatch = 256
 // compacted.
 const journalIdle = 250 * time.Millisecond
 
+// resultHold is how long, by default, the writer may hold the result
+// record of a successful begun call (its "started" entry is durable and
+// nobody waits for the result) so that the next batch carries it:
+// back-to-back execs then take one sync each, not two.
+const resultHold = 10 * time.Millisecond
+
 // writeAudit commits queued entries, as many per batch as are waiting,
 // until stopAudit closes; what is queued then is committed last (Finish's
 // rewrites of successful calls, which nobody waits for), and the journal
-// compacted.
+// compacted. A batch of nothing but such rewrites is held for up to
+// s.resultHold, to ride with the next one.
 func (s *Service) writeAudit() {
 	defer close(s.auditDone)
 	idle := time.NewTimer(journalIdle)
 	idle.Stop()
 	defer idle.Stop()
+	hold := time.NewTimer(s.resultHold)
+	hold.Stop()
+	defer hold.Stop()
+	var held []auditWrite
+	commit := func(batch []auditWrite) {
+		if len(held)+len(batch) > maxAuditBatch {
+			s.commitBatch(held)
+		} else {
+			batch = append(held, batch...)
+		}
+		held = nil
+		hold.Stop()
+		s.commitBatch(batch)
+		s.setHeld(nil)
+		if s.journal != nil {
+			if s.journalFull() {
+				s.compact()
+			} else {
+				idle.Reset(journalIdle)
+			}
+		}
+	}
 	for {
 		select {
 		case w := <-s.auditQ:
-			s.commitBatch(s.takeQueued([]auditWrite{w}))
-			if s.journal != nil {
-				if s.journalFull() {
-					s.compact()
-				} else {
-					idle.Reset(journalIdle)
+			batch := s.takeQueued([]auditWrite{w})
+			if !slices.ContainsFunc(batch, func(w auditWrite) bool { return !w.unawaited }) && len(held)+len(batch) <= maxAuditBatch {
+				if len(held) == 0 {
+					hold.Reset(s.resultHold)
 				}
+				held = append(held, batch...)
+				s.setHeld(held)
+				continue
 			}
+			commit(batch)
+		case <-hold.C:
+			commit(nil)
 		case <-idle.C:
 			s.compact()
 		case <-s.stopAudit:
+			s.commitBatch(held)
 			for batch := s.takeQueued(nil); len(batch) > 0; batch = s.takeQueued(nil) {
 				s.commitBatch(batch)
 			}
@@ -180,6 +217,9 @@ func (s *Service) writeAudit() {
 }
 
 func (s *Service) commitBatch(batch []auditWrite) {
+	if len(batch) == 0 {
+		return
+	}
 	if s.journal != nil {
 		s.commitJournal(batch)
 	} else {

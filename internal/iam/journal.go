@@ -237,13 +237,29 @@ func (s *Service) compactJournal() error {
 	return s.journal.truncate()
 }
 
-// pendingAudit is a snapshot of the journal's entries not yet in the store.
-// The writer only appends to s.pending (elements below a snapshot's length
-// never change) or replaces it after a compaction has committed.
+// pendingAudit is a snapshot of the journal's entries not yet in the store,
+// then the results the writer holds (see resultHold): a listing shows the
+// result of a call already answered, not yet durable. The writer only
+// appends to s.pending (elements below a snapshot's length never change) or
+// replaces it after a compaction has committed.
 func (s *Service) pendingAudit() []AuditEntry {
 	s.pendMu.Lock()
 	defer s.pendMu.Unlock()
-	return s.pending
+	if len(s.held) == 0 {
+		return s.pending
+	}
+	return append(slices.Clip(s.pending), s.held...)
+}
+
+// setHeld publishes the writer's held results to listings; their commit
+// (which appends them to s.pending) comes before they leave.
+func (s *Service) setHeld(held []auditWrite) {
+	s.pendMu.Lock()
+	defer s.pendMu.Unlock()
+	s.held = s.held[:0]
+	for _, w := range held {
+		s.held = append(s.held, w.entry)
+	}
 }
 
 // mergePending overlays pending (taken before stored was read) on stored,

@@ -24,7 +24,7 @@ import (
 
 // openJournaled opens the bolt store in dir, wrapped by wrap (nil: as is),
 // with the audit journal in front of it.
-func openJournaled(t *testing.T, dir string, wrap func(iam.Store) iam.Store) *iam.Service {
+func openJournaled(t *testing.T, dir string, wrap func(iam.Store) iam.Store, configure ...func(*iam.Config)) *iam.Service {
 	t.Helper()
 	bolt, err := iam.OpenBolt(filepath.Join(dir, "iam.db"))
 	if err != nil {
@@ -39,7 +39,11 @@ func openJournaled(t *testing.T, dir string, wrap func(iam.Store) iam.Store) *ia
 		st.Close()
 		t.Fatal(err)
 	}
-	return iam.New(iam.Config{Store: st, Journal: j})
+	cfg := iam.Config{Store: st, Journal: j}
+	for _, c := range configure {
+		c(&cfg)
+	}
+	return iam.New(cfg)
 }
 
 // resultsBySummary lists the whole log as summary -> result, failing on a
@@ -425,5 +429,121 @@ func TestAuditJournalTornTail(t *testing.T) {
 				t.Errorf("journal after a record: %v, %v; want the record", fi, err)
 			}
 		})
+	}
+}
+
+// recordingStore notes every result a compaction (a transaction without
+// conditions) writes, by summary.
+type recordingStore struct {
+	iam.Store
+	mu      sync.Mutex
+	results map[string][]string
+}
+
+func (r *recordingStore) Txn(ctx context.Context, conds []iam.Cond, writes []iam.Write) error {
+	err := r.Store.Txn(ctx, conds, writes)
+	if err == nil && len(conds) == 0 {
+		r.mu.Lock()
+		for _, w := range writes {
+			var e iam.AuditEntry
+			if json.Unmarshal(w.Value, &e) == nil {
+				r.results[e.Summary] = append(r.results[e.Summary], e.Result)
+			}
+		}
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// durableResults is every result on disk, by summary: the journal's
+// records, then what compactions moved into the store (read in this
+// order, a compaction in between cannot hide a record).
+func durableResults(t *testing.T, dir string, rec *recordingStore) map[string][]string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "audit.journal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for len(b) >= 8 {
+		n := int(binary.LittleEndian.Uint32(b))
+		if len(b) < 8+n {
+			t.Fatalf("journal record of %d bytes cut short", n)
+		}
+		var e iam.AuditEntry
+		if err := json.Unmarshal(b[8:8+n], &e); err != nil {
+			t.Fatal(err)
+		}
+		out[e.Summary] = append(out[e.Summary], e.Result)
+		b = b[8+n:]
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for k, v := range rec.results {
+		out[k] = append(out[k], v...)
+	}
+	return out
+}
+
+// TestAuditHeldResult: the result of a successful begun call (an exec) is
+// not synced on its own but held for the next batch, and shown to listings
+// meanwhile; a failed call's result is never held; a held result is
+// written by the next entry's batch, at close, and after the hold.
+func TestAuditHeldResult(t *testing.T) {
+	dir := t.TempDir()
+	rec := &recordingStore{results: map[string][]string{}}
+	wrap := func(st iam.Store) iam.Store { rec.Store = st; return rec }
+	svc := openJournaled(t, dir, wrap, func(c *iam.Config) { c.ResultHold = time.Hour })
+	begin := func(summary, result string) {
+		t.Helper()
+		if err := svc.BeginRecord(admin, iam.AuditEntry{Procedure: "/x/Exec", Summary: summary}).Finish(result); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	begin("ok-1", "ok")
+	// Finish hands the result over without waiting; listings show it once
+	// the writer holds it.
+	deadline := time.Now().Add(5 * time.Second)
+	for resultsBySummary(t, svc)["ok-1"] != "ok" {
+		if time.Now().After(deadline) {
+			t.Fatal("a held result: not listed 5 s after the call")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := durableResults(t, dir, rec)["ok-1"]; !slices.Equal(got, []string{iam.AuditStarted}) {
+		t.Fatalf("on disk after the call: %v, want only %q (the result held)", got, iam.AuditStarted)
+	}
+
+	begin("failed", "internal: boom")
+	got := durableResults(t, dir, rec)
+	if !slices.Contains(got["ok-1"], "ok") {
+		t.Fatalf("ok-1 on disk after the next call: %v, want its result carried by that call's batch", got["ok-1"])
+	}
+	if !slices.Contains(got["failed"], "internal: boom") {
+		t.Fatalf("a failed call's result on disk: %v, want it written before Finish returned", got["failed"])
+	}
+
+	begin("ok-at-close", "ok")
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	svc = openJournaled(t, dir, nil)
+	if got := resultsBySummary(t, svc)["ok-at-close"]; got != "ok" {
+		t.Fatalf("a result held at close, after reopening: %q, want ok", got)
+	}
+	svc.Close()
+
+	// The default hold: written within it, with nothing after it.
+	rec = &recordingStore{results: map[string][]string{}}
+	svc = openJournaled(t, dir, wrap)
+	defer svc.Close()
+	begin("ok-alone", "ok")
+	deadline = time.Now().Add(5 * time.Second)
+	for !slices.Contains(durableResults(t, dir, rec)["ok-alone"], "ok") {
+		if time.Now().After(deadline) {
+			t.Fatal("a held result alone: not on disk 5 s after the call")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

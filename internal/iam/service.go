@@ -31,10 +31,14 @@ type Service struct {
 
 	// journal, when set, takes audit entries before the store (see
 	// journal.go); pending are its entries not yet compacted into the
-	// store, in journal order (the writer appends under pendMu).
+	// store, in journal order (the writer appends under pendMu); held are
+	// the results the writer holds back (resultHold), shown to listings.
 	journal *AuditJournal
 	pendMu  sync.Mutex
 	pending []AuditEntry
+	held    []AuditEntry
+	// resultHold is Config.ResultHold.
+	resultHold time.Duration
 
 	closeOnce sync.Once
 	closeErr  error
@@ -53,6 +57,9 @@ type Config struct {
 	// Journal, when set, is the audit journal in front of Store (opened
 	// with OpenAuditJournal over the same Store); the Service closes it.
 	Journal *AuditJournal
+	// ResultHold is how long the audit writer may hold a successful begun
+	// call's result for the next batch (0: 10 ms; see resultHold).
+	ResultHold time.Duration
 }
 
 // New returns a Service over cfg.Store.
@@ -66,7 +73,10 @@ func New(cfg Config) *Service {
 	if cfg.Usage == nil {
 		cfg.Usage = func(string) Usage { return Usage{} }
 	}
-	s := &Service{store: cfg.Store, now: cfg.Now, log: cfg.Logger, contents: cfg.Contents, usage: cfg.Usage,
+	if cfg.ResultHold <= 0 {
+		cfg.ResultHold = resultHold
+	}
+	s := &Service{resultHold: cfg.ResultHold, store: cfg.Store, now: cfg.Now, log: cfg.Logger, contents: cfg.Contents, usage: cfg.Usage,
 		buckets: map[string]*bucket{}, subs: map[chan AuditEntry]struct{}{}, journal: cfg.Journal,
 		auditQ: make(chan auditWrite, maxAuditBatch), stopAudit: make(chan struct{}), auditDone: make(chan struct{})}
 	go s.writeAudit()
