@@ -205,6 +205,7 @@ func (s *Service) writeAudit() {
 			s.compact()
 		case <-s.stopAudit:
 			s.commitBatch(held)
+			s.setHeld(nil)
 			for batch := s.takeQueued(nil); len(batch) > 0; batch = s.takeQueued(nil) {
 				s.commitBatch(batch)
 			}
