@@ -137,7 +137,7 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 	}
 	// The stub learns of the command at once: a command may kill the
 	// server (it is not PID 1), and the stub then reports the exit.
-	pid, done, err := s.startIn(req, [3]int{stdin, fds[0], fds[1]}, func(pid int) { s.tell(pid, c) })
+	pid, pidfd, done, err := s.startIn(req, [3]int{stdin, fds[0], fds[1]}, func(pid int) { s.tell(pid, c) })
 	if err != nil {
 		replyErr(c, classify(err), err)
 		return
@@ -147,7 +147,7 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 	defer s.tell(pid, nil)
 	_ = c.Send(initproto.Reply{Op: initproto.OpStarted, Pid: pid})
 	go s.relayKills(c, pid)
-	es := <-done
+	es := s.awaitExit(pidfd, done)
 	ws := es.ws
 	r := initproto.Reply{Op: initproto.OpExit, ExitCode: ws.ExitStatus(),
 		CPUNanos: es.ru.Utime.Nano() + es.ru.Stime.Nano()}
@@ -184,47 +184,90 @@ func (s *server) reap(sigs <-chan os.Signal) {
 		if sig != unix.SIGCHLD {
 			continue // caught so that PID 1 never dies of it
 		}
-		s.mu.Lock()
-		for {
-			var ws unix.WaitStatus
-			var ru unix.Rusage
-			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, &ru)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil || pid <= 0 {
-				break
-			}
-			if ch, ok := s.waiters[pid]; ok {
-				delete(s.waiters, pid)
-				ch <- exitStatus{ws, ru}
-			}
-		}
-		s.mu.Unlock()
+		s.reapExited()
 	}
+}
+
+// reapExited reaps every exited child and hands registered exits to their
+// exec.
+func (s *server) reapExited() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		var ws unix.WaitStatus
+		var ru unix.Rusage
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, &ru)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return
+		}
+		if ch, ok := s.waiters[pid]; ok {
+			delete(s.waiters, pid)
+			ch <- exitStatus{ws, ru}
+		}
+	}
+}
+
+// awaitExit waits for a started command's exit (pidfd is closed here, -1
+// if there is none). The pidfd wakes this goroutine through the netpoller
+// once the command has exited, and it reaps at once: one thread woken,
+// where SIGCHLD takes a thread for the signal, another for Go's signal
+// goroutine, and then the reaper. The reaper stays: it takes orphans, and
+// whichever reaps first hands the exit over.
+func (s *server) awaitExit(pidfd int, done chan exitStatus) exitStatus {
+	if pidfd >= 0 {
+		if waitReadable(pidfd) == nil {
+			s.reapExited()
+		}
+	}
+	return <-done
+}
+
+// waitReadable waits until fd (a pidfd, closed here) polls readable.
+func waitReadable(fd int) error {
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Read(func(fd uintptr) bool {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(p, 0)
+		if err == unix.EINTR {
+			return false
+		}
+		return err != nil || n > 0
+	})
 }
 
 // startIn starts a command; in pool mode on the forker thread, inside the
 // view, and never concurrently with a reset.
-func (s *server) startIn(req *initproto.ExecRequest, stdio [3]int, forked func(pid int)) (pid int, done chan exitStatus, err error) {
+func (s *server) startIn(req *initproto.ExecRequest, stdio [3]int, forked func(pid int)) (pid, pidfd int, done chan exitStatus, err error) {
 	if s.pool == nil {
 		return s.start(req, stdio, forked)
 	}
 	s.pool.mu.Lock()
 	defer s.pool.mu.Unlock()
 	if s.pool.forker == nil {
-		return 0, nil, &reqError{initproto.ClassInternal, errors.New("exec: the sandbox is between views (being recycled)")}
+		return 0, -1, nil, &reqError{initproto.ClassInternal, errors.New("exec: the sandbox is between views (being recycled)")}
 	}
 	// A fncall's pids start at the same number whatever earlier calls
 	// forked; a recyclable container's count up as on any Linux box (its
 	// resets rewind them).
 	if !s.pool.cfg.View {
 		if err := s.pool.rewindPids(callPidBase); err != nil {
-			return 0, nil, err
+			return 0, -1, nil, err
 		}
 	}
-	s.pool.forker.run(func() { pid, done, err = s.start(req, stdio, forked) })
-	return pid, done, err
+	s.pool.forker.run(func() { pid, pidfd, done, err = s.start(req, stdio, forked) })
+	return pid, pidfd, done, err
 }
 
 // reset serves OpReset and OpView (pool mode only), and every further such

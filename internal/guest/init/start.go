@@ -51,33 +51,35 @@ func classify(err error) string {
 const commandOOMScoreAdj = "1000"
 
 // start forks and execs one command in its own process group, calling
-// forked with its pid first thing (the command runs already). The returned
-// channel receives its wait status.
-func (s *server) start(req *initproto.ExecRequest, stdio [3]int, forked func(pid int)) (int, chan exitStatus, error) {
+// forked with its pid first thing (the command runs already). It returns
+// the command's pidfd (-1 if the kernel gives none; the caller owns it) and
+// the channel that receives its wait status.
+func (s *server) start(req *initproto.ExecRequest, stdio [3]int, forked func(pid int)) (int, int, chan exitStatus, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
-		return 0, nil, &reqError{initproto.ClassInvalidArgument, errors.New("exec: empty argv")}
+		return 0, -1, nil, &reqError{initproto.ClassInvalidArgument, errors.New("exec: empty argv")}
 	}
 	cred, err := guestexec.User(req.User)
 	if err != nil {
-		return 0, nil, err
+		return 0, -1, nil, err
 	}
 	cwd, err := guestexec.Cwd(req.Cwd)
 	if err != nil {
-		return 0, nil, err
+		return 0, -1, nil, err
 	}
 	path, err := guestexec.LookPath(req.Argv[0], req.Env)
 	if err != nil {
-		return 0, nil, err
+		return 0, -1, nil, err
 	}
+	pidfd := -1
 	attr := &syscall.ProcAttr{
 		Dir:   cwd,
 		Env:   req.Env,
 		Files: []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])},
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: cred},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: cred, PidFD: &pidfd},
 	}
 	if req.Tty {
 		// A new session is also a new process group of the same id.
-		attr.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: cred}
+		attr.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: cred, PidFD: &pidfd}
 	}
 	done := make(chan exitStatus, 1)
 	s.mu.Lock()
@@ -95,7 +97,10 @@ func (s *server) start(req *initproto.ExecRequest, stdio [3]int, forked func(pid
 	}
 	s.mu.Unlock()
 	if err != nil {
-		return 0, nil, fmt.Errorf("exec %s: %w", req.Argv[0], err)
+		if pidfd >= 0 { // a gate that started but could not exec
+			unix.Close(pidfd)
+		}
+		return 0, -1, nil, fmt.Errorf("exec %s: %w", req.Argv[0], err)
 	}
 	// Commands are what an OOM kill in the sandbox takes, before init:
 	// init's own -1000 (hardenAndExec) needs CAP_SYS_RESOURCE, which a node
@@ -107,7 +112,7 @@ func (s *server) start(req *initproto.ExecRequest, stdio [3]int, forked func(pid
 		lim := unix.Rlimit{Cur: uint64(n), Max: uint64(n) + 1}
 		_ = unix.Prlimit(pid, unix.RLIMIT_CPU, &lim, nil)
 	}
-	return pid, done, nil
+	return pid, pidfd, done, nil
 }
 
 // startGated starts a command through the stub's gate: forked (the stub
