@@ -116,8 +116,8 @@ const cases = {
     const dec = new TextDecoder()
     const term = await sb.pty.create({ cols: 80, rows: 24, onData: (d) => { data += dec.decode(d) }, timeoutMs: 60_000 })
     await sb.pty.sendInput(term.pid, new TextEncoder().encode('stty size; tty\n'))
-    await until('stty size 24 80', async () => data.includes('24 80'))
-    assert(/\/dev\/pts\/\d+/.test(data), 'tty names a terminal: ' + JSON.stringify(data))
+    // tty prints after stty has exited: wait for both, not the first alone.
+    await until('stty size 24 80, then tty naming /dev/pts/N', async () => data.includes('24 80') && /\/dev\/pts\/\d+/.test(data))
     await sb.pty.resize(term.pid, { cols: 100, rows: 30 })
     await sb.pty.sendInput(term.pid, new TextEncoder().encode('stty size\n'))
     await until('stty size 30 100', async () => data.includes('30 100'))
