@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/corral-dev/corral/internal/guest/initproto"
+	"github.com/corral-dev/corral/internal/runtime/pidfd"
 	"golang.org/x/sys/unix"
 )
 
@@ -237,14 +238,7 @@ func waitReadable(fd int) error {
 	if err != nil {
 		return err
 	}
-	return rc.Read(func(fd uintptr) bool {
-		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(p, 0)
-		if err == unix.EINTR {
-			return false
-		}
-		return err != nil || n > 0
-	})
+	return rc.Read(func(fd uintptr) bool { return pidfd.Exited(int(fd)) })
 }
 
 // startIn starts a command; in pool mode on the forker thread, inside the

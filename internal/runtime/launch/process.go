@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/pidfd"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,9 +65,7 @@ func Attach(pid int, startTime uint64) (*Process, error) {
 // watch closes done when the process has exited, reaping it if it is ours.
 func (p *Process) watch() {
 	_ = p.rc.Read(func(fd uintptr) bool {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(pfd, 0)
-		if err == unix.EINTR || err == nil && n == 0 {
+		if !pidfd.Exited(int(fd)) {
 			return false
 		}
 		if p.child {
@@ -105,14 +104,7 @@ func (p *Process) Release() { p.pidfd.Close() }
 // is known to belong to this very process.
 func (p *Process) Alive() bool {
 	alive := false
-	_ = p.rc.Control(func(fd uintptr) {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(pfd, 0)
-		for err == unix.EINTR {
-			n, err = unix.Poll(pfd, 0)
-		}
-		alive = err == nil && n == 0
-	})
+	_ = p.rc.Control(func(fd uintptr) { alive = !pidfd.Exited(int(fd)) })
 	return alive
 }
 
