@@ -167,14 +167,13 @@ func (s *Service) writeAudit() {
 	hold := time.NewTimer(s.resultHold)
 	hold.Stop()
 	defer hold.Stop()
-	var held []auditWrite
+	// s.held changes only here, so the writer reads it without the lock.
 	commit := func(batch []auditWrite) {
-		if len(held)+len(batch) > maxAuditBatch {
-			s.commitBatch(held)
+		if len(s.held)+len(batch) > maxAuditBatch {
+			s.commitBatch(s.held)
 		} else {
-			batch = append(held, batch...)
+			batch = append(slices.Clip(s.held), batch...)
 		}
-		held = nil
 		hold.Stop()
 		s.commitBatch(batch)
 		s.setHeld(nil)
@@ -190,12 +189,11 @@ func (s *Service) writeAudit() {
 		select {
 		case w := <-s.auditQ:
 			batch := s.takeQueued([]auditWrite{w})
-			if !slices.ContainsFunc(batch, func(w auditWrite) bool { return !w.unawaited }) && len(held)+len(batch) <= maxAuditBatch {
-				if len(held) == 0 {
+			if !slices.ContainsFunc(batch, func(w auditWrite) bool { return !w.unawaited }) && len(s.held)+len(batch) <= maxAuditBatch {
+				if len(s.held) == 0 {
 					hold.Reset(s.resultHold)
 				}
-				held = append(held, batch...)
-				s.setHeld(held)
+				s.setHeld(append(s.held, batch...))
 				continue
 			}
 			commit(batch)
@@ -204,7 +202,7 @@ func (s *Service) writeAudit() {
 		case <-idle.C:
 			s.compact()
 		case <-s.stopAudit:
-			s.commitBatch(held)
+			s.commitBatch(s.held)
 			s.setHeld(nil)
 			for batch := s.takeQueued(nil); len(batch) > 0; batch = s.takeQueued(nil) {
 				s.commitBatch(batch)

@@ -248,18 +248,19 @@ func (s *Service) pendingAudit() []AuditEntry {
 	if len(s.held) == 0 {
 		return s.pending
 	}
-	return append(slices.Clip(s.pending), s.held...)
+	out := slices.Clip(s.pending)
+	for _, w := range s.held {
+		out = append(out, w.entry)
+	}
+	return out
 }
 
-// setHeld publishes the writer's held results to listings; their commit
-// (which appends them to s.pending) comes before they leave.
+// setHeld sets the results the writer holds, which listings show; their
+// commit (which appends them to s.pending) comes before they leave.
 func (s *Service) setHeld(held []auditWrite) {
 	s.pendMu.Lock()
 	defer s.pendMu.Unlock()
-	s.held = s.held[:0]
-	for _, w := range held {
-		s.held = append(s.held, w.entry)
-	}
+	s.held = held
 }
 
 // mergePending overlays pending (taken before stored was read) on stored,

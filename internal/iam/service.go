@@ -32,11 +32,12 @@ type Service struct {
 	// journal, when set, takes audit entries before the store (see
 	// journal.go); pending are its entries not yet compacted into the
 	// store, in journal order (the writer appends under pendMu); held are
-	// the results the writer holds back (resultHold), shown to listings.
+	// the results the writer holds back (resultHold), shown to listings
+	// (the writer sets it under pendMu).
 	journal *AuditJournal
 	pendMu  sync.Mutex
 	pending []AuditEntry
-	held    []AuditEntry
+	held    []auditWrite
 	// resultHold is Config.ResultHold.
 	resultHold time.Duration
 
