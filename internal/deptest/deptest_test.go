@@ -69,8 +69,9 @@ var rules = []rule{
 
 	// The sandbox-side programs: small static binaries.
 	{pkg: "internal/runtime/spare", may: []string{}, never: staticBad},
+	{pkg: "internal/runtime/pidfd", may: []string{}, never: staticBad},
 	{pkg: "internal/guest/exec", may: []string{"internal/errdefs", "internal/guest/passwd"}},
-	{pkg: "internal/guest/init", may: []string{"internal/errdefs", "internal/guest/initproto", "internal/runtime/seccomp", "internal/guest/exec", "internal/runtime/spare"},
+	{pkg: "internal/guest/init", may: []string{"internal/errdefs", "internal/guest/initproto", "internal/runtime/seccomp", "internal/guest/exec", "internal/runtime/spare", "internal/runtime/pidfd"},
 		never: cat([]string{"net", "internal/backend"}, staticBad)},
 	{pkg: "internal/guest/agentproto", may: []string{"internal/errdefs"}, never: staticBad},
 	{pkg: "internal/guest/agent", may: []string{"internal/guest/agentproto", "internal/backend", "internal/errdefs", "internal/safefs", "internal/guest/exec"},
@@ -84,7 +85,7 @@ var rules = []rule{
 
 	// The runtime: processes, namespaces, cgroups; no backend above it.
 	{pkg: "internal/runtime/cgroup", may: []string{"internal/mountinfo"}, never: cat([]string{"internal/backend/..."}, stateful)},
-	{pkg: "internal/runtime/launch", may: []string{"internal/errdefs", "internal/runtime/cgroup", "internal/guest/initproto", "internal/runtime/userns", "internal/runtime/spawner"},
+	{pkg: "internal/runtime/launch", may: []string{"internal/errdefs", "internal/runtime/cgroup", "internal/guest/initproto", "internal/runtime/userns", "internal/runtime/spawner", "internal/runtime/pidfd"},
 		never: cat([]string{"internal/backend/..."}, stateful)},
 
 	// Storage and files.
