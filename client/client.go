@@ -107,8 +107,11 @@ func New(addr string, opts ...Option) (*Client, error) {
 	h2.Protocols.SetHTTP2(true)
 	h2.Protocols.SetUnencryptedHTTP2(true)
 	var rt, rt2 http.RoundTripper = transport, h2
+	if strings.HasPrefix(baseURL, "http://") {
+		rt = newH1Transport(o.maxConns, plainDialer(baseURL, socket))
+	}
 	if token != "" {
-		rt = bearer{token: "Bearer " + token, next: transport}
+		rt = bearer{token: "Bearer " + token, next: rt}
 		rt2 = bearer{token: "Bearer " + token, next: h2}
 	}
 	hc := &http.Client{Transport: rt}
@@ -130,6 +133,23 @@ func New(addr string, opts ...Option) (*Client, error) {
 		cluster: corralv1connect.NewClusterServiceClient(hc, baseURL, copts...),
 		live:    liveDialer{baseURL: baseURL, dial: transport.DialContext, tls: o.tls},
 	}, nil
+}
+
+// plainDialer connects to the node's unix socket, or else to the host of
+// an http:// baseURL.
+func plainDialer(baseURL, socket string) func(context.Context) (net.Conn, error) {
+	network, address := "unix", socket
+	if socket == "" {
+		network, address = "tcp", strings.TrimPrefix(baseURL, "http://")
+		address, _, _ = strings.Cut(address, "/")
+		if _, _, err := net.SplitHostPort(address); err != nil {
+			address = net.JoinHostPort(address, "80")
+		}
+	}
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, address)
+	}
 }
 
 func parseAddress(addr string) (baseURL, socket string, err error) {

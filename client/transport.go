@@ -1,0 +1,270 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// h1Transport is the HTTP/1.1 RoundTripper of plain (unix socket or
+// http://) addresses. The calling goroutine writes the request and reads
+// the response itself. net/http's Transport hands every request to a
+// writer goroutine and every response back from a reader goroutine; when
+// the client is otherwise idle, as it is while it waits for an exec, each
+// hand-off wakes a parked thread, and a call costs about 0.1 ms more on a
+// small VM (docs/lifecycle.md, "The API hop").
+//
+// Connections are kept for reuse until maxIdle; at most cap(slots) are
+// open at once and a call beyond that waits for one. Only what Connect
+// sends over HTTP/1.1 passes here (unary and server-streaming calls, whose
+// request body is written before the response is read); bidirectional
+// streams need HTTP/2 and use net/http's Transport.
+type h1Transport struct {
+	dial  func(ctx context.Context) (net.Conn, error)
+	idle  chan *h1Conn  // connections between calls, the oldest first
+	slots chan struct{} // one token per open connection
+}
+
+// h1MaxIdle is how long an unused connection is kept: as long as
+// net/http's default, so that a client left alone lets go of the server.
+const h1MaxIdle = 90 * time.Second
+
+func newH1Transport(maxConns int, dial func(ctx context.Context) (net.Conn, error)) *h1Transport {
+	return &h1Transport{dial: dial, idle: make(chan *h1Conn, maxConns), slots: make(chan struct{}, maxConns)}
+}
+
+type h1Conn struct {
+	net.Conn
+	br        *bufio.Reader
+	bw        *bufio.Writer
+	idleSince time.Time
+}
+
+// aLongTimeAgo is a deadline that has passed: setting it makes a blocked
+// read or write return at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	if req.URL.Scheme != "http" {
+		closeRequestBody(req)
+		return nil, fmt.Errorf("corral client: scheme %q on a plain HTTP/1.1 connection", req.URL.Scheme)
+	}
+	for retried := false; ; retried = true {
+		c, reused, err := t.get(ctx)
+		if err != nil {
+			closeRequestBody(req)
+			return nil, err
+		}
+		// Cancelling ctx ends a blocked write or read, as with net/http; the
+		// response body keeps the hook until it is read or closed.
+		stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(aLongTimeAgo) })
+		werr := req.Write(c.bw)
+		if werr == nil {
+			werr = c.bw.Flush()
+		}
+		if werr != nil {
+			stop()
+			t.discard(c)
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return nil, ctxErr
+			}
+			// The server closed a kept connection before it read the
+			// request (net/http retries the same case): once on a new one.
+			if reused && !retried && req.GetBody != nil && isConnGone(werr) {
+				if req, err = rewound(req); err == nil {
+					continue
+				}
+			}
+			return nil, fmt.Errorf("send %s: %w", req.URL.Path, werr)
+		}
+		resp, err := http.ReadResponse(c.br, req)
+		if err != nil {
+			stop()
+			t.discard(c)
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return nil, ctxErr
+			}
+			return nil, fmt.Errorf("read the response to %s: %w", req.URL.Path, err)
+		}
+		b := &h1Body{t: t, c: c, ctx: ctx, body: resp.Body, stop: stop, keep: !resp.Close && !req.Close}
+		if resp.Body == http.NoBody {
+			b.release(true)
+		}
+		resp.Body = b
+		return resp, nil
+	}
+}
+
+// rewound is req with a fresh copy of its body, for a second attempt.
+func rewound(req *http.Request) (*http.Request, error) {
+	body, err := req.GetBody()
+	if err != nil {
+		return nil, err
+	}
+	req = req.Clone(req.Context())
+	req.Body = body
+	return req, nil
+}
+
+func closeRequestBody(req *http.Request) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+}
+
+// isConnGone reports a write to a connection whose server end is closed.
+func isConnGone(err error) bool {
+	return errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF)
+}
+
+// get returns a kept connection if one is usable, else dials a new one
+// while fewer than cap(slots) are open, else waits for either.
+func (t *h1Transport) get(ctx context.Context) (c *h1Conn, reused bool, err error) {
+	for {
+		select {
+		case c = <-t.idle:
+		default:
+			select {
+			case c = <-t.idle:
+			case t.slots <- struct{}{}:
+				conn, err := t.dial(ctx)
+				if err != nil {
+					<-t.slots
+					return nil, false, err
+				}
+				return &h1Conn{Conn: conn, br: bufio.NewReader(conn), bw: bufio.NewWriter(conn)}, false, nil
+			case <-ctx.Done():
+				return nil, false, ctx.Err()
+			}
+		}
+		if c.usable() {
+			return c, true, nil
+		}
+		t.discard(c)
+	}
+}
+
+// usable reports whether a kept connection may carry another call: not
+// kept too long, and the server has neither closed it nor sent anything
+// unasked (a non-blocking peek, net/http's reader goroutine's job).
+func (c *h1Conn) usable() bool {
+	if time.Since(c.idleSince) > h1MaxIdle || c.br.Buffered() > 0 {
+		return false
+	}
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	quiet := false
+	var buf [1]byte
+	err = raw.Read(func(fd uintptr) bool {
+		_, _, perr := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		quiet = perr == unix.EAGAIN
+		return true
+	})
+	return err == nil && quiet
+}
+
+// put keeps c for the next call.
+func (t *h1Transport) put(c *h1Conn) {
+	c.idleSince = time.Now()
+	t.idle <- c // never blocks: at most cap(slots) connections exist
+}
+
+// discard closes c and frees its slot.
+func (t *h1Transport) discard(c *h1Conn) {
+	_ = c.Close()
+	<-t.slots
+}
+
+// CloseIdleConnections closes the connections kept between calls.
+func (t *h1Transport) CloseIdleConnections() {
+	for {
+		select {
+		case c := <-t.idle:
+			t.discard(c)
+		default:
+			return
+		}
+	}
+}
+
+// h1Body is a response body that gives its connection back once read to
+// the end, or closes it when closed earlier (it still holds unread bytes).
+type h1Body struct {
+	t     *h1Transport
+	c     *h1Conn
+	ctx   context.Context // the request's: its end is the reason a read failed
+	body  io.ReadCloser
+	stop  func() bool // removes the cancellation hook; false if it ran
+	keep  bool        // neither side asked to close the connection
+	state atomic.Int32
+}
+
+// h1Body states: the connection is the body's, went back at the end of the
+// body, or was closed.
+const (
+	bodyReading int32 = iota
+	bodyEnded
+	bodyClosed
+)
+
+var errBodyClosed = errors.New("corral client: read on a closed response body")
+
+func (b *h1Body) Read(p []byte) (int, error) {
+	switch b.state.Load() {
+	case bodyEnded:
+		return 0, io.EOF
+	case bodyClosed:
+		return 0, errBodyClosed
+	}
+	n, err := b.body.Read(p)
+	switch {
+	case err == io.EOF:
+		b.release(true)
+	case err != nil:
+		if ctxErr := b.ctx.Err(); ctxErr != nil {
+			err = ctxErr
+		}
+		b.release(false)
+	}
+	return n, err
+}
+
+// Close may come from another goroutine while Read blocks: closing the
+// connection ends that Read.
+func (b *h1Body) Close() error {
+	b.release(false)
+	return nil
+}
+
+// release hands the connection back (reuse, if nothing forbids it) or
+// closes it; only the first call acts.
+func (b *h1Body) release(reuse bool) {
+	end := bodyClosed
+	if reuse {
+		end = bodyEnded
+	}
+	if !b.state.CompareAndSwap(bodyReading, end) {
+		return
+	}
+	if b.stop() && reuse && b.keep {
+		b.t.put(b.c)
+		return
+	}
+	b.t.discard(b.c)
+}
