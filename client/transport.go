@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -29,9 +30,13 @@ import (
 // request body is written before the response is read); bidirectional
 // streams need HTTP/2 and use net/http's Transport.
 type h1Transport struct {
-	dial  func(ctx context.Context) (net.Conn, error)
-	idle  chan *h1Conn  // connections between calls, the oldest first
-	slots chan struct{} // one token per open connection
+	dial    func(ctx context.Context) (net.Conn, error)
+	idle    chan *h1Conn  // connections between calls, the oldest first
+	slots   chan struct{} // one token per open connection
+	maxIdle time.Duration // how long an unused connection is kept
+
+	mu       sync.Mutex
+	sweeping bool // a sweep of the kept connections is scheduled
 }
 
 // h1MaxIdle is how long an unused connection is kept: as long as
@@ -39,7 +44,7 @@ type h1Transport struct {
 const h1MaxIdle = 90 * time.Second
 
 func newH1Transport(maxConns int, dial func(ctx context.Context) (net.Conn, error)) *h1Transport {
-	return &h1Transport{dial: dial, idle: make(chan *h1Conn, maxConns), slots: make(chan struct{}, maxConns)}
+	return &h1Transport{dial: dial, idle: make(chan *h1Conn, maxConns), slots: make(chan struct{}, maxConns), maxIdle: h1MaxIdle}
 }
 
 type h1Conn struct {
@@ -147,7 +152,7 @@ func (t *h1Transport) get(ctx context.Context) (c *h1Conn, reused bool, err erro
 				return nil, false, ctx.Err()
 			}
 		}
-		if c.usable() {
+		if c.usable(t.maxIdle) {
 			return c, true, nil
 		}
 		t.discard(c)
@@ -157,8 +162,8 @@ func (t *h1Transport) get(ctx context.Context) (c *h1Conn, reused bool, err erro
 // usable reports whether a kept connection may carry another call: not
 // kept too long, and the server has neither closed it nor sent anything
 // unasked (a non-blocking peek, net/http's reader goroutine's job).
-func (c *h1Conn) usable() bool {
-	if time.Since(c.idleSince) > h1MaxIdle || c.br.Buffered() > 0 {
+func (c *h1Conn) usable(maxIdle time.Duration) bool {
+	if time.Since(c.idleSince) > maxIdle || c.br.Buffered() > 0 {
 		return false
 	}
 	sc, ok := c.Conn.(syscall.Conn)
@@ -183,6 +188,45 @@ func (c *h1Conn) usable() bool {
 func (t *h1Transport) put(c *h1Conn) {
 	c.idleSince = time.Now()
 	t.idle <- c // never blocks: at most cap(slots) connections exist
+	t.sweepLater()
+}
+
+// sweepLater schedules a sweep of the kept connections, unless one is.
+func (t *h1Transport) sweepLater() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.sweeping {
+		t.sweeping = true
+		time.AfterFunc(t.maxIdle, t.sweep)
+	}
+}
+
+// sweep closes the connections kept longer than maxIdle, and comes back
+// later while any are left.
+func (t *h1Transport) sweep() {
+	t.mu.Lock()
+	t.sweeping = false
+	t.mu.Unlock()
+	kept := false
+	for range len(t.idle) {
+		var c *h1Conn
+		select {
+		case c = <-t.idle:
+		default: // taken by calls meanwhile
+		}
+		if c == nil {
+			break
+		}
+		if time.Since(c.idleSince) > t.maxIdle {
+			t.discard(c)
+			continue
+		}
+		t.idle <- c
+		kept = true
+	}
+	if kept {
+		t.sweepLater()
+	}
 }
 
 // discard closes c and frees its slot.

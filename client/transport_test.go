@@ -106,6 +106,26 @@ func TestH1TransportRedialsAfterServerClosedIdle(t *testing.T) {
 	}
 }
 
+func TestH1TransportClosesIdleConnections(t *testing.T) {
+	s := startH1Server(t, echo)
+	c, tr := s.client(4)
+	tr.maxIdle = 100 * time.Millisecond
+	if _, err := post(t.Context(), c, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.open.Load(); n != 1 {
+		t.Fatalf("%d connections open after a call, want 1 kept", n)
+	}
+	// Left alone, the client lets go of the server.
+	waitFor(t, func() bool { return s.open.Load() == 0 })
+	if len(tr.slots) != 0 || len(tr.idle) != 0 {
+		t.Fatalf("after the sweep: %d slots taken, %d kept, want none", len(tr.slots), len(tr.idle))
+	}
+	if got, err := post(t.Context(), c, "b"); err != nil || got != "got b" {
+		t.Fatalf("call after the sweep: %q, %v", got, err)
+	}
+}
+
 func TestH1TransportCancelEndsBlockedCall(t *testing.T) {
 	release := make(chan struct{})
 	s := startH1Server(t, func(w http.ResponseWriter, r *http.Request) {
