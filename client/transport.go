@@ -54,10 +54,6 @@ type h1Conn struct {
 	idleSince time.Time
 }
 
-// aLongTimeAgo is a deadline that has passed: setting it makes a blocked
-// read or write return at once.
-var aLongTimeAgo = time.Unix(1, 0)
-
 func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	if req.URL.Scheme != "http" {
@@ -70,9 +66,11 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			closeRequestBody(req)
 			return nil, err
 		}
-		// Cancelling ctx ends a blocked write or read, as with net/http; the
-		// response body keeps the hook until it is read or closed.
-		stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(aLongTimeAgo) })
+		// Cancelling ctx closes the connection, as with net/http: a blocked
+		// write or read returns, and the server sees the call gone (a
+		// streamed exec is killed). The response body keeps the hook until
+		// it is read or closed.
+		stop := context.AfterFunc(ctx, func() { _ = c.Close() })
 		werr := req.Write(c.bw)
 		if werr == nil {
 			werr = c.bw.Flush()

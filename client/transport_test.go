@@ -171,6 +171,7 @@ func TestH1TransportCancelEndsBlockedCall(t *testing.T) {
 }
 
 func TestH1TransportStreamedBody(t *testing.T) {
+	gone := make(chan struct{})
 	s := startH1Server(t, func(w http.ResponseWriter, r *http.Request) {
 		for i := range 3 {
 			_, _ = fmt.Fprintf(w, "line %d\n", i)
@@ -178,6 +179,7 @@ func TestH1TransportStreamedBody(t *testing.T) {
 		}
 		if r.URL.Path == "/endless" {
 			<-r.Context().Done()
+			close(gone)
 		}
 	})
 	c, tr := s.client(2)
@@ -201,7 +203,14 @@ func TestH1TransportStreamedBody(t *testing.T) {
 	if _, err := io.ReadFull(resp.Body, buf); err != nil || string(buf) != "line 0\n" {
 		t.Fatalf("first line of an endless body: %q, %v", buf, err)
 	}
+	// The server learns of the cancel at once, with the body unread (a
+	// streamed exec is killed then, not at the client's next read).
 	cancel()
+	select {
+	case <-gone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server did not see the cancelled call end")
+	}
 	if _, err := io.ReadAll(resp.Body); !errors.Is(err, context.Canceled) {
 		t.Fatalf("reading an endless body after cancel: %v, want context.Canceled", err)
 	}
