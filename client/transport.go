@@ -22,7 +22,7 @@ import (
 // writer goroutine and every response back from a reader goroutine; when
 // the client is otherwise idle, as it is while it waits for an exec, each
 // hand-off wakes a parked thread, and a call costs about 0.1 ms more on a
-// small VM (docs/lifecycle.md, "The API hop").
+// small VM (docs/lifecycle.md, "One exec traced end to end").
 //
 // Connections are kept for reuse until maxIdle; at most cap(slots) are
 // open at once and a call beyond that waits for one. Only what Connect
@@ -76,15 +76,27 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			werr = c.bw.Flush()
 		}
 		if werr != nil {
-			stop()
-			t.discard(c)
 			if ctxErr := ctx.Err(); ctxErr != nil {
+				stop()
+				t.discard(c)
 				return nil, ctxErr
 			}
+			// The server may have answered before it stopped reading (a
+			// request over its size limit): that answer is the result.
+			answered, closed := c.peer()
+			if answered {
+				if resp, ok := earlyResponse(c, req); ok {
+					resp.Body = &h1Body{t: t, c: c, ctx: ctx, body: resp.Body, stop: stop}
+					return resp, nil
+				}
+			}
+			stop()
+			t.discard(c)
 			// The server closed a kept connection before it read the
 			// request (net/http retries the same case): once on a new one.
-			if reused && !retried && req.GetBody != nil && isConnGone(werr) {
-				if req, err = rewound(req); err == nil {
+			if reused && !retried && req.GetBody != nil && closed {
+				if again, err := rewound(req); err == nil {
+					req = again
 					continue
 				}
 			}
@@ -108,6 +120,24 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
+// earlyWait bounds the wait for an answer the server may have sent before
+// a request's write failed.
+const earlyWait = time.Second
+
+// earlyResponse reads a response the server sent on c before it stopped
+// reading the request, if there is one.
+func earlyResponse(c *h1Conn, req *http.Request) (*http.Response, bool) {
+	if err := c.SetReadDeadline(time.Now().Add(earlyWait)); err != nil {
+		return nil, false
+	}
+	resp, err := http.ReadResponse(c.br, req)
+	if err != nil {
+		return nil, false
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	return resp, true
+}
+
 // rewound is req with a fresh copy of its body, for a second attempt.
 func rewound(req *http.Request) (*http.Request, error) {
 	body, err := req.GetBody()
@@ -123,11 +153,6 @@ func closeRequestBody(req *http.Request) {
 	if req.Body != nil {
 		_ = req.Body.Close()
 	}
-}
-
-// isConnGone reports a write to a connection whose server end is closed.
-func isConnGone(err error) bool {
-	return errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF)
 }
 
 // get returns a kept connection if one is usable, else dials a new one
@@ -159,27 +184,43 @@ func (t *h1Transport) get(ctx context.Context) (c *h1Conn, reused bool, err erro
 
 // usable reports whether a kept connection may carry another call: not
 // kept too long, and the server has neither closed it nor sent anything
-// unasked (a non-blocking peek, net/http's reader goroutine's job).
+// unasked (net/http's reader goroutine's job).
 func (c *h1Conn) usable(maxIdle time.Duration) bool {
-	if time.Since(c.idleSince) > maxIdle || c.br.Buffered() > 0 {
+	if time.Since(c.idleSince) > maxIdle {
 		return false
+	}
+	sent, closed := c.peer()
+	return !sent && !closed
+}
+
+// peer looks without blocking at what the server did: sent bytes not read
+// yet, or closed its end (or both).
+func (c *h1Conn) peer() (sent, closed bool) {
+	if c.br.Buffered() > 0 {
+		return true, false
 	}
 	sc, ok := c.Conn.(syscall.Conn)
 	if !ok {
-		return true
+		return false, false
 	}
 	raw, err := sc.SyscallConn()
 	if err != nil {
-		return false
+		return false, true
 	}
-	quiet := false
 	var buf [1]byte
 	err = raw.Read(func(fd uintptr) bool {
-		_, _, perr := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		quiet = perr == unix.EAGAIN
+		n, _, perr := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		switch {
+		case n > 0:
+			sent = true
+		case perr == nil: // end of file
+			closed = true
+		case perr != unix.EAGAIN: // ECONNRESET and the like
+			closed = true
+		}
 		return true
 	})
-	return err == nil && quiet
+	return sent, closed || err != nil
 }
 
 // put keeps c for the next call.

@@ -126,6 +126,36 @@ func TestH1TransportClosesIdleConnections(t *testing.T) {
 	}
 }
 
+func TestH1TransportAnswerBeforeTheWholeRequest(t *testing.T) {
+	s := startH1Server(t, func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<10))
+		if err != nil {
+			http.Error(w, "request over 1 KiB", http.StatusRequestEntityTooLarge)
+			return
+		}
+		_, _ = fmt.Fprintf(w, "got %s", b)
+	})
+	c, tr := s.client(2)
+	// The server answers and closes after reading part of the request: the
+	// answer is the result, not the write that failed after it.
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://corral/big", strings.NewReader(strings.Repeat("x", 16<<20)))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("a request over the server's limit: %v, want its answer", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "over 1 KiB") {
+		t.Fatalf("a request over the server's limit: %d %q", resp.StatusCode, b)
+	}
+	if got, err := post(t.Context(), c, "small"); err != nil || got != "got small" {
+		t.Fatalf("call after: %q, %v", got, err)
+	}
+	if len(tr.slots) != 1 {
+		t.Fatalf("%d slots taken, want 1 (the refused call's connection closed)", len(tr.slots))
+	}
+}
+
 func TestH1TransportCancelEndsBlockedCall(t *testing.T) {
 	release := make(chan struct{})
 	s := startH1Server(t, func(w http.ResponseWriter, r *http.Request) {
