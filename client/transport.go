@@ -86,8 +86,8 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			answered, closed := c.peer()
 			if answered {
 				if resp, ok := earlyResponse(c, req); ok {
-					resp.Body = &h1Body{t: t, c: c, ctx: ctx, body: resp.Body, stop: stop}
-					return resp, nil
+					// The server closed the connection: never kept.
+					return t.withBody(ctx, resp, c, stop, false), nil
 				}
 			}
 			stop()
@@ -111,13 +111,20 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return nil, fmt.Errorf("read the response to %s: %w", req.URL.Path, err)
 		}
-		b := &h1Body{t: t, c: c, ctx: ctx, body: resp.Body, stop: stop, keep: !resp.Close && !req.Close}
-		if resp.Body == http.NoBody {
-			b.release(true)
-		}
-		resp.Body = b
-		return resp, nil
+		return t.withBody(ctx, resp, c, stop, !resp.Close && !req.Close), nil
 	}
+}
+
+// withBody gives resp the body that owns c (and the cancellation hook
+// stop) until it is read or closed; keep says c may then carry another
+// call. An empty body lets c go at once.
+func (t *h1Transport) withBody(ctx context.Context, resp *http.Response, c *h1Conn, stop func() bool, keep bool) *http.Response {
+	b := &h1Body{t: t, c: c, ctx: ctx, body: resp.Body, stop: stop, keep: keep}
+	if resp.Body == http.NoBody {
+		b.release(true)
+	}
+	resp.Body = b
+	return resp
 }
 
 // earlyWait bounds the wait for an answer the server may have sent before
