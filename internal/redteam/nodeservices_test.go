@@ -350,8 +350,9 @@ func p99(samples []time.Duration) time.Duration {
 }
 
 // nodeLatencies measures, for d, `corral ls` and another sandbox's
-// create (networked, like the attacker) and exec.
-func nodeLatencies(t *testing.T, l *nodeLab, b *client.Sandbox, d time.Duration) (ls, create, execs []time.Duration) {
+// create (networked, like the attacker) and exec, each exec followed by
+// the host's own fork+exec of /bin/true (host, the exec's peer).
+func nodeLatencies(t *testing.T, l *nodeLab, b *client.Sandbox, d time.Duration) (ls, create, execs, host []time.Duration) {
 	ctx := context.Background()
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
@@ -376,9 +377,12 @@ func nodeLatencies(t *testing.T, l *nodeLab, b *client.Sandbox, d time.Duration)
 				continue
 			}
 			execs = append(execs, time.Since(start))
+			if took, err := hostTrue(); err == nil {
+				host = append(host, took)
+			}
 		}
 	}
-	return ls, create, execs
+	return ls, create, execs, host
 }
 
 // TestNodeDNSFloodNoisy: while sandbox A floods the DNS proxy over TCP
@@ -412,11 +416,11 @@ func TestNodeDNSFloodNoisy(t *testing.T) {
 	var idleLs, idleCreate, idleExec, ls, create, execs []time.Duration
 	var idleDaemon, idleIRQ, floodDaemon, floodIRQ, floodA, idleWait, floodWait time.Duration
 	var idleGo, floodGo goWaits
-	var createRatio, execRatio []float64
+	var createRatio, execRatio, hostRatio []float64
 	var tcp, udp probeproto.FloodResult
 	for range rounds {
 		cpu0, irq0, w0, g0 := processCPU(), softirqTime(), runQueueWait(), goRunnableWaits()
-		iLs, iCreate, iExec := nodeLatencies(t, l, b, window)
+		iLs, iCreate, iExec, iHost := nodeLatencies(t, l, b, window)
 		idleDaemon, idleIRQ, idleWait = idleDaemon+processCPU()-cpu0, idleIRQ+softirqTime()-irq0, idleWait+runQueueWait()-w0
 		idleGo.add(g0, goRunnableWaits())
 
@@ -434,7 +438,7 @@ func TestNodeDNSFloodNoisy(t *testing.T) {
 		}()
 		time.Sleep(ramp) // the connections are open, the queries flowing
 		cpu0, irq0, a0, w0, g0 := processCPU(), softirqTime(), sandboxCPU(t, parent, a.ID()), runQueueWait(), goRunnableWaits()
-		fLs, fCreate, fExec := nodeLatencies(t, l, b, window)
+		fLs, fCreate, fExec, fHost := nodeLatencies(t, l, b, window)
 		floodDaemon, floodIRQ, floodA = floodDaemon+processCPU()-cpu0, floodIRQ+softirqTime()-irq0, floodA+sandboxCPU(t, parent, a.ID())-a0
 		floodWait += runQueueWait() - w0
 		floodGo.add(g0, goRunnableWaits())
@@ -443,14 +447,16 @@ func TestNodeDNSFloodNoisy(t *testing.T) {
 
 		createRatio = append(createRatio, ratio(fCreate, iCreate))
 		execRatio = append(execRatio, ratio(fExec, iExec))
+		hostRatio = append(hostRatio, ratio(fHost, iHost))
 		idleLs, idleCreate, idleExec = append(idleLs, iLs...), append(idleCreate, iCreate...), append(idleExec, iExec...)
 		ls, create, execs = append(ls, fLs...), append(create, fCreate...), append(execs, fExec...)
 	}
 	cr, er := medianRatio(createRatio), medianRatio(execRatio)
-	figures := fmt.Sprintf("ls p99 %v (idle %v); B create p99 %v (idle %v, %d samples), flood/idle %.2f (median of %v); B exec p99 %v (idle %v, %d samples), flood/idle %.2f (median of %v); load %s; flood tcp sent %d opened %d errors %d, udp sent %d",
+	figures := fmt.Sprintf("ls p99 %v (idle %v); B create p99 %v (idle %v, %d samples), flood/idle %.2f (median of %v); B exec p99 %v (idle %v, %d samples), flood/idle %.2f (median of %v); the host's fork/exec beside B's execs, flood/idle %.2f (median of %v); load %s; flood tcp sent %d opened %d errors %d, udp sent %d",
 		p99(ls).Round(time.Microsecond), p99(idleLs).Round(time.Microsecond),
 		p99(create).Round(time.Millisecond), p99(idleCreate).Round(time.Millisecond), len(create), cr, roundRatios(createRatio),
 		p99(execs).Round(time.Microsecond), p99(idleExec).Round(time.Microsecond), len(execs), er, roundRatios(execRatio),
+		medianRatio(hostRatio), roundRatios(hostRatio),
 		loadAverage(), tcp.Sent, tcp.Opened, tcp.Errors, udp.Sent)
 	// The 2× target is a measurement reported with the table (as the
 	// CPU-spin neighbour rows do): on a shared 2-core host the ratio
