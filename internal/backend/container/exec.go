@@ -52,7 +52,7 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	if spec.CPULimit > 0 {
 		req.CPUSeconds = int64((spec.CPULimit + time.Second - 1) / time.Second)
 	}
-	e, err := s.client.Exec(ctx, req, pipes.outW, pipes.errW, pipes.inR)
+	e, err := s.client.Exec(ctx, req, pipes.child)
 	pipes.closeChildEnds()
 	if err != nil {
 		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: %w", s.id, spec.Argv[0], err)
@@ -141,24 +141,27 @@ func exitResult(x launch.ExitResult) (backend.ExecResult, error) {
 
 // stdio are the node's pipes of one exec.
 type stdio struct {
-	outR, outW, errR, errW, inR, inW *os.File
+	outR, errR, inW *os.File
+	// child are the command's ends (stdout, stderr, stdin; -1 for none):
+	// plain blocking fds that only go to init, never into Go's poller.
+	child [3]int
 	// ptm is the terminal's master side of a PTY exec (then outR and inW
-	// are it too, and errR is nil).
-	ptm *os.File
+	// are it too, and errR is nil); pts, its peer, is then all of child.
+	ptm, pts *os.File
 }
 
 func newStdio(stdin bool) (*stdio, error) {
-	p := &stdio{}
+	p := &stdio{child: [3]int{-1, -1, -1}}
 	var err error
-	if p.outR, p.outW, err = os.Pipe(); err != nil {
+	if p.outR, p.child[0], err = pipe(true); err != nil {
 		return nil, err
 	}
-	if p.errR, p.errW, err = os.Pipe(); err != nil {
+	if p.errR, p.child[1], err = pipe(true); err != nil {
 		p.close()
 		return nil, err
 	}
 	if stdin {
-		if p.inR, p.inW, err = os.Pipe(); err != nil {
+		if p.inW, p.child[2], err = pipe(false); err != nil {
 			p.close()
 			return nil, err
 		}
@@ -166,13 +169,41 @@ func newStdio(stdin bool) (*stdio, error) {
 	return p, nil
 }
 
+// pipe makes a pipe whose node end (the read end if nodeReads) is an
+// *os.File in Go's poller and whose command's end is a plain blocking fd.
+// os.Pipe would put both ends in the poller, and handing one to init
+// (File.Fd) would take it out again: five system calls more per end, on
+// every exec.
+func pipe(nodeReads bool) (node *os.File, child int, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, -1, fmt.Errorf("pipe: %w", err)
+	}
+	n, c := p[0], p[1]
+	if !nodeReads {
+		n, c = c, n
+	}
+	// A fresh pipe end has no other status flag to keep.
+	if _, err := unix.FcntlInt(uintptr(n), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
+		unix.Close(n)
+		unix.Close(c)
+		return nil, -1, fmt.Errorf("pipe: non-blocking: %w", err)
+	}
+	return os.NewFile(uintptr(n), "pipe"), c, nil
+}
+
 func (p *stdio) closeChildEnds() {
-	for _, f := range []**os.File{&p.outW, &p.errW, &p.inR} {
-		if *f != nil {
-			(*f).Close()
-			*f = nil
+	if p.pts != nil {
+		p.pts.Close()
+		p.pts = nil
+	} else {
+		for _, fd := range p.child {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
 		}
 	}
+	p.child = [3]int{-1, -1, -1}
 }
 
 func (p *stdio) feedStdin(data []byte, r io.Reader) {

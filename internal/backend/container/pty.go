@@ -44,7 +44,7 @@ func (s *sandbox) newPTYStdio(size backend.TermSize) (*stdio, error) {
 	}
 	ptm := os.NewFile(uintptr(mfd), "ptmx")
 	pts := os.NewFile(sfd, "pts")
-	return &stdio{ptm: ptm, outR: ptm, inW: ptm, outW: pts, errW: pts, inR: pts}, nil
+	return &stdio{ptm: ptm, pts: pts, outR: ptm, inW: ptm, child: [3]int{int(sfd), int(sfd), int(sfd)}}, nil
 }
 
 // openPTMX opens /dev/pts/ptmx inside the sandbox's root (never through a

@@ -32,6 +32,11 @@ func NewConn(fd int, name string) (*Conn, error) {
 		return nil, err
 	}
 	unix.CloseOnExec(fd)
+	return wrap(fd, name)
+}
+
+// wrap takes a non-blocking, close-on-exec fd into Go's poller.
+func wrap(fd int, name string) (*Conn, error) {
 	f := os.NewFile(uintptr(fd), name)
 	rc, err := f.SyscallConn()
 	if err != nil {
@@ -43,11 +48,26 @@ func NewConn(fd int, name string) (*Conn, error) {
 
 // Dial connects to init's control socket.
 func Dial(path string) (*Conn, error) {
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	addr := &unix.SockaddrUnix{Name: path}
+	// Non-blocking from the start (NewConn would make it so in three more
+	// syscalls, on every exec): a unix socket connects at once, or fails
+	// with EAGAIN while init's backlog is full, and then a blocking
+	// connect waits for room as before.
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+	if err = unix.Connect(fd, addr); err == nil {
+		return wrap(fd, path)
+	}
+	unix.Close(fd)
+	if err != unix.EAGAIN {
+		return nil, err
+	}
+	if fd, err = unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0); err != nil {
+		return nil, err
+	}
+	if err := unix.Connect(fd, addr); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}

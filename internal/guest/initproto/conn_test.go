@@ -1,7 +1,10 @@
 package initproto
 
 import (
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -55,5 +58,64 @@ func TestRecvLastMessageBeforeClose(t *testing.T) {
 	}
 	if _, err := a.Recv(&r); err == nil {
 		t.Fatal("Recv after the last message: no error, want end of file")
+	}
+}
+
+// TestDialWaitsForBacklog: Dial's non-blocking connect fails with EAGAIN
+// while the listener's backlog is full; Dial then waits for room, as a
+// blocking connect does, and the connection it returns carries messages.
+func TestDialWaitsForBacklog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ctl")
+	ln, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ln)
+	if err := unix.Bind(ln, &unix.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(ln, 0); err != nil { // room for one pending connection
+		t.Fatal(err)
+	}
+	first, err := Dial(path)
+	if err != nil {
+		t.Fatalf("first Dial: %v", err)
+	}
+	defer first.Close()
+	type dialed struct {
+		c   *Conn
+		err error
+	}
+	second := make(chan dialed, 1)
+	go func() {
+		c, err := Dial(path)
+		second <- dialed{c, err}
+	}()
+	select {
+	case d := <-second:
+		t.Fatalf("second Dial returned (%v) with the backlog full; want it to wait", d.err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	var accepted []int
+	for range 2 {
+		fd, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		accepted = append(accepted, fd)
+	}
+	d := <-second
+	if d.err != nil {
+		t.Fatalf("second Dial after the backlog drained: %v", d.err)
+	}
+	defer d.c.Close()
+	if err := d.c.Send(Request{Version: Version, Op: OpPing}); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 256)
+	n, err := unix.Read(accepted[1], buf)
+	if err != nil || !strings.Contains(string(buf[:n]), OpPing) {
+		t.Fatalf("the listener read %q %v; want the ping", buf[:n], err)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Watch reads what a pooled sandbox's every call reads — its group's OOM
@@ -72,9 +74,29 @@ func (w *Watch) Close() error {
 	return errors.Join(errs...)
 }
 
-// read reads f whole from its start; a file larger than the buffer (a
-// cgroup.procs of many processes) grows it.
+// wholeBelow: a cgroup file's read that returns fewer bytes than this
+// returned the whole file. The kernel fills at least a page of its
+// seq_file buffer before it stops short of the end, and the lines of these
+// files are far shorter than the margin.
+const wholeBelow = 4096 - 256
+
+// read reads f whole from its start: in one pread for the small files read
+// on every call (File.ReadAt reads again to see EOF), else to EOF, growing
+// the buffer for a file that fills it (a cgroup.procs of many processes).
 func (w *Watch) read(f *os.File) ([]byte, error) {
+	// Through the raw fd: File.Fd would first take the file (in Go's
+	// poller: kernfs files poll) out of non-blocking mode, a syscall more.
+	var n int
+	rc, err := f.SyscallConn()
+	if err == nil {
+		cerr := rc.Control(func(fd uintptr) { n, err = unix.Pread(int(fd), w.buf, 0) })
+		if cerr != nil {
+			err = cerr
+		}
+	}
+	if err == nil && n < wholeBelow {
+		return w.buf[:n], nil
+	}
 	for {
 		n, err := f.ReadAt(w.buf, 0)
 		if n == len(w.buf) {

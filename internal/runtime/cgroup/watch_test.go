@@ -1,6 +1,8 @@
 package cgroup
 
 import (
+	"bufio"
+	"context"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -60,5 +62,60 @@ func TestWatchReadsAfresh(t *testing.T) {
 	}
 	if cpu1-cpu0 < 50*time.Millisecond {
 		t.Errorf("CPUUsage went from %v to %v over 200ms of a spinning process", cpu0, cpu1)
+	}
+}
+
+// TestWatchReadsLongProcs: a cgroup.procs longer than the Watch's first
+// buffer and than one page of the kernel's (a read stops short of the
+// end there) still comes back whole, every pid of the group.
+func TestWatchReadsLongProcs(t *testing.T) {
+	const n = 900 // at 6-7 bytes a pid, more than 4 KiB
+	m := testManager(t)
+	g, err := m.Create("sb.watchlong", Limits{Pids: n + 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Remove(context.Background()) })
+	w, err := g.Watch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if g.V2Path() == "" {
+		t.Skip("no v2 group: Procs reads cgroup.procs afresh, not through the Watch")
+	}
+	sh := exec.Command("/bin/sh", "-c", "read go; for i in $(seq "+strconv.Itoa(n)+"); do sleep 60 & done; echo started; wait")
+	in, err := sh.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := sh.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Wait()
+	defer g.Kill(context.Background())
+	if err := g.AddProc(sh.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := bufio.NewReader(out).ReadString('\n'); err != nil || b != "started\n" {
+		t.Fatalf("sh: %q %v", b, err)
+	}
+	pids, err := w.Procs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, err := g.Procs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pids) != n+1 || !slices.Equal(pids, direct) {
+		t.Fatalf("Procs through the Watch: %d pids, want %d, the same as read afresh (%d)", len(pids), n+1, len(direct))
 	}
 }

@@ -210,17 +210,18 @@ type ExitResult struct {
 	Err          error         // the connection failed before an exit was reported
 }
 
-// Exec starts a command with the given stdio (stdin may be nil). The caller
-// closes its copies of the fds after the call and must Close the Exec.
-func (c Client) Exec(ctx context.Context, req initproto.ExecRequest, stdout, stderr, stdin *os.File) (*Exec, error) {
+// Exec starts a command with the given stdio fds: stdout, stderr and stdin
+// (-1 for none). The caller closes its copies of the fds after the call and
+// must Close the Exec.
+func (c Client) Exec(ctx context.Context, req initproto.ExecRequest, stdio [3]int) (*Exec, error) {
 	conn, kept, err := c.take()
 	if err != nil {
 		return nil, errdefs.Unavailable("connect to init: %v", err)
 	}
-	fds := []int{int(stdout.Fd()), int(stderr.Fd())}
-	if stdin != nil {
+	fds := stdio[:2]
+	if stdio[2] >= 0 {
 		req.Stdin = true
-		fds = append(fds, int(stdin.Fd()))
+		fds = stdio[:]
 	}
 	msg := initproto.Request{Version: initproto.Version, Op: initproto.OpExec, Exec: &req}
 	stop, err := sendCancellable(ctx, conn, msg, fds)

@@ -94,7 +94,7 @@ func execOnce(t *testing.T, c Client) {
 	}
 	defer r.Close()
 	defer w.Close()
-	e, err := c.Exec(ctx, initproto.ExecRequest{Argv: []string{"true"}}, w, w, nil)
+	e, err := c.Exec(ctx, initproto.ExecRequest{Argv: []string{"true"}}, [3]int{int(w.Fd()), int(w.Fd()), -1})
 	if err != nil {
 		t.Fatalf("exec: %v", err)
 	}
