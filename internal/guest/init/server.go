@@ -75,7 +75,7 @@ func (s *server) serve() {
 			fmt.Fprintln(os.Stderr, "corral-init: accept:", err)
 			continue
 		}
-		c, err := initproto.NewConn(nfd, "conn")
+		c, err := initproto.Adopt(nfd, "conn")
 		if err != nil {
 			continue
 		}
@@ -228,7 +228,8 @@ func (s *server) awaitExit(pidfd int, done chan exitStatus) exitStatus {
 
 // waitReadable waits until fd (a pidfd, closed here) polls readable.
 func waitReadable(fd int) error {
-	if err := unix.SetNonblock(fd, true); err != nil {
+	// A pidfd has no other status flag to keep.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
 		unix.Close(fd)
 		return err
 	}

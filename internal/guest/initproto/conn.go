@@ -32,11 +32,13 @@ func NewConn(fd int, name string) (*Conn, error) {
 		return nil, err
 	}
 	unix.CloseOnExec(fd)
-	return wrap(fd, name)
+	return Adopt(fd, name)
 }
 
-// wrap takes a non-blocking, close-on-exec fd into Go's poller.
-func wrap(fd int, name string) (*Conn, error) {
+// Adopt takes ownership of a connected SOCK_SEQPACKET fd that is already
+// non-blocking and close-on-exec (from accept4 or socket with both flags):
+// NewConn without its two system calls.
+func Adopt(fd int, name string) (*Conn, error) {
 	f := os.NewFile(uintptr(fd), name)
 	rc, err := f.SyscallConn()
 	if err != nil {
@@ -58,7 +60,7 @@ func Dial(path string) (*Conn, error) {
 		return nil, err
 	}
 	if err = unix.Connect(fd, addr); err == nil {
-		return wrap(fd, path)
+		return Adopt(fd, path)
 	}
 	unix.Close(fd)
 	if err != unix.EAGAIN {
