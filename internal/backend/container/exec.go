@@ -172,7 +172,7 @@ func newStdio(stdin bool) (*stdio, error) {
 // pipe makes a pipe whose node end (the read end if nodeReads) is an
 // *os.File in Go's poller and whose command's end is a plain blocking fd.
 // os.Pipe would put both ends in the poller, and handing one to init
-// (File.Fd) would take it out again: five system calls more per end, on
+// (File.Fd) would take it out again: six system calls more per pipe, on
 // every exec.
 func pipe(nodeReads bool) (node *os.File, child int, err error) {
 	var p [2]int
