@@ -10,22 +10,34 @@ import (
 	"time"
 )
 
+// watchedGroup makes a group for the test, removed at its end, and a Watch
+// of it, closed before that.
+func watchedGroup(t *testing.T, name string, lim Limits) (*Group, *Watch) {
+	t.Helper()
+	g, err := testManager(t).Create(name, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Not t.Context(): it is already cancelled when cleanups run.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = g.Remove(ctx)
+	})
+	w, err := g.Watch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return g, w
+}
+
 // TestWatchReadsAfresh: the files a Watch holds open answer each read with
 // the group's state at that moment, not the state of their first read —
 // a process that joins shows in Procs and its CPU in CPUUsage, one that
 // has exited is gone from Procs.
 func TestWatchReadsAfresh(t *testing.T) {
-	m := testManager(t)
-	g, err := m.Create("sb.watch", Limits{Pids: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = g.Remove(t.Context()) })
-	w, err := g.Watch()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	g, w := watchedGroup(t, "sb.watch", Limits{Pids: 16})
 	if pids, err := w.Procs(); err != nil || len(pids) != 0 {
 		t.Fatalf("empty group: Procs = %v %v", pids, err)
 	}
@@ -70,17 +82,7 @@ func TestWatchReadsAfresh(t *testing.T) {
 // end there) still comes back whole, every pid of the group.
 func TestWatchReadsLongProcs(t *testing.T) {
 	const n = 900 // at 6-7 bytes a pid, more than 4 KiB
-	m := testManager(t)
-	g, err := m.Create("sb.watchlong", Limits{Pids: n + 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = g.Remove(context.Background()) })
-	w, err := g.Watch()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	g, w := watchedGroup(t, "sb.watchlong", Limits{Pids: n + 16})
 	if g.V2Path() == "" {
 		t.Skip("no v2 group: Procs reads cgroup.procs afresh, not through the Watch")
 	}
