@@ -51,10 +51,8 @@ func TestWatchReadsAfresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer spin.Process.Kill()
-	for _, d := range g.allDirs() {
-		if err := write(d, "cgroup.procs", strconv.Itoa(spin.Process.Pid)); err != nil {
-			t.Fatal(err)
-		}
+	if err := g.AddProc(spin.Process.Pid); err != nil {
+		t.Fatal(err)
 	}
 	if pids, err := w.Procs(); err != nil || !slices.Equal(pids, []int{spin.Process.Pid}) {
 		t.Fatalf("after a process joined: Procs = %v %v, want [%d]", pids, err, spin.Process.Pid)
