@@ -26,7 +26,7 @@ import (
 
 func newServeCmd() *cobra.Command {
 	var cfg server.Config
-	var nodeCgroup, nodeMemLow string
+	var nodeCgroup, nodeMemLow, layerWarm string
 	var logLevel, logFormat, diskPool, defMemory, defDisk, subnet4, subnet6, presetsFile string
 	var presets []string
 	var swap, snapBytes string
@@ -100,6 +100,12 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 			if cfg.NodeMemoryLow, err = parseBytes("node-memory-low", nodeMemLow); err != nil {
 				return err
 			}
+			if cfg.LayerWarmBytes, err = parseBytes("layer-warm", layerWarm); err != nil {
+				return err
+			}
+			if cfg.LayerWarmBytes == 0 {
+				cfg.LayerWarmBytes = -1 // the flag's 0 is off; the Config's is the default
+			}
 			if err := netFlags(&cfg.Network, subnet4, subnet6, presetsFile, presets); err != nil {
 				return err
 			}
@@ -139,6 +145,7 @@ Sandboxes survive a restart of the daemon: the next 'corral serve' on the same
 	fl.BoolVar(&cfg.RefusePageCacheProbes, "refuse-page-cache-probes", false,
 		"refuse mincore, cachestat and RWF_NOWAIT reads in sandboxes, which show whether a neighbour read a shared layer file (see docs/THREATS.md)")
 	fl.StringVar(&cfg.LayerMounts, "layer-mounts", server.LayerMountsShared, "shared (one mount of each layer for the node) or per-project (each project its own mounts: no page cache shared between projects; see docs/THREATS.md)")
+	fl.StringVar(&layerWarm, "layer-warm", "128Mi", "how much of each newly mounted layer the node reads into the page cache (executables and libraries first), so that the first sandbox to run it is not charged for, and its memory limit cannot evict, the pages every sandbox of the image uses; 0: off (lazily loaded layers are never read)")
 	fl.StringVar(&cfg.InitBinary, "init-binary", "", "path of corral-init (default: beside this binary)")
 	fl.StringVar(&cfg.AgentBinary, "agent-binary", "", "path of the static corral-agent, init of microVM guests (default: beside this binary)")
 	fl.DurationVar(&cfg.MicroVMSnapshotAfter, "microvm-snapshot-after", time.Minute,

@@ -65,6 +65,11 @@ type Config struct {
 	// LayerMounts is LayerMountsShared ("" too: one mount of each layer
 	// for the node) or LayerMountsPerProject (each project its own).
 	LayerMounts string
+	// LayerWarmBytes is how much of each newly mounted layer the node
+	// reads into the page cache, so that the pages are charged to it
+	// rather than to the first sandbox that reads them (0:
+	// image.DefaultWarmBudget; negative: none).
+	LayerWarmBytes int64
 	// InitBinary is the corral-init path (default: beside this executable).
 	InitBinary string
 	// InitStub makes the one-thread corral-initstub PID 1 of container
@@ -457,8 +462,12 @@ func (s *Server) listenBlobs() error {
 // published.
 func openImages(ctx context.Context, cfg Config) (*image.Store, *layershare.Share, error) {
 	dir := filepath.Join(cfg.DataDir, "images")
+	var opts []image.Option
+	if cfg.LayerWarmBytes != 0 {
+		opts = append(opts, image.WithWarmBudget(max(cfg.LayerWarmBytes, 0)))
+	}
 	if cfg.Blobs == nil {
-		images, err := image.Open(ctx, dir)
+		images, err := image.Open(ctx, dir, opts...)
 		return images, nil, err
 	}
 	argv := cfg.Blobs.ServerArgv
@@ -482,7 +491,7 @@ func openImages(ctx context.Context, cfg Config) (*image.Store, *layershare.Shar
 	if err != nil {
 		return nil, nil, err
 	}
-	images, err := image.Open(ctx, dir, image.WithBlobSource(share), image.WithPublisher(share))
+	images, err := image.Open(ctx, dir, append(opts, image.WithBlobSource(share), image.WithPublisher(share))...)
 	if err != nil {
 		_ = share.Close(ctx, cfg.CleanupOnExit)
 		return nil, nil, err

@@ -25,6 +25,22 @@ type BlobSource interface {
 	BlobPath(ctx context.Context, l Layer) (string, error)
 }
 
+// LazySource is a BlobSource that fetches some blobs on first read. The
+// store does not read the layers of those into the page cache after
+// mounting them (see warmLayer): that would fetch the whole blob.
+type LazySource interface {
+	BlobSource
+	// LazilyRead reports whether BlobPath serves l's blob lazily.
+	LazilyRead(ctx context.Context, l Layer) bool
+}
+
+// lazilyRead reports whether l's blob is fetched lazily by the store's
+// BlobSource.
+func (s *Store) lazilyRead(ctx context.Context, l Layer) bool {
+	lazy, ok := s.blobSrc.(LazySource)
+	return ok && l.Split() && lazy.LazilyRead(ctx, l)
+}
+
 // LocalBlobs serves blobs from a directory of complete blob files named
 // sha256-<hex>.blob, where the store writes every blob it builds.
 type LocalBlobs string

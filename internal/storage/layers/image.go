@@ -81,6 +81,8 @@ type Store struct {
 	blobSrc BlobSource
 	publish Publisher // nil: layers stay on this node
 
+	warmBudget int64 // bytes of a new layer mount read into the page cache
+
 	mountMu sync.Mutex // serializes mounting layers
 
 	useMu sync.Mutex                 // serializes pinning with Remove and GC
@@ -103,7 +105,7 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("image store: %w", err)
 	}
 	s := &Store{dir: abs, layers: filepath.Join(abs, layersDir), blobs: filepath.Join(abs, blobsDir),
-		building: map[string]chan struct{}{}, pins: map[string]map[string]bool{}}
+		building: map[string]chan struct{}{}, pins: map[string]map[string]bool{}, warmBudget: DefaultWarmBudget}
 	s.blobSrc = LocalBlobs(s.blobs)
 	for _, o := range opts {
 		o(s)

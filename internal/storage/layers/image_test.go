@@ -15,10 +15,10 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-func openStore(t *testing.T) (*Store, string) {
+func openStore(t *testing.T, opts ...Option) (*Store, string) {
 	t.Helper()
 	dir := t.TempDir()
-	s, err := Open(context.Background(), dir)
+	s, err := Open(context.Background(), dir, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -156,6 +156,13 @@ func (s *Store) mountLayerAt(ctx context.Context, l Layer, mp string) (backend.L
 	if err := unix.Mount(s.metaFile(l.Digest), mp, "erofs", layerMountFlags, opts); err != nil {
 		return disk, fmt.Errorf("mount layer %s: %w", l.Digest, err)
 	}
+	// Under mountMu: a create of this image waits for the warm rather
+	// than reading the files first (and being charged for them).
+	if !s.lazilyRead(ctx, l) {
+		if _, err := warmLayer(ctx, mp, s.warmBudget); err != nil {
+			return disk, fmt.Errorf("mount layer %s: read into the page cache: %w", l.Digest, err)
+		}
+	}
 	return disk, nil
 }
 

@@ -45,7 +45,9 @@ func TestMountScopes(t *testing.T) {
 	if _, err := findBusybox(); err != nil {
 		t.Skip(err)
 	}
-	s, dir := openStore(t)
+	// Without the warm, which reads every file of a new mount (see
+	// TestWarmAfterMount) and would hide whose read made a page resident.
+	s, dir := openStore(t, WithWarmBudget(0))
 	ctx := context.Background()
 	shared, err := s.Build(ctx, "busybox", nil)
 	if err != nil {
@@ -89,7 +91,7 @@ func TestMountScopes(t *testing.T) {
 	if err := s.Close(false); err != nil {
 		t.Fatal(err)
 	}
-	s2, err := Open(ctx, dir)
+	s2, err := Open(ctx, dir, WithWarmBudget(0))
 	if err != nil {
 		t.Fatal(err)
 	}

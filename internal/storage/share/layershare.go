@@ -131,8 +131,9 @@ func (s *Share) BlobPath(ctx context.Context, l image.Layer) (string, error) {
 	return p, nil
 }
 
-// lazilyRead reports whether BlobPath serves l's blob lazily.
-func (s *Share) lazilyRead(ctx context.Context, l image.Layer) bool {
+// LazilyRead implements image.LazySource: whether BlobPath serves l's
+// blob lazily.
+func (s *Share) LazilyRead(ctx context.Context, l image.Layer) bool {
 	if !l.Split() {
 		return false
 	}

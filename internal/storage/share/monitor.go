@@ -55,7 +55,7 @@ func (m *monitor) tick(ctx context.Context) error {
 			return lerr
 		}
 		for _, l := range ls {
-			if m.s.lazilyRead(ctx, l) {
+			if m.s.LazilyRead(ctx, l) {
 				if err := m.mark(ctx, l.BlobDigest, "lazy blob server unreachable: "+err.Error()); err != nil {
 					return err
 				}
