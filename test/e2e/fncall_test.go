@@ -86,6 +86,36 @@ func TestFnCallIsolationOnOneSandbox(t *testing.T) {
 	}
 }
 
+// TestFnCallNothingLeftForTheNextCall: a call that writes nothing (a clean
+// reset) but leaves processes behind, a detached one, a grandchild whose
+// parent exited and a stopped one: the next call on the same sandbox finds
+// none of them (the node kills them through the cgroup as the call ends,
+// and init's reset kills what is left; the recycling tests, where only
+// init's reset does, cover that one alone).
+func TestFnCallNothingLeftForTheNextCall(t *testing.T) {
+	srv := testenv.StartServer(t, onePool)
+	c := srv.Client
+	leave := "setsid sleep 1001 </dev/null >/dev/null 2>&1 & " +
+		"(sh -c 'sleep 1002 </dev/null >/dev/null 2>&1 &') ; " +
+		"sleep 1003 </dev/null >/dev/null 2>&1 & sleep 0.1; kill -STOP $!"
+	count := "ps -o comm | grep -c '^sleep$'"
+	for i := range 3 {
+		r1 := call(t, c, shCall(initStart+"; "+leave+"; "+count))
+		r2 := call(t, c, shCall(initStart+"; "+count+"; "+count))
+		id1, left1, _ := strings.Cut(string(r1.Stdout), "\n")
+		id2, left2, _ := strings.Cut(string(r2.Stdout), "\n")
+		if id1 == "" || id1 != id2 {
+			t.Fatalf("calls ran on different sandboxes (%q, %q): the test proves nothing", id1, id2)
+		}
+		if strings.TrimSpace(left1) != "3" {
+			t.Fatalf("round %d: the first call left %q sleeps running, want 3 (stderr %q)", i, left1, r1.Stderr)
+		}
+		if strings.TrimSpace(left2) != "0\n0" {
+			t.Fatalf("round %d: the next call on the same sandbox sees sleeps of the last: %q", i, left2)
+		}
+	}
+}
+
 func TestFnCallFilesAndBatch(t *testing.T) {
 	srv := testenv.StartServer(t)
 	c := srv.Client
