@@ -201,7 +201,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.reaperDone = make(chan struct{})
 	go every(reapCtx, n.cfg.ReapInterval, n.reaperDone, func(now time.Time) { n.reapOnce(reapCtx, now) })
 	n.samplerDone = make(chan struct{})
-	go every(reapCtx, n.cfg.StatsInterval, n.samplerDone, func(time.Time) { n.sampleAll(reapCtx) })
+	go paced(reapCtx, n.cfg.StatsInterval, samplerShare, n.samplerDone, func() { n.sampleAll(reapCtx) })
 	return n, nil
 }
 

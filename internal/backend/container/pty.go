@@ -133,7 +133,7 @@ func (s *sandbox) WatchDir(ctx context.Context, p string, recursive bool, ready 
 // cgroup, disk from the filesystem under its root (overlayfs reports its
 // writable layer's).
 func (s *sandbox) Usage(context.Context) (backend.Usage, error) {
-	cg, err := s.group.Usage()
+	cg, err := s.group.Usage(true)
 	if err != nil {
 		return backend.Usage{}, err
 	}

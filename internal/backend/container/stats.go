@@ -18,7 +18,7 @@ var _ backend.StatsReader = (*sandbox)(nil)
 // Stats implements backend.StatsReader from the sandbox's cgroup, its
 // writable layer's quota and its network namespace's interfaces.
 func (s *sandbox) Stats(_ context.Context) (backend.Stats, error) {
-	u, err := s.group.Usage()
+	u, err := s.group.Usage(false)
 	if err != nil {
 		return backend.Stats{}, fmt.Errorf("sandbox %s: stats: %w", s.id, err)
 	}

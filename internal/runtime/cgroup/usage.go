@@ -2,7 +2,6 @@ package cgroup
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,10 +16,13 @@ type Usage struct {
 	Pids        int64
 }
 
-// Usage reads the group's counters: cpuacct.usage, memory.usage_in_bytes,
-// memory.stat and pids.current on v1; cpu.stat, memory.current,
-// memory.stat and pids.current on v2.
-func (g *Group) Usage() (Usage, error) {
+// Usage reads the group's counters: cpuacct.usage, memory.usage_in_bytes
+// and pids.current on v1; cpu.stat, memory.current and pids.current on
+// v2; and, with cache, memory.stat for CacheBytes. memory.stat is the
+// dear one (the kernel formats some forty counters, on v1 summed over the
+// hierarchy): the node's sampler, which reads every sandbox every few
+// seconds, does without it.
+func (g *Group) Usage(cache bool) (Usage, error) {
 	var u Usage
 	if g.unified {
 		usec, err := readKey(filepath.Join(g.v2, "cpu.stat"), "usage_usec")
@@ -31,11 +33,11 @@ func (g *Group) Usage() (Usage, error) {
 		if u.MemoryBytes, err = readInt(filepath.Join(g.v2, "memory.current")); err != nil {
 			return u, fmt.Errorf("cgroup %s: memory: %w", g.id, err)
 		}
-		cache, err := readKey(filepath.Join(g.v2, "memory.stat"), "file")
-		if err != nil {
-			return u, fmt.Errorf("cgroup %s: memory.stat: %w", g.id, err)
+		if cache {
+			if u.CacheBytes, err = readStat(filepath.Join(g.v2, "memory.stat"), "file"); err != nil {
+				return u, fmt.Errorf("cgroup %s: %w", g.id, err)
+			}
 		}
-		u.CacheBytes = int64(cache)
 		if u.Pids, err = readInt(filepath.Join(g.v2, "pids.current")); err != nil {
 			return u, fmt.Errorf("cgroup %s: pids: %w", g.id, err)
 		}
@@ -49,11 +51,11 @@ func (g *Group) Usage() (Usage, error) {
 	if u.MemoryBytes, err = readInt(filepath.Join(g.v1["memory"], "memory.usage_in_bytes")); err != nil {
 		return u, fmt.Errorf("cgroup %s: memory: %w", g.id, err)
 	}
-	cache, err := readKey(filepath.Join(g.v1["memory"], "memory.stat"), "total_cache")
-	if err != nil {
-		return u, fmt.Errorf("cgroup %s: memory.stat: %w", g.id, err)
+	if cache {
+		if u.CacheBytes, err = readStat(filepath.Join(g.v1["memory"], "memory.stat"), "total_cache"); err != nil {
+			return u, fmt.Errorf("cgroup %s: %w", g.id, err)
+		}
 	}
-	u.CacheBytes = int64(cache)
 	if g.v1["pids"] != "" {
 		if u.Pids, err = readInt(filepath.Join(g.v1["pids"], "pids.current")); err != nil {
 			return u, fmt.Errorf("cgroup %s: pids: %w", g.id, err)
@@ -62,8 +64,18 @@ func (g *Group) Usage() (Usage, error) {
 	return u, nil
 }
 
+// readStat reads one counter of a memory.stat file.
+func readStat(file, key string) (int64, error) {
+	v, err := readKey(file, key)
+	if err != nil {
+		return 0, fmt.Errorf("memory.stat: %w", err)
+	}
+	return int64(v), nil
+}
+
+// readInt reads a file holding one number (through readSmall: no poller).
 func readInt(file string) (int64, error) {
-	b, err := os.ReadFile(file)
+	b, err := readSmall(file)
 	if err != nil {
 		return 0, err
 	}
