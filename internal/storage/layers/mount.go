@@ -159,7 +159,7 @@ func (s *Store) mountLayerAt(ctx context.Context, l Layer, mp string) (backend.L
 	// Under mountMu: a create of this image waits for the warm rather
 	// than reading the files first (and being charged for them).
 	if !s.lazilyRead(ctx, l) {
-		if _, err := warmLayer(ctx, mp, s.warmBudget); err != nil {
+		if err := warmLayer(ctx, mp, s.warmBudget); err != nil {
 			return disk, fmt.Errorf("mount layer %s: read into the page cache: %w", l.Digest, err)
 		}
 	}

@@ -39,16 +39,15 @@ func WithWarmBudget(bytes int64) Option {
 // warmFile is a regular file of a layer, a candidate for warming.
 type warmFile struct {
 	path string
-	size int64
 	hot  bool // executable or shared library: mapped by most commands
 }
 
 // warmLayer reads up to budget bytes of the files under mp into the page
-// cache and returns how many it read. A file that cannot be read is
-// skipped: warming is an optimisation, the mount is usable without it.
-func warmLayer(ctx context.Context, mp string, budget int64) (int64, error) {
+// cache. A file that cannot be read is skipped: warming is an
+// optimisation, the mount is usable without it.
+func warmLayer(ctx context.Context, mp string, budget int64) error {
 	if budget <= 0 {
-		return 0, nil
+		return nil
 	}
 	var files []warmFile
 	err := filepath.WalkDir(mp, func(path string, d fs.DirEntry, err error) error {
@@ -67,11 +66,11 @@ func warmLayer(ctx context.Context, mp string, budget int64) (int64, error) {
 		}
 		name := d.Name()
 		hot := info.Mode().Perm()&0o111 != 0 || strings.HasSuffix(name, ".so") || strings.Contains(name, ".so.")
-		files = append(files, warmFile{path: path, size: info.Size(), hot: hot})
+		files = append(files, warmFile{path: path, hot: hot})
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		return err
 	}
 	// Stable: within each class the walk's path order stays.
 	slices.SortStableFunc(files, func(a, b warmFile) int {
@@ -91,12 +90,12 @@ func warmLayer(ctx context.Context, mp string, budget int64) (int64, error) {
 			break
 		}
 		if err := ctx.Err(); err != nil {
-			return read, err
+			return err
 		}
 		n, _ := readFile(f.path, buf, budget-read)
 		read += n
 	}
-	return read, nil
+	return nil
 }
 
 // readFile reads up to limit bytes of the regular file at path into buf,
