@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 )
@@ -36,12 +35,6 @@ func WithWarmBudget(bytes int64) Option {
 	return func(s *Store) { s.warmBudget = bytes }
 }
 
-// warmFile is a regular file of a layer, a candidate for warming.
-type warmFile struct {
-	path string
-	hot  bool // executable or shared library: mapped by most commands
-}
-
 // warmLayer reads up to budget bytes of the files under mp into the page
 // cache. A file that cannot be read is skipped: warming is an
 // optimisation, the mount is usable without it.
@@ -49,7 +42,9 @@ func warmLayer(ctx context.Context, mp string, budget int64) error {
 	if budget <= 0 {
 		return nil
 	}
-	var files []warmFile
+	// hot: executables and shared libraries, mapped by most commands;
+	// each list keeps the walk's path order.
+	var hot, rest []string
 	err := filepath.WalkDir(mp, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil // an unreadable directory: skip it
@@ -64,35 +59,26 @@ func warmLayer(ctx context.Context, mp string, budget int64) error {
 		if err != nil || info.Size() == 0 {
 			return nil
 		}
-		name := d.Name()
-		hot := info.Mode().Perm()&0o111 != 0 || strings.HasSuffix(name, ".so") || strings.Contains(name, ".so.")
-		files = append(files, warmFile{path: path, hot: hot})
+		if name := d.Name(); info.Mode().Perm()&0o111 != 0 || strings.HasSuffix(name, ".so") || strings.Contains(name, ".so.") {
+			hot = append(hot, path)
+		} else {
+			rest = append(rest, path)
+		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	// Stable: within each class the walk's path order stays.
-	slices.SortStableFunc(files, func(a, b warmFile) int {
-		switch {
-		case a.hot == b.hot:
-			return 0
-		case a.hot:
-			return -1
-		default:
-			return 1
-		}
-	})
 	buf := make([]byte, 256<<10)
 	var read int64
-	for _, f := range files {
+	for _, path := range append(hot, rest...) {
 		if read >= budget {
 			break
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		n, _ := readFile(f.path, buf, budget-read)
+		n, _ := readFile(path, buf, budget-read)
 		read += n
 	}
 	return nil
