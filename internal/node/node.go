@@ -199,7 +199,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	reapCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.stopReaper = cancel
 	n.reaperDone = make(chan struct{})
-	go every(reapCtx, n.cfg.ReapInterval, n.reaperDone, func(now time.Time) { n.reapOnce(reapCtx, now) })
+	go paced(reapCtx, n.cfg.ReapInterval, 1, n.reaperDone, func() { n.reapOnce(reapCtx, time.Now()) })
 	n.samplerDone = make(chan struct{})
 	go paced(reapCtx, n.cfg.StatsInterval, samplerShare, n.samplerDone, func() { n.sampleAll(reapCtx) })
 	return n, nil

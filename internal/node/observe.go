@@ -97,31 +97,6 @@ func resourceFigures(rec *state.Record) map[string]float64 {
 // the stats interval instead of taking a core.
 const samplerShare = 0.1
 
-// paced calls fn, first after interval, then interval after the start of
-// the last call or, when a call took more than share of that, so much
-// later that calls take share of the time; until ctx ends, then closes
-// done.
-func paced(ctx context.Context, interval time.Duration, share float64, done chan<- struct{}, fn func()) {
-	defer close(done)
-	t := time.NewTimer(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		start := time.Now()
-		fn()
-		t.Reset(pause(interval, time.Since(start), share))
-	}
-}
-
-// pause is how long paced waits after a call that took took.
-func pause(interval, took time.Duration, share float64) time.Duration {
-	return max(interval, time.Duration(float64(took)/share)) - took
-}
-
 // sampleAll reads every live sandbox's figures.
 func (n *Node) sampleAll(ctx context.Context) {
 	for _, e := range n.entries() {

@@ -10,19 +10,30 @@ import (
 	"github.com/corral-dev/corral/internal/state"
 )
 
-// every calls fn at each interval until ctx ends, then closes done.
-func every(ctx context.Context, interval time.Duration, done chan<- struct{}, fn func(now time.Time)) {
+// paced calls fn, first after interval, then interval after the start of
+// the last call or, when a call took more than share of that, so much
+// later that calls take share of the time (share 1: every interval, or
+// back to back when a call takes longer); until ctx ends, then closes
+// done.
+func paced(ctx context.Context, interval time.Duration, share float64, done chan<- struct{}, fn func()) {
 	defer close(done)
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
+	t := time.NewTimer(interval)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-tick.C:
-			fn(now)
+		case <-t.C:
 		}
+		start := time.Now()
+		fn()
+		t.Reset(pause(interval, time.Since(start), share))
 	}
+}
+
+// pause is how long paced waits after a call that took took.
+func pause(interval, took time.Duration, share float64) time.Duration {
+	return max(interval, time.Duration(float64(took)/share)) - took
 }
 
 // reapOnce enforces TTLs: it stops sandboxes idle past their idle_timeout
