@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,26 +14,21 @@ import (
 // (v1 total_cache, v2 file).
 func cgroupCache(t *testing.T, parent, id string) int64 {
 	t.Helper()
-	for _, f := range []struct{ path, key string }{
-		{"/sys/fs/cgroup/memory/" + parent + "/" + id + "/memory.stat", "total_cache"},
-		{"/sys/fs/cgroup/" + parent + "/" + id + "/memory.stat", "file"},
-	} {
-		b, err := os.ReadFile(f.path)
-		if err != nil {
-			continue
-		}
-		for line := range strings.Lines(string(b)) {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), f.key+" "); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					t.Fatalf("%s: %q: %v", f.path, line, err)
-				}
-				return n
-			}
-		}
-		t.Fatalf("%s has no %s", f.path, f.key)
+	stat, v1 := memoryCgroupFile(t, parent, id, "memory.stat", "memory.stat")
+	key := "file"
+	if v1 {
+		key = "total_cache"
 	}
-	t.Fatalf("no memory cgroup for %s under %s", id, parent)
+	for line := range strings.Lines(stat) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), key+" "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("memory.stat: %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("memory.stat of %s has no %s", id, key)
 	return 0
 }
 

@@ -122,20 +122,29 @@ func TestMetricsHistogramsMove(t *testing.T) {
 	}
 }
 
+// memoryCgroupFile reads a file of a sandbox's memory cgroup: v1Name on a
+// host with the v1 memory controller (v1 true), else v2Name.
+func memoryCgroupFile(t *testing.T, parent, id, v1Name, v2Name string) (content string, v1 bool) {
+	t.Helper()
+	if b, err := os.ReadFile("/sys/fs/cgroup/memory/" + parent + "/" + id + "/" + v1Name); err == nil {
+		return string(b), true
+	}
+	if b, err := os.ReadFile("/sys/fs/cgroup/" + parent + "/" + id + "/" + v2Name); err == nil {
+		return string(b), false
+	}
+	t.Fatalf("no memory cgroup for %s under %s", id, parent)
+	return "", false
+}
+
 // cgroupMemory reads a sandbox's charged memory from its memory cgroup.
 func cgroupMemory(t *testing.T, parent, id string) int64 {
 	t.Helper()
-	for _, f := range []string{"/sys/fs/cgroup/memory/" + parent + "/" + id + "/memory.usage_in_bytes", "/sys/fs/cgroup/" + parent + "/" + id + "/memory.current"} {
-		if b, err := os.ReadFile(f); err == nil {
-			v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
+	b, _ := memoryCgroupFile(t, parent, id, "memory.usage_in_bytes", "memory.current")
+	v, err := strconv.ParseInt(strings.TrimSpace(b), 10, 64)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("no memory cgroup for %s under %s", id, parent)
-	return 0
+	return v
 }
 
 func TestStatsCLIMatchesMemoryCgroup(t *testing.T) {
