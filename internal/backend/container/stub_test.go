@@ -92,3 +92,20 @@ func TestIdleSandboxIsTheStub(t *testing.T) {
 
 // serverLinger is how long corral-init's server waits for work (initproc).
 const serverLinger = 2 * time.Second
+
+// TestExecRightAfterServerKilled checks that an exec sent while a killed
+// server is still dying is served by the next server: the stub keeps each
+// connection until a server acknowledges it. Without that, a connection
+// handed to the dying server was reset within a few rounds.
+func TestExecRightAfterServerKilled(t *testing.T) {
+	b := newBackend(t)
+	s := newSandbox(t, b, nil)
+	for i := range 100 {
+		if r := sh(t, s, "kill -9 -1; echo ok"); r.stdout != "ok\n" {
+			t.Fatalf("round %d: kill -9 -1: %q", i, r.stdout)
+		}
+		if r := sh(t, s, "echo again"); r.stdout != "again\n" {
+			t.Fatalf("round %d: exec after kill -9 -1: %q", i, r.stdout)
+		}
+	}
+}

@@ -36,10 +36,18 @@ const gateFd = 4
 // as an errno on fd 4 (stub.c).
 const gateName = "corral-gate"
 
-// stubFd is the server's end of its socketpair with the stub: one byte
-// from the server says it runs; each packet from the stub carries one
-// connection whose first packet is still unread.
+// stubFd is the server's end of its socketpair with the stub: each packet
+// from the stub carries one connection whose first packet is still unread.
 const stubFd = 3
+
+// The server's one-byte messages to the stub (stub.c's MSG_READY and
+// MSG_TOOK): it runs; it received the oldest connection it had not yet
+// acknowledged. Until then the stub keeps its copy, and should the server
+// die, hands the connection to the next one.
+const (
+	msgReady = 1
+	msgTook  = 2
+)
 
 // linger is how long a server with nothing to serve waits for more.
 const linger = 2 * time.Second
@@ -125,7 +133,7 @@ func serveChild() {
 	srv.gate = gateFd
 	// Only now, with its threads made, is the server trusted with
 	// connections: the stub answers those of a server that died starting.
-	if _, err := unix.Write(stubFd, []byte{1}); err != nil {
+	if _, err := unix.Write(stubFd, []byte{msgReady}); err != nil {
 		os.Exit(1)
 	}
 	go srv.reap(sigs)
@@ -172,6 +180,10 @@ func (s *server) serveHanded(sock *os.File) error {
 		}
 		if err != nil {
 			return fmt.Errorf("receive from stub: %w", err)
+		}
+		if err := took(rc); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("acknowledge to stub: %w", err)
 		}
 		c, err := initproto.NewConn(fd, "conn")
 		if err != nil {
@@ -229,6 +241,24 @@ func recvFd(rc syscall.RawConn) (int, error) {
 		return -1, err
 	}
 	return fd, rerr
+}
+
+// took acknowledges a hand-over, before anything reads the connection: a
+// lost acknowledgement would have the stub hand a served connection over
+// again, so it waits (in the poller) rather than drop one.
+func took(rc syscall.RawConn) error {
+	var serr error
+	err := rc.Write(func(s uintptr) bool {
+		serr = unix.Send(int(s), []byte{msgTook}, unix.MSG_NOSIGNAL)
+		for serr == unix.EINTR {
+			serr = unix.Send(int(s), []byte{msgTook}, unix.MSG_NOSIGNAL)
+		}
+		return serr != unix.EAGAIN
+	})
+	if err != nil {
+		return err
+	}
+	return serr
 }
 
 // tell tells the stub that pid was started on conn (conn >= 0) or that its

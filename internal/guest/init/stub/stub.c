@@ -28,6 +28,11 @@
  * Fds at start: 0-2 stdio (2 is init.log), 3 the control listener, 4 the
  * setup socket, and those argv 15 and 16 name: corral-init (O_PATH) and
  * this program (the server's fd 4). Every fd it makes is close-on-exec.
+ *
+ * A connection handed over to a server is lost if the server dies before
+ * it receives it (a kill -9 -1 takes a moment to end a Go process), so the
+ * stub keeps its copy until the server acknowledges it (MSG_TOOK) and hands
+ * what a dead server never took to the next one.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -53,8 +58,13 @@ static int init_fd, stub_fd;
 enum { GATE_GO_FD = 3, GATE_ERR_FD = 4, GATE_BIN_FD = 5 };
 #define GATE_NAME "corral-gate"
 
-/* MAX_CONNS bounds connections waiting for their first packet. */
-enum { MAX_CONNS = 256, MAX_HELD = 64 };
+/* MAX_CONNS bounds connections waiting for their first packet, MAX_HELD
+ * those a server has not acknowledged. */
+enum { MAX_CONNS = 256, MAX_HELD = 256 };
+
+/* A server's one-byte messages: it runs (and its threads are made); it
+ * received the oldest connection it had not acknowledged (stub.go). */
+enum { MSG_READY = 1, MSG_TOOK = 2 };
 
 enum {
 	A_READY = 1, A_PING, A_PONG, A_KILL0, A_KILL1, A_KILL2, A_KILLOK, A_NOSERVER,
@@ -75,16 +85,23 @@ static struct {
 } execs[MAX_CONNS];
 static int nexecs;
 
+/* A connection handed over but not acknowledged, and whether a server
+ * that died had it before. */
+struct held {
+	int fd;
+	int again;
+};
+
 /*
  * The current server: its pid (0: none), the stub's end of its socketpair,
- * whether it said it is ready, and the connections handed to it before
- * that (kept to answer them should it die starting).
+ * whether it said it is ready, and the connections it has not yet
+ * acknowledged, oldest first.
  */
 static struct {
 	pid_t pid;
 	int sock;
 	int ready;
-	int held[MAX_HELD];
+	struct held held[MAX_HELD];
 	int nheld;
 } srv;
 
@@ -98,20 +115,45 @@ static void reply(int fd, int which)
 	(void)send(fd, pkt[which], pktlen[which], MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-/* drop_server forgets the server, answering what it never took. */
+static int server_msg(void);
+static void hand_over(int fd, int again);
+
+/* peer_gone says whether the process at the other end of sock closed it. */
+static int peer_gone(int sock)
+{
+	struct pollfd p = {.fd = sock, .events = POLLRDHUP};
+	return poll(&p, 1, 0) > 0 && (p.revents & POLLHUP);
+}
+
+/*
+ * drop_server forgets the server: it exited, or it refused a hand-over.
+ * What it said before that is read first. A refusing server that lives is
+ * retiring and serves what it took. A dead one never received what it had
+ * not acknowledged: that goes to a new server, once, unless this one died
+ * starting (the sandbox is then at a limit) and it gets the error reply.
+ */
 static void drop_server(void)
 {
-	for (int i = 0; i < srv.nheld; i++) {
-		if (!srv.ready)
-			reply(srv.held[i], A_NOSERVER);
-		close(srv.held[i]);
+	while (server_msg() > 0) {
 	}
-	srv.nheld = 0;
-	if (srv.sock >= 0)
-		close(srv.sock);
+	int gone = peer_gone(srv.sock), ready = srv.ready, n = srv.nheld;
+	struct held left[MAX_HELD];
+	memcpy(left, srv.held, n * sizeof *left);
+	close(srv.sock);
 	srv.pid = 0;
 	srv.sock = -1;
 	srv.ready = 0;
+	srv.nheld = 0;
+	for (int i = 0; i < n; i++) {
+		if (!gone) {
+			close(left[i].fd);
+		} else if (ready && !left[i].again) {
+			hand_over(left[i].fd, 1);
+		} else {
+			reply(left[i].fd, A_NOSERVER);
+			close(left[i].fd);
+		}
+	}
 }
 
 static int start_server(void)
@@ -168,21 +210,19 @@ static int send_fd(int sock, int fd)
 
 /*
  * hand_over gives fd, its first packet unread, to the server, starting one
- * if none runs. A server that shut its socket is retiring (it serves what it
- * took, then exits): a new one takes over.
+ * if none runs; again says a server that died had it before. A server that
+ * shut its socket is retiring (it serves what it took, then exits): a new
+ * one takes over.
  */
-static void hand_over(int fd)
+static void hand_over(int fd, int again)
 {
 	for (int try = 0; try < 2; try++) {
 		if (srv.pid == 0 && start_server() < 0)
 			break;
-		if (!srv.ready && srv.nheld == MAX_HELD)
-			break;
+		if (srv.nheld == MAX_HELD)
+			break; /* a server that far behind is stuck */
 		if (send_fd(srv.sock, fd) == 0) {
-			if (srv.ready)
-				close(fd);
-			else
-				srv.held[srv.nheld++] = fd;
+			srv.held[srv.nheld++] = (struct held){.fd = fd, .again = again};
 			return;
 		}
 		if (errno != EPIPE && errno != ECONNRESET) {
@@ -272,7 +312,7 @@ static int serve_conn(int fd)
 			return 1;
 		}
 	}
-	hand_over(fd);
+	hand_over(fd, 0);
 	return 1;
 }
 
@@ -316,13 +356,14 @@ static void reap(void)
 }
 
 /*
- * server_msg reads what the server says: one byte when it runs; a pid with
- * a connection for each command it started; a pid alone once it reported
- * that command's exit itself.
+ * server_msg reads one thing the server says: a byte, MSG_READY or
+ * MSG_TOOK; a pid with a connection for each command it started; a pid
+ * alone once it reported that command's exit itself. It returns 0 when
+ * there was nothing to read.
  */
-static void server_msg(void)
+static int server_msg(void)
 {
-	pid_t pid;
+	pid_t pid = 0;
 	struct iovec iov = {.iov_base = &pid, .iov_len = sizeof pid};
 	union {
 		struct cmsghdr h;
@@ -331,22 +372,25 @@ static void server_msg(void)
 	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
 	ssize_t n = recvmsg(srv.sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 	if (n <= 0)
-		return; /* EOF: the server died; its exit drops it */
+		return 0; /* EOF: the server died; its exit drops it */
 	int fd = -1;
 	struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
 	if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
 		memcpy(&fd, CMSG_DATA(c), sizeof fd);
 	if (n == 1 && fd < 0) {
-		srv.ready = 1;
-		for (int i = 0; i < srv.nheld; i++)
-			close(srv.held[i]);
-		srv.nheld = 0;
-		return;
+		unsigned char what = *(unsigned char *)&pid;
+		if (what == MSG_READY) {
+			srv.ready = 1;
+		} else if (what == MSG_TOOK && srv.nheld > 0) {
+			close(srv.held[0].fd);
+			memmove(srv.held, srv.held + 1, --srv.nheld * sizeof *srv.held);
+		}
+		return 1;
 	}
 	if (n != sizeof pid) {
 		if (fd >= 0)
 			close(fd);
-		return;
+		return 1;
 	}
 	if (fd < 0) {
 		for (int i = 0; i < nexecs; i++) {
@@ -355,14 +399,15 @@ static void server_msg(void)
 				break;
 			}
 		}
-		return;
+		return 1;
 	}
 	if (nexecs == MAX_CONNS) {
 		close(fd);
-		return;
+		return 1;
 	}
 	execs[nexecs].pid = pid;
 	execs[nexecs++].fd = fd;
+	return 1;
 }
 
 /*
@@ -398,7 +443,7 @@ static void accept_all(void)
 			return;
 		}
 		if (nconns == MAX_CONNS) {
-			hand_over(fd); /* the server waits for its packet */
+			hand_over(fd, 0); /* the server waits for its packet */
 			continue;
 		}
 		conns[nconns++] = fd;
