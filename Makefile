@@ -10,7 +10,7 @@ CC = gcc
 build:
 	$(GO) build -o bin/corral ./cmd/corral
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/corral-init ./cmd/corral-init
-	$(CC) -static -Os -s -Wall -o bin/corral-initstub internal/guest/init/stub/stub.c
+	$(CC) -static -Os -s -Wall -Wl,-e,stub_entry -o bin/corral-initstub internal/guest/init/stub/stub.c
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/corral-probe ./cmd/corral-probe
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/corral-agent ./cmd/corral-agent
 

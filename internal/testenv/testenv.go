@@ -190,7 +190,7 @@ func BuildInitStub(out string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command("gcc", "-static", "-Os", "-s", "-Wall", "-o", out, filepath.Join(root, "internal/guest/init/stub/stub.c"))
+	cmd := exec.Command("gcc", "-static", "-Os", "-s", "-Wall", "-Wl,-e,stub_entry", "-o", out, filepath.Join(root, "internal/guest/init/stub/stub.c"))
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build corral-initstub: %v\n%s", err, b)
 	}

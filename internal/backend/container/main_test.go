@@ -55,7 +55,7 @@ func run(m *testing.M) int {
 	}
 	// Beside corral-init, where the backend looks for it (testenv's
 	// BuildInitStub would be an import cycle through the server).
-	stub := exec.Command("gcc", "-static", "-Os", "-s", "-o", filepath.Join(tmpRoot, "corral-initstub"), "../../guest/init/stub/stub.c")
+	stub := exec.Command("gcc", "-static", "-Os", "-s", "-Wall", "-Wl,-e,stub_entry", "-o", filepath.Join(tmpRoot, "corral-initstub"), "../../guest/init/stub/stub.c")
 	if out, err := stub.CombinedOutput(); err != nil {
 		fmt.Printf("build corral-initstub: %v\n%s", err, out)
 		return 1

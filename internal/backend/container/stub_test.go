@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
 )
 
 // threadsOf returns the sandbox's tasks (threads of every process) by pid.
@@ -107,5 +108,27 @@ func TestExecRightAfterServerKilled(t *testing.T) {
 		if r := sh(t, s, "echo again"); r.stdout != "again\n" {
 			t.Fatalf("round %d: exec after kill -9 -1: %q", i, r.stdout)
 		}
+	}
+}
+
+// TestGatedExec checks the stub's gate, which runs before libc starts:
+// the command gets its argv and environment through it, and a file the
+// kernel refuses to execute comes back as the exec's error, after which
+// the sandbox still serves.
+func TestGatedExec(t *testing.T) {
+	b := newBackend(t)
+	s := newSandbox(t, b, nil)
+	r := run1(t, s, backend.ExecSpec{Argv: []string{"sh", "-c", `echo "$0 $1 $GATED"`, "a b", "c"},
+		Env: []string{"PATH=/bin", "GATED=yes"}})
+	if r.stdout != "a b c yes\n" {
+		t.Fatalf("argv and env through the gate: %q", r.stdout)
+	}
+	sh(t, s, `printf '\001\002\003\004' > /tmp/junk; chmod 755 /tmp/junk`)
+	_, err := tryRun(context.Background(), s, backend.ExecSpec{Argv: []string{"/tmp/junk"}})
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "exec format error") {
+		t.Fatalf("exec of a file that is no program: %v, want invalid argument (exec format error)", err)
+	}
+	if r := sh(t, s, "echo still"); r.stdout != "still\n" {
+		t.Fatalf("exec after a failed one: %q", r.stdout)
 	}
 }
