@@ -510,6 +510,8 @@ __attribute__((used, no_stack_protector)) void gate_entry(long argc, char **argv
 {
 	static const char name[] = GATE_NAME;
 	entered = 1;
+	if (argc < 1 || !argv[0])
+		return;
 	for (int i = 0; i < (int)sizeof name; i++) {
 		if (argv[0][i] != name[i])
 			return;
