@@ -221,6 +221,14 @@ type ExecSpec struct {
 	// its output, with a handle valid until Exec returns. Only sandboxes
 	// implementing Interactive call it.
 	Started func(Process)
+	// ThenReset (sandboxes implementing Resetter) starts the sandbox's
+	// reset, sparing ResetKeep, as soon as the command exits, and the next
+	// Reset returns that reset's result instead of making another. For a
+	// caller that resets after every command, it saves a round trip to the
+	// sandbox. What the command wrote may be gone once Exec returns: read
+	// no file of the sandbox between the two.
+	ThenReset bool
+	ResetKeep []int
 }
 
 // TermSize is a terminal's size in characters.

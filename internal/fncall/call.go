@@ -81,10 +81,15 @@ func (s *Service) warmable(req *Request) bool {
 
 // execCold runs argv with the backend's Exec.
 func (s *Service) execCold(ctx context.Context, sb backend.Sandbox, req *Request, argv []string) (*Result, backend.ExecResult, error) {
-	cpu := watchCPU(sb.(backend.Resetter), s.log, req.CPULimit, s.warm.keep(sb))
+	keep := s.warm.keep(sb)
+	cpu := watchCPU(sb.(backend.Resetter), s.log, req.CPULimit, keep)
 	var out backend.OutputBuffers
+	// Every call is followed by the sandbox's reset (release): init starts
+	// it as soon as the command exits, unless output files are still to
+	// be read.
 	spec := backend.ExecSpec{Argv: argv, Env: req.Env, Cwd: Workdir, Stdin: req.Stdin,
-		Timeout: req.WallLimit, OutputLimit: req.OutputBytes, CPULimit: req.CPULimit}
+		Timeout: req.WallLimit, OutputLimit: req.OutputBytes, CPULimit: req.CPULimit,
+		ThenReset: len(req.OutputFiles) == 0, ResetKeep: keep}
 	er, err := sb.Exec(ctx, spec, out.Write)
 	er.CPUTime = max(er.CPUTime, cpu.end())
 	if err != nil && !errdefs.IsNotFound(err) && !errdefs.IsPermissionDenied(err) {

@@ -29,6 +29,9 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	if len(spec.Argv) == 0 {
 		return backend.ExecResult{}, errdefs.InvalidArgument("sandbox %s: exec: argv must not be empty", s.id)
 	}
+	if spec.ThenReset && s.pool == nil {
+		return backend.ExecResult{}, errdefs.InvalidArgument("sandbox %s: exec: then reset: not a resettable sandbox", s.id)
+	}
 	oomBefore, oomErr := s.oomBefore()
 	start := time.Now()
 	var pipes *stdio
@@ -48,7 +51,8 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 		// does not hijack the harness's next shell command.
 		argv = append([]string{initproto.ShellPath}, argv[1:]...)
 	}
-	req := initproto.ExecRequest{Argv: argv, Env: spec.Env, Cwd: spec.Cwd, User: spec.User, Tty: spec.PTY != nil}
+	req := initproto.ExecRequest{Argv: argv, Env: spec.Env, Cwd: spec.Cwd, User: spec.User, Tty: spec.PTY != nil,
+		ThenReset: spec.ThenReset, ResetKeep: spec.ResetKeep}
 	if spec.CPULimit > 0 {
 		req.CPUSeconds = int64((spec.CPULimit + time.Second - 1) / time.Second)
 	}
@@ -57,7 +61,11 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	if err != nil {
 		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: %w", s.id, spec.Argv[0], err)
 	}
-	defer e.Close()
+	if spec.ThenReset {
+		defer s.holdReset(e) // the next Reset reads its result
+	} else {
+		defer e.Close()
+	}
 	if spec.Started != nil {
 		spec.Started(&process{exec: e, pty: pipes.ptm})
 	}

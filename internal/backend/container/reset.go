@@ -23,6 +23,9 @@ type poolState struct {
 	resets  launch.Resetter
 	watch   *cgroup.Watch
 	oomLast uint64
+	// pending is the last exec when it asked for a reset after it
+	// (ExecSpec.ThenReset) that no Reset has read yet.
+	pending *launch.Exec
 
 	// view: the node makes this sandbox's views (Spec.Recyclable), from
 	// spec; dirty: the last Scrub found the view written to; base: usage
@@ -60,10 +63,26 @@ func (s *sandbox) stopPool() {
 	defer s.pool.mu.Unlock()
 	s.pool.resets.Close()
 	s.pool.watch.Close()
+	if s.pool.pending != nil {
+		s.pool.pending.Close()
+		s.pool.pending = nil
+	}
+}
+
+// holdReset keeps e, an exec with ExecSpec.ThenReset, for the next Reset.
+func (s *sandbox) holdReset(e *launch.Exec) {
+	s.pool.mu.Lock()
+	defer s.pool.mu.Unlock()
+	if s.pool.pending != nil {
+		s.pool.pending.Close() // never read: a later Reset still resets
+	}
+	s.pool.pending = e
 }
 
 // Reset implements backend.Resetter: init kills every process and, if the
-// view was written to, re-mounts it; then the memory peak restarts.
+// view was written to, re-mounts it; then the memory peak restarts. After
+// an exec with ExecSpec.ThenReset, init did that already, sparing that
+// exec's ResetKeep: its result is taken instead (keep is not used).
 func (s *sandbox) Reset(ctx context.Context, keep []int) (bool, error) {
 	if s.pool == nil {
 		return false, errdefs.FailedPrecondition("sandbox %s: reset: not a resettable sandbox", s.id)
@@ -73,7 +92,15 @@ func (s *sandbox) Reset(ctx context.Context, keep []int) (bool, error) {
 	}
 	s.pool.mu.Lock()
 	defer s.pool.mu.Unlock()
-	dirty, err := s.pool.resets.Reset(ctx, keep)
+	var dirty bool
+	var err error
+	if e := s.pool.pending; e != nil {
+		s.pool.pending = nil
+		dirty, err = e.ResetResult(ctx)
+		e.Close()
+	} else {
+		dirty, err = s.pool.resets.Reset(ctx, keep)
+	}
 	if err != nil {
 		return dirty, fmt.Errorf("sandbox %s: reset: %w", s.id, err)
 	}

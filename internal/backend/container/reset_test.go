@@ -2,12 +2,14 @@ package container
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -58,5 +60,51 @@ func TestResetConfinement(t *testing.T) {
 	r = run1(t, s, backend.ExecSpec{Argv: []string{"sh", "-c", "while :; do :; done"}, CPULimit: time.Second, Timeout: 10 * time.Second})
 	if r.TimedOut || r.Signal != int(unix.SIGXCPU) {
 		t.Fatalf("cpu limit: %+v", r.ExecResult)
+	}
+}
+
+// TestExecThenReset: an exec with ThenReset resets the sandbox as soon as
+// the command exits, before anyone calls Reset (which then reports that
+// reset), and spares ResetKeep.
+func TestExecThenReset(t *testing.T) {
+	b := newBackend(t)
+	s := newSandbox(t, b, resettable)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	thenReset := func(script string, keep ...int) result {
+		t.Helper()
+		return run1(t, s, backend.ExecSpec{Argv: []string{"sh", "-c", script}, ThenReset: true, ResetKeep: keep})
+	}
+
+	// A file written and a process left behind: both gone without a Reset.
+	if r := thenReset("echo hi > /tmp/x; sleep 1000 >/dev/null 2>&1 &"); r.ExitCode != 0 {
+		t.Fatalf("call 1: %+v", r)
+	}
+	if r := sh(t, s, "cat /tmp/x 2>/dev/null; ps -o comm | grep -c sleep"); r.stdout != "0\n" {
+		t.Fatalf("after the exec with ThenReset, before Reset: %q, want no file and no sleep", r.stdout)
+	}
+	if dirty, err := s.(backend.Resetter).Reset(ctx, nil); err != nil || !dirty {
+		t.Fatalf("Reset after a command that wrote a file: dirty %v, %v; want true", dirty, err)
+	}
+
+	// A kept process survives a clean reset after the command.
+	r := sh(t, s, "sleep 1000 >/dev/null 2>&1 & echo $!")
+	var pid int
+	if _, err := fmt.Sscan(r.stdout, &pid); err != nil {
+		t.Fatalf("background pid: %q: %v", r.stdout, err)
+	}
+	thenReset("true", pid)
+	if dirty, err := s.(backend.Resetter).Reset(ctx, nil); err != nil || dirty {
+		t.Fatalf("Reset after a command that wrote nothing: dirty %v, %v; want false", dirty, err)
+	}
+	if r := sh(t, s, fmt.Sprintf("kill -0 %d && echo kept", pid)); r.stdout != "kept\n" {
+		t.Fatalf("kept process %d: %q", pid, r.stdout)
+	}
+
+	// A sandbox that cannot be reset refuses the flag.
+	plain := newSandbox(t, b, nil)
+	_, err := plain.Exec(ctx, backend.ExecSpec{Argv: []string{"true"}, ThenReset: true}, nil)
+	if !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("ThenReset on a sandbox that is not resettable: %v, want invalid argument", err)
 	}
 }

@@ -132,6 +132,10 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 		replyErr(c, initproto.ClassInvalidArgument, errors.New("exec: missing spec or fds"))
 		return
 	}
+	if req.ThenReset && s.pool == nil {
+		replyErr(c, initproto.ClassInvalidArgument, errors.New("exec: then_reset: init is not in pool mode"))
+		return
+	}
 	stdin := s.null
 	if req.Stdin {
 		stdin = fds[2]
@@ -159,6 +163,11 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 		// The node gave up on the exec (cancelled) or the reply was lost:
 		// worth a line in init.log, which only the node can read.
 		fmt.Fprintf(os.Stderr, "corral-init: exec %d: send exit: %v\n", pid, err)
+	}
+	if req.ThenReset {
+		// Done while init is awake for the exit anyway: the node's own
+		// reset request would wake it once more.
+		s.resetOnce(c, req.ResetKeep)
 	}
 }
 
@@ -275,27 +284,23 @@ func (s *server) reset(c *initproto.Conn, req initproto.Request, fds []int) {
 		return
 	}
 	for {
-		var rep initproto.Reply
-		var err error
 		switch {
 		case req.Op == initproto.OpReset:
 			closeFds(fds)
-			rep.Dirty, err = s.pool.reset(req.Keep)
+			if !s.resetOnce(c, req.Keep) {
+				return
+			}
 		case req.Op == initproto.OpView && len(fds) == 1:
-			err = s.pool.attach(fds[0])
+			if !s.reply(c, s.pool.attach(fds[0]), false) {
+				return
+			}
 		default:
 			closeFds(fds)
-			err = fmt.Errorf("%s: unexpected on a reset connection (with %d fds)", req.Op, len(fds))
-		}
-		if err != nil {
-			replyErr(c, initproto.ClassInternal, err)
-			return
-		}
-		rep.Op = initproto.OpPong
-		if c.Send(rep) != nil {
+			s.reply(c, fmt.Errorf("%s: unexpected on a reset connection (with %d fds)", req.Op, len(fds)), false)
 			return
 		}
 		req = initproto.Request{}
+		var err error
 		if fds, err = c.Recv(&req); err != nil {
 			closeFds(fds)
 			return
@@ -305,6 +310,23 @@ func (s *server) reset(c *initproto.Conn, req initproto.Request, fds []int) {
 			return
 		}
 	}
+}
+
+// resetOnce resets the pool sparing keep and replies; it reports whether
+// the connection may serve another request.
+func (s *server) resetOnce(c *initproto.Conn, keep []int) bool {
+	dirty, err := s.pool.reset(keep)
+	return s.reply(c, err, dirty)
+}
+
+// reply answers a reset or view request: OpPong (with dirty), or the error.
+// It reports whether that was a success and went out.
+func (s *server) reply(c *initproto.Conn, err error, dirty bool) bool {
+	if err != nil {
+		replyErr(c, initproto.ClassInternal, err)
+		return false
+	}
+	return c.Send(initproto.Reply{Op: initproto.OpPong, Dirty: dirty}) == nil
 }
 
 func replyErr(c *initproto.Conn, class string, err error) {

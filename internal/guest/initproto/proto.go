@@ -49,6 +49,11 @@
 //	  it and answers Dirty, and OpView on the same connection brings the
 //	  fresh overlay that replaces it. Execs in such a sandbox keep the PID
 //	  counter where it is (a reset still rewinds it).
+//	13 (2026-12-07): ExecRequest.ThenReset and ResetKeep (pool mode):
+//	  once the command has exited and its exit reply is sent, init resets
+//	  the sandbox as for OpReset and sends that reset's reply on the same
+//	  connection, so that a node resetting after every call makes one
+//	  round trip to init per call instead of two.
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
@@ -57,7 +62,7 @@ package initproto
 const ShellPath = "/.corral/sh"
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 12
+const Version = 13
 
 // Fds init is started with (ExtraFiles order).
 const (
@@ -171,6 +176,12 @@ type ExecRequest struct {
 	// Tty: stdin is a terminal; the command gets its own session (its pid
 	// is still its process group) with stdin as controlling terminal.
 	Tty bool `json:"tty,omitempty"`
+	// ThenReset (pool mode only): after the exit reply, init resets the
+	// sandbox sparing ResetKeep, as OpReset does, and sends the reset's
+	// reply (OpPong with Dirty, or OpError) on the exec's connection. A
+	// command that does not start is not followed by a reset.
+	ThenReset bool  `json:"then_reset,omitempty"`
+	ResetKeep []int `json:"reset_keep,omitempty"`
 }
 
 // Reply is an init -> node message.

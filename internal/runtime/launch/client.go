@@ -141,31 +141,30 @@ type Resetter struct {
 // killed too). A failed reset drops the
 // connection (the caller should not reuse the sandbox anyway).
 func (r *Resetter) Reset(ctx context.Context, keep []int) (dirty bool, err error) {
-	if r.conn == nil {
-		if r.conn, err = initproto.Dial(r.Client.Path); err != nil {
-			r.conn = nil
-			return false, errdefs.Unavailable("connect to init: %v", err)
-		}
-	}
 	rep, err := r.roundTrip(ctx, initproto.Request{Op: initproto.OpReset, Keep: keep})
 	return rep.Dirty, err
 }
 
 // Renew hands init the fresh view of a sandbox whose views the node makes
-// (initproto.Config.View), after a Reset reported the last one dirty (init
-// detached it). The caller keeps view and closes it after the call.
+// (initproto.Config.View), after a reset reported the last one dirty (init
+// detached it; init refuses a view otherwise). The caller keeps view and
+// closes it after the call.
 func (r *Resetter) Renew(ctx context.Context, view *os.File) error {
-	if r.conn == nil {
-		return errdefs.FailedPrecondition("renew the view: no reset on this connection before")
-	}
 	_, err := r.roundTrip(ctx, initproto.Request{Op: initproto.OpView}, int(view.Fd()))
 	return err
 }
 
-// roundTrip sends req (with fds) on the reset connection and reads init's
-// reply, under ctx's deadline (a minute without one); a failure drops the
-// connection.
+// roundTrip sends req (with fds) on the reset connection, dialed if there
+// is none, and reads init's reply, under ctx's deadline (a minute without
+// one); a failure drops the connection.
 func (r *Resetter) roundTrip(ctx context.Context, req initproto.Request, fds ...int) (initproto.Reply, error) {
+	if r.conn == nil {
+		conn, err := initproto.Dial(r.Client.Path)
+		if err != nil {
+			return initproto.Reply{}, errdefs.Unavailable("connect to init: %v", err)
+		}
+		r.conn = conn
+	}
 	d, ok := ctx.Deadline()
 	if !ok {
 		d = time.Now().Add(time.Minute)
@@ -201,6 +200,9 @@ type Exec struct {
 	conn   *initproto.Conn
 	exit   chan ExitResult
 	client Client
+	// reset receives the reply to ExecRequest.ThenReset (nil without).
+	reset chan error
+	dirty bool // set before reset receives nil
 }
 
 // ExitResult is how the command's main process ended.
@@ -248,10 +250,16 @@ func (c Client) Exec(ctx context.Context, req initproto.ExecRequest, stdio [3]in
 	}
 	conn.SetDeadline(time.Time{})
 	e := &Exec{Pid: r.Pid, conn: conn, exit: make(chan ExitResult, 1), client: c}
+	if req.ThenReset {
+		e.reset = make(chan error, 1)
+	}
 	if r.Op == initproto.OpExit {
 		// The command killed init's server before it said started; init
 		// (the stub) reported the exit instead.
 		e.exit <- exitOf(r, nil)
+		if e.reset != nil {
+			e.reset <- errors.New("no reset: init's server was gone")
+		}
 		return e, nil
 	}
 	go e.wait()
@@ -278,10 +286,43 @@ func (e *Exec) wait() {
 		err = fmt.Errorf("unexpected reply %q", r.Op)
 	}
 	e.exit <- exitOf(r, err)
+	if e.reset == nil {
+		return
+	}
+	if err == nil {
+		r = initproto.Reply{}
+		if _, err = e.conn.Recv(&r); err == nil {
+			err = ReplyError(r)
+		}
+		if err == nil && r.Op != initproto.OpPong {
+			err = fmt.Errorf("unexpected reply %q", r.Op)
+		}
+		e.dirty = r.Dirty
+	}
+	if err != nil {
+		err = fmt.Errorf("reset after the command: %w", err)
+	}
+	e.reset <- err
 }
 
 // Exited delivers the exit once.
 func (e *Exec) Exited() <-chan ExitResult { return e.exit }
+
+// ResetResult waits for the reset that ExecRequest.ThenReset asked for and
+// reports whether it found the sandbox's view written to. ctx ending closes
+// the connection. Call it once, before Close.
+func (e *Exec) ResetResult(ctx context.Context) (dirty bool, err error) {
+	if e.reset == nil {
+		return false, errors.New("reset result: the exec asked for no reset")
+	}
+	select {
+	case err = <-e.reset:
+		return e.dirty, err
+	case <-ctx.Done():
+		e.conn.Close()
+		return false, ctx.Err()
+	}
+}
 
 // Signal signals the command's process group.
 func (e *Exec) Signal(sig int) error {
