@@ -221,12 +221,14 @@ type ExecSpec struct {
 	// its output, with a handle valid until Exec returns. Only sandboxes
 	// implementing Interactive call it.
 	Started func(Process)
-	// ThenReset (sandboxes implementing Resetter) starts the sandbox's
-	// reset, sparing ResetKeep, as soon as the command exits, and the next
-	// Reset returns that reset's result instead of making another. For a
-	// caller that resets after every command, it saves a round trip to the
-	// sandbox. What the command wrote may be gone once Exec returns: read
-	// no file of the sandbox between the two.
+	// ThenReset (sandboxes implementing Resetter): once the command has
+	// exited, the sandbox is reset, sparing ResetKeep, before Exec returns,
+	// and the next Reset returns that reset's outcome instead of making
+	// another. For a caller that resets after every command (fncall) it
+	// saves round trips to the sandbox, and nothing the command started
+	// runs once Exec returns. What the command wrote is gone by then too.
+	// The caller calls Reset next; an Exec in between voids the outcome
+	// kept (Reset then resets again).
 	ThenReset bool
 	ResetKeep []int
 }

@@ -84,14 +84,16 @@ func (s *Service) execCold(ctx context.Context, sb backend.Sandbox, req *Request
 	keep := s.warm.keep(sb)
 	cpu := watchCPU(sb.(backend.Resetter), s.log, req.CPULimit, keep)
 	var out backend.OutputBuffers
-	// Every call is followed by the sandbox's reset (release): init starts
-	// it as soon as the command exits, unless output files are still to
-	// be read.
+	// Every call is followed by the sandbox's reset (release). Unless
+	// output files are still to be read, the reset is done as the command
+	// exits, by the same request: it kills what the call left running, so
+	// the CPU watch need not.
+	thenReset := len(req.OutputFiles) == 0
 	spec := backend.ExecSpec{Argv: argv, Env: req.Env, Cwd: Workdir, Stdin: req.Stdin,
 		Timeout: req.WallLimit, OutputLimit: req.OutputBytes, CPULimit: req.CPULimit,
-		ThenReset: len(req.OutputFiles) == 0, ResetKeep: keep}
+		ThenReset: thenReset, ResetKeep: keep}
 	er, err := sb.Exec(ctx, spec, out.Write)
-	er.CPUTime = max(er.CPUTime, cpu.end())
+	er.CPUTime = max(er.CPUTime, cpu.end(!thenReset || err != nil))
 	if err != nil && !errdefs.IsNotFound(err) && !errdefs.IsPermissionDenied(err) {
 		return nil, er, fmt.Errorf("fncall: %w", err)
 	}
@@ -119,7 +121,7 @@ func (s *Service) execWarm(sb backend.Sandbox, req *Request) (*Result, backend.E
 		CPU: int64((req.CPULimit + time.Second - 1) / time.Second), Cap: req.OutputBytes, Wall: req.WallLimit.Seconds()}
 	cpu := watchCPU(rs, s.log, req.CPULimit, []int{z.pid})
 	r, err := z.call(zr)
-	cpuUsed := cpu.end()
+	cpuUsed := cpu.end(true)
 	if errors.Is(err, errNotStarted) {
 		return nil, er, err
 	}

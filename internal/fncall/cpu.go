@@ -68,15 +68,17 @@ func (w *cpuWatch) killRest() {
 }
 
 // end kills what the call left running (detached processes end with the
-// call) and returns the CPU time all its processes used. A nil watch
-// returns 0.
-func (w *cpuWatch) end() time.Duration {
+// call) unless the caller knows none is left (kill false), and returns the
+// CPU time all its processes used. A nil watch returns 0.
+func (w *cpuWatch) end(kill bool) time.Duration {
 	if w == nil {
 		return 0
 	}
 	close(w.stop)
 	<-w.done
-	w.killRest()
+	if kill {
+		w.killRest()
+	}
 	u, err := w.rs.CPUUsage()
 	if err != nil {
 		return 0

@@ -32,6 +32,9 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	if spec.ThenReset && s.pool == nil {
 		return backend.ExecResult{}, errdefs.InvalidArgument("sandbox %s: exec: then reset: not a resettable sandbox", s.id)
 	}
+	if s.pool != nil {
+		s.holdReset(nil) // this command runs after that reset
+	}
 	oomBefore, oomErr := s.oomBefore()
 	start := time.Now()
 	var pipes *stdio
@@ -61,11 +64,7 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 	if err != nil {
 		return backend.ExecResult{}, fmt.Errorf("sandbox %s: exec %q: %w", s.id, spec.Argv[0], err)
 	}
-	if spec.ThenReset {
-		defer s.holdReset(e) // the next Reset reads its result
-	} else {
-		defer e.Close()
-	}
+	defer e.Close()
 	if spec.Started != nil {
 		spec.Started(&process{exec: e, pty: pipes.ptm})
 	}
@@ -82,8 +81,11 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 		rd.start(pipes.errR, backend.Stderr)
 	}
 
-	res, waitErr := s.wait(ctx, e, spec.Timeout, rd)
+	res, reset, waitErr := s.wait(ctx, e, spec.Timeout, rd)
 	res.Duration = time.Since(start)
+	if reset != nil {
+		s.holdReset(reset)
+	}
 	rd.finish(pipes.outR, pipes.errR)
 	res.Truncated = lim.Truncated()
 	// Any OOM kill in the sandbox while the command ran counts: in
@@ -103,8 +105,9 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 }
 
 // wait waits for the exit, killing the process group on timeout,
-// cancellation or an output callback error.
-func (s *sandbox) wait(ctx context.Context, e *launch.Exec, timeout time.Duration, rd *readers) (backend.ExecResult, error) {
+// cancellation or an output callback error. It also returns the outcome of
+// the reset init did after the command, if any.
+func (s *sandbox) wait(ctx context.Context, e *launch.Exec, timeout time.Duration, rd *readers) (backend.ExecResult, *launch.ResetOutcome, error) {
 	var timer <-chan time.Time
 	if timeout > 0 {
 		t := time.NewTimer(timeout)
@@ -115,14 +118,15 @@ func (s *sandbox) wait(ctx context.Context, e *launch.Exec, timeout time.Duratio
 	var cause error
 	select {
 	case x := <-e.Exited():
-		return exitResult(x)
+		r, err := exitResult(x)
+		return r, x.Reset, err
 	case <-timer:
 		res.TimedOut = true
 	case <-ctx.Done():
 		res.TimedOut, cause = true, ctx.Err()
 	case cause = <-rd.outErr:
 	case <-s.proc.Done():
-		return res, fmt.Errorf("sandbox stopped")
+		return res, nil, fmt.Errorf("sandbox stopped")
 	}
 	_ = e.Signal(int(unix.SIGKILL))
 	select {
@@ -132,11 +136,11 @@ func (s *sandbox) wait(ctx context.Context, e *launch.Exec, timeout time.Duratio
 		if cause != nil {
 			err = cause
 		}
-		return r, err
+		return r, x.Reset, err
 	case <-s.proc.Done():
-		return res, errors.Join(cause, fmt.Errorf("sandbox stopped"))
+		return res, nil, errors.Join(cause, fmt.Errorf("sandbox stopped"))
 	case <-time.After(killGrace):
-		return res, errors.Join(cause, fmt.Errorf("no exit report %v after kill", killGrace))
+		return res, nil, errors.Join(cause, fmt.Errorf("no exit report %v after kill", killGrace))
 	}
 }
 

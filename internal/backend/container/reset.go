@@ -23,9 +23,9 @@ type poolState struct {
 	resets  launch.Resetter
 	watch   *cgroup.Watch
 	oomLast uint64
-	// pending is the last exec when it asked for a reset after it
-	// (ExecSpec.ThenReset) that no Reset has read yet.
-	pending *launch.Exec
+	// done is the outcome of the reset init did after the last exec
+	// (ExecSpec.ThenReset), until a Reset takes it.
+	done *launch.ResetOutcome
 
 	// view: the node makes this sandbox's views (Spec.Recyclable), from
 	// spec; dirty: the last Scrub found the view written to; base: usage
@@ -63,26 +63,20 @@ func (s *sandbox) stopPool() {
 	defer s.pool.mu.Unlock()
 	s.pool.resets.Close()
 	s.pool.watch.Close()
-	if s.pool.pending != nil {
-		s.pool.pending.Close()
-		s.pool.pending = nil
-	}
 }
 
-// holdReset keeps e, an exec with ExecSpec.ThenReset, for the next Reset.
-func (s *sandbox) holdReset(e *launch.Exec) {
+// holdReset keeps the outcome of the reset init did after an exec
+// (ExecSpec.ThenReset) for the next Reset; nil drops the one kept.
+func (s *sandbox) holdReset(r *launch.ResetOutcome) {
 	s.pool.mu.Lock()
 	defer s.pool.mu.Unlock()
-	if s.pool.pending != nil {
-		s.pool.pending.Close() // never read: a later Reset still resets
-	}
-	s.pool.pending = e
+	s.pool.done = r
 }
 
 // Reset implements backend.Resetter: init kills every process and, if the
 // view was written to, re-mounts it; then the memory peak restarts. After
-// an exec with ExecSpec.ThenReset, init did that already, sparing that
-// exec's ResetKeep: its result is taken instead (keep is not used).
+// an exec with ExecSpec.ThenReset, init did that already (sparing that
+// exec's ResetKeep; keep is not used), and its outcome is taken instead.
 func (s *sandbox) Reset(ctx context.Context, keep []int) (bool, error) {
 	if s.pool == nil {
 		return false, errdefs.FailedPrecondition("sandbox %s: reset: not a resettable sandbox", s.id)
@@ -94,10 +88,9 @@ func (s *sandbox) Reset(ctx context.Context, keep []int) (bool, error) {
 	defer s.pool.mu.Unlock()
 	var dirty bool
 	var err error
-	if e := s.pool.pending; e != nil {
-		s.pool.pending = nil
-		dirty, err = e.ResetResult(ctx)
-		e.Close()
+	if d := s.pool.done; d != nil {
+		s.pool.done = nil
+		dirty, err = d.Dirty, d.Err
 	} else {
 		dirty, err = s.pool.resets.Reset(ctx, keep)
 	}

@@ -63,42 +63,62 @@ func TestResetConfinement(t *testing.T) {
 	}
 }
 
-// TestExecThenReset: an exec with ThenReset resets the sandbox as soon as
-// the command exits, before anyone calls Reset (which then reports that
-// reset), and spares ResetKeep.
+// TestExecThenReset: an exec with ThenReset resets the sandbox before it
+// returns (nothing the command started runs), the next Reset reports that
+// reset, ResetKeep is spared, and an exec in between voids it.
 func TestExecThenReset(t *testing.T) {
 	b := newBackend(t)
 	s := newSandbox(t, b, resettable)
+	rs := s.(backend.Resetter)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	thenReset := func(script string, keep ...int) result {
+	thenReset := func(script string, keep ...int) {
 		t.Helper()
-		return run1(t, s, backend.ExecSpec{Argv: []string{"sh", "-c", script}, ThenReset: true, ResetKeep: keep})
+		r := run1(t, s, backend.ExecSpec{Argv: []string{"sh", "-c", script}, ThenReset: true, ResetKeep: keep})
+		if r.ExitCode != 0 {
+			t.Fatalf("%q: %+v", script, r)
+		}
+	}
+	procs := func() int {
+		t.Helper()
+		pids, err := s.(*sandbox).group.Procs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(pids)
 	}
 
-	// A file written and a process left behind: both gone without a Reset.
-	if r := thenReset("echo hi > /tmp/x; sleep 1000 >/dev/null 2>&1 &"); r.ExitCode != 0 {
-		t.Fatalf("call 1: %+v", r)
+	// A file written and a process left behind: gone when Exec returns.
+	thenReset("echo hi > /tmp/x; sleep 1000 >/dev/null 2>&1 &")
+	if n := procs(); n != 1 {
+		t.Fatalf("%d processes in the sandbox once the exec with ThenReset returned, want init alone", n)
 	}
-	if r := sh(t, s, "cat /tmp/x 2>/dev/null; ps -o comm | grep -c sleep"); r.stdout != "0\n" {
-		t.Fatalf("after the exec with ThenReset, before Reset: %q, want no file and no sleep", r.stdout)
-	}
-	if dirty, err := s.(backend.Resetter).Reset(ctx, nil); err != nil || !dirty {
+	if dirty, err := rs.Reset(ctx, nil); err != nil || !dirty {
 		t.Fatalf("Reset after a command that wrote a file: dirty %v, %v; want true", dirty, err)
 	}
+	if r := sh(t, s, "cat /tmp/x 2>/dev/null; echo end"); r.stdout != "end\n" {
+		t.Fatalf("after the reset: %q", r.stdout)
+	}
 
-	// A kept process survives a clean reset after the command.
+	// A kept process survives; a clean command leaves the view clean.
 	r := sh(t, s, "sleep 1000 >/dev/null 2>&1 & echo $!")
 	var pid int
 	if _, err := fmt.Sscan(r.stdout, &pid); err != nil {
 		t.Fatalf("background pid: %q: %v", r.stdout, err)
 	}
 	thenReset("true", pid)
-	if dirty, err := s.(backend.Resetter).Reset(ctx, nil); err != nil || dirty {
+	if n := procs(); n != 2 {
+		t.Fatalf("%d processes after a reset sparing one, want init and it", n)
+	}
+	if dirty, err := rs.Reset(ctx, []int{pid}); err != nil || dirty {
 		t.Fatalf("Reset after a command that wrote nothing: dirty %v, %v; want false", dirty, err)
 	}
-	if r := sh(t, s, fmt.Sprintf("kill -0 %d && echo kept", pid)); r.stdout != "kept\n" {
-		t.Fatalf("kept process %d: %q", pid, r.stdout)
+
+	// An exec between the two: Reset resets again.
+	thenReset("true", pid)
+	sh(t, s, "echo y > /tmp/y")
+	if dirty, err := rs.Reset(ctx, nil); err != nil || !dirty {
+		t.Fatalf("Reset after an exec that wrote a file: dirty %v, %v; want true", dirty, err)
 	}
 
 	// A sandbox that cannot be reset refuses the flag.

@@ -159,15 +159,19 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 	if ws.Signaled() {
 		r.ExitCode, r.Signal = -1, int(ws.Signal())
 	}
+	if req.ThenReset {
+		// Done while init is awake for the exit anyway (the node's own
+		// reset request would wake it once more), and before the exit
+		// reply: when the node has it, nothing of the command runs.
+		var err error
+		if r.Dirty, err = s.pool.reset(req.ResetKeep); err != nil {
+			r.ResetError = err.Error()
+		}
+	}
 	if err := c.Send(r); err != nil {
 		// The node gave up on the exec (cancelled) or the reply was lost:
 		// worth a line in init.log, which only the node can read.
 		fmt.Fprintf(os.Stderr, "corral-init: exec %d: send exit: %v\n", pid, err)
-	}
-	if req.ThenReset {
-		// Done while init is awake for the exit anyway: the node's own
-		// reset request would wake it once more.
-		s.resetOnce(c, req.ResetKeep)
 	}
 }
 
@@ -284,23 +288,27 @@ func (s *server) reset(c *initproto.Conn, req initproto.Request, fds []int) {
 		return
 	}
 	for {
+		var rep initproto.Reply
+		var err error
 		switch {
 		case req.Op == initproto.OpReset:
 			closeFds(fds)
-			if !s.resetOnce(c, req.Keep) {
-				return
-			}
+			rep.Dirty, err = s.pool.reset(req.Keep)
 		case req.Op == initproto.OpView && len(fds) == 1:
-			if !s.reply(c, s.pool.attach(fds[0]), false) {
-				return
-			}
+			err = s.pool.attach(fds[0])
 		default:
 			closeFds(fds)
-			s.reply(c, fmt.Errorf("%s: unexpected on a reset connection (with %d fds)", req.Op, len(fds)), false)
+			err = fmt.Errorf("%s: unexpected on a reset connection (with %d fds)", req.Op, len(fds))
+		}
+		if err != nil {
+			replyErr(c, initproto.ClassInternal, err)
+			return
+		}
+		rep.Op = initproto.OpPong
+		if c.Send(rep) != nil {
 			return
 		}
 		req = initproto.Request{}
-		var err error
 		if fds, err = c.Recv(&req); err != nil {
 			closeFds(fds)
 			return
@@ -310,23 +318,6 @@ func (s *server) reset(c *initproto.Conn, req initproto.Request, fds []int) {
 			return
 		}
 	}
-}
-
-// resetOnce resets the pool sparing keep and replies; it reports whether
-// the connection may serve another request.
-func (s *server) resetOnce(c *initproto.Conn, keep []int) bool {
-	dirty, err := s.pool.reset(keep)
-	return s.reply(c, err, dirty)
-}
-
-// reply answers a reset or view request: OpPong (with dirty), or the error.
-// It reports whether that was a success and went out.
-func (s *server) reply(c *initproto.Conn, err error, dirty bool) bool {
-	if err != nil {
-		replyErr(c, initproto.ClassInternal, err)
-		return false
-	}
-	return c.Send(initproto.Reply{Op: initproto.OpPong, Dirty: dirty}) == nil
 }
 
 func replyErr(c *initproto.Conn, class string, err error) {

@@ -50,10 +50,11 @@
 //	  fresh overlay that replaces it. Execs in such a sandbox keep the PID
 //	  counter where it is (a reset still rewinds it).
 //	13 (2026-12-07): ExecRequest.ThenReset and ResetKeep (pool mode):
-//	  once the command has exited and its exit reply is sent, init resets
-//	  the sandbox as for OpReset and sends that reset's reply on the same
-//	  connection, so that a node resetting after every call makes one
-//	  round trip to init per call instead of two.
+//	  once the command has exited, init resets the sandbox as for OpReset
+//	  before it sends the exit reply, which carries the reset's Dirty and
+//	  ResetError, so that a node resetting after every call makes one
+//	  round trip to init per call instead of three (the exec, the kill of
+//	  what the call left running, the reset).
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
@@ -176,9 +177,9 @@ type ExecRequest struct {
 	// Tty: stdin is a terminal; the command gets its own session (its pid
 	// is still its process group) with stdin as controlling terminal.
 	Tty bool `json:"tty,omitempty"`
-	// ThenReset (pool mode only): after the exit reply, init resets the
-	// sandbox sparing ResetKeep, as OpReset does, and sends the reset's
-	// reply (OpPong with Dirty, or OpError) on the exec's connection. A
+	// ThenReset (pool mode only): once the command has exited, init
+	// resets the sandbox sparing ResetKeep, as OpReset does, before the
+	// exit reply, which carries the reset's Dirty and ResetError. A
 	// command that does not start is not followed by a reset.
 	ThenReset bool  `json:"then_reset,omitempty"`
 	ResetKeep []int `json:"reset_keep,omitempty"`
@@ -198,4 +199,7 @@ type Reply struct {
 	// Dirty: a reset found the view written to and re-mounted it (with
 	// Config.View: detached it; the node sends the next with OpView).
 	Dirty bool `json:"dirty,omitempty"`
+	// ResetError: the reset of ExecRequest.ThenReset failed (the exit
+	// reply's other fields hold); the sandbox must not be reused.
+	ResetError string `json:"reset_error,omitempty"`
 }

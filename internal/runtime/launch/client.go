@@ -147,7 +147,7 @@ func (r *Resetter) Reset(ctx context.Context, keep []int) (dirty bool, err error
 
 // Renew hands init the fresh view of a sandbox whose views the node makes
 // (initproto.Config.View), after a reset reported the last one dirty (init
-// detached it; init refuses a view otherwise). The caller keeps view and
+// detached it, and refuses a view otherwise). The caller keeps view and
 // closes it after the call.
 func (r *Resetter) Renew(ctx context.Context, view *os.File) error {
 	_, err := r.roundTrip(ctx, initproto.Request{Op: initproto.OpView}, int(view.Fd()))
@@ -196,13 +196,11 @@ func (r *Resetter) Close() {
 
 // Exec is a started command.
 type Exec struct {
-	Pid    int // also its process group, as init sees it
-	conn   *initproto.Conn
-	exit   chan ExitResult
-	client Client
-	// reset receives the reply to ExecRequest.ThenReset (nil without).
-	reset chan error
-	dirty bool // set before reset receives nil
+	Pid       int // also its process group, as init sees it
+	conn      *initproto.Conn
+	exit      chan ExitResult
+	client    Client
+	thenReset bool
 }
 
 // ExitResult is how the command's main process ended.
@@ -210,6 +208,15 @@ type ExitResult struct {
 	Code, Signal int
 	CPU          time.Duration // user+system time, from wait4
 	Err          error         // the connection failed before an exit was reported
+	// Reset is the outcome of the reset ExecRequest.ThenReset asked for,
+	// done before the exit was reported (nil: none was asked for or done).
+	Reset *ResetOutcome
+}
+
+// ResetOutcome is the result of a reset init did after a command.
+type ResetOutcome struct {
+	Dirty bool  // the view had been written to (see Resetter.Reset)
+	Err   error // the reset failed: the sandbox must not be reused
 }
 
 // Exec starts a command with the given stdio fds: stdout, stderr and stdin
@@ -249,17 +256,11 @@ func (c Client) Exec(ctx context.Context, req initproto.ExecRequest, stdio [3]in
 		return nil, ctxOr(ctx, err)
 	}
 	conn.SetDeadline(time.Time{})
-	e := &Exec{Pid: r.Pid, conn: conn, exit: make(chan ExitResult, 1), client: c}
-	if req.ThenReset {
-		e.reset = make(chan error, 1)
-	}
+	e := &Exec{Pid: r.Pid, conn: conn, exit: make(chan ExitResult, 1), client: c, thenReset: req.ThenReset}
 	if r.Op == initproto.OpExit {
 		// The command killed init's server before it said started; init
 		// (the stub) reported the exit instead.
 		e.exit <- exitOf(r, nil)
-		if e.reset != nil {
-			e.reset <- errors.New("no reset: init's server was gone")
-		}
 		return e, nil
 	}
 	go e.wait()
@@ -285,44 +286,18 @@ func (e *Exec) wait() {
 	if err == nil && r.Op != initproto.OpExit {
 		err = fmt.Errorf("unexpected reply %q", r.Op)
 	}
-	e.exit <- exitOf(r, err)
-	if e.reset == nil {
-		return
-	}
-	if err == nil {
-		r = initproto.Reply{}
-		if _, err = e.conn.Recv(&r); err == nil {
-			err = ReplyError(r)
+	x := exitOf(r, err)
+	if e.thenReset && err == nil {
+		x.Reset = &ResetOutcome{Dirty: r.Dirty}
+		if r.ResetError != "" {
+			x.Reset.Err = fmt.Errorf("reset after the command: %s", r.ResetError)
 		}
-		if err == nil && r.Op != initproto.OpPong {
-			err = fmt.Errorf("unexpected reply %q", r.Op)
-		}
-		e.dirty = r.Dirty
 	}
-	if err != nil {
-		err = fmt.Errorf("reset after the command: %w", err)
-	}
-	e.reset <- err
+	e.exit <- x
 }
 
 // Exited delivers the exit once.
 func (e *Exec) Exited() <-chan ExitResult { return e.exit }
-
-// ResetResult waits for the reset that ExecRequest.ThenReset asked for and
-// reports whether it found the sandbox's view written to. ctx ending closes
-// the connection. Call it once, before Close.
-func (e *Exec) ResetResult(ctx context.Context) (dirty bool, err error) {
-	if e.reset == nil {
-		return false, errors.New("reset result: the exec asked for no reset")
-	}
-	select {
-	case err = <-e.reset:
-		return e.dirty, err
-	case <-ctx.Done():
-		e.conn.Close()
-		return false, ctx.Err()
-	}
-}
 
 // Signal signals the command's process group.
 func (e *Exec) Signal(sig int) error {
