@@ -55,7 +55,7 @@ func (s *sandbox) Exec(ctx context.Context, spec backend.ExecSpec, out backend.O
 		argv = append([]string{initproto.ShellPath}, argv[1:]...)
 	}
 	req := initproto.ExecRequest{Argv: argv, Env: spec.Env, Cwd: spec.Cwd, User: spec.User, Tty: spec.PTY != nil,
-		ThenReset: spec.ThenReset, ResetKeep: spec.ResetKeep}
+		ThenReset: spec.ThenReset, ResetKeep: spec.ResetKeep, NoStarted: spec.Started == nil}
 	if spec.CPULimit > 0 {
 		req.CPUSeconds = int64((spec.CPULimit + time.Second - 1) / time.Second)
 	}
@@ -145,6 +145,9 @@ func (s *sandbox) wait(ctx context.Context, e *launch.Exec, timeout time.Duratio
 }
 
 func exitResult(x launch.ExitResult) (backend.ExecResult, error) {
+	if x.NotStarted != nil {
+		return backend.ExecResult{}, x.NotStarted
+	}
 	if x.Err != nil {
 		return backend.ExecResult{ExitCode: -1}, fmt.Errorf("lost init connection: %w", x.Err)
 	}

@@ -150,7 +150,9 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 	closeFds(fds) // the child has its copies; the node must see EOF
 	fds = nil
 	defer s.tell(pid, nil)
-	_ = c.Send(initproto.Reply{Op: initproto.OpStarted, Pid: pid})
+	if !req.NoStarted {
+		_ = c.Send(initproto.Reply{Op: initproto.OpStarted, Pid: pid})
+	}
 	go s.relayKills(c, pid)
 	es := s.awaitExit(pidfd, done)
 	ws := es.ws

@@ -54,7 +54,9 @@
 //	  before it sends the exit reply, which carries the reset's Dirty and
 //	  ResetError, so that a node resetting after every call makes one
 //	  round trip to init per call instead of three (the exec, the kill of
-//	  what the call left running, the reset).
+//	  what the call left running, the reset). ExecRequest.NoStarted: no
+//	  started reply; the first is the exit, or the error of a command
+//	  that could not start.
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
@@ -183,6 +185,10 @@ type ExecRequest struct {
 	// command that does not start is not followed by a reset.
 	ThenReset bool  `json:"then_reset,omitempty"`
 	ResetKeep []int `json:"reset_keep,omitempty"`
+	// NoStarted: init sends no started reply (the node needs the pid only
+	// to hand it out): the first reply is the exit, or the error of a
+	// command that could not start. A message fewer on every exec.
+	NoStarted bool `json:"no_started,omitempty"`
 }
 
 // Reply is an init -> node message.

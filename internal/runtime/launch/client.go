@@ -201,6 +201,7 @@ type Exec struct {
 	exit      chan ExitResult
 	client    Client
 	thenReset bool
+	noStarted bool
 }
 
 // ExitResult is how the command's main process ended.
@@ -208,6 +209,9 @@ type ExitResult struct {
 	Code, Signal int
 	CPU          time.Duration // user+system time, from wait4
 	Err          error         // the connection failed before an exit was reported
+	// NotStarted is why the command could not start, an errdefs class
+	// (ExecRequest.NoStarted only: else Client.Exec returns it).
+	NotStarted error
 	// Reset is the outcome of the reset ExecRequest.ThenReset asked for,
 	// done before the exit was reported (nil: none was asked for or done).
 	Reset *ResetOutcome
@@ -244,6 +248,12 @@ func (c Client) Exec(ctx context.Context, req initproto.ExecRequest, stdio [3]in
 		stop, err = sendCancellable(ctx, conn, msg, fds)
 	}
 	defer stop()
+	if err == nil && req.NoStarted {
+		// The first reply is the exit, or why the command did not start.
+		e := &Exec{conn: conn, exit: make(chan ExitResult, 1), client: c, thenReset: req.ThenReset, noStarted: true}
+		go e.wait()
+		return e, nil
+	}
 	var r initproto.Reply
 	if err == nil {
 		_, err = conn.Recv(&r)
@@ -283,6 +293,10 @@ func (e *Exec) wait() {
 	e.client.refill()
 	var r initproto.Reply
 	_, err := e.conn.Recv(&r)
+	if err == nil && e.noStarted && r.Op == initproto.OpError {
+		e.exit <- ExitResult{NotStarted: ReplyError(r)}
+		return
+	}
 	if err == nil && r.Op != initproto.OpExit {
 		err = fmt.Errorf("unexpected reply %q", r.Op)
 	}
