@@ -196,7 +196,7 @@ func (r *Resetter) Close() {
 
 // Exec is a started command.
 type Exec struct {
-	Pid       int // also its process group, as init sees it
+	Pid       int // also its process group, as init sees it; 0 with ExecRequest.NoStarted
 	conn      *initproto.Conn
 	exit      chan ExitResult
 	client    Client
@@ -249,7 +249,10 @@ func (c Client) Exec(ctx context.Context, req initproto.ExecRequest, stdio [3]in
 	}
 	defer stop()
 	if err == nil && req.NoStarted {
-		// The first reply is the exit, or why the command did not start.
+		// The first reply is the exit, or why the command did not start;
+		// ctx no longer bounds the connection (the caller kills on it).
+		stop()
+		conn.SetDeadline(time.Time{})
 		e := &Exec{conn: conn, exit: make(chan ExitResult, 1), client: c, thenReset: req.ThenReset, noStarted: true}
 		go e.wait()
 		return e, nil
