@@ -323,26 +323,47 @@ func (r *rig) controlSocket(i int) string {
 	return filepath.Join(r.dir, fmt.Sprintf("control%d.sock", i))
 }
 
-// waitNodes waits until control 0 reports n nodes in state.
+// waitNodes waits until every control instance reports n nodes in state,
+// and returns control 0's list.
 func (r *rig) waitNodes(n int, state string) []client.Node {
 	r.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		nodes, err := r.cli[0].ClusterNodes(context.Background())
-		k := 0
-		for _, nd := range nodes {
-			if nd.State == state {
-				k++
+		// Each control instance watches the cluster on its own: every one
+		// must see the nodes before a test places through it.
+		var first []client.Node
+		var err error
+		for i, c := range r.cli {
+			nodes, cerr := c.ClusterNodes(context.Background())
+			if i == 0 {
+				first = nodes
+			}
+			if k := countState(nodes, state); cerr == nil && k != n {
+				cerr = fmt.Errorf("control instance %d sees %d %s", i, k, state)
+			}
+			if cerr != nil {
+				err = cerr
+				break
 			}
 		}
-		if err == nil && k == n {
-			return nodes
+		if err == nil {
+			return first
 		}
 		if time.Now().After(deadline) {
-			r.t.Fatalf("nodes never reached %d %s: %+v, %v", n, state, nodes, err)
+			r.t.Fatalf("nodes never reached %d %s: %+v, %v", n, state, first, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+func countState(nodes []client.Node, state string) int {
+	k := 0
+	for _, nd := range nodes {
+		if nd.State == state {
+			k++
+		}
+	}
+	return k
 }
 
 func (r *rig) cleanup() {
