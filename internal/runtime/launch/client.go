@@ -247,29 +247,28 @@ func (c Client) Exec(ctx context.Context, req initproto.ExecRequest, stdio [3]in
 		}
 		stop, err = sendCancellable(ctx, conn, msg, fds)
 	}
-	defer stop()
-	if err == nil && req.NoStarted {
-		// The first reply is the exit, or why the command did not start;
-		// ctx no longer bounds the connection (the caller kills on it).
-		stop()
-		conn.SetDeadline(time.Time{})
-		e := &Exec{conn: conn, exit: make(chan ExitResult, 1), client: c, thenReset: req.ThenReset, noStarted: true}
-		go e.wait()
-		return e, nil
-	}
 	var r initproto.Reply
-	if err == nil {
+	if err == nil && !req.NoStarted {
 		_, err = conn.Recv(&r)
 	}
 	if err == nil {
 		err = ReplyError(r)
 	}
+	stop()
 	if err != nil {
 		conn.Close()
 		return nil, ctxOr(ctx, err)
 	}
+	// Started (or, with NoStarted, sent): ctx no longer bounds the
+	// connection; the caller kills on it. The deadline is cleared after
+	// stop, so that ctx ending in between cannot leave one behind.
 	conn.SetDeadline(time.Time{})
-	e := &Exec{Pid: r.Pid, conn: conn, exit: make(chan ExitResult, 1), client: c, thenReset: req.ThenReset}
+	e := &Exec{Pid: r.Pid, conn: conn, exit: make(chan ExitResult, 1), client: c, thenReset: req.ThenReset, noStarted: req.NoStarted}
+	if req.NoStarted {
+		// The first reply is the exit, or why the command did not start.
+		go e.wait()
+		return e, nil
+	}
 	if r.Op == initproto.OpExit {
 		// The command killed init's server before it said started; init
 		// (the stub) reported the exit instead.
