@@ -116,6 +116,15 @@ func TestRecycleLeavesNothingOfTheLastTenant(t *testing.T) {
 	if imageFile(t, s.ID()) != second {
 		t.Fatal("a clean disk was replaced")
 	}
+	// A queue made after resets that found none (init then checks with a
+	// stat, not a listing) is gone too.
+	if r := sh(t, s, "ipctool mqmake q2 && ipctool mqhas q2"); r.stdout != "1\n" {
+		t.Fatalf("make a queue: %+v", r)
+	}
+	recycle(t, s)
+	if r := sh(t, s, "ipctool mqhas q2"); r.stdout != "0\n" {
+		t.Fatalf("the next tenant sees the last one's queue: %q", r.stdout)
+	}
 }
 
 // TestRecycleConfinement: commands of a recyclable sandbox run with a

@@ -61,11 +61,26 @@ func mountMqueue(root string) error {
 	return nil
 }
 
-// removeMqueues unlinks every POSIX message queue of the sandbox.
-func removeMqueues() error {
+// removeMqueues unlinks every POSIX message queue of the sandbox. The
+// mqueue root's size grows by a fixed amount per queue, so once a listing
+// has found the root empty, a stat that finds the same size shows that no
+// queue was made since: one system call for the usual reset instead of the
+// listing's six. Resets run with every call's process gone, so the root
+// cannot change between that stat and listing.
+func (p *pool) removeMqueues() error {
+	var st unix.Stat_t
+	if err := unix.Stat(poolMqueue, &st); err != nil {
+		return fmt.Errorf("reset: stat message queues: %w", err)
+	}
+	if p.mqEmptySize > 0 && st.Size == p.mqEmptySize {
+		return nil
+	}
 	ents, err := os.ReadDir(poolMqueue)
 	if err != nil {
 		return fmt.Errorf("reset: list message queues: %w", err)
+	}
+	if len(ents) == 0 {
+		p.mqEmptySize = st.Size
 	}
 	for _, e := range ents {
 		if err := unix.Unlink(poolMqueue + "/" + e.Name()); err != nil && err != unix.ENOENT {

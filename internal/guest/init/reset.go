@@ -24,6 +24,9 @@ type pool struct {
 	base   fingerprint
 	forker *forker  // nil while a node's view is detached (between reset and OpView)
 	cursor *os.File // the PID namespace's ns_last_pid; nil if the kernel has none
+	// mqEmptySize is the mqueue root's size when a listing found it
+	// empty (0 until one has); see removeMqueues.
+	mqEmptySize int64
 }
 
 // killDeadline bounds how long a reset waits for every process to go.
@@ -60,7 +63,7 @@ func (p *pool) reset(keep []int) (bool, error) {
 		return false, err
 	}
 	removeIPC()
-	if err := removeMqueues(); err != nil {
+	if err := p.removeMqueues(); err != nil {
 		return false, err
 	}
 	if err := p.rewindPids(1); err != nil {

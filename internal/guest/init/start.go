@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"syscall"
@@ -48,7 +47,7 @@ func classify(err error) string {
 }
 
 // commandOOMScoreAdj is every command's oom_score_adj: killed first.
-const commandOOMScoreAdj = "1000"
+var commandOOMScoreAdj = []byte("1000")
 
 // start forks and execs one command in its own process group, calling
 // forked with its pid first thing (the command runs already). It returns
@@ -107,7 +106,12 @@ func (s *server) start(req *initproto.ExecRequest, stdio [3]int, forked func(pid
 	// may lack (then init stays at 0 and, after a memory bomb's kill, a
 	// second kill could take it). Raising the score needs no capability;
 	// a command may lower its own back to init's, never below.
-	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(commandOOMScoreAdj), 0)
+	// Plain system calls: os.WriteFile would also register the file with
+	// Go's poller and set a finalizer, on every exec.
+	if fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", unix.O_WRONLY|unix.O_CLOEXEC, 0); err == nil {
+		_, _ = unix.Write(fd, commandOOMScoreAdj)
+		unix.Close(fd)
+	}
 	if n := req.CPUSeconds; n > 0 {
 		lim := unix.Rlimit{Cur: uint64(n), Max: uint64(n) + 1}
 		_ = unix.Prlimit(pid, unix.RLIMIT_CPU, &lim, nil)
