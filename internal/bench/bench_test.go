@@ -1,7 +1,10 @@
 package bench
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -160,5 +163,37 @@ func TestTargets(t *testing.T) {
 	}
 	if ts[3].Skipped != "runc not found" {
 		t.Errorf("ratio target without runc: %+v, want skipped with the reason", ts[3])
+	}
+}
+
+// TestAlternate checks that a figure and its peer take turns, a b then b a,
+// in rounds of at least minRound, and that each one's rounds add up.
+func TestAlternate(t *testing.T) {
+	var order []string
+	phaseOf := func(name string, perRound int) phase {
+		return func(_ context.Context, d time.Duration, round int) Rate {
+			order = append(order, fmt.Sprintf("%s%d:%v", name, round, d))
+			return Rate{Cycles: perRound, Seconds: d.Seconds(), FirstErr: name}
+		}
+	}
+	a, b := alternate(context.Background(), 4*minRound+time.Second, phaseOf("a", 10), phaseOf("b", 3))
+	each := (4*minRound + time.Second) / 4
+	want := []string{"a0:" + each.String(), "b0:" + each.String(), "b1:" + each.String(), "a1:" + each.String(),
+		"a2:" + each.String(), "b2:" + each.String(), "b3:" + each.String(), "a3:" + each.String()}
+	if !slices.Equal(order, want) {
+		t.Errorf("rounds ran %v, want %v", order, want)
+	}
+	secs := round(4 * each.Seconds())
+	if a.Cycles != 40 || a.Seconds != secs || a.PerS != round(40/secs) || a.FirstErr != "a" {
+		t.Errorf("a's rounds add up to %+v, want 40 cycles in %v s", a, secs)
+	}
+	if b.Cycles != 12 || b.PerS != round(12/secs) {
+		t.Errorf("b's rounds add up to %+v, want 12 cycles in %v s", b, secs)
+	}
+
+	order = nil
+	alternate(context.Background(), minRound/2, phaseOf("a", 1), phaseOf("b", 1))
+	if want := []string{"a0:" + (minRound / 2).String(), "b0:" + (minRound / 2).String()}; !slices.Equal(order, want) {
+		t.Errorf("a duration shorter than a round ran %v, want one round each: %v", order, want)
 	}
 }

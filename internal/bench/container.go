@@ -100,8 +100,9 @@ var (
 
 // Container measures the container backend's lifecycle and exec latency
 // against runc and a host fork/exec, in this order: create→ready
-// (sequential), exec in one sandbox, host fork/exec, corral cycles, runc
-// cycles. Every sandbox it made is deleted before it returns.
+// (sequential), exec in one sandbox beside host fork/exec, corral cycles
+// alternating with runc cycles (see alternate), cycles made from scratch.
+// Every sandbox it made is deleted before it returns.
 func Container(ctx context.Context, c *client.Client, o ContainerOptions) (res *ContainerResult, err error) {
 	o.defaults()
 	t := newTracker(c)
@@ -144,32 +145,25 @@ func Container(ctx context.Context, c *client.Client, o ContainerOptions) (res *
 		return res, err
 	}
 
-	fmt.Fprintf(o.Log, "corral cycles (create, true, delete): %d workers for %s\n", o.Concurrency, o.Duration)
-	res.Cycles = sustain(ctx, o.Concurrency, o.Duration, cycleOf(t, create, trueCmd))
+	fmt.Fprintf(o.Log, "corral cycles (create, true, delete) and runc cycles (runc run true), alternating: %d workers for %s each\n", o.Concurrency, o.Duration)
+	res.Cycles, res.RuncCycles, res.RuncReason = againstRunc(ctx, o, cycles(o.Concurrency, cycleOf(t, create, trueCmd)), trueCmd.Args, t.label)
 	res.CyclesPerS = res.Cycles.PerS
-	fmt.Fprintf(o.Log, "corral cycles writing a file (create, sh -c 'echo x > /tmp/f', delete): %d workers for %s\n", o.Concurrency, o.Duration)
-	res.WriteCycles = sustain(ctx, o.Concurrency, o.Duration, cycleOf(t, create, writeCmd))
-	fmt.Fprintf(o.Log, "corral cycles made from scratch (no pooled sandbox): %d workers for %s\n", o.Concurrency, o.Duration)
-	res.ColdCycles = sustain(ctx, o.Concurrency, o.Duration, cycleOf(t, cold, trueCmd))
-	if ctx.Err() != nil {
-		return res, ctx.Err()
-	}
-
-	fmt.Fprintf(o.Log, "runc cycles (runc run true): %d workers for %s\n", o.Concurrency, o.Duration)
-	runc, reason := runcRate(ctx, o, trueCmd.Args, t.label)
-	if runc != nil {
-		res.RuncCycles = runc
+	if runc := res.RuncCycles; runc != nil {
 		res.RuncCyclesPerS = &runc.PerS
 		if runc.PerS > 0 {
 			r := round(res.CyclesPerS / runc.PerS)
 			res.RatioVsRunc = &r
 		}
 	}
-	res.RuncReason = reason
-	if runc != nil {
-		fmt.Fprintf(o.Log, "runc cycles writing a file (/dev/shm/f): %d workers for %s\n", o.Concurrency, o.Duration)
-		res.RuncWriteCycles, _ = runcRate(ctx, o, runcWriteArgs, t.label)
+	if res.RuncCycles != nil {
+		fmt.Fprintf(o.Log, "corral cycles writing a file (create, sh -c 'echo x > /tmp/f', delete) and runc's writing /dev/shm/f, alternating: %d workers for %s each\n", o.Concurrency, o.Duration)
+		res.WriteCycles, res.RuncWriteCycles, _ = againstRunc(ctx, o, cycles(o.Concurrency, cycleOf(t, create, writeCmd)), runcWriteArgs, t.label)
+	} else {
+		fmt.Fprintf(o.Log, "corral cycles writing a file (create, sh -c 'echo x > /tmp/f', delete): %d workers for %s\n", o.Concurrency, o.Duration)
+		res.WriteCycles = sustain(ctx, o.Concurrency, o.Duration, cycleOf(t, create, writeCmd))
 	}
+	fmt.Fprintf(o.Log, "corral cycles made from scratch (no pooled sandbox): %d workers for %s\n", o.Concurrency, o.Duration)
+	res.ColdCycles = sustain(ctx, o.Concurrency, o.Duration, cycleOf(t, cold, trueCmd))
 	res.Targets = containerTargets(res)
 	return res, ctx.Err()
 }
@@ -361,24 +355,6 @@ func sustain(ctx context.Context, conc int, d time.Duration, cycle func(ctx cont
 		Cycles: int(ok.Load()), Errors: int(failed.Load()), Seconds: round(secs),
 		PerS: round(float64(ok.Load()) / secs), FirstErr: first,
 	}
-}
-
-// runcRate measures the runc peer running args, or says why it could not.
-func runcRate(ctx context.Context, o ContainerOptions, args []string, label string) (*Rate, string) {
-	runc, err := FindRunc()
-	if err != nil {
-		return nil, err.Error()
-	}
-	p, err := newRuncPeer(ctx, runc, o.Rootfs, args, o.Concurrency, "corral-bench-"+label)
-	if err != nil {
-		return nil, "runc peer setup: " + err.Error()
-	}
-	defer p.Close()
-	r := sustain(ctx, o.Concurrency, o.Duration, p.cycle)
-	if r.Cycles == 0 {
-		return nil, "runc completed no cycle: " + r.FirstErr
-	}
-	return &r, ""
 }
 
 func containerTargets(r *ContainerResult) []Target {

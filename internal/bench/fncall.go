@@ -108,7 +108,8 @@ func (u *reuse) percent() float64 {
 
 // FnCall measures fncall call rates through the API (sh and python, one
 // Call per call, and sh through CallBatch) against a host fork+exec of the
-// same command and `runc run` per call, in one run.
+// same command and `runc run` per call, in one run; the sh calls alternate
+// with runc's (see alternate).
 func FnCall(ctx context.Context, c *client.Client, o FnCallOptions) (*FnCallResult, error) {
 	o.defaults()
 	res := &FnCallResult{Concurrency: o.Concurrency, DurationS: o.Duration.Seconds()}
@@ -117,10 +118,19 @@ func FnCall(ctx context.Context, c *client.Client, o FnCallOptions) (*FnCallResu
 	if r, err := c.Call(ctx, sh); err != nil || r.Verdict != client.VerdictOK {
 		return nil, fmt.Errorf("fncall bench: first sh call: %v %+v", err, r)
 	}
-	fmt.Fprintf(o.Log, "sh -c true through Call, %d in flight for %v (after a 1s warm-up that sizes the pool)...\n", o.Concurrency, o.Duration)
-	warmUp(ctx, o, func(ctx context.Context) error { return checkCall(c.Call(ctx, sh)) })
-	res.Sh = measureCalls(ctx, o, func(ctx context.Context) error { return checkCall(c.Call(ctx, sh)) })
+	fmt.Fprintf(o.Log, "sh -c true through Call and runc run per call, alternating, %d in flight for %v each (after a 1s warm-up that sizes the pool)...\n", o.Concurrency, o.Duration)
+	shCall := func(ctx context.Context) error { return checkCall(c.Call(ctx, sh)) }
+	warmUp(ctx, o, shCall)
+	shMeter := &callMeter{conc: o.Concurrency, call: shCall}
+	// The peer runs the same command as the corral side.
+	_, runc, reason := againstRunc(ctx, ContainerOptions{Concurrency: o.Concurrency, Duration: o.Duration, Rootfs: o.Rootfs},
+		shMeter.round, []string{"/bin/sh", "-c", "true"}, "fncall")
+	res.Sh = shMeter.result()
 	res.CallsPerS = res.Sh.PerS
+	if runc != nil {
+		res.RuncCallsPerS = &runc.PerS
+	}
+	res.RuncReason = reason
 	fmt.Fprintf(o.Log, "sh -c true through CallBatch(64)...\n")
 	res.ShBatch = measureBatch(ctx, c, o, sh, 64)
 	py := client.CallOptions{Image: o.PyImage, Language: "python", Source: pySource}
@@ -144,14 +154,6 @@ func FnCall(ctx context.Context, c *client.Client, o FnCallOptions) (*FnCallResu
 		r := measureCalls(ctx, o, func(ctx context.Context) error { return exec.CommandContext(ctx, p, "-c", pySource).Run() })
 		res.BarePythonPerS = &r.PerS
 	}
-	fmt.Fprintf(o.Log, "runc run per call...\n")
-	// The peer runs the same command as the corral side.
-	runc, reason := runcRate(ctx, ContainerOptions{Concurrency: o.Concurrency, Duration: o.Duration, Rootfs: o.Rootfs},
-		[]string{"/bin/sh", "-c", "true"}, "fncall")
-	if runc != nil {
-		res.RuncCallsPerS = &runc.PerS
-	}
-	res.RuncReason = reason
 	res.ratios()
 	res.Targets = fncallTargets(res)
 	res.Load.End = loadAvg()
@@ -186,19 +188,9 @@ func checkCall(r *client.CallResult, err error) error {
 
 // measureCalls runs call on o.Concurrency workers for o.Duration.
 func measureCalls(ctx context.Context, o FnCallOptions, call func(ctx context.Context) error) CallRate {
-	var mu sync.Mutex
-	var lat []time.Duration
-	r := sustain(ctx, o.Concurrency, o.Duration, func(ctx context.Context, _, _ int) error {
-		start := time.Now()
-		err := call(ctx)
-		d := time.Since(start)
-		mu.Lock()
-		lat = append(lat, d)
-		mu.Unlock()
-		return err
-	})
-	p := Summarise(lat)
-	return CallRate{Rate: r, P50Ms: p.P50, P99Ms: p.P99}
+	m := &callMeter{conc: o.Concurrency, call: call}
+	m.round(ctx, o.Duration, 0)
+	return m.result()
 }
 
 // measureBatch is measureCalls with CallBatch of n calls; the rate counts
