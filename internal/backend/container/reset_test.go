@@ -128,3 +128,50 @@ func TestExecThenReset(t *testing.T) {
 		t.Fatalf("ThenReset on a sandbox that is not resettable: %v, want invalid argument", err)
 	}
 }
+
+// TestExecConnectionReuse: a pooled sandbox's execs take turns on one
+// connection to init (protocol 14). An exec after one that timed out (its
+// kill sent on that connection), or after one whose process handle is
+// signalled once it returned, runs undisturbed; execs at once each have
+// their own connection.
+func TestExecConnectionReuse(t *testing.T) {
+	s := newSandbox(t, newBackend(t), resettable)
+	r := run1(t, s, backend.ExecSpec{Argv: []string{"sleep", "5"}, Timeout: 100 * time.Millisecond})
+	if !r.TimedOut {
+		t.Fatalf("sleep 5 with a 100 ms timeout: %+v", r)
+	}
+	if r := sh(t, s, "sleep 0.3; echo ok"); r.stdout != "ok\n" || r.ExitCode != 0 {
+		t.Fatalf("the exec after a timed-out one: %+v", r)
+	}
+
+	var proc backend.Process
+	run1(t, s, backend.ExecSpec{Argv: []string{"true"}, Started: func(p backend.Process) { proc = p }})
+	if proc == nil {
+		t.Fatal("Started was not called")
+	}
+	done := make(chan result, 1)
+	go func() { done <- sh(t, s, "sleep 0.5; echo ok") }()
+	time.Sleep(100 * time.Millisecond)
+	if err := proc.Signal(int(unix.SIGKILL)); err == nil {
+		t.Error("signalling the process of an exec that returned: no error")
+	}
+	if r := <-done; r.stdout != "ok\n" || r.ExitCode != 0 {
+		t.Fatalf("an exec while an earlier exec's process handle was signalled: %+v", r)
+	}
+
+	results := make(chan result, 3)
+	for i := range 3 {
+		go func() { results <- sh(t, s, fmt.Sprintf("sleep 0.3; echo %d", i)) }()
+	}
+	seen := map[string]bool{}
+	for range 3 {
+		r := <-results
+		if r.ExitCode != 0 {
+			t.Fatalf("concurrent exec: %+v", r)
+		}
+		seen[r.stdout] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("three concurrent execs answered %v", seen)
+	}
+}

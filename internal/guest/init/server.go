@@ -87,29 +87,37 @@ func (s *server) handle(c *initproto.Conn) {
 	defer c.Close()
 	var req initproto.Request
 	fds, err := c.Recv(&req)
-	if err != nil {
-		return
+	// An exec connection serves on after the exec: see Version 14.
+	for err == nil {
+		if req.Version != initproto.Version {
+			closeFds(fds)
+			replyErr(c, initproto.ClassInvalidArgument, fmt.Errorf("%w: got %d, want %d", initproto.ErrVersion, req.Version, initproto.Version))
+			return
+		}
+		switch req.Op {
+		case initproto.OpPing:
+			closeFds(fds)
+			_ = c.Send(initproto.Reply{Op: initproto.OpPong, Pid: os.Getpid()})
+		case initproto.OpKill:
+			closeFds(fds)
+			s.kill(c, req.Pgid, req.Signal)
+		case initproto.OpExec:
+			if next := s.exec(c, req.Exec, fds); next != nil {
+				req, fds, err = next.req, next.fds, next.err
+				continue
+			}
+		case initproto.OpReset, initproto.OpView:
+			s.reset(c, req, fds)
+			return
+		default:
+			closeFds(fds)
+			replyErr(c, initproto.ClassInvalidArgument, fmt.Errorf("unknown op %q", req.Op))
+			return
+		}
+		req = initproto.Request{}
+		fds, err = c.Recv(&req)
 	}
-	if req.Version != initproto.Version {
-		closeFds(fds)
-		replyErr(c, initproto.ClassInvalidArgument, fmt.Errorf("%w: got %d, want %d", initproto.ErrVersion, req.Version, initproto.Version))
-		return
-	}
-	switch req.Op {
-	case initproto.OpPing:
-		closeFds(fds)
-		_ = c.Send(initproto.Reply{Op: initproto.OpPong, Pid: os.Getpid()})
-	case initproto.OpKill:
-		closeFds(fds)
-		s.kill(c, req.Pgid, req.Signal)
-	case initproto.OpExec:
-		s.exec(c, req.Exec, fds)
-	case initproto.OpReset, initproto.OpView:
-		s.reset(c, req, fds)
-	default:
-		closeFds(fds)
-		replyErr(c, initproto.ClassInvalidArgument, fmt.Errorf("unknown op %q", req.Op))
-	}
+	closeFds(fds) // a request that failed to decode may have brought some
 }
 
 func (s *server) kill(c *initproto.Conn, pgid, sig int) {
@@ -125,16 +133,17 @@ func (s *server) kill(c *initproto.Conn, pgid, sig int) {
 }
 
 // exec starts a command, reports its pid, relays kill requests arriving on
-// the same connection, and reports the exit.
-func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) {
+// the same connection, and reports the exit. It returns the connection's
+// next request if it read it (its relay did), else nil.
+func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) *request {
 	defer func() { closeFds(fds) }() // fds is set to nil once handed over
 	if req == nil || len(fds) < 2 || req.Stdin && len(fds) < 3 {
 		replyErr(c, initproto.ClassInvalidArgument, errors.New("exec: missing spec or fds"))
-		return
+		return nil
 	}
 	if req.ThenReset && s.pool == nil {
 		replyErr(c, initproto.ClassInvalidArgument, errors.New("exec: then_reset: init is not in pool mode"))
-		return
+		return nil
 	}
 	stdin := s.null
 	if req.Stdin {
@@ -145,7 +154,7 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 	pid, pidfd, done, err := s.startIn(req, [3]int{stdin, fds[0], fds[1]}, func(pid int) { s.tell(pid, c) })
 	if err != nil {
 		replyErr(c, classify(err), err)
-		return
+		return nil
 	}
 	closeFds(fds) // the child has its copies; the node must see EOF
 	fds = nil
@@ -153,7 +162,8 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 	if !req.NoStarted {
 		_ = c.Send(initproto.Reply{Op: initproto.OpStarted, Pid: pid})
 	}
-	go s.relayKills(c, pid)
+	relayed := make(chan request, 1)
+	go s.relayKills(c, pid, relayed)
 	es := s.awaitExit(pidfd, done)
 	ws := es.ws
 	r := initproto.Reply{Op: initproto.OpExit, ExitCode: ws.ExitStatus(),
@@ -174,20 +184,34 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 		// The node gave up on the exec (cancelled) or the reply was lost:
 		// worth a line in init.log, which only the node can read.
 		fmt.Fprintf(os.Stderr, "corral-init: exec %d: send exit: %v\n", pid, err)
+		return &request{err: err} // the relay ends when the caller closes c
 	}
+	next := <-relayed
+	return &next
+}
+
+// request is a request read from a connection, or why none could be.
+type request struct {
+	req initproto.Request
+	fds []int
+	err error
 }
 
 // relayKills signals the exec's process group for every kill request on its
-// connection, until the connection closes.
-func (s *server) relayKills(c *initproto.Conn, pgid int) {
+// connection, until the connection closes or another request comes, which
+// it hands to relayed (with the error that ended the connection, if so).
+// Requests are served in the order sent: a kill sent before the next exec
+// never reaches that exec's processes.
+func (s *server) relayKills(c *initproto.Conn, pgid int, relayed chan<- request) {
 	for {
 		var req initproto.Request
 		fds, err := c.Recv(&req)
-		closeFds(fds)
-		if err != nil {
-			return // closed by either side
+		if err != nil || req.Op != initproto.OpKill {
+			relayed <- request{req: req, fds: fds, err: err}
+			return // closed by either side, or the next request
 		}
-		if req.Op == initproto.OpKill && req.Signal > 0 {
+		closeFds(fds)
+		if req.Signal > 0 {
 			_ = unix.Kill(-pgid, unix.Signal(req.Signal))
 		}
 	}

@@ -57,6 +57,11 @@
 //	  what the call left running, the reset). ExecRequest.NoStarted: no
 //	  started reply; the first is the exit, or the error of a command
 //	  that could not start.
+//	14 (2026-12-07): an exec connection stays open after the exec's last
+//	  reply: init serves the next request sent on it (kills of the exec
+//	  first, in order), so that a node may keep one connection for the
+//	  execs of a pooled sandbox instead of dialing (and init accepting)
+//	  one per exec.
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its
@@ -65,7 +70,7 @@ package initproto
 const ShellPath = "/.corral/sh"
 
 // Version is the protocol version; bump it with a dated changelog line.
-const Version = 13
+const Version = 14
 
 // Fds init is started with (ExtraFiles order).
 const (

@@ -16,7 +16,8 @@ import (
 // connection, so a restarted daemon simply dials again. A Client made by
 // NewClient keeps one connection dialed ahead for the next exec (dialed
 // while the previous one runs), so that an exec does not wait for a connect
-// and init's accept; Close drops it.
+// and init's accept; Close drops it. After ReuseConns, an exec's connection
+// is kept for the next one instead.
 type Client struct {
 	Path  string
 	spare *spareConn // nil: every exec dials
@@ -27,11 +28,42 @@ type spareConn struct {
 	mu     sync.Mutex
 	conn   *initproto.Conn
 	closed bool
+	reuse  bool // see ReuseConns
 }
 
 // NewClient returns a Client of init's socket at path that keeps a
 // connection ready for execs.
 func NewClient(path string) Client { return Client{Path: path, spare: &spareConn{}} }
+
+// ReuseConns makes the Client keep each exec's connection, once the exec
+// has ended, for the next exec (init protocol 14) rather than dial one
+// ahead: no connect and no accept per exec. Only for an init whose server
+// lives as long as the sandbox (pool mode): a stub's server lingers and
+// goes, and a connection it held would fail the exec sent on it.
+func (c Client) ReuseConns() {
+	if c.spare == nil {
+		return
+	}
+	c.spare.mu.Lock()
+	defer c.spare.mu.Unlock()
+	c.spare.reuse = true
+}
+
+// put keeps conn, an ended exec's, for the next exec if the Client reuses
+// connections and keeps none; it reports whether it did.
+func (c Client) put(conn *initproto.Conn) bool {
+	sp := c.spare
+	if sp == nil {
+		return false
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if !sp.reuse || sp.closed || sp.conn != nil {
+		return false
+	}
+	sp.conn = conn
+	return true
+}
 
 // take returns the kept connection (kept true), or dials one.
 func (c Client) take() (conn *initproto.Conn, kept bool, err error) {
@@ -47,15 +79,16 @@ func (c Client) take() (conn *initproto.Conn, kept bool, err error) {
 	return conn, false, err
 }
 
-// refill dials the connection the next exec takes, unless one is kept or
-// the Client is closed. Failures are left to that exec's own dial.
+// refill dials the connection the next exec takes, unless one is kept, the
+// Client is closed or reuses connections. Failures are left to that exec's
+// own dial.
 func (c Client) refill() {
 	sp := c.spare
 	if sp == nil {
 		return
 	}
 	sp.mu.Lock()
-	busy := sp.conn != nil || sp.closed
+	busy := sp.conn != nil || sp.closed || sp.reuse
 	sp.mu.Unlock()
 	if busy {
 		return
@@ -202,6 +235,11 @@ type Exec struct {
 	client    Client
 	thenReset bool
 	noStarted bool
+
+	mu sync.Mutex
+	// ended: init has sent the exec's last reply, so the connection may
+	// serve the next exec; closed: Close was called, no Signal after it.
+	ended, closed bool
 }
 
 // ExitResult is how the command's main process ended.
@@ -296,11 +334,15 @@ func (e *Exec) wait() {
 	var r initproto.Reply
 	_, err := e.conn.Recv(&r)
 	if err == nil && e.noStarted && r.Op == initproto.OpError {
+		e.end()
 		e.exit <- ExitResult{NotStarted: ReplyError(r)}
 		return
 	}
 	if err == nil && r.Op != initproto.OpExit {
 		err = fmt.Errorf("unexpected reply %q", r.Op)
+	}
+	if err == nil {
+		e.end()
 	}
 	x := exitOf(r, err)
 	if e.thenReset && err == nil {
@@ -315,13 +357,38 @@ func (e *Exec) wait() {
 // Exited delivers the exit once.
 func (e *Exec) Exited() <-chan ExitResult { return e.exit }
 
-// Signal signals the command's process group.
+func (e *Exec) end() {
+	e.mu.Lock()
+	e.ended = true
+	e.mu.Unlock()
+}
+
+// Signal signals the command's process group. After Close it fails: the
+// connection may serve another exec by then.
 func (e *Exec) Signal(sig int) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return errors.New("signal: the exec is closed")
+	}
 	return e.conn.Send(initproto.Request{Version: initproto.Version, Op: initproto.OpKill, Signal: sig})
 }
 
-// Close drops the connection; the command keeps running.
-func (e *Exec) Close() error { return e.conn.Close() }
+// Close drops the connection, or keeps it for the next exec if the exec
+// has ended and the Client reuses connections; a command still running
+// keeps running.
+func (e *Exec) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	if e.ended && e.client.put(e.conn) {
+		return nil
+	}
+	return e.conn.Close()
+}
 
 // ReplyError maps an init error reply to an errdefs class.
 func ReplyError(r initproto.Reply) error {

@@ -15,10 +15,11 @@ import (
 
 // fakeInit serves execs as init does (started, then exit 0) on a
 // SOCK_SEQPACKET socket, counting accepted connections; closeIdle closes the
-// connections that wait for their first request (as an init that is gone).
+// connections that wait for a request (as an init that is gone).
 type fakeInit struct {
 	path     string
 	accepted atomic.Int32
+	kills    atomic.Int32
 	mu       sync.Mutex
 	idle     map[*initproto.Conn]bool
 }
@@ -67,44 +68,46 @@ func startFakeInit(t *testing.T) *fakeInit {
 	return f
 }
 
+// serve answers every request on c as init 14 does: an exec with started
+// (unless NoStarted) and exit; kills are counted.
 func (f *fakeInit) serve(c *initproto.Conn) {
 	defer c.Close()
-	var req initproto.Request
-	fds, err := c.Recv(&req)
-	for _, fd := range fds {
-		unix.Close(fd)
+	for {
+		var req initproto.Request
+		fds, err := c.Recv(&req)
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		f.mu.Lock()
+		delete(f.idle, c)
+		f.mu.Unlock()
+		if err != nil {
+			return
+		}
+		if req.Op == initproto.OpKill {
+			f.kills.Add(1)
+			continue
+		}
+		if !req.Exec.NoStarted {
+			_ = c.Send(initproto.Reply{Op: initproto.OpStarted, Pid: 42})
+		}
+		f.mu.Lock()
+		f.idle[c] = true // until the next request
+		f.mu.Unlock()
+		_ = c.Send(initproto.Reply{Op: initproto.OpExit})
 	}
-	f.mu.Lock()
-	delete(f.idle, c)
-	f.mu.Unlock()
-	if err != nil {
-		return
-	}
-	_ = c.Send(initproto.Reply{Op: initproto.OpStarted, Pid: 42})
-	_ = c.Send(initproto.Reply{Op: initproto.OpExit})
 }
 
 func execOnce(t *testing.T, c Client) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	defer w.Close()
-	e, err := c.Exec(ctx, initproto.ExecRequest{Argv: []string{"true"}}, [3]int{int(w.Fd()), int(w.Fd()), -1})
-	if err != nil {
-		t.Fatalf("exec: %v", err)
-	}
+	e := startExec(t, c, false)
 	defer e.Close()
 	select {
 	case x := <-e.Exited():
 		if x.Err != nil {
 			t.Fatalf("exit: %v", x.Err)
 		}
-	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
 		t.Fatal("no exit")
 	}
 }
@@ -145,6 +148,64 @@ func TestClientKeepsAConnectionForTheNextExec(t *testing.T) {
 	if c.spare.conn != nil {
 		t.Error("a closed Client kept a connection")
 	}
+}
+
+// TestClientReusesExecConnections: with ReuseConns, execs one after the
+// other take turns on one connection; an exec not seen to end, or a
+// connection init dropped, is not reused; a Signal after Close sends
+// nothing.
+func TestClientReusesExecConnections(t *testing.T) {
+	f := startFakeInit(t)
+	c := NewClient(f.path)
+	c.ReuseConns()
+	for range 5 {
+		execOnce(t, c)
+	}
+	if n := f.accepted.Load(); n != 1 {
+		t.Fatalf("%d connections for 5 execs one after the other, want 1", n)
+	}
+
+	e := startExec(t, c, false)
+	<-e.Exited()
+	e.Close()
+	if err := e.Signal(9); err == nil {
+		t.Error("Signal after Close: no error")
+	}
+	execOnce(t, c)
+	if n, k := f.accepted.Load(), f.kills.Load(); n != 1 || k != 0 {
+		t.Fatalf("after a Signal past Close: %d connections, %d kills sent; want 1, 0", n, k)
+	}
+
+	// Closed before its exit was read: dropped, the next exec dials.
+	e = startExec(t, c, true)
+	e.Close()
+	<-e.Exited()
+	execOnce(t, c)
+	if n := f.accepted.Load(); n != 2 {
+		t.Fatalf("%d connections after an exec closed before its end, want 2", n)
+	}
+
+	f.closeIdle()
+	execOnce(t, c)
+	if n := f.accepted.Load(); n != 3 {
+		t.Fatalf("%d connections after init dropped the kept one, want 3", n)
+	}
+}
+
+// startExec starts `true` with a pipe's write end as stdout and stderr.
+func startExec(t *testing.T, c Client, noStarted bool) *Exec {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	e, err := c.Exec(context.Background(), initproto.ExecRequest{Argv: []string{"true"}, NoStarted: noStarted}, [3]int{int(w.Fd()), int(w.Fd()), -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 func waitFor(t *testing.T, cond func() bool, what string) {
