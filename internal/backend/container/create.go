@@ -72,6 +72,12 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	s := b.newSandbox(spec.ID, c.group, c.proc, c.net, c.ids)
+	if b.stub == "" {
+		// corral-init's server is PID 1 for the sandbox's life (a stub's
+		// server lingers and goes). Not after Recover: the daemon before
+		// may have run the sandbox with the stub.
+		s.client.ReuseConns()
+	}
 	if spec.Resettable || spec.Recyclable {
 		if err := s.startPool(spec); err != nil {
 			c.undo.Run()

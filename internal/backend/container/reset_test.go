@@ -129,13 +129,19 @@ func TestExecThenReset(t *testing.T) {
 	}
 }
 
-// TestExecConnectionReuse: a pooled sandbox's execs take turns on one
-// connection to init (protocol 14). An exec after one that timed out (its
-// kill sent on that connection), or after one whose process handle is
+// TestExecConnectionReuse: a sandbox's execs take turns on one connection
+// to init (protocol 14), pooled or not. An exec after one that timed out
+// (its kill sent on that connection), or after one whose process handle is
 // signalled once it returned, runs undisturbed; execs at once each have
 // their own connection.
 func TestExecConnectionReuse(t *testing.T) {
-	s := newSandbox(t, newBackend(t), resettable)
+	b := newBackend(t)
+	for name, opt := range map[string]func(*backend.Spec){"plain": nil, "pooled": resettable} {
+		t.Run(name, func(t *testing.T) { testExecConnectionReuse(t, newSandbox(t, b, opt)) })
+	}
+}
+
+func testExecConnectionReuse(t *testing.T, s backend.Sandbox) {
 	r := run1(t, s, backend.ExecSpec{Argv: []string{"sleep", "5"}, Timeout: 100 * time.Millisecond})
 	if !r.TimedOut {
 		t.Fatalf("sleep 5 with a 100 ms timeout: %+v", r)
