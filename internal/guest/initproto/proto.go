@@ -59,9 +59,9 @@
 //	  that could not start.
 //	14 (2026-12-07): an exec connection stays open after the exec's last
 //	  reply: init serves the next request sent on it (kills of the exec
-//	  first, in order), so that a node may keep one connection for the
-//	  execs of a pooled sandbox instead of dialing (and init accepting)
-//	  one per exec.
+//	  first, in order), so that a node may keep one connection for a
+//	  sandbox's execs instead of dialing (and init accepting) one per
+//	  exec.
 package initproto
 
 // ShellPath is where a sandbox sees the node's shell (Config.Shell). Its

@@ -38,8 +38,9 @@ func NewClient(path string) Client { return Client{Path: path, spare: &spareConn
 // ReuseConns makes the Client keep each exec's connection, once the exec
 // has ended, for the next exec (init protocol 14) rather than dial one
 // ahead: no connect and no accept per exec. Only for an init whose server
-// lives as long as the sandbox (pool mode): a stub's server lingers and
-// goes, and a connection it held would fail the exec sent on it.
+// lives as long as the sandbox (corral-init as PID 1): a stub's server
+// lingers and goes, and a connection it held would fail the exec sent on
+// it.
 func (c Client) ReuseConns() {
 	if c.spare == nil {
 		return
