@@ -11,9 +11,10 @@ import (
 type phase func(ctx context.Context, d time.Duration, round int) Rate
 
 // Rounds of alternate. Each round ends with a drain (the workers stop one
-// by one as their last cycle ends), which costs a peer of long cycles
-// (runc run, ~0.1 s) part of a cycle's worth of rate per round: at 5 s a
-// round, under 1%.
+// by one as their last cycle ends), which costs each worker about half a
+// cycle of rate per round: for runc run's ~0.125 s cycles at 8 in flight
+// about 1.2% of a 5 s round (0.6% more than one 10 s phase), in the
+// corral side's favour; for corral's millisecond calls, nothing.
 const (
 	minRound  = 5 * time.Second
 	maxRounds = 4
