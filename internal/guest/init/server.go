@@ -158,7 +158,6 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 	}
 	closeFds(fds) // the child has its copies; the node must see EOF
 	fds = nil
-	defer s.tell(pid, nil)
 	if !req.NoStarted {
 		_ = c.Send(initproto.Reply{Op: initproto.OpStarted, Pid: pid})
 	}
@@ -180,7 +179,9 @@ func (s *server) exec(c *initproto.Conn, req *initproto.ExecRequest, fds []int) 
 			r.ResetError = err.Error()
 		}
 	}
-	if err := c.Send(r); err != nil {
+	err = c.Send(r)
+	s.tell(pid, nil) // reported (or the node is gone): the stub need not
+	if err != nil {
 		// The node gave up on the exec (cancelled) or the reply was lost:
 		// worth a line in init.log, which only the node can read.
 		fmt.Fprintf(os.Stderr, "corral-init: exec %d: send exit: %v\n", pid, err)
