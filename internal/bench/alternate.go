@@ -85,20 +85,18 @@ func cycles(conc int, cycle func(ctx context.Context, worker, seq int) error) ph
 	return func(ctx context.Context, d time.Duration, _ int) Rate { return sustain(ctx, conc, d, cycle) }
 }
 
-// callMeter accumulates the rate and latencies of calls over one or more
-// rounds.
+// callMeter collects the latencies of calls over one or more rounds.
 type callMeter struct {
 	conc int
 	call func(ctx context.Context) error
 
-	mu   sync.Mutex
-	lat  []time.Duration
-	rate Rate
+	mu  sync.Mutex
+	lat []time.Duration
 }
 
 // round runs call on m.conc workers for d.
 func (m *callMeter) round(ctx context.Context, d time.Duration, _ int) Rate {
-	r := sustain(ctx, m.conc, d, func(ctx context.Context, _, _ int) error {
+	return sustain(ctx, m.conc, d, func(ctx context.Context, _, _ int) error {
 		start := time.Now()
 		err := m.call(ctx)
 		lat := time.Since(start)
@@ -107,11 +105,10 @@ func (m *callMeter) round(ctx context.Context, d time.Duration, _ int) Rate {
 		m.mu.Unlock()
 		return err
 	})
-	m.rate.add(r)
-	return r
 }
 
-func (m *callMeter) result() CallRate {
+// result is rate, that of the rounds, with the latencies of their calls.
+func (m *callMeter) result(rate Rate) CallRate {
 	p := Summarise(m.lat)
-	return CallRate{Rate: m.rate, P50Ms: p.P50, P99Ms: p.P99}
+	return CallRate{Rate: rate, P50Ms: p.P50, P99Ms: p.P99}
 }

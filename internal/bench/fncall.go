@@ -123,9 +123,9 @@ func FnCall(ctx context.Context, c *client.Client, o FnCallOptions) (*FnCallResu
 	warmUp(ctx, o, shCall)
 	shMeter := &callMeter{conc: o.Concurrency, call: shCall}
 	// The peer runs the same command as the corral side.
-	_, runc, reason := againstRunc(ctx, ContainerOptions{Concurrency: o.Concurrency, Duration: o.Duration, Rootfs: o.Rootfs},
+	shRate, runc, reason := againstRunc(ctx, ContainerOptions{Concurrency: o.Concurrency, Duration: o.Duration, Rootfs: o.Rootfs},
 		shMeter.round, []string{"/bin/sh", "-c", "true"}, "fncall")
-	res.Sh = shMeter.result()
+	res.Sh = shMeter.result(shRate)
 	res.CallsPerS = res.Sh.PerS
 	if runc != nil {
 		res.RuncCallsPerS = &runc.PerS
@@ -189,8 +189,7 @@ func checkCall(r *client.CallResult, err error) error {
 // measureCalls runs call on o.Concurrency workers for o.Duration.
 func measureCalls(ctx context.Context, o FnCallOptions, call func(ctx context.Context) error) CallRate {
 	m := &callMeter{conc: o.Concurrency, call: call}
-	m.round(ctx, o.Duration, 0)
-	return m.result()
+	return m.result(m.round(ctx, o.Duration, 0))
 }
 
 // measureBatch is measureCalls with CallBatch of n calls; the rate counts
