@@ -210,6 +210,10 @@ type record struct {
 	IDs       userns.Range      `json:"ids"`
 	// View is what a recyclable sandbox's next view is made of.
 	View *viewRecord `json:"view,omitempty"`
+	// InitServes says PID 1 serves for the sandbox's life (see
+	// sandbox.initServes). Records older than it lack it: their sandboxes
+	// may run the stub, so their connections are not kept.
+	InitServes bool `json:"init_serves,omitempty"`
 }
 
 // viewRecord is a recyclable sandbox's spec as Renew needs it.
@@ -240,6 +244,9 @@ func (b *Backend) Recover(ctx context.Context, id string, rec []byte) (backend.S
 		return nil, errdefs.NotFound("sandbox %s: record has no id range (made before user namespaces)", id)
 	}
 	s := b.newSandbox(id, b.group(id), proc, nil, r.IDs)
+	if r.InitServes {
+		s.keepConns()
+	}
 	if r.View != nil {
 		spec := backend.Spec{ID: id, Layers: r.View.Layers, Resources: r.View.Resources, Recyclable: true}
 		if err := s.startPool(spec); err != nil {

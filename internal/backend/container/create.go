@@ -74,9 +74,8 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	s := b.newSandbox(spec.ID, c.group, c.proc, c.net, c.ids)
 	if b.stub == "" {
 		// corral-init's server is PID 1 for the sandbox's life (a stub's
-		// server lingers and goes). Not after Recover: the daemon before
-		// may have run the sandbox with the stub.
-		s.client.ReuseConns()
+		// server lingers and goes).
+		s.keepConns()
 	}
 	if spec.Resettable || spec.Recyclable {
 		if err := s.startPool(spec); err != nil {

@@ -180,6 +180,7 @@ func TestDiskRecoverAfterRestart(t *testing.T) {
 	if r := sh(t, s2, "cat /tmp/state; dd if=/dev/zero of=/f bs=1M 2>&1 | grep -c 'No space'"); r.stdout != "kept\n1\n" {
 		t.Fatalf("recovered sandbox: %q", r.stdout)
 	}
+	checkConnKept(t, s2, true) // its record says PID 1 is corral-init's server
 	if err := b2.Cleanup(ctx, spec.ID, rec); err != nil {
 		t.Fatal(err)
 	}

@@ -100,6 +100,7 @@ func TestRecoverAfterRestart(t *testing.T) {
 	if r := sh(t, s2, "cat /tmp/state"); r.stdout != "kept\n" {
 		t.Fatalf("recovered sandbox: %q", r.stdout)
 	}
+	checkConnKept(t, s2, false) // PID 1 is the stub
 	if _, err := b2.Recover(ctx, spec.ID, []byte(`{"pid":1,"start_time":1}`)); !errdefs.IsNotFound(err) {
 		t.Fatalf("foreign pid: want not found, got %v", err)
 	}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -135,9 +138,22 @@ func TestExecThenReset(t *testing.T) {
 // signalled once it returned, runs undisturbed; execs at once each have
 // their own connection.
 func TestExecConnectionReuse(t *testing.T) {
-	b := newBackend(t)
-	for name, opt := range map[string]func(*backend.Spec){"plain": nil, "pooled": resettable} {
-		t.Run(name, func(t *testing.T) { testExecConnectionReuse(t, newSandbox(t, b, opt)) })
+	cases := []struct {
+		name string
+		b    *Backend
+		opt  func(*backend.Spec)
+		kept bool
+	}{
+		{"stub", newBackend(t), nil, false}, // its server lingers 2 s and exits
+		{"plain", newDiskBackend(t), withDisk(8*mib, 1000), true},
+		{"pooled", newBackend(t), resettable, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSandbox(t, c.b, c.opt)
+			checkConnKept(t, s, c.kept)
+			testExecConnectionReuse(t, s)
+		})
 	}
 }
 
@@ -180,4 +196,37 @@ func testExecConnectionReuse(t *testing.T, s backend.Sandbox) {
 	if len(seen) != 3 {
 		t.Fatalf("three concurrent execs answered %v", seen)
 	}
+}
+
+// checkConnKept runs `true` three times one after the other and checks
+// whether init served them all on the sockets it had after the first (a
+// kept connection). Socket inode numbers are never reused, and a client
+// that does not keep connections dials a new one for every exec.
+func checkConnKept(t *testing.T, s backend.Sandbox, kept bool) {
+	t.Helper()
+	run1(t, s, backend.ExecSpec{Argv: []string{"true"}})
+	before := initSockets(t, s)
+	for range 2 {
+		run1(t, s, backend.ExecSpec{Argv: []string{"true"}})
+	}
+	if after := initSockets(t, s); maps.Equal(before, after) != kept {
+		t.Fatalf("init's sockets over two execs (want the connection kept: %v): %v, then %v", kept, slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
+	}
+}
+
+// initSockets returns the socket inodes of the sandbox's PID 1.
+func initSockets(t *testing.T, s backend.Sandbox) map[string]bool {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", s.(*sandbox).proc.Pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	socks := map[string]bool{}
+	for _, e := range ents {
+		if l, err := os.Readlink(dir + "/" + e.Name()); err == nil && strings.HasPrefix(l, "socket:") {
+			socks[l] = true
+		}
+	}
+	return socks
 }
