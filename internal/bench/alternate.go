@@ -10,11 +10,8 @@ import (
 // (0, 1, …).
 type phase func(ctx context.Context, d time.Duration, round int) Rate
 
-// Rounds of alternate. Each round ends with a drain (the workers stop one
-// by one as their last cycle ends), which costs each worker about half a
-// cycle of rate per round: for runc run's ~0.125 s cycles at 8 in flight
-// about 1.2% of a 5 s round (0.6% more than one 10 s phase), in the
-// corral side's favour; for corral's millisecond calls, nothing.
+// Rounds of alternate. A round's drain, where the workers stop one by one,
+// costs no rate (see sustain).
 const (
 	minRound  = 5 * time.Second
 	maxRounds = 4
@@ -41,16 +38,17 @@ func alternate(ctx context.Context, d time.Duration, a, b phase) (Rate, Rate) {
 	return ra, rb
 }
 
-// add counts round x into r.
+// add counts round x into r; the rate is the rounds' rates weighted by
+// their lengths.
 func (r *Rate) add(x Rate) {
+	if secs := r.Seconds + x.Seconds; secs > 0 {
+		r.PerS = round((r.PerS*r.Seconds + x.PerS*x.Seconds) / secs)
+	}
 	r.Cycles += x.Cycles
 	r.Errors += x.Errors
 	r.Seconds = round(r.Seconds + x.Seconds)
 	if r.FirstErr == "" {
 		r.FirstErr = x.FirstErr
-	}
-	if r.Seconds > 0 {
-		r.PerS = round(float64(r.Cycles) / r.Seconds)
 	}
 }
 

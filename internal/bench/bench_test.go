@@ -173,7 +173,7 @@ func TestAlternate(t *testing.T) {
 	phaseOf := func(name string, perRound int) phase {
 		return func(_ context.Context, d time.Duration, round int) Rate {
 			order = append(order, fmt.Sprintf("%s%d:%v", name, round, d))
-			return Rate{Cycles: perRound, Seconds: d.Seconds(), FirstErr: name}
+			return Rate{Cycles: perRound, Seconds: d.Seconds(), PerS: float64(perRound) / d.Seconds(), FirstErr: name}
 		}
 	}
 	a, b := alternate(context.Background(), 4*minRound+time.Second, phaseOf("a", 10), phaseOf("b", 3))
@@ -191,9 +191,33 @@ func TestAlternate(t *testing.T) {
 		t.Errorf("b's rounds add up to %+v, want 12 cycles in %v s", b, secs)
 	}
 
+	var r Rate
+	r.add(Rate{Cycles: 10, Seconds: 1, PerS: 10})
+	r.add(Rate{Cycles: 60, Seconds: 3, PerS: 20})
+	if r.Cycles != 70 || r.Seconds != 4 || r.PerS != 17.5 {
+		t.Errorf("rounds of 10/s for 1 s and 20/s for 3 s add up to %+v, want 70 cycles in 4 s at 17.5/s", r)
+	}
+
 	order = nil
 	alternate(context.Background(), minRound/2, phaseOf("a", 1), phaseOf("b", 1))
 	if want := []string{"a0:" + (minRound / 2).String(), "b0:" + (minRound / 2).String()}; !slices.Equal(order, want) {
 		t.Errorf("a duration shorter than a round ran %v, want one round each: %v", order, want)
+	}
+}
+
+// TestSustainRate: workers of unequal cycles stop at unequal times after
+// the deadline; the rate is theirs summed (1/0.09 + 1/0.01 ≈ 111/s), not
+// the cycles over the wall time to the slow worker's end (12 in 0.18 s,
+// 67/s).
+func TestSustainRate(t *testing.T) {
+	r := sustain(context.Background(), 2, 100*time.Millisecond, func(_ context.Context, worker, _ int) error {
+		time.Sleep([]time.Duration{90 * time.Millisecond, 10 * time.Millisecond}[worker])
+		return nil
+	})
+	if r.PerS < 85 || r.PerS > 125 || r.Cycles < 9 || r.Cycles > 12 {
+		t.Fatalf("sustain of a 90 ms and a 10 ms worker for 100 ms: %+v, want about 111/s", r)
+	}
+	if r.Seconds < 0.17 {
+		t.Errorf("the phase's wall time %v s: the slow worker's second cycle ends at 0.18 s", r.Seconds)
 	}
 }

@@ -196,6 +196,7 @@ func e2bSide(ctx context.Context, o E2BOptions, dir, label string) (e2bRun, erro
 		Latencies []float64 `json:"latencies_ms"`
 		Cycles    int       `json:"cycles"`
 		Seconds   float64   `json:"seconds"`
+		PerS      float64   `json:"per_s"` // the workers' rates summed, as sustain's
 		Errors    int       `json:"errors"`
 		FirstErr  string    `json:"first_error"`
 	}
@@ -205,9 +206,7 @@ func e2bSide(ctx context.Context, o E2BOptions, dir, label string) (e2bRun, erro
 	run := e2bRun{E2BSide: E2BSide{
 		Cycles: r.Cycles, RateSecs: round(r.Seconds), Errors: r.Errors, FirstErr: r.FirstErr, RateConcN: o.Concurrency,
 	}}
-	if r.Seconds > 0 {
-		run.CyclesPS = round(float64(r.Cycles) / r.Seconds)
-	}
+	run.CyclesPS = round(r.PerS)
 	for _, ms := range r.Latencies {
 		run.latencies = append(run.latencies, time.Duration(ms*float64(time.Millisecond)))
 	}

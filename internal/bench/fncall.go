@@ -213,7 +213,7 @@ func measureBatch(ctx context.Context, c *client.Client, o FnCallOptions, call c
 		return nil
 	})
 	r.Cycles *= n
-	r.PerS = round(float64(r.Cycles) / r.Seconds)
+	r.PerS = round(r.PerS * float64(n))
 	return r
 }
 

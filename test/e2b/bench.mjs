@@ -39,18 +39,28 @@ if (durationMs <= 0) {
   console.log(JSON.stringify({ latencies_ms: latencies, cycles, seconds: 0, errors, first_error: firstError }))
   process.exit(0)
 }
+// The rate is the sum of the workers' own rates (cycles over the time to
+// the end of each one's last cycle), as the Go side's sustain: the workers
+// stop one by one, and the wall time to the last one's end would charge
+// each about half a cycle.
 const start = performance.now()
 const deadline = start + durationMs
+let perS = 0
 await Promise.all(Array.from({ length: conc }, async () => {
+  let done = 0
+  let busy = 0
   while (performance.now() < deadline) {
     try {
       await cycle()
       cycles++
+      done++
     } catch (e) {
       errors++
       firstError ??= String(e)
     }
+    busy = performance.now() - start
   }
+  if (busy > 0) perS += done / (busy / 1000)
 }))
 const seconds = (performance.now() - start) / 1000
-console.log(JSON.stringify({ latencies_ms: latencies, cycles, seconds, errors, first_error: firstError }))
+console.log(JSON.stringify({ latencies_ms: latencies, cycles, seconds, per_s: perS, errors, first_error: firstError }))
