@@ -134,8 +134,8 @@ func FnCall(ctx context.Context, c *client.Client, o FnCallOptions) (*FnCallResu
 	fmt.Fprintf(o.Log, "sh -c true through CallBatch(64)...\n")
 	res.ShBatch = measureBatch(ctx, c, o, sh, 64)
 	py := client.CallOptions{Image: o.PyImage, Language: "python", Source: pySource}
-	if r, err := c.Call(ctx, py); err != nil || r.Verdict != client.VerdictOK {
-		res.PythonReason = fmt.Sprintf("python call failed (build the %s image: corral image build %s): %v", o.PyImage, o.PyImage, err)
+	if err := checkCall(c.Call(ctx, py)); err != nil {
+		res.PythonReason = fmt.Sprintf("python call in image %s failed (it needs python3; the built-in debian image has it: corral image build debian): %v", o.PyImage, strings.TrimSpace(err.Error()))
 	} else {
 		fmt.Fprintf(o.Log, "python3 -c %q through Call...\n", pySource)
 		warmUp(ctx, o, func(ctx context.Context) error { return checkCall(c.Call(ctx, py)) })
