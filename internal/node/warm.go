@@ -24,14 +24,17 @@ import (
 // sandbox has no record, so a daemon that dies with some leaves them to
 // the backend's sweep at the next start, like any half-made sandbox.
 //
-// With Config.Recycle, such sandboxes are made recyclable, and a delete of
-// one scrubs it (every process killed, what they left in its kernel
-// namespaces removed: the delete answers then) and, off the request path,
-// renews it (a fresh disk if it was written to, usage figures from zero)
-// and puts it back in its image's pool instead of tearing it down, up to
-// Config.Recycle per image. A recycled sandbox goes only to a later create
-// of the project it served (projects share nothing through it), under a
-// new id; its record's BackendID keeps the name its backend knows it by.
+// With Config.Recycle, every container sandbox with network none is made
+// recyclable, whatever its resources, and a delete of one scrubs it (every
+// process killed, what they left in its kernel namespaces removed: the
+// delete answers then) and, off the request path, renews it (a fresh disk
+// if it was written to, usage figures from zero) and puts it back in its
+// image's pool instead of tearing it down, up to Config.Recycle per image.
+// A recycled sandbox goes only to a later create of the project it served
+// (projects share nothing through it) that asks for the same resources
+// (its cgroups and disk were made for them), under a new id; its record's
+// BackendID keeps the name its backend knows it by. An RL job creates the
+// same kind of sandbox over and over, default or not.
 
 // maxWarmImages bounds how many images have a pool; a request for another
 // image drains the pool used least recently.
@@ -51,6 +54,8 @@ type warmSandbox struct {
 	// recycled: it served project before (and goes to no other).
 	recycled bool
 	project  string
+	// res is what it was made with: it goes to creates that ask for the same.
+	res backend.Resources
 }
 
 // recyclePin is the image store's holder of a recycled sandbox's layers
@@ -101,24 +106,35 @@ func (w *warmPools) template(image string) (*state.Record, error) {
 	return w.n.admit(CreateRequest{Backend: warmBackend, Image: image})
 }
 
-// matches says whether rec may take a pooled sandbox: everything the
-// backend made it with is the node's default.
-func (w *warmPools) matches(rec *state.Record) bool {
+// poolable says whether a sandbox for rec may come from, or go to, a pool:
+// a container sandbox with network none, on a node with pools.
+func (w *warmPools) poolable(rec *state.Record) bool {
 	if _, ok := w.n.backends[warmBackend]; !ok || (w.size <= 0 && w.recycle <= 0) || rec.Backend != warmBackend || w.n.cfg.PerProjectLayerMounts {
+		return false
+	}
+	return (rec.NetworkMode == "" || rec.NetworkMode == "none") && len(rec.NetworkAllow) == 0
+}
+
+// matches says whether rec may take a sandbox made ahead of demand:
+// everything the backend made it with is the node's default.
+func (w *warmPools) matches(rec *state.Record) bool {
+	if !w.poolable(rec) {
 		return false
 	}
 	t, err := w.template(rec.Image)
 	if err != nil {
 		return false
 	}
-	return rec.CPUMillis == t.CPUMillis && rec.MemoryBytes == t.MemoryBytes && rec.DiskBytes == t.DiskBytes &&
-		rec.Pids == t.Pids && !rec.BestEffort && rec.IO == (state.IOLimits{}) &&
-		(rec.NetworkMode == "" || rec.NetworkMode == "none") && len(rec.NetworkAllow) == 0
+	return resourcesOf(rec) == resourcesOf(t)
 }
+
+// resourcesOf is what the backend makes a sandbox of rec with, besides its
+// image, id and network.
+func resourcesOf(rec *state.Record) backend.Resources { return specOf(rec, layers.Image{}).Resources }
 
 // recyclable says whether a sandbox for rec is made recyclable.
 func (w *warmPools) recyclable(rec *state.Record) bool {
-	return w != nil && w.recycle > 0 && w.matches(rec)
+	return w != nil && w.recycle > 0 && w.poolable(rec)
 }
 
 // mayRecycle says whether a delete of sb (record rec) recycles it: a
@@ -201,10 +217,11 @@ func (w *warmPools) destroy(id, pin string, sb backend.Sandbox) {
 	w.n.cfg.Images.Release(pin)
 }
 
-// take returns a pooled sandbox of image that project may have, or nil,
-// and wakes the pool's filler: one recycled from project's own deletes
-// first (no other project may take it), else one made ahead of demand.
-func (w *warmPools) take(image, project string) *warmSandbox {
+// take returns a pooled sandbox of image made with res that project may
+// have, or nil, and wakes the pool's filler: one recycled from project's
+// own deletes first (no other project may take it), else, if made is
+// set (res is the default), one made ahead of demand.
+func (w *warmPools) take(image, project string, res backend.Resources, made bool) *warmSandbox {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	p, ok := w.pools[image]
@@ -214,8 +231,8 @@ func (w *warmPools) take(image, project string) *warmSandbox {
 	p.used = time.Now()
 	var ws *warmSandbox
 	for ws == nil {
-		i := slices.IndexFunc(p.ready, func(c *warmSandbox) bool { return c.recycled && c.project == project })
-		if i < 0 {
+		i := slices.IndexFunc(p.ready, func(c *warmSandbox) bool { return c.recycled && c.project == project && c.res == res })
+		if i < 0 && made {
 			i = slices.IndexFunc(p.ready, func(c *warmSandbox) bool { return !c.recycled })
 		}
 		if i < 0 {
@@ -250,13 +267,28 @@ func (w *warmPools) putBack(image string, ws *warmSandbox) {
 }
 
 // putRecycled puts a renewed sandbox at the front of image's pool (the
-// warmest first); false when the pool has no room (the caller destroys it).
+// warmest first). A full pool lets its least recently pooled recycled
+// sandbox go for it: the classes (project, resources) a node recycles
+// change with its jobs, and the newest is the likeliest to be asked for
+// again. False when the pool is gone or full of sandboxes made ahead of
+// demand (the caller destroys it).
 func (w *warmPools) putRecycled(image string, ws *warmSandbox) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	p := w.poolLocked(image)
-	if p == nil || p.stopped || len(p.ready) >= w.capLocked() {
+	if p == nil || p.stopped {
 		return false
+	}
+	if len(p.ready) >= w.capLocked() {
+		i := len(p.ready) - 1
+		for i >= 0 && !p.ready[i].recycled {
+			i--
+		}
+		if i < 0 {
+			return false
+		}
+		w.discardLocked(p.ready[i])
+		p.ready = slices.Delete(p.ready, i, i+1)
 	}
 	p.ready = append([]*warmSandbox{ws}, p.ready...)
 	return true
@@ -333,16 +365,20 @@ func (w *warmPools) make(image string) (*warmSandbox, error) {
 		w.destroy(rec.ID, rec.ID, nil)
 		return nil, err
 	}
-	return &warmSandbox{id: rec.ID, sb: sb, img: img, pin: rec.ID}, nil
+	return &warmSandbox{id: rec.ID, sb: sb, img: img, pin: rec.ID, res: resourcesOf(rec)}, nil
 }
 
-// handOut gives rec (admitted, not yet reserved) a pooled sandbox when it
-// matches and the pool has one: ok false means make one as usual.
+// handOut gives rec (admitted, not yet reserved) a pooled sandbox when the
+// pool has one it may take: ok false means make one as usual.
 func (w *warmPools) handOut(ctx context.Context, rec *state.Record, b backend.Backend, start time.Time) (*Sandbox, bool, error) {
-	if w == nil || !w.matches(rec) {
+	if w == nil || !w.poolable(rec) {
 		return nil, false, nil
 	}
-	ws := w.take(rec.Image, rec.Project)
+	made := w.matches(rec)
+	if !made && w.recycle <= 0 {
+		return nil, false, nil
+	}
+	ws := w.take(rec.Image, rec.Project, resourcesOf(rec), made)
 	if ws == nil {
 		return nil, false, nil
 	}
@@ -414,7 +450,7 @@ func (w *warmPools) renewAndPool(rec *state.Record, sb backend.Sandbox) bool {
 	}
 	name := rec.BackendName()
 	stack := imageLayers(rec.Layers)
-	ws := &warmSandbox{id: name, sb: sb, img: layers.Image{Stack: stack}, pin: recyclePin(name), recycled: true, project: rec.Project}
+	ws := &warmSandbox{id: name, sb: sb, img: layers.Image{Stack: stack}, pin: recyclePin(name), recycled: true, project: rec.Project, res: resourcesOf(rec)}
 	n.cfg.Images.Pin(ws.pin, stack)
 	outcome := "pooled"
 	if !w.putRecycled(rec.Image, ws) {

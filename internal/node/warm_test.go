@@ -34,6 +34,7 @@ func TestWarmPoolServesOnlyDefaultCreates(t *testing.T) {
 			t.Errorf("%s: not served from the pool", name)
 		}
 	}
+	recycling := &warmPools{n: n, recycle: 4}
 	for name, req := range map[string]CreateRequest{
 		"memory":      {Resources: Resources{MemoryBytes: 256 * mib}},
 		"cpu":         {Resources: Resources{CPUMillis: 500}},
@@ -41,11 +42,23 @@ func TestWarmPoolServesOnlyDefaultCreates(t *testing.T) {
 		"pids":        {Resources: Resources{Pids: 100}},
 		"best effort": {Resources: Resources{BestEffort: true}},
 		"io":          {Resources: Resources{IO: state.IOLimits{WriteIOPS: 10}}},
-		"network":     {Network: backend.Network{Mode: "allowlist"}},
-		"microvm":     {Backend: "microvm"},
 	} {
-		if w.matches(admit(req)) {
+		rec := admit(req)
+		if w.matches(rec) {
 			t.Errorf("%s: served from the pool", name)
+		}
+		// Recycled sandboxes are made with the create's own resources.
+		if !recycling.recyclable(rec) {
+			t.Errorf("%s: not made recyclable on a recycling node", name)
+		}
+	}
+	for name, req := range map[string]CreateRequest{
+		"network": {Network: backend.Network{Mode: "allowlist"}},
+		"microvm": {Backend: "microvm"},
+	} {
+		rec := admit(req)
+		if w.matches(rec) || recycling.recyclable(rec) {
+			t.Errorf("%s: served from the pool or made recyclable", name)
 		}
 	}
 	if (&warmPools{n: n}).matches(admit(CreateRequest{})) {
@@ -76,28 +89,36 @@ type recyclingSandbox struct {
 }
 
 // TestRecycledSandboxesStayInTheirProject: a create takes a sandbox made
-// ahead of demand or one recycled from its own project's deletes, never
-// one another project used.
+// ahead of demand (only with the default resources) or one recycled from
+// its own project's deletes with its resources, never one another project
+// used.
 func TestRecycledSandboxesStayInTheirProject(t *testing.T) {
 	n := testNode()
 	w := &warmPools{n: n, size: 1, recycle: 4, pools: map[string]*warmPool{}}
 	alive := idleSandbox{done: make(chan struct{})}
-	fromA := &warmSandbox{id: "n-a", sb: alive, recycled: true, project: "a"}
-	made := &warmSandbox{id: "n-made", sb: alive}
-	fromB := &warmSandbox{id: "n-b", sb: alive, recycled: true, project: "b"}
-	w.pools["busybox"] = &warmPool{image: "busybox", ready: []*warmSandbox{fromA, made, fromB}, wake: make(chan struct{}, 1)}
+	def, big := backend.Resources{MemoryBytes: 128 * mib}, backend.Resources{MemoryBytes: 256 * mib}
+	fromA := &warmSandbox{id: "n-a", sb: alive, recycled: true, project: "a", res: def}
+	bigFromA := &warmSandbox{id: "n-a-big", sb: alive, recycled: true, project: "a", res: big}
+	made := &warmSandbox{id: "n-made", sb: alive, res: def}
+	fromB := &warmSandbox{id: "n-b", sb: alive, recycled: true, project: "b", res: def}
+	w.pools["busybox"] = &warmPool{image: "busybox", ready: []*warmSandbox{fromA, bigFromA, made, fromB}, wake: make(chan struct{}, 1)}
 	for _, step := range []struct {
 		project string
+		res     backend.Resources
+		made    bool // the create asks for the default resources
 		want    *warmSandbox
-	}{{"b", fromB}, {"c", made}, {"c", nil}, {"", nil}, {"a", fromA}} {
-		if got := w.take("busybox", step.project); got != step.want {
-			t.Fatalf("project %q took %+v, want %+v", step.project, got, step.want)
+	}{
+		{"b", def, true, fromB}, {"b", big, false, nil}, {"c", def, true, made}, {"c", def, true, nil}, {"", def, true, nil},
+		{"a", big, false, bigFromA}, {"a", big, false, nil}, {"a", def, true, fromA},
+	} {
+		if got := w.take("busybox", step.project, step.res, step.made); got != step.want {
+			t.Fatalf("project %q with %+v took %+v, want %+v", step.project, step.res, got, step.want)
 		}
 	}
 }
 
-// TestMayRecycle: only a running, recyclable sandbox of the pools' class
-// on a recycling node is recycled by its delete.
+// TestMayRecycle: only a running, recyclable sandbox (network none, any
+// resources) on a recycling node is recycled by its delete.
 func TestMayRecycle(t *testing.T) {
 	n := testNode()
 	n.backends = map[string]backend.Backend{warmBackend: nil}
@@ -115,11 +136,15 @@ func TestMayRecycle(t *testing.T) {
 	if w.mayRecycle(rec, alive) {
 		t.Error("a sandbox that cannot be recycled is")
 	}
-	paused, reclaimed, big := *rec, *rec, *rec
+	paused, reclaimed, big, networked := *rec, *rec, *rec, *rec
 	paused.Phase = state.PhasePaused
 	reclaimed.Reclaimed = true
 	big.MemoryBytes *= 2
-	for name, r := range map[string]*state.Record{"paused": &paused, "reclaimed": &reclaimed, "own memory limit": &big} {
+	networked.NetworkMode, networked.NetworkAllow = "allowlist", []string{"example.com"}
+	if !w.mayRecycle(&big, recycler) {
+		t.Error("a running sandbox with its own memory limit is not recycled")
+	}
+	for name, r := range map[string]*state.Record{"paused": &paused, "reclaimed": &reclaimed, "network": &networked} {
 		if w.mayRecycle(r, recycler) {
 			t.Errorf("%s: recycled", name)
 		}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -114,5 +115,105 @@ func TestRecycledSandboxes(t *testing.T) {
 	if loops := loopsUnder(d.dataDir); len(loops) != 0 {
 		t.Errorf("loop devices left: %v", loops)
 	}
+	testenv.RemoveCgroupParent(d.parent)
+}
+
+// TestRecycledSandboxKeepsItsResources: on a recycling node a deleted
+// sandbox with resources of its own goes to the next create of its
+// project that asks for the same resources, with the limits it was made
+// with, and to no create that asks for others.
+func TestRecycledSandboxKeepsItsResources(t *testing.T) {
+	d := newDaemon(t)
+	ctx := context.Background()
+	c := d.start("--warm-pool", "0", "--recycle", "4")
+	own := client.CreateOptions{Resources: client.Resources{MemoryBytes: 96 << 20, Pids: 64}}
+	first, err := c.Create(ctx, own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgroups := sandboxCgroups(d.parent)
+	if len(cgroups) != 1 {
+		t.Fatalf("cgroups with one sandbox: %v", cgroups)
+	}
+	pidsMax := "/sys/fs/cgroup/pids/" + d.parent + "/" + cgroups[0] + "/pids.max"
+	if err := first.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the deleted sandbox pooled", time.Minute, func() bool { return counter(t, d, pooledRecycles) == 1 })
+
+	other, err := c.Create(ctx, client.CreateOptions{Resources: client.Resources{MemoryBytes: 128 << 20, Pids: 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := counter(t, d, recycledHandouts); n != 0 {
+		t.Fatalf("a create asking for another memory limit took a recycled sandbox (%d hand-outs)", n)
+	}
+	second, err := c.Create(ctx, own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := counter(t, d, recycledHandouts); n != 1 {
+		t.Fatalf("a create asking for the same resources did not take the recycled sandbox (%d hand-outs)", n)
+	}
+	if b, err := os.ReadFile(pidsMax); err != nil || strings.TrimSpace(string(b)) != "64" {
+		t.Fatalf("the recycled sandbox's pids.max: %q %v, want 64", b, err)
+	}
+	if out := testenv.Sh(t, second, "echo ok"); out != "ok\n" {
+		t.Fatalf("the recycled sandbox: %q", out)
+	}
+	for _, sb := range []*client.Sandbox{other, second} {
+		if err := sb.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "both sandboxes pooled", time.Minute, func() bool { return counter(t, d, pooledRecycles) == 3 })
+	d.stop(syscall.SIGTERM)
+	d.start("--warm-pool", "0", "--recycle", "4", "--cleanup-on-exit")
+	d.stop(syscall.SIGTERM)
+	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
+	testenv.RemoveCgroupParent(d.parent)
+}
+
+// TestRecyclingNodeKeepsTheNewest: a full pool lets its least recently
+// pooled recycled sandbox go for a newly deleted one, so a node whose job
+// moves to sandboxes of other resources recycles those.
+func TestRecyclingNodeKeepsTheNewest(t *testing.T) {
+	d := newDaemon(t)
+	ctx := context.Background()
+	args := []string{"--warm-pool", "0", "--recycle", "1"}
+	c := d.start(args...)
+	first := client.CreateOptions{Resources: client.Resources{MemoryBytes: 96 << 20}}
+	next := client.CreateOptions{Resources: client.Resources{MemoryBytes: 112 << 20}}
+	for i, o := range []client.CreateOptions{first, next} {
+		sb, err := c.Create(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sb.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, "the deleted sandbox pooled", time.Minute, func() bool { return counter(t, d, pooledRecycles) == i+1 })
+	}
+	waitUntil(t, "the older pooled sandbox gone", time.Minute, func() bool { return len(sandboxCgroups(d.parent)) == 1 })
+	var made []*client.Sandbox
+	for i, o := range []client.CreateOptions{first, next} {
+		sb, err := c.Create(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, sb)
+		if n := counter(t, d, recycledHandouts); n != i {
+			t.Fatalf("create %d: %d recycled hand-outs, want %d (only the newest deleted sandbox kept)", i+1, n, i)
+		}
+	}
+	for _, sb := range made {
+		if err := sb.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.stop(syscall.SIGTERM)
+	d.start(append(args, "--cleanup-on-exit")...)
+	d.stop(syscall.SIGTERM)
+	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
 	testenv.RemoveCgroupParent(d.parent)
 }
