@@ -74,6 +74,10 @@ type CreateOptions struct {
 	// IdleAction is what IdleTimeout does: "stop" (default), "pause" or
 	// "reclaim" (see Sandbox.Reclaim); the next request resumes.
 	IdleAction string
+	// Fresh asks for a sandbox made from scratch for this create and torn
+	// down by its delete: never one made ahead of demand or recycled from
+	// the project's deletes, and never recycled itself.
+	Fresh bool
 }
 
 // Info describes a sandbox.
@@ -199,6 +203,7 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) 
 		Network:     o.Network.toProto(),
 		Placement:   o.Placement.toProto(),
 		IdleAction:  o.IdleAction,
+		Fresh:       o.Fresh,
 	}))
 	if err != nil {
 		return nil, wrapErr(err)

@@ -20,6 +20,7 @@ type createFlags struct {
 	net                                              string
 	idleTimeout, maxLifetime                         time.Duration
 	idleAction                                       string
+	fresh                                            bool
 	placement                                        placementFlags
 	io                                               ioFlags
 }
@@ -41,6 +42,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.maxLifetime, "max-lifetime", 0, "stop this long after creation (default: server's)")
 	fl.StringVar(&f.net, "net", "", "network mode: none (loopback only, the default), allowlist (only --allow), open (all but the node, private and metadata ranges)")
 	fl.StringArrayVar(&f.allow, "allow", nil, "allow a destination (repeatable; implies --net allowlist): a preset (pypi, npm, github, goproxy), a name (example.org:443, *.example.org), an address or prefix (203.0.113.0/24:80,443, [2001:db8::1]:53/udp)")
+	fl.BoolVar(&f.fresh, "fresh", false, "a sandbox made from scratch and torn down by its delete: never one made ahead of demand or recycled from the project's deletes (serve --warm-pool, --recycle), and never recycled itself")
 	f.placement.register(fl)
 	f.io.register(fl)
 }
@@ -72,6 +74,7 @@ func (f *createFlags) options() (client.CreateOptions, error) {
 		return o, err
 	}
 	o.IdleAction = f.idleAction
+	o.Fresh = f.fresh
 	if f.idleTimeout >= 0 {
 		o.IdleTimeout = &f.idleTimeout
 	}

@@ -154,6 +154,7 @@ func createFromProto(req *corralv1.CreateRequest) (node.CreateRequest, error) {
 		IdleTimeout: idle,
 		MaxLifetime: lifetime,
 		IdleAction:  req.IdleAction,
+		Fresh:       req.Fresh,
 	}, nil
 }
 

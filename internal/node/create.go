@@ -49,6 +49,9 @@ type CreateRequest struct {
 	Network backend.Network
 	// IdleAction is what IdleTimeout does: "" or "stop", "pause", "reclaim".
 	IdleAction string
+	// Fresh: made from scratch and torn down by its delete, never from or
+	// to a pool (see warmPools).
+	Fresh bool
 
 	// restoreFrom is the snapshot dir a Restore makes the sandbox from.
 	restoreFrom string
@@ -262,6 +265,7 @@ func (n *Node) admit(req CreateRequest) (*state.Record, error) {
 		MaxLifetime: d.MaxLifetime,
 		CreatedAt:   time.Now(),
 		IdleAction:  req.IdleAction,
+		Fresh:       req.Fresh,
 	}
 	rec.NetworkAllow = req.Network.Allow
 	if req.IdleTimeout != nil {

@@ -83,7 +83,7 @@ func (n *Node) Fork(ctx context.Context, id string, count int) (*ForkResult, err
 		Resources: Resources{CPUMillis: rec.CPUMillis, MemoryBytes: rec.MemoryBytes, DiskBytes: rec.DiskBytes,
 			Pids: rec.Pids, BestEffort: rec.BestEffort},
 		Workdir: rec.Workdir, User: rec.User, Labels: labels,
-		IdleTimeout: &idle, MaxLifetime: &life, IdleAction: rec.IdleAction,
+		IdleTimeout: &idle, MaxLifetime: &life, IdleAction: rec.IdleAction, Fresh: rec.Fresh,
 		Network: backend.Network{Mode: rec.NetworkMode, Allow: rec.NetworkAllow},
 	}
 	out := &ForkResult{Image: packed.Composition.Ref, Forks: make([]Fork, count)}

@@ -382,7 +382,7 @@ func (n *Node) AdoptSnapshot(ctx context.Context, snapID, sandboxID string) (*Sa
 		Resources: Resources{CPUMillis: src.CPUMillis, MemoryBytes: src.MemoryBytes, DiskBytes: src.DiskBytes,
 			Pids: src.Pids, BestEffort: src.BestEffort, IO: src.IO},
 		Env: src.Env, Workdir: src.Workdir, User: src.User, Labels: maps.Clone(src.Labels),
-		IdleTimeout: &idle, MaxLifetime: &life, IdleAction: src.IdleAction,
+		IdleTimeout: &idle, MaxLifetime: &life, IdleAction: src.IdleAction, Fresh: src.Fresh,
 		Network:     backend.Network{Mode: src.NetworkMode, Allow: src.NetworkAllow},
 		restoreFrom: dir,
 		keepID:      sandboxID, createdAt: src.CreatedAt,

@@ -296,7 +296,7 @@ func (n *Node) restore(ctx context.Context, id string, labels map[string]string,
 		Resources: Resources{CPUMillis: src.CPUMillis, MemoryBytes: src.MemoryBytes, DiskBytes: src.DiskBytes,
 			Pids: src.Pids, BestEffort: src.BestEffort, IO: src.IO},
 		Env: src.Env, Workdir: src.Workdir, User: src.User, Labels: l,
-		IdleTimeout: &idle, MaxLifetime: &life, IdleAction: src.IdleAction,
+		IdleTimeout: &idle, MaxLifetime: &life, IdleAction: src.IdleAction, Fresh: src.Fresh,
 		Network:     backend.Network{Mode: src.NetworkMode, Allow: src.NetworkAllow},
 		restoreFrom: filepath.Join(n.snapshotRoot(), info.ID),
 	})

@@ -107,9 +107,10 @@ func (w *warmPools) template(image string) (*state.Record, error) {
 }
 
 // poolable says whether a sandbox for rec may come from, or go to, a pool:
-// a container sandbox with network none, on a node with pools.
+// a container sandbox with network none that was not asked to be fresh, on
+// a node with pools.
 func (w *warmPools) poolable(rec *state.Record) bool {
-	if _, ok := w.n.backends[warmBackend]; !ok || (w.size <= 0 && w.recycle <= 0) || rec.Backend != warmBackend || w.n.cfg.PerProjectLayerMounts {
+	if _, ok := w.n.backends[warmBackend]; !ok || (w.size <= 0 && w.recycle <= 0) || rec.Backend != warmBackend || w.n.cfg.PerProjectLayerMounts || rec.Fresh {
 		return false
 	}
 	return (rec.NetworkMode == "" || rec.NetworkMode == "none") && len(rec.NetworkAllow) == 0

@@ -55,6 +55,7 @@ func TestWarmPoolServesOnlyDefaultCreates(t *testing.T) {
 	for name, req := range map[string]CreateRequest{
 		"network": {Network: backend.Network{Mode: "allowlist"}},
 		"microvm": {Backend: "microvm"},
+		"fresh":   {Fresh: true},
 	} {
 		rec := admit(req)
 		if w.matches(rec) || recycling.recyclable(rec) {

@@ -77,6 +77,9 @@ type Record struct {
 	PauseAtEnd bool `json:"pause_at_end,omitempty"`
 	// IdleAction is what idle_timeout does: "" or "stop", "pause", "reclaim".
 	IdleAction string `json:"idle_action,omitempty"`
+	// Fresh: made from scratch for its create and torn down by its delete,
+	// never from or to a warm pool.
+	Fresh bool `json:"fresh,omitempty"`
 	// Reclaimed: paused with its memory pushed out of RAM, leaving
 	// ReclaimedResident bytes in it (what admission counts until resumed).
 	Reclaimed         bool  `json:"reclaimed,omitempty"`

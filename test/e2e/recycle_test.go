@@ -121,7 +121,7 @@ func TestRecycledSandboxes(t *testing.T) {
 // TestRecycledSandboxKeepsItsResources: on a recycling node a deleted
 // sandbox with resources of its own goes to the next create of its
 // project that asks for the same resources, with the limits it was made
-// with, and to no create that asks for others.
+// with, and to no create that asks for others or to be fresh.
 func TestRecycledSandboxKeepsItsResources(t *testing.T) {
 	d := newDaemon(t)
 	ctx := context.Background()
@@ -140,6 +140,24 @@ func TestRecycledSandboxKeepsItsResources(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the deleted sandbox pooled", time.Minute, func() bool { return counter(t, d, pooledRecycles) == 1 })
+
+	// A fresh create neither takes it nor is recycled by its delete.
+	fresh := own
+	fresh.Fresh = true
+	sb, err := c.Create(ctx, fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := counter(t, d, recycledHandouts); n != 0 {
+		t.Fatalf("a fresh create took a recycled sandbox (%d hand-outs)", n)
+	}
+	if err := sb.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the fresh sandbox torn down", time.Minute, func() bool { return len(sandboxCgroups(d.parent)) == 1 })
+	if n := counter(t, d, pooledRecycles); n != 1 {
+		t.Fatalf("a fresh sandbox's delete pooled it (%d pooled)", n)
+	}
 
 	other, err := c.Create(ctx, client.CreateOptions{Resources: client.Resources{MemoryBytes: 128 << 20, Pids: 64}})
 	if err != nil {

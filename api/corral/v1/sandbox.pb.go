@@ -697,7 +697,11 @@ type CreateRequest struct {
 	// What idle_timeout does: "stop" (the default: processes end), "pause"
 	// (freeze) or "reclaim" (freeze and push memory out, see PauseRequest);
 	// the next request resumes a paused sandbox.
-	IdleAction    string `protobuf:"bytes,12,opt,name=idle_action,json=idleAction,proto3" json:"idle_action,omitempty"`
+	IdleAction string `protobuf:"bytes,12,opt,name=idle_action,json=idleAction,proto3" json:"idle_action,omitempty"`
+	// Made from scratch for this create and torn down by its delete: never a
+	// sandbox made ahead of demand (--warm-pool) or recycled from the
+	// project's deletes (--recycle), and never recycled itself.
+	Fresh         bool `protobuf:"varint,13,opt,name=fresh,proto3" json:"fresh,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -814,6 +818,13 @@ func (x *CreateRequest) GetIdleAction() string {
 		return x.IdleAction
 	}
 	return ""
+}
+
+func (x *CreateRequest) GetFresh() bool {
+	if x != nil {
+		return x.Fresh
+	}
+	return false
 }
 
 // Placement constrains the node a cluster's control plane picks.
@@ -3276,7 +3287,7 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	"\twrite_bps\x18\x02 \x01(\x03R\bwriteBps\x12\x1b\n" +
 	"\tread_iops\x18\x03 \x01(\x03R\breadIops\x12\x1d\n" +
 	"\n" +
-	"write_iops\x18\x04 \x01(\x03R\twriteIops\"\xb1\x04\n" +
+	"write_iops\x18\x04 \x01(\x03R\twriteIops\"\xc7\x04\n" +
 	"\rCreateRequest\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x122\n" +
@@ -3291,7 +3302,8 @@ const file_corral_v1_sandbox_proto_rawDesc = "" +
 	" \x01(\v2\x18.corral.v1.NetworkPolicyR\anetwork\x122\n" +
 	"\tplacement\x18\v \x01(\v2\x14.corral.v1.PlacementR\tplacement\x12\x1f\n" +
 	"\vidle_action\x18\f \x01(\tR\n" +
-	"idleAction\x1a9\n" +
+	"idleAction\x12\x14\n" +
+	"\x05fresh\x18\r \x01(\bR\x05fresh\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x89\x02\n" +

@@ -78,7 +78,8 @@ class AsyncClient(IAMMixin):
                      disk_mb: float = 0, pids: int = 0, env: Optional[Dict[str, str]] = None,
                      workdir: str = "", user: str = "", labels: Optional[Dict[str, str]] = None,
                      idle_timeout: Optional[float] = None, max_lifetime: Optional[float] = None,
-                     network: NetworkArg = None, request_timeout: Optional[float] = None) -> AsyncSandbox:
+                     network: NetworkArg = None, fresh: bool = False,
+                     request_timeout: Optional[float] = None) -> AsyncSandbox:
         """Create a sandbox and return once it is ready for commands.
 
         Args:
@@ -99,6 +100,9 @@ class AsyncClient(IAMMixin):
                 rules (``["pypi", "example.org:443"]``) or a
                 :class:`Network`; see :mod:`corral.network`. A bad rule
                 raises InvalidArgumentError naming it.
+            fresh: a sandbox made from scratch and torn down by its delete:
+                never one the server made ahead of demand or recycled from
+                the project's deletes, and never recycled itself.
         """
         resources: Dict[str, str] = {}
         for key, value, scale in (("cpuMillis", cpu, 1), ("memoryBytes", memory_mb, _MIB),
@@ -124,6 +128,8 @@ class AsyncClient(IAMMixin):
         policy = network_json(network)
         if policy is not None:
             req["network"] = policy
+        if fresh:
+            req["fresh"] = True
         resp = await self._t.unary("Create", req, timeout=request_timeout)
         info = SandboxInfo._from_json(resp.get("sandbox") or {})
         return AsyncSandbox(self, info.id, info)

@@ -97,7 +97,7 @@ class Client:
     def create(self, image: str = "", *, backend: str = "", cpu: int = 0, memory_mb: float = 0,
                disk_mb: float = 0, pids: int = 0, env: Optional[Dict[str, str]] = None, workdir: str = "",
                user: str = "", labels: Optional[Dict[str, str]] = None, idle_timeout: Optional[float] = None,
-               max_lifetime: Optional[float] = None, network: NetworkArg = None,
+               max_lifetime: Optional[float] = None, network: NetworkArg = None, fresh: bool = False,
                request_timeout: Optional[float] = None) -> "Sandbox":
         """Create a sandbox; arguments as :meth:`AsyncClient.create`."""
         return Sandbox(self, self._run(self._async.create(image, backend=backend, cpu=cpu,
@@ -105,7 +105,7 @@ class Client:
                                                           env=env, workdir=workdir, user=user, labels=labels,
                                                           idle_timeout=idle_timeout,
                                                           max_lifetime=max_lifetime, network=network,
-                                                          request_timeout=request_timeout)))
+                                                          fresh=fresh, request_timeout=request_timeout)))
 
     def sandbox(self, image: str = "", **create_args: Any) -> "Sandbox":
         """``with c.sandbox(image=...) as sb:`` creates a sandbox and deletes

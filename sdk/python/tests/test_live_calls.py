@@ -29,6 +29,13 @@ class SandboxCallsTest(LiveTest):
         with self.assertRaises(corral.NotFoundError):
             await self.c.get(sb.id)
 
+    async def test_fresh_create(self) -> None:
+        # The server takes the field by its wire name (an unknown one fails
+        # the call) and makes the sandbox from scratch.
+        sb = await self.make(fresh=True)
+        self.assertEqual((await sb.run("echo fresh")).text, "fresh\n")
+        self.assertTrue(await sb.delete())
+
     async def test_list_pages_and_state(self) -> None:
         sbs = await asyncio.gather(*(self.make() for _ in range(3)))
         listed = await self.c.list(labels=self.labels, page_size=1)
