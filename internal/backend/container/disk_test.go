@@ -169,6 +169,8 @@ func TestDiskRecoverAfterRestart(t *testing.T) {
 	ctx := context.Background()
 	s := createBare(t, b, spec)
 	rec := s.Record()
+	// Also when the test fails before its own Cleanup (a no-op after it).
+	t.Cleanup(func() { _ = b.Cleanup(context.Background(), spec.ID, rec) })
 	sh(t, s, "echo kept > /tmp/state")
 	s = nil // the old daemon's objects are gone; a new one reopens the store
 

@@ -89,6 +89,8 @@ func TestRecoverAfterRestart(t *testing.T) {
 	ctx := context.Background()
 	s := createBare(t, b, spec)
 	rec := s.Record()
+	// Also when the test fails before its own Cleanup (a no-op after it).
+	t.Cleanup(func() { _ = b.Cleanup(context.Background(), spec.ID, rec) })
 	sh(t, s, "echo kept > /tmp/state")
 	s = nil // the old daemon's object is gone
 
