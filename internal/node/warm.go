@@ -290,6 +290,7 @@ func (w *warmPools) putRecycled(image string, ws *warmSandbox) bool {
 		}
 		w.discardLocked(p.ready[i])
 		p.ready = slices.Delete(p.ready, i, i+1)
+		w.n.cfg.Metrics.CountRecycle("evicted")
 	}
 	p.ready = append([]*warmSandbox{ws}, p.ready...)
 	return true

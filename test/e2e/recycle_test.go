@@ -213,6 +213,9 @@ func TestRecyclingNodeKeepsTheNewest(t *testing.T) {
 		waitUntil(t, "the deleted sandbox pooled", time.Minute, func() bool { return counter(t, d, pooledRecycles) == i+1 })
 	}
 	waitUntil(t, "the older pooled sandbox gone", time.Minute, func() bool { return len(sandboxCgroups(d.parent)) == 1 })
+	if n := counter(t, d, `corral_sandbox_recycles_total{outcome="evicted"}`); n != 1 {
+		t.Fatalf("%d evictions counted, want 1", n)
+	}
 	var made []*client.Sandbox
 	for i, o := range []client.CreateOptions{first, next} {
 		sb, err := c.Create(ctx, o)
