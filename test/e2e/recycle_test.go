@@ -187,9 +187,7 @@ func TestRecycledSandboxKeepsItsResources(t *testing.T) {
 	waitUntil(t, "both sandboxes pooled", time.Minute, func() bool { return counter(t, d, pooledRecycles) == 3 })
 	d.stop(syscall.SIGTERM)
 	d.start("--warm-pool", "0", "--recycle", "4", "--cleanup-on-exit")
-	d.stop(syscall.SIGTERM)
-	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
-	testenv.RemoveCgroupParent(d.parent)
+	d.stopLeavingNothing()
 }
 
 // TestRecyclingNodeKeepsTheNewest: a full pool lets its least recently
@@ -234,7 +232,5 @@ func TestRecyclingNodeKeepsTheNewest(t *testing.T) {
 	}
 	d.stop(syscall.SIGTERM)
 	d.start(append(args, "--cleanup-on-exit")...)
-	d.stop(syscall.SIGTERM)
-	testenv.AssertNoLeaks(t, d.dataDir, d.parent)
-	testenv.RemoveCgroupParent(d.parent)
+	d.stopLeavingNothing()
 }
