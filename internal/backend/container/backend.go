@@ -210,9 +210,10 @@ type record struct {
 	IDs       userns.Range      `json:"ids"`
 	// View is what a recyclable sandbox's next view is made of.
 	View *viewRecord `json:"view,omitempty"`
-	// InitServes says PID 1 serves for the sandbox's life (see
-	// sandbox.initServes). Records older than it lack it: their sandboxes
-	// may run the stub, so their connections are not kept.
+	// InitServes says PID 1 is corral-init's server for the sandbox's life
+	// (not the stub, whose server lingers and exits), so exec connections
+	// are kept (launch.Client.ReuseConns). Records older than it lack it:
+	// their sandboxes may run the stub, so their connections are not kept.
 	InitServes bool `json:"init_serves,omitempty"`
 }
 
@@ -245,7 +246,7 @@ func (b *Backend) Recover(ctx context.Context, id string, rec []byte) (backend.S
 	}
 	s := b.newSandbox(id, b.group(id), proc, nil, r.IDs)
 	if r.InitServes {
-		s.keepConns()
+		s.client.ReuseConns()
 	}
 	if r.View != nil {
 		spec := backend.Spec{ID: id, Layers: r.View.Layers, Resources: r.View.Resources, Recyclable: true}

@@ -75,7 +75,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	if b.stub == "" {
 		// corral-init's server is PID 1 for the sandbox's life (a stub's
 		// server lingers and goes).
-		s.keepConns()
+		s.client.ReuseConns()
 	}
 	if spec.Resettable || spec.Recyclable {
 		if err := s.startPool(spec); err != nil {

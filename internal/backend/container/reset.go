@@ -49,7 +49,7 @@ func (s *sandbox) startPool(spec backend.Spec) error {
 	}
 	s.pool = &poolState{resets: launch.Resetter{Client: s.client}, watch: watch, oomLast: n, view: spec.Recyclable}
 	// A pooled init is the Go server itself, for the sandbox's life.
-	s.keepConns()
+	s.client.ReuseConns()
 	if spec.Recyclable {
 		s.pool.spec = backend.Spec{ID: spec.ID, Layers: spec.Layers, Resources: spec.Resources, Recyclable: true}
 	}

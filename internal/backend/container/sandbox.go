@@ -33,10 +33,6 @@ type sandbox struct {
 	ids    userns.Range       // the host ids of the sandbox's user namespace
 	pool   *poolState         // resettable sandboxes only; the view is /v of init's root
 	net    *netpolicy.Sandbox // nil for network mode none
-	// initServes is set when PID 1 is corral-init's server for the
-	// sandbox's life (not the stub, whose server lingers and exits), so
-	// exec connections are kept; the record carries it over a restart.
-	initServes bool
 
 	stopMu  sync.Mutex
 	stopped bool
@@ -48,13 +44,6 @@ func (b *Backend) newSandbox(id string, g *cgroup.Group, proc *launch.Process, n
 	s := &sandbox{b: b, id: id, group: g, proc: proc, client: launch.NewClient(b.sockPath(id)), net: net, ids: ids}
 	s.FS = safefs.New(s.openRoot)
 	return s
-}
-
-// keepConns marks init's server as lasting and has the client keep each
-// exec's connection for the next exec.
-func (s *sandbox) keepConns() {
-	s.initServes = true
-	s.client.ReuseConns()
 }
 
 // WriteFile implements backend.Files as the sandbox's root: a new file
@@ -119,7 +108,7 @@ func (s *sandbox) ID() string { return s.id }
 
 // Record implements backend.Sandbox; it changes with UpdateNetwork.
 func (s *sandbox) Record() []byte {
-	r := record{Pid: s.proc.Pid, StartTime: s.proc.StartTime, IDs: s.ids, InitServes: s.initServes}
+	r := record{Pid: s.proc.Pid, StartTime: s.proc.StartTime, IDs: s.ids, InitServes: s.client.ReusesConns()}
 	if s.pool != nil && s.pool.view {
 		r.View = &viewRecord{Layers: s.pool.spec.Layers, Resources: s.pool.spec.Resources}
 	}

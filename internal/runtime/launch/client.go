@@ -50,6 +50,16 @@ func (c Client) ReuseConns() {
 	c.spare.reuse = true
 }
 
+// ReusesConns reports whether ReuseConns was called.
+func (c Client) ReusesConns() bool {
+	if c.spare == nil {
+		return false
+	}
+	c.spare.mu.Lock()
+	defer c.spare.mu.Unlock()
+	return c.spare.reuse
+}
+
 // put keeps conn, an ended exec's, for the next exec if the Client reuses
 // connections and keeps none; it reports whether it did.
 func (c Client) put(conn *initproto.Conn) bool {

@@ -157,7 +157,13 @@ func TestClientKeepsAConnectionForTheNextExec(t *testing.T) {
 func TestClientReusesExecConnections(t *testing.T) {
 	f := startFakeInit(t)
 	c := NewClient(f.path)
+	if c.ReusesConns() {
+		t.Fatal("a new Client reuses connections")
+	}
 	c.ReuseConns()
+	if !c.ReusesConns() {
+		t.Fatal("ReusesConns after ReuseConns: false")
+	}
 	for range 5 {
 		execOnce(t, c)
 	}
