@@ -119,10 +119,14 @@ type Resetter interface {
 	KillAllBut(ctx context.Context, keep []int) error
 }
 
-// Recycler is implemented by sandboxes created with Spec.Recyclable: a
-// deleted one is made as good as new for a later create of the same
-// project instead of being torn down (see node's warm pools).
+// Recycler is implemented by sandboxes of a backend that makes them with
+// Spec.Recyclable: a deleted one made so is made as good as new for a
+// later create of the same project instead of being torn down (see node's
+// warm pools).
 type Recycler interface {
+	// Recyclable says whether the sandbox was made with Spec.Recyclable:
+	// only such a one may be scrubbed and renewed.
+	Recyclable() bool
 	// Scrub kills every process of the sandbox but its init and removes
 	// what they left in its kernel namespaces (SysV IPC objects, POSIX
 	// message queues; the PID counter goes back to the start); it notes

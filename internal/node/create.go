@@ -147,9 +147,12 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		return nil, fmt.Errorf("record sandbox %s: %w", rec.ID, err)
 	}
 	spec := specOf(rec, img)
-	spec.Recyclable = n.warm.recyclable(rec)
+	spec.Recyclable = n.warm.claim(rec)
 	sb, err := makeSandbox(ctx, b, req, spec)
 	if err != nil {
+		if spec.Recyclable {
+			n.warm.unclaim(rec.Image)
+		}
 		n.abandon(rec, b)
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
@@ -182,7 +185,7 @@ func specOf(rec *state.Record, img layers.Image) backend.Spec {
 func (n *Node) started(rec *state.Record, b backend.Backend, sb backend.Sandbox, start time.Time, warm bool) *Sandbox {
 	rec.Phase = state.PhaseRunning
 	rec.BackendRecord = sb.Record()
-	e := &entry{rec: rec, backend: b, sb: sb, deleted: make(chan struct{})}
+	e := &entry{rec: rec, backend: b, sb: sb, recyclable: isRecyclable(sb), deleted: make(chan struct{})}
 	e.obs.primed = true // a new sandbox's counters start at zero
 	e.touch()
 	n.persist(e)

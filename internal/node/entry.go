@@ -25,6 +25,9 @@ type entry struct {
 	rec      *state.Record
 	sb       backend.Sandbox
 	deleting bool
+	// recyclable: sb was made recyclable; set when the entry is made (the
+	// warm pools count such sandboxes until their record is deleted).
+	recyclable bool
 	// packing is closed when the running pack ends, which packCancel
 	// cancels (Delete does); nil when no pack runs.
 	packing    chan struct{}

@@ -84,11 +84,17 @@ type Config struct {
 	// of demand per image, for creates with the default resources and no
 	// network (warm.go); 0: none.
 	WarmPool int
-	// Recycle is how many deleted sandboxes of such creates the node keeps
-	// per image, scrubbed (recyclable container sandboxes), for the next
-	// creates of the same project (warm.go); 0: none, every delete tears
-	// its sandbox down.
+	// Recycle is how many deleted container sandboxes with network none
+	// the node keeps per image, scrubbed (recyclable sandboxes), for the
+	// next creates of the same project asking for the same resources
+	// (warm.go); 0: none, every delete tears its sandbox down.
 	Recycle int
+	// BoundRecyclable holds each image's recyclable sandboxes, in use or
+	// pooled, to Recycle; beyond it creates make plain ones. For a node
+	// whose plain sandboxes cost less held idle than recyclable ones (with
+	// the init stub, 1 host PID against corral-init's 7), so that a node
+	// that holds thousands idle still recycles the few it cycles.
+	BoundRecyclable bool
 
 	// Snapshots bound the snapshots the node keeps (snapshotlimit.go).
 	Snapshots SnapshotLimits
@@ -345,7 +351,7 @@ func (n *Node) recoverOne(ctx context.Context, rec *state.Record) {
 				n.persist(e)
 			}
 		}
-		e.sb = sb
+		e.sb, e.recyclable = sb, isRecyclable(sb)
 		log.Info("re-attached sandbox", "phase", rec.Phase)
 	}
 	e.touch()

@@ -183,6 +183,9 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 	n.mu.Lock()
 	delete(n.sandboxes, id)
 	n.mu.Unlock()
+	if e.recyclable {
+		n.warm.unclaim(rec.Image)
+	}
 	e.markDeleted()
 	if f != nil {
 		n.removeFenceMark(id)

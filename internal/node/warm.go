@@ -35,6 +35,15 @@ import (
 // (its cgroups and disk were made for them), under a new id; its record's
 // BackendID keeps the name its backend knows it by. An RL job creates the
 // same kind of sandbox over and over, default or not.
+//
+// With Config.BoundRecyclable (the init stub's nodes, whose plain
+// sandboxes cost a seventh of a recyclable one's host PIDs held idle), an
+// image has at most Config.Recycle recyclable sandboxes, in use or pooled:
+// beyond, a create makes a plain one, unless the pool holds a recycled
+// sandbox of another class, which goes for it (a sandbox made ahead of
+// demand is made plain then). A job that cycles a few
+// sandboxes at a time recycles them; one that holds thousands idle holds
+// plain ones.
 
 // maxWarmImages bounds how many images have a pool; a request for another
 // image drains the pool used least recently.
@@ -78,10 +87,14 @@ type warmPools struct {
 	n       *Node
 	size    int
 	recycle int
+	bound   bool // Config.BoundRecyclable
 
 	mu     sync.Mutex
 	pools  map[string]*warmPool
 	closed bool
+	// held counts each image's recyclable sandboxes that records hold
+	// (entry.recyclable), for BoundRecyclable.
+	held map[string]int
 	// draining: the node deletes every sandbox before it exits (Shutdown),
 	// so deletes tear down instead of recycling.
 	draining atomic.Bool
@@ -92,7 +105,14 @@ type warmPools struct {
 
 func newWarmPools(n *Node, size, recycle int) *warmPools {
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &warmPools{n: n, size: size, recycle: recycle, pools: map[string]*warmPool{}, ctx: ctx, cancel: cancel}
+	w := &warmPools{n: n, size: size, recycle: recycle, bound: n.cfg.BoundRecyclable, pools: map[string]*warmPool{}, held: map[string]int{}, ctx: ctx, cancel: cancel}
+	n.mu.Lock()
+	for _, e := range n.sandboxes { // those recovered at start
+		if e.recyclable {
+			w.held[e.rec.Image]++
+		}
+	}
+	n.mu.Unlock()
 	if _, ok := n.backends[warmBackend]; ok && size > 0 {
 		w.mu.Lock()
 		w.poolLocked(n.cfg.Defaults.Image)
@@ -138,10 +158,89 @@ func (w *warmPools) recyclable(rec *state.Record) bool {
 	return w != nil && w.recycle > 0 && w.poolable(rec)
 }
 
+// isRecyclable says whether sb was made recyclable.
+func isRecyclable(sb backend.Sandbox) bool {
+	r, ok := sb.(backend.Recycler)
+	return ok && r.Recyclable()
+}
+
+// claim says whether a create from scratch for rec makes a recyclable
+// sandbox, and if so counts it held (unclaim undoes that when the create
+// fails). An image at its bound (BoundRecyclable) makes room by letting
+// its oldest pooled recycled sandbox go (of another class: the create
+// found none of its own), else the create makes a plain sandbox.
+func (w *warmPools) claim(rec *state.Record) bool {
+	if !w.recyclable(rec) {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.roomLocked(rec.Image) && !w.evictLocked(w.pools[rec.Image]) {
+		return false
+	}
+	w.holdLocked(rec.Image)
+	return true
+}
+
+// roomLocked says whether image may have one more recyclable sandbox.
+func (w *warmPools) roomLocked(image string) bool {
+	return !w.bound || w.held[image]+w.pooledLocked(image) < w.recycle
+}
+
+// unclaim ends the count of a held recyclable sandbox of image: its create
+// failed, or its record was deleted.
+func (w *warmPools) unclaim(image string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.held[image]--; w.held[image] <= 0 {
+		delete(w.held, image)
+	}
+}
+
+// holdLocked counts a recyclable sandbox of image that a record holds now.
+func (w *warmPools) holdLocked(image string) {
+	if w.held == nil {
+		w.held = map[string]int{}
+	}
+	w.held[image]++
+}
+
+// pooledLocked is how many recyclable sandboxes image's pool holds.
+func (w *warmPools) pooledLocked(image string) int {
+	n := 0
+	if p, ok := w.pools[image]; ok {
+		for _, ws := range p.ready {
+			if isRecyclable(ws.sb) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// evictLocked destroys the least recently pooled recycled sandbox of p;
+// false when p (nil: no pool) holds none.
+func (w *warmPools) evictLocked(p *warmPool) bool {
+	if p == nil {
+		return false
+	}
+	i := len(p.ready) - 1
+	for i >= 0 && !p.ready[i].recycled {
+		i--
+	}
+	if i < 0 {
+		return false
+	}
+	w.discardLocked(p.ready[i])
+	p.ready = slices.Delete(p.ready, i, i+1)
+	w.n.cfg.Metrics.CountRecycle("evicted")
+	return true
+}
+
 // mayRecycle says whether a delete of sb (record rec) recycles it: a
 // running sandbox made recyclable, whose pool class still fits.
 func (w *warmPools) mayRecycle(rec *state.Record, sb backend.Sandbox) bool {
-	if _, ok := sb.(backend.Recycler); !ok || rec.Phase != state.PhaseRunning || rec.Reclaimed || !w.recyclable(rec) {
+	if !isRecyclable(sb) || rec.Phase != state.PhaseRunning || rec.Reclaimed || !w.recyclable(rec) {
 		return false
 	}
 	return !w.draining.Load()
@@ -280,17 +379,8 @@ func (w *warmPools) putRecycled(image string, ws *warmSandbox) bool {
 	if p == nil || p.stopped {
 		return false
 	}
-	if len(p.ready) >= w.capLocked() {
-		i := len(p.ready) - 1
-		for i >= 0 && !p.ready[i].recycled {
-			i--
-		}
-		if i < 0 {
-			return false
-		}
-		w.discardLocked(p.ready[i])
-		p.ready = slices.Delete(p.ready, i, i+1)
-		w.n.cfg.Metrics.CountRecycle("evicted")
+	if len(p.ready) >= w.capLocked() && !w.evictLocked(p) {
+		return false
 	}
 	p.ready = append([]*warmSandbox{ws}, p.ready...)
 	return true
@@ -361,7 +451,11 @@ func (w *warmPools) make(image string) (*warmSandbox, error) {
 	}
 	b := n.backends[warmBackend]
 	spec := specOf(rec, img)
-	spec.Recyclable = w.recyclable(rec)
+	if w.recyclable(rec) {
+		w.mu.Lock()
+		spec.Recyclable = w.roomLocked(image)
+		w.mu.Unlock()
+	}
 	sb, err := b.Create(w.ctx, spec)
 	if err != nil {
 		w.destroy(rec.ID, rec.ID, nil)
@@ -423,6 +517,11 @@ func (w *warmPools) handOut(ctx context.Context, rec *state.Record, b backend.Ba
 		source = "recycled"
 	}
 	n.cfg.Metrics.CountHandout(source)
+	if isRecyclable(ws.sb) {
+		w.mu.Lock()
+		w.holdLocked(r.Image)
+		w.mu.Unlock()
+	}
 	// One record write: until it, nothing names the sandbox, and a crash
 	// leaves it to the sweep.
 	return n.started(&r, b, ws.sb, start, true), true, nil

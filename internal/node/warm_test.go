@@ -83,11 +83,13 @@ type idleSandbox struct {
 
 func (s idleSandbox) Done() <-chan struct{} { return s.done }
 
-// recyclingSandbox also implements backend.Recycler.
+// recyclingSandbox also implements backend.Recycler, made recyclable.
 type recyclingSandbox struct {
 	idleSandbox
 	backend.Recycler
 }
+
+func (recyclingSandbox) Recyclable() bool { return true }
 
 // TestRecycledSandboxesStayInTheirProject: a create takes a sandbox made
 // ahead of demand (only with the default resources) or one recycled from
@@ -155,5 +157,50 @@ func TestMayRecycle(t *testing.T) {
 	}
 	if !(&warmPools{n: n, recycle: 1}).recyclable(rec) {
 		t.Error("--warm-pool 0 --recycle 1 makes no recyclable sandboxes")
+	}
+}
+
+// TestBoundRecyclable: on a node that bounds its recyclable sandboxes (the
+// init stub's), an image has at most Recycle of them in use or pooled; a
+// create beyond makes a plain sandbox, and a deleted one's place is taken
+// again.
+func TestBoundRecyclable(t *testing.T) {
+	n := testNode()
+	n.backends = map[string]backend.Backend{warmBackend: nil}
+	w := &warmPools{n: n, recycle: 2, bound: true, pools: map[string]*warmPool{}}
+	rec, err := n.admit(CreateRequest{Project: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if !w.claim(rec) {
+			t.Fatalf("create %d of 2 is not made recyclable", i+1)
+		}
+	}
+	if w.claim(rec) {
+		t.Fatal("a third create is made recyclable with two held and --recycle 2")
+	}
+	other, err := n.admit(CreateRequest{Image: "debian"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !w.claim(other) {
+		t.Error("another image's create is bounded by busybox's")
+	}
+	w.unclaim(rec.Image)
+	if !w.claim(rec) {
+		t.Fatal("a create is not made recyclable after a held one was deleted")
+	}
+	w.unclaim(rec.Image)
+	alive := idleSandbox{done: make(chan struct{})}
+	w.pools["busybox"] = &warmPool{image: "busybox", ready: []*warmSandbox{{id: "n-made", sb: recyclingSandbox{idleSandbox: alive}}}}
+	if w.claim(rec) {
+		t.Error("a create is made recyclable with one held and one made ahead")
+	}
+	unbound := &warmPools{n: n, recycle: 2}
+	for i := range 3 {
+		if !unbound.claim(rec) {
+			t.Errorf("create %d: not made recyclable on a node that does not bound them", i+1)
+		}
 	}
 }

@@ -107,9 +107,11 @@ type Config struct {
 	// WarmPool is how many container sandboxes the node keeps made ahead
 	// of demand per image (node.Config.WarmPool); 0: none.
 	WarmPool int
-	// Recycle is how many deleted sandboxes of the warm pools' class the
-	// node keeps per image, scrubbed, for the next creates of the same
-	// project (node.Config.Recycle); 0: none. Not with InitStub: a
+	// Recycle is how many deleted container sandboxes with network none
+	// the node keeps per image, scrubbed, for the next creates of the same
+	// project asking for the same resources (node.Config.Recycle); 0:
+	// none. With InitStub, each image's recyclable sandboxes, in use or
+	// pooled, are bounded by it too (node.Config.BoundRecyclable): a
 	// recyclable sandbox keeps corral-init as PID 1.
 	Recycle int
 	// Snapshots bound the snapshots the node keeps
@@ -208,9 +210,6 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.Recycle < 0 || cfg.Recycle > maxRecycle {
 		return nil, errdefs.InvalidArgument("recycle: %d is out of range (0 to %d sandboxes per image)", cfg.Recycle, maxRecycle)
-	}
-	if cfg.Recycle > 0 && cfg.InitStub {
-		return nil, errdefs.InvalidArgument("recycle: not with init-stub: a recyclable sandbox keeps corral-init as PID 1 (the stub is for nodes that hold many sandboxes idle; recycling for nodes that make and delete them fast)")
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
@@ -323,6 +322,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		PerProjectLayerMounts: cfg.LayerMounts == LayerMountsPerProject,
 		WarmPool:              cfg.WarmPool,
 		Recycle:               cfg.Recycle,
+		BoundRecyclable:       cfg.InitStub,
 		Snapshots:             cfg.Snapshots,
 	})
 	if err != nil {

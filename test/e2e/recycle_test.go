@@ -234,3 +234,85 @@ func TestRecyclingNodeKeepsTheNewest(t *testing.T) {
 	d.start(append(args, "--cleanup-on-exit")...)
 	d.stopLeavingNothing()
 }
+
+// TestStubNodeRecyclesAFew: on a node started with --init-stub, --recycle
+// N also bounds each image's recyclable sandboxes (corral-init as PID 1),
+// in use or pooled: creates beyond make stub sandboxes, which a delete
+// tears down, and a create of another class takes the place of a pooled
+// recycled sandbox it cannot use.
+func TestStubNodeRecyclesAFew(t *testing.T) {
+	d := newDaemon(t)
+	ctx := context.Background()
+	args := []string{"--init-stub", "--warm-pool", "0", "--recycle", "2"}
+	c := d.start(args...)
+	create := func(o client.CreateOptions) *client.Sandbox {
+		t.Helper()
+		sb, err := c.Create(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	// pid1 names what runs in a sandbox made from scratch (its cgroup is
+	// its id): corral-init, or the stub alone while it is idle.
+	pid1 := func(sb *client.Sandbox) string {
+		t.Helper()
+		var comms []string
+		for _, pid := range cgroupPids(d.parent, sb.ID()) {
+			b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
+			if err == nil {
+				comms = append(comms, strings.TrimSpace(string(b)))
+			}
+		}
+		if len(comms) != 1 {
+			t.Fatalf("processes of idle sandbox %s: %v, want its init alone", sb.ID(), comms)
+		}
+		return comms[0]
+	}
+	deleteAll := func(sbs ...*client.Sandbox) {
+		t.Helper()
+		for _, sb := range sbs {
+			if err := sb.Delete(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	made := []*client.Sandbox{create(client.CreateOptions{}), create(client.CreateOptions{}), create(client.CreateOptions{})}
+	for i, want := range []string{"corral-init", "corral-init", "corral-initstub"} {
+		if got := pid1(made[i]); got != want {
+			t.Fatalf("sandbox %d of 3 with --recycle 2 runs %s, want %s", i+1, got, want)
+		}
+		if out := testenv.Sh(t, made[i], "echo ok"); out != "ok\n" {
+			t.Fatalf("sandbox %d: %q", i+1, out)
+		}
+	}
+	deleteAll(made...)
+	waitUntil(t, "two pooled, the stub sandbox torn down", time.Minute, func() bool {
+		return counter(t, d, pooledRecycles) == 2 && len(sandboxCgroups(d.parent)) == 2
+	})
+
+	again := []*client.Sandbox{create(client.CreateOptions{}), create(client.CreateOptions{})}
+	if n := counter(t, d, recycledHandouts); n != 2 {
+		t.Fatalf("%d recycled hand-outs to the next two creates, want 2", n)
+	}
+	third := create(client.CreateOptions{})
+	if got := pid1(third); got != "corral-initstub" {
+		t.Fatalf("a create with two recyclable sandboxes in use runs %s, want the stub", got)
+	}
+	deleteAll(again[0])
+	waitUntil(t, "the deleted sandbox pooled", time.Minute, func() bool { return counter(t, d, pooledRecycles) == 3 })
+	// One in use and one pooled: a create of another class (its own
+	// memory limit) cannot take the pooled one, so that one goes for it.
+	other := create(client.CreateOptions{Resources: client.Resources{MemoryBytes: 96 << 20}})
+	if got := pid1(other); got != "corral-init" {
+		t.Fatalf("a create of another class runs %s, want a recyclable sandbox in place of the pooled one", got)
+	}
+	if n := counter(t, d, `corral_sandbox_recycles_total{outcome="evicted"}`); n != 1 {
+		t.Fatalf("%d evictions counted, want 1", n)
+	}
+	deleteAll(again[1], third, other)
+	d.stop(syscall.SIGTERM)
+	d.start(append(args, "--cleanup-on-exit")...)
+	d.stopLeavingNothing()
+}

@@ -38,11 +38,14 @@ var viewSteps = []backend.Step[*creation]{
 
 // recyclable returns the pool state of a recyclable sandbox.
 func (s *sandbox) recyclable() (*poolState, error) {
-	if s.pool == nil || !s.pool.view {
+	if !s.Recyclable() {
 		return nil, errdefs.FailedPrecondition("sandbox %s: not a recyclable sandbox", s.id)
 	}
 	return s.pool, s.live()
 }
+
+// Recyclable implements backend.Recycler.
+func (s *sandbox) Recyclable() bool { return s.pool != nil && s.pool.view }
 
 // Scrub implements backend.Recycler.
 func (s *sandbox) Scrub(ctx context.Context) error {
