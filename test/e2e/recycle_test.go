@@ -287,8 +287,15 @@ func TestStubNodeRecyclesAFew(t *testing.T) {
 			t.Fatalf("sandbox %d: %q", i+1, out)
 		}
 	}
+	// A restart counts the recyclable sandboxes it re-attaches.
+	d.stop(syscall.SIGKILL)
+	c = d.start(args...)
+	made = append(made, create(client.CreateOptions{}))
+	if got := pid1(made[3]); got != "corral-initstub" {
+		t.Fatalf("a create after a restart that re-attached two recyclable sandboxes runs %s, want the stub", got)
+	}
 	deleteAll(made...)
-	waitUntil(t, "two pooled, the stub sandbox torn down", time.Minute, func() bool {
+	waitUntil(t, "two pooled, the stub sandboxes torn down", time.Minute, func() bool {
 		return counter(t, d, pooledRecycles) == 2 && len(sandboxCgroups(d.parent)) == 2
 	})
 
