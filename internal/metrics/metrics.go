@@ -67,7 +67,7 @@ func New() *Metrics {
 		}, []string{"verdict"}),
 		recycles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "corral_sandbox_recycles_total",
-			Help: "Deleted sandboxes a recycling node tried to keep for reuse, by outcome: pooled (scrubbed, renewed if written, back in its image's pool), torn_down, or evicted (pooled before, then dropped from a full pool for a newer one).",
+			Help: "Deleted sandboxes a recycling node tried to keep for reuse, by outcome: pooled (scrubbed, renewed if written, back in its image's pool), torn_down, or evicted (pooled before, then dropped for a newer one: from a full pool, or on an init-stub node for a create of another class).",
 		}, []string{"outcome"}),
 		handouts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "corral_warm_pool_handouts_total",

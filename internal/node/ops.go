@@ -183,7 +183,7 @@ func (n *Node) Delete(ctx context.Context, id string) (existed bool, err error) 
 	n.mu.Lock()
 	delete(n.sandboxes, id)
 	n.mu.Unlock()
-	if e.recyclable {
+	if e.recyclable && !recycle { // a recycled one counts until it is pooled
 		n.warm.unclaim(rec.Image)
 	}
 	e.markDeleted()

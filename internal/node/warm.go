@@ -188,7 +188,7 @@ func (w *warmPools) roomLocked(image string) bool {
 }
 
 // unclaim ends the count of a held recyclable sandbox of image: its create
-// failed, or its record was deleted.
+// failed, or its record was deleted (and it was pooled or stopped).
 func (w *warmPools) unclaim(image string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -538,6 +538,9 @@ func sameStack(a, b []layers.Layer) bool {
 // is stopped, and rec is left to the caller's teardown.
 func (w *warmPools) renewAndPool(rec *state.Record, sb backend.Sandbox) bool {
 	n := w.n
+	// Held until pooled or stopped: a create meanwhile does not take its
+	// place (BoundRecyclable).
+	defer w.unclaim(rec.Image)
 	ctx, cancel := context.WithTimeout(w.ctx, time.Minute)
 	defer cancel()
 	start := time.Now()
