@@ -26,7 +26,8 @@ type entry struct {
 	sb       backend.Sandbox
 	deleting bool
 	// recyclable: sb was made recyclable; set when the entry is made (the
-	// warm pools count such sandboxes until their record is deleted).
+	// warm pools count it held until its delete, or if recycled until it
+	// is pooled).
 	recyclable bool
 	// packing is closed when the running pack ends, which packCancel
 	// cancels (Delete does); nil when no pack runs.

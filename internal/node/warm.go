@@ -41,9 +41,8 @@ import (
 // image has at most Config.Recycle recyclable sandboxes, in use or pooled:
 // beyond, a create makes a plain one, unless the pool holds a recycled
 // sandbox of another class, which goes for it (a sandbox made ahead of
-// demand is made plain then). A job that cycles a few
-// sandboxes at a time recycles them; one that holds thousands idle holds
-// plain ones.
+// demand is made plain then). A job that cycles a few sandboxes at a time
+// recycles them; one that holds thousands idle holds plain ones.
 
 // maxWarmImages bounds how many images have a pool; a request for another
 // image drains the pool used least recently.
