@@ -22,23 +22,44 @@ type forker struct {
 func newForker(filter []byte) (*forker, error) {
 	f := &forker{reqs: make(chan func())}
 	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread's root and filter must not serve any
-		// other goroutine, so Go ends the thread when this one returns.
-		runtime.LockOSThread()
-		if err := confine(filter); err != nil {
-			errc <- err
-			return
-		}
-		errc <- nil
-		for fn := range f.reqs {
-			fn()
-		}
-	}()
+	go f.serve(filter, errc, nil)
 	if err := <-errc; err != nil {
 		return nil, fmt.Errorf("forker: %w", err)
 	}
 	return f, nil
+}
+
+// serve confines the goroutine's thread and runs f's requests on it until
+// stop; errc gets the outcome of the confining, and locked (if not nil) is
+// closed once the goroutine holds a thread of its own.
+func (f *forker) serve(filter []byte, errc chan<- error, locked chan<- struct{}) {
+	// Never unlocked once confined: the thread's root and filter must
+	// not serve any other goroutine, so Go ends the thread when this one
+	// returns.
+	runtime.LockOSThread()
+	if locked != nil {
+		close(locked)
+	}
+	if unix.Gettid() == unix.Getpid() {
+		// The thread group leader's root is the one /proc/<init>/root
+		// shows the node, whose file API reaches the view through it:
+		// confined, it would point into the view (and Go never ends the
+		// leader, so it would stay there). Held here, the leader cannot
+		// run the goroutine started now, which confines another thread.
+		next := make(chan struct{})
+		go f.serve(filter, errc, next)
+		<-next
+		runtime.UnlockOSThread()
+		return
+	}
+	if err := confine(filter); err != nil {
+		errc <- err
+		return
+	}
+	errc <- nil
+	for fn := range f.reqs {
+		fn()
+	}
 }
 
 // run runs fn on the forker thread and waits for it.
