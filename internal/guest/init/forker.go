@@ -52,7 +52,7 @@ func (f *forker) serve(filter []byte, errc chan<- error, locked chan<- struct{})
 		runtime.UnlockOSThread()
 		return
 	}
-	if err := confine(filter); err != nil {
+	if err := confineThread(filter); err != nil {
 		errc <- err
 		return
 	}
@@ -71,6 +71,9 @@ func (f *forker) run(fn func()) {
 
 // stop ends the forker thread.
 func (f *forker) stop() { close(f.reqs) }
+
+// confineThread is confine; tests replace it to see which thread it runs on.
+var confineThread = confine
 
 func confine(filter []byte) error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
