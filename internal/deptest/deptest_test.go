@@ -69,9 +69,10 @@ var rules = []rule{
 
 	// The sandbox-side programs: small static binaries.
 	{pkg: "internal/runtime/spare", may: []string{}, never: staticBad},
+	{pkg: "internal/runtime/osthread", may: []string{}, never: staticBad},
 	{pkg: "internal/runtime/pidfd", may: []string{}, never: staticBad},
 	{pkg: "internal/guest/exec", may: []string{"internal/errdefs", "internal/guest/passwd"}},
-	{pkg: "internal/guest/init", may: []string{"internal/errdefs", "internal/guest/initproto", "internal/runtime/seccomp", "internal/guest/exec", "internal/runtime/spare", "internal/runtime/pidfd"},
+	{pkg: "internal/guest/init", may: []string{"internal/errdefs", "internal/guest/initproto", "internal/runtime/seccomp", "internal/guest/exec", "internal/runtime/spare", "internal/runtime/pidfd", "internal/runtime/osthread"},
 		never: cat([]string{"net", "internal/backend"}, staticBad)},
 	{pkg: "internal/guest/agentproto", may: []string{"internal/errdefs"}, never: staticBad},
 	{pkg: "internal/guest/agent", may: []string{"internal/guest/agentproto", "internal/backend", "internal/errdefs", "internal/safefs", "internal/guest/exec"},
@@ -117,7 +118,7 @@ var rules = []rule{
 	{pkg: "internal/backend", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/backendtest", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
 	{pkg: "internal/backend/container", may: []string{"internal/backend", "internal/errdefs", "internal/storage/upper", "internal/storage/upper/loopdev", "internal/netpolicy", "internal/safefs",
-		"internal/runtime/cgroup", "internal/guest/initproto", "internal/runtime/launch", "internal/runtime/seccomp", "internal/runtime/userns"},
+		"internal/runtime/cgroup", "internal/guest/initproto", "internal/runtime/launch", "internal/runtime/seccomp", "internal/runtime/userns", "internal/runtime/osthread"},
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img", "internal/storage/upper/open"}, stateful)},
 	{pkg: "internal/backend/microvm", may: []string{"internal/guest/agentclient", "internal/guest/agentproto", "internal/backend", "internal/backend/qemu", "internal/errdefs", "internal/netpolicy", "internal/qmp", "internal/runtime/launch"},
 		never: cat([]string{"internal/storage/layers", "internal/storage/blob", "internal/storage/lazy", "internal/storage/upper/xfs", "internal/storage/upper/ext4img"}, stateful)},

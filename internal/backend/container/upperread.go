@@ -7,12 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/backend"
+	"github.com/corral-dev/corral/internal/runtime/osthread"
 	"github.com/corral-dev/corral/internal/storage/upper"
 	"github.com/corral-dev/corral/internal/storage/upper/loopdev"
 )
@@ -73,40 +73,9 @@ func (b *Backend) SnapshotUpper(ctx context.Context, id string) (string, func() 
 // namespace go, taking the mount (and a new loop device) with them.
 func (b *Backend) readUpper(ctx context.Context, id string, loc upper.Location, fn func(upper string) error) error {
 	if loc.Dir != "" {
-		return onThread(func() error { return fn(loc.Dir) })
+		return osthread.Run(func() error { return fn(loc.Dir) })
 	}
-	return onThread(func() error { return b.readDisk(ctx, id, loc.Image, fn) })
-}
-
-// onThread runs work on a goroutine locked to an OS thread that ends with
-// it, taking along any namespace work moved the thread into. The process's
-// main thread never ends (the runtime parks it instead) and is what
-// /proc/self shows, so work never runs there.
-func onThread(work func() error) error {
-	return onThreadAvoiding(func(tid int) bool { return tid == unix.Getpid() }, work)
-}
-
-// onThreadAvoiding is onThread with the thread to keep work off named by
-// avoid: a goroutine that got such a thread keeps it locked, which sends
-// the work to another thread, and then hands it back unchanged.
-func onThreadAvoiding(avoid func(tid int) bool, work func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked but below: the thread ends with the goroutine
-		if !avoid(unix.Gettid()) {
-			done <- work()
-			return
-		}
-		inner := make(chan error, 1)
-		go func() {
-			runtime.LockOSThread() // cannot be the avoided thread: it is locked above
-			inner <- work()
-		}()
-		err := <-inner
-		runtime.UnlockOSThread()
-		done <- err
-	}()
-	return <-done
+	return osthread.Run(func() error { return b.readDisk(ctx, id, loc.Image, fn) })
 }
 
 // readDisk mounts the disk image img read-only in a private mount

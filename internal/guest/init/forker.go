@@ -2,8 +2,8 @@ package initproc
 
 import (
 	"fmt"
-	"runtime"
 
+	"github.com/corral-dev/corral/internal/runtime/osthread"
 	"github.com/corral-dev/corral/internal/runtime/seccomp"
 	"golang.org/x/sys/unix"
 )
@@ -22,37 +22,20 @@ type forker struct {
 func newForker(filter []byte) (*forker, error) {
 	f := &forker{reqs: make(chan func())}
 	errc := make(chan error, 1)
-	go f.serve(filter, errc, nil)
+	// Not on the thread group leader: its root is the one /proc/<init>/root
+	// shows the node, whose file API reaches the view through it (a forker
+	// there, now and then after a renew, left every file call failing).
+	osthread.Go(func() { f.serve(filter, errc) })
 	if err := <-errc; err != nil {
 		return nil, fmt.Errorf("forker: %w", err)
 	}
 	return f, nil
 }
 
-// serve confines the goroutine's thread and runs f's requests on it until
-// stop; errc gets the outcome of the confining, and locked (if not nil) is
-// closed once the goroutine holds a thread of its own.
-func (f *forker) serve(filter []byte, errc chan<- error, locked chan<- struct{}) {
-	// Never unlocked once confined: the thread's root and filter must
-	// not serve any other goroutine, so Go ends the thread when this one
-	// returns.
-	runtime.LockOSThread()
-	if locked != nil {
-		close(locked)
-	}
-	if unix.Gettid() == unix.Getpid() {
-		// The thread group leader's root is the one /proc/<init>/root
-		// shows the node, whose file API reaches the view through it:
-		// confined, it would point into the view (and Go never ends the
-		// leader, so it would stay there). Held here, the leader cannot
-		// run the goroutine started now, which confines another thread.
-		next := make(chan struct{})
-		go f.serve(filter, errc, next)
-		<-next
-		runtime.UnlockOSThread()
-		return
-	}
-	if err := confineThread(filter); err != nil {
+// serve confines its thread and runs f's requests on it until stop; errc
+// gets the outcome of the confining.
+func (f *forker) serve(filter []byte, errc chan<- error) {
+	if err := confine(filter); err != nil {
 		errc <- err
 		return
 	}
@@ -71,9 +54,6 @@ func (f *forker) run(fn func()) {
 
 // stop ends the forker thread.
 func (f *forker) stop() { close(f.reqs) }
-
-// confineThread is confine; tests replace it to see which thread it runs on.
-var confineThread = confine
 
 func confine(filter []byte) error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
