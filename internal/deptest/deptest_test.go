@@ -86,7 +86,7 @@ var rules = []rule{
 
 	// The runtime: processes, namespaces, cgroups; no backend above it.
 	{pkg: "internal/runtime/cgroup", may: []string{"internal/mountinfo"}, never: cat([]string{"internal/backend/..."}, stateful)},
-	{pkg: "internal/runtime/launch", may: []string{"internal/errdefs", "internal/runtime/cgroup", "internal/guest/initproto", "internal/runtime/userns", "internal/runtime/spawner", "internal/runtime/pidfd"},
+	{pkg: "internal/runtime/launch", may: []string{"internal/errdefs", "internal/runtime/cgroup", "internal/guest/initproto", "internal/runtime/userns", "internal/runtime/spawner", "internal/runtime/pidfd", "internal/runtime/osthread"},
 		never: cat([]string{"internal/backend/..."}, stateful)},
 
 	// Storage and files.

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/guest/initproto"
 	"github.com/corral-dev/corral/internal/runtime/cgroup"
+	"github.com/corral-dev/corral/internal/runtime/osthread"
 	"github.com/corral-dev/corral/internal/runtime/spawner"
 	"github.com/corral-dev/corral/internal/runtime/userns"
 	"golang.org/x/sys/unix"
@@ -135,53 +135,27 @@ func Spawn(sc SpawnConfig) (*Process, *initproto.Conn, error) {
 	return p, setup, nil
 }
 
-// spawnDirect clones init from the daemon, on a thread of its own.
+// spawnDirect clones init from the daemon, on a thread of its own that Go
+// throws away afterwards (never the main thread, which Go keeps): it has
+// been moved into the sandbox's cgroups, working directory and network
+// namespace, which the clone inherits.
 func spawnDirect(sc SpawnConfig, child *os.File) (pid, pidfd int, err error) {
-	type result struct {
-		pid, pidfd int
-		err        error
-	}
-	res := make(chan result, 1)
-	// The spawning goroutine keeps its thread locked until it exits, so Go
-	// throws the thread away: it has been moved into the sandbox's cgroups.
-	go func() {
-		runtime.LockOSThread()
-		pid, pidfd, err := spawnOnThread(sc, child)
-		res <- result{pid, pidfd, err}
-	}()
-	r := <-res
-	return r.pid, r.pidfd, r.err
+	err = osthread.Run(func() (err error) {
+		pid, pidfd, err = spawnOnThread(sc, child)
+		return err
+	})
+	return pid, pidfd, err
 }
 
 func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err error) {
-	restore, err := sc.Group.EnterThread()
-	if err != nil {
+	if _, err := sc.Group.EnterThread(); err != nil {
 		return 0, 0, err
-	}
-	if unix.Gettid() == os.Getpid() {
-		// Go never discards the main thread: move it back after the clone.
-		defer func() {
-			if rerr := restore(); rerr != nil && err == nil {
-				err = rerr
-			}
-		}()
 	}
 	// The child inherits this thread's working directory, copied into its
 	// mount namespace. CLONE_FS unshared first, so that no other thread's
-	// directory changes; the main thread, which Go keeps, changes back.
+	// directory changes.
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return 0, 0, fmt.Errorf("start init: unshare fs: %w", err)
-	}
-	if unix.Gettid() == os.Getpid() {
-		wd, err := os.Getwd()
-		if err != nil {
-			return 0, 0, fmt.Errorf("start init: %w", err)
-		}
-		defer func() {
-			if cerr := unix.Chdir(wd); cerr != nil && err == nil {
-				err = cerr
-			}
-		}()
 	}
 	if err := unix.Chdir(sc.Dir); err != nil {
 		return 0, 0, fmt.Errorf("start init: chdir %s: %w", sc.Dir, err)
@@ -201,16 +175,8 @@ func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err err
 	}
 	flags := uintptr(cloneFlags)
 	if sc.Netns != nil {
-		restoreNet, err := enterNetns(sc.Netns)
-		if err != nil {
-			return 0, 0, err
-		}
-		if unix.Gettid() == os.Getpid() {
-			defer func() {
-				if rerr := restoreNet(); rerr != nil && err == nil {
-					err = rerr
-				}
-			}()
+		if err := unix.Setns(int(sc.Netns.Fd()), unix.CLONE_NEWNET); err != nil {
+			return 0, 0, fmt.Errorf("start init: enter sandbox netns: %w", err)
 		}
 		flags &^= unix.CLONE_NEWNET
 	}
@@ -229,27 +195,6 @@ func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err err
 	defer bin.Close()
 	c.Bin = int(bin.Fd())
 	return spawner.Start(c)
-}
-
-// enterNetns moves the calling (locked) thread into ns, so that the clone
-// inherits it; restore moves it back (needed only on the main thread, which
-// Go never discards).
-func enterNetns(ns *os.File) (restore func() error, err error) {
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		return nil, fmt.Errorf("open own netns: %w", err)
-	}
-	if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-		orig.Close()
-		return nil, fmt.Errorf("enter sandbox netns: %w", err)
-	}
-	return func() error {
-		defer orig.Close()
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			return fmt.Errorf("leave sandbox netns: %w", err)
-		}
-		return nil
-	}, nil
 }
 
 // Setup sends init its config, with the mount fds it announces, and waits
