@@ -136,7 +136,7 @@ func runBenchNet(ctx context.Context, o bench.NetOptions, keep bool) (*bench.Net
 		// Started from a thread in the node namespace and the peer's
 		// cgroups (the thread is thrown away afterwards).
 		err := netpolicy.InNetns(lab.Node, func() error {
-			if _, err := peer.EnterThread(); err != nil {
+			if err := peer.EnterThread(); err != nil {
 				return err
 			}
 			v2, err := peer.OpenV2()

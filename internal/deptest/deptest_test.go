@@ -57,7 +57,6 @@ var rules = []rule{
 	{pkg: "internal/guest/initproto"},
 	{pkg: "internal/guest/passwd"},
 	{pkg: "internal/runtime/seccomp"},
-	{pkg: "internal/runtime/userns"},
 	{pkg: "internal/deptest"},
 	{pkg: "internal/redteam", may: []string{"internal/probeproto"}},
 	{pkg: "api/...", may: []string{"api/..."}},
@@ -66,6 +65,9 @@ var rules = []rule{
 	// The SDK speaks the API and nothing internal.
 	{pkg: "client", may: []string{"api/...", "internal/wsconn"}, never: []string{"internal/..."}, except: sdkLeaves},
 	{pkg: "examples/...", may: []string{"client"}, never: []string{"internal/..."}, except: sdkLeaves},
+
+	// Host id ranges; AsRoot's thread is never the leader.
+	{pkg: "internal/runtime/userns", may: []string{"internal/runtime/osthread"}},
 
 	// The sandbox-side programs: small static binaries.
 	{pkg: "internal/runtime/spare", may: []string{}, never: staticBad},
@@ -111,7 +113,7 @@ var rules = []rule{
 	{pkg: "internal/swaparea", may: []string{"internal/errdefs"}, never: cat(backends, stateful)},
 
 	// The network policy drives the kernel; it knows the backend's types only.
-	{pkg: "internal/netpolicy", may: []string{"internal/backend", "internal/errdefs"}, never: cat(backends, stateful)},
+	{pkg: "internal/netpolicy", may: []string{"internal/backend", "internal/errdefs", "internal/runtime/osthread"}, never: cat(backends, stateful)},
 	{pkg: "internal/netpolicy/netlab", may: []string{"internal/netpolicy"}, never: cat(backends, stateful)},
 
 	// The seam and the backends: never the node or anything above it.

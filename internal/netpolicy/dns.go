@@ -8,10 +8,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"strings"
 	"time"
 
+	"github.com/corral-dev/corral/internal/runtime/osthread"
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 )
@@ -110,9 +110,8 @@ func (p *dnsProxy) startDialer() error {
 	}
 	reqs := make(chan dialReq)
 	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread ends with the goroutine.
-		runtime.LockOSThread()
+	// The thread ends with the goroutine; never the leader (see NewNetns).
+	osthread.Go(func() {
 		if err := unix.Setns(int(p.ns.Fd()), unix.CLONE_NEWNET); err != nil {
 			errc <- fmt.Errorf("dns proxy: enter node netns: %w", err)
 			return
@@ -123,7 +122,7 @@ func (p *dnsProxy) startDialer() error {
 			c, err := (&net.Dialer{}).DialContext(r.ctx, r.network, r.addr)
 			r.reply <- dialRes{c, err}
 		}
-	}()
+	})
 	if err := <-errc; err != nil {
 		return err
 	}

@@ -7,8 +7,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 
+	"github.com/corral-dev/corral/internal/runtime/osthread"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
@@ -26,17 +26,18 @@ func NewNetns() (*os.File, error) {
 		err error
 	}
 	res := make(chan result, 1)
-	go func() {
-		// The thread is never unlocked: Go ends it with the goroutine, so
-		// no other goroutine ever runs in the new namespace.
-		runtime.LockOSThread()
+	// A thread of its own, never unlocked: Go ends it with the goroutine,
+	// so no other goroutine ever runs in the new namespace. Never the
+	// thread group leader, which Go would keep, parked in the namespace,
+	// and whose namespace /proc/<daemon>/net shows.
+	osthread.Go(func() {
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 			res <- result{err: fmt.Errorf("unshare net: %w", err)}
 			return
 		}
 		f, err := os.Open("/proc/thread-self/ns/net")
 		res <- result{f, err}
-	}()
+	})
 	r := <-res
 	return r.f, r.err
 }
@@ -47,18 +48,14 @@ func InNetns(ns *os.File, fn func() error) error {
 	if ns == nil {
 		return fn()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// Never unlocked: a thread that entered another namespace is
-		// thrown away with the goroutine instead of going back to the pool.
+	// A thread that entered another namespace is thrown away with its
+	// goroutine instead of going back to the pool (osthread: as NewNetns).
+	return osthread.Run(func() error {
 		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("enter netns: %w", err)
-			return
+			return fmt.Errorf("enter netns: %w", err)
 		}
-		errc <- fn()
-	}()
-	return <-errc
+		return fn()
+	})
 }
 
 // handleIn is a netlink handle working in ns (nil: the current namespace).

@@ -198,9 +198,6 @@ func (w *warmPools) unclaim(image string) {
 
 // holdLocked counts a recyclable sandbox of image that a record holds now.
 func (w *warmPools) holdLocked(image string) {
-	if w.held == nil {
-		w.held = map[string]int{}
-	}
 	w.held[image]++
 }
 

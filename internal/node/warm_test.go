@@ -15,7 +15,7 @@ import (
 func TestWarmPoolServesOnlyDefaultCreates(t *testing.T) {
 	n := testNode()
 	n.backends = map[string]backend.Backend{warmBackend: nil}
-	w := &warmPools{n: n, size: 2}
+	w := &warmPools{n: n, size: 2, held: map[string]int{}}
 	admit := func(req CreateRequest) *state.Record {
 		t.Helper()
 		rec, err := n.admit(req)
@@ -34,7 +34,7 @@ func TestWarmPoolServesOnlyDefaultCreates(t *testing.T) {
 			t.Errorf("%s: not served from the pool", name)
 		}
 	}
-	recycling := &warmPools{n: n, recycle: 4}
+	recycling := &warmPools{n: n, recycle: 4, held: map[string]int{}}
 	for name, req := range map[string]CreateRequest{
 		"memory":      {Resources: Resources{MemoryBytes: 256 * mib}},
 		"cpu":         {Resources: Resources{CPUMillis: 500}},
@@ -97,7 +97,7 @@ func (recyclingSandbox) Recyclable() bool { return true }
 // used.
 func TestRecycledSandboxesStayInTheirProject(t *testing.T) {
 	n := testNode()
-	w := &warmPools{n: n, size: 1, recycle: 4, pools: map[string]*warmPool{}}
+	w := &warmPools{n: n, size: 1, recycle: 4, pools: map[string]*warmPool{}, held: map[string]int{}}
 	alive := idleSandbox{done: make(chan struct{})}
 	def, big := backend.Resources{MemoryBytes: 128 * mib}, backend.Resources{MemoryBytes: 256 * mib}
 	fromA := &warmSandbox{id: "n-a", sb: alive, recycled: true, project: "a", res: def}
@@ -125,7 +125,7 @@ func TestRecycledSandboxesStayInTheirProject(t *testing.T) {
 func TestMayRecycle(t *testing.T) {
 	n := testNode()
 	n.backends = map[string]backend.Backend{warmBackend: nil}
-	w := &warmPools{n: n, size: 2, recycle: 4}
+	w := &warmPools{n: n, size: 2, recycle: 4, held: map[string]int{}}
 	rec, err := n.admit(CreateRequest{Project: "p"})
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +167,7 @@ func TestMayRecycle(t *testing.T) {
 func TestBoundRecyclable(t *testing.T) {
 	n := testNode()
 	n.backends = map[string]backend.Backend{warmBackend: nil}
-	w := &warmPools{n: n, recycle: 2, bound: true, pools: map[string]*warmPool{}}
+	w := &warmPools{n: n, recycle: 2, bound: true, pools: map[string]*warmPool{}, held: map[string]int{}}
 	rec, err := n.admit(CreateRequest{Project: "p"})
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +197,7 @@ func TestBoundRecyclable(t *testing.T) {
 	if w.claim(rec) {
 		t.Error("a create is made recyclable with one held and one made ahead")
 	}
-	unbound := &warmPools{n: n, recycle: 2}
+	unbound := &warmPools{n: n, recycle: 2, held: map[string]int{}}
 	for i := range 3 {
 		if !unbound.claim(rec) {
 			t.Errorf("create %d: not made recyclable on a node that does not bound them", i+1)

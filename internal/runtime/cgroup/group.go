@@ -127,32 +127,19 @@ func (g *Group) setLimitsV2(lim Limits) error {
 }
 
 // EnterThread moves the calling OS thread into every v1 hierarchy of the
-// group. The caller must hold runtime.LockOSThread and never unlock it, so
-// that Go discards the thread afterwards; on the main thread, which Go never
-// discards, the caller must call the returned restore after the clone. The
-// v2 tree is joined at clone time with OpenV2 and CLONE_INTO_CGROUP (v2 does
-// not place single threads).
-func (g *Group) EnterThread() (restore func() error, err error) {
-	orig, err := threadCgroups()
-	if err != nil {
-		return nil, fmt.Errorf("cgroup %s: enter: %w", g.id, err)
-	}
+// group. The caller runs on a thread that Go discards afterwards and that
+// is never the thread group leader (osthread), so no other goroutine ever
+// runs in the group, and a failure halfway needs no undoing. The v2 tree is
+// joined at clone time with OpenV2 and CLONE_INTO_CGROUP (v2 does not place
+// single threads).
+func (g *Group) EnterThread() error {
 	tid := strconv.Itoa(unix.Gettid())
-	var back []string
-	restore = func() error {
-		var errs []error
-		for _, d := range back {
-			errs = append(errs, write(d, "tasks", tid))
-		}
-		return errors.Join(errs...)
-	}
 	for c, d := range distinctV1(g.v1) {
 		if err := write(d, "tasks", tid); err != nil {
-			return nil, errors.Join(fmt.Errorf("cgroup %s: enter %s: %w", g.id, c, err), restore())
+			return fmt.Errorf("cgroup %s: enter %s: %w", g.id, c, err)
 		}
-		back = append(back, filepath.Join(g.roots[c], orig[c]))
 	}
-	return restore, nil
+	return nil
 }
 
 // OpenTasks opens the tasks file of each of the group's v1 hierarchies for
@@ -171,11 +158,6 @@ func (g *Group) OpenTasks() ([]*os.File, error) {
 		files = append(files, f)
 	}
 	return files, nil
-}
-
-// threadCgroups maps each v1 controller to the calling thread's cgroup path.
-func threadCgroups() (map[string]string, error) {
-	return readCgroups("/proc/thread-self/cgroup")
 }
 
 // readCgroups reads a /proc cgroup file: each v1 controller ("" for v2)

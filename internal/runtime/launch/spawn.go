@@ -148,7 +148,7 @@ func spawnDirect(sc SpawnConfig, child *os.File) (pid, pidfd int, err error) {
 }
 
 func spawnOnThread(sc SpawnConfig, setupChild *os.File) (pid, pidfd int, err error) {
-	if _, err := sc.Group.EnterThread(); err != nil {
+	if err := sc.Group.EnterThread(); err != nil {
 		return 0, 0, err
 	}
 	// The child inherits this thread's working directory, copied into its

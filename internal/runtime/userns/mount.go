@@ -3,9 +3,9 @@ package userns
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 
+	"github.com/corral-dev/corral/internal/runtime/osthread"
 	"golang.org/x/sys/unix"
 )
 
@@ -144,16 +144,10 @@ func Overlay(lowers []*os.File, upper, work *os.File, r Range) (*os.File, error)
 // are r's root: files fn creates belong to the sandbox's root. The thread
 // keeps its capabilities (a change of fsuid from 0 drops the file
 // capabilities from the effective set; they are raised again), and is
-// thrown away afterwards rather than handed back to other goroutines.
+// thrown away afterwards rather than handed back to other goroutines. It is
+// never the thread group leader, which Go would keep, parked with these ids.
 func AsRoot(r Range, fn func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		// Never unlocked: the goroutine exits locked, so Go ends the
-		// thread and no other goroutine ever runs with these ids.
-		runtime.LockOSThread()
-		done <- asRootOnThread(r, fn)
-	}()
-	return <-done
+	return osthread.Run(func() error { return asRootOnThread(r, fn) })
 }
 
 func asRootOnThread(r Range, fn func() error) error {
