@@ -66,6 +66,11 @@ func TestRecycledSandboxNoLeaksBetweenEpisodes(t *testing.T) {
 		t.Fatalf("episode 1 could not leave a queue: %+v", put)
 	}
 	testenv.Sh(t, first, "echo answer > /root/answer; echo t > /tmp/t; echo s > /dev/shm/s; setsid sleep 1000 >/dev/null 2>&1 </dev/null &")
+	// One TCP connection on loopback: counters move, a port stays in TIME_WAIT.
+	const loopback = "grep lo: /proc/net/dev | tr -s ' ' | cut -d' ' -f3,4; grep -o 'tw [0-9]*' /proc/net/sockstat"
+	if lo := testenv.Sh(t, first, "nc -l -p 5000 >/dev/null & sleep 0.3; echo hi | nc 127.0.0.1 5000; wait; "+loopback); lo == "0 0\ntw 0\n" {
+		t.Fatalf("episode 1's loopback connection shows nothing: %q", lo)
+	}
 	runProbe(t, first, nil, "forkn", "100")
 	pid1, box1 := pidAndIdentity(t, first)
 	if err := first.Delete(ctx); err != nil {
@@ -110,6 +115,9 @@ func TestRecycledSandboxNoLeaksBetweenEpisodes(t *testing.T) {
 	results = append(results, check("recycle/files", files == "", "episode 2 reads episode 1's files: %q", files))
 	procs := testenv.Sh(t, second, "ps -o comm | grep -c sleep; true")
 	results = append(results, check("recycle/processes", strings.TrimSpace(procs) == "0", "episode 1's sleep in episode 2: %q", procs))
+	lo := testenv.Sh(t, second, loopback)
+	results = append(results, check("recycle/loopback", lo == "0 0\ntw 0\n",
+		"episode 2 reads episode 1's loopback traffic (lo bytes and packets, TIME_WAIT sockets): %q (want 0 0, tw 0)", lo))
 	pid2, _ := pidAndIdentity(t, second)
 	n1, _ := strconv.Atoi(pid1)
 	n2, _ := strconv.Atoi(pid2)

@@ -162,12 +162,13 @@ func (s *sandbox) Chown(ctx context.Context, p string, uid, gid uint32) error {
 }
 
 // DialPort implements backend.PortDialer: the socket is made on a thread
-// inside the sandbox's network namespace, then used from anywhere.
+// inside the network namespace of the sandbox's commands, then used from
+// anywhere.
 func (s *sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	if port <= 0 || port > 65535 {
 		return nil, errdefs.InvalidArgument("port: %d is not a TCP port", port)
 	}
-	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", s.proc.Pid))
+	ns, err := commandsNetns(s.proc.Pid)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: network namespace: %w", s.id, err)
 	}
@@ -186,4 +187,26 @@ func (s *sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 		return nil, errdefs.Unavailable("sandbox %s: port %d: %v", s.id, port, err)
 	}
 	return conn, nil
+}
+
+// commandsNetns opens the network namespace the commands of the sandbox
+// whose init is pid run in: init's own, or, after a recycle, the one its
+// forking thread made for the tenant (the one thread of init elsewhere).
+func commandsNetns(pid int) (*os.File, error) {
+	dir := "/proc/" + strconv.Itoa(pid)
+	own, err := os.Readlink(dir + "/ns/net")
+	if err != nil {
+		return nil, err
+	}
+	tasks, err := os.ReadDir(dir + "/task")
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range tasks {
+		p := dir + "/task/" + t.Name() + "/ns/net"
+		if ns, err := os.Readlink(p); err == nil && ns != own {
+			return os.Open(p)
+		}
+	}
+	return os.Open(dir + "/ns/net")
 }

@@ -36,9 +36,10 @@ const (
 
 // poolCaps are the capabilities init keeps beyond DefaultCaps in pool mode
 // (all of them scoped to the sandbox's user namespace): mounts for reset,
-// chroot and bounding-set drops for the forking thread.
-// That thread drops all three before it forks anything.
-var poolCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_SYS_CHROOT, unix.CAP_SETPCAP}
+// chroot and bounding-set drops for the forking thread, and lo up in a
+// renewed view's fresh network namespace (see forker).
+// That thread drops all of them before it forks anything.
+var poolCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_SYS_CHROOT, unix.CAP_SETPCAP, unix.CAP_NET_ADMIN}
 
 // poolConfig is what the serving stage needs of Config in pool mode, kept in
 // init's private root (no process inside can reach it).
@@ -296,7 +297,8 @@ func loadPool() (*pool, error) {
 		return nil, err
 	}
 	p := &pool{cfg: pc, cursor: cursor}
-	if err := p.renew(); err != nil {
+	// The first forker serves in init's own namespace, new with the sandbox.
+	if err := p.renew(false); err != nil {
 		return nil, err
 	}
 	return p, nil

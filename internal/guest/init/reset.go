@@ -22,8 +22,16 @@ type pool struct {
 
 	mu     sync.Mutex // held by resets and while a command is forked
 	base   fingerprint
-	forker *forker  // nil while a node's view is detached (between reset and OpView)
-	cursor *os.File // the PID namespace's ns_last_pid; nil if the kernel has none
+	forker *forker // nil while a node's view is detached (between reset and OpView)
+	// netBase is the forker's network namespace as it was made (see
+	// netState); nil if it could not be read. netOwn: that namespace is
+	// init's own (no tenant has used the network since the sandbox was
+	// made), so a forker made without freshNet gets it again; freshNext:
+	// the next forker needs a fresh one (a dirty reset found it used).
+	netBase   []byte
+	netOwn    bool
+	freshNext bool
+	cursor    *os.File // the PID namespace's ns_last_pid; nil if the kernel has none
 	// mqEmptySize is the mqueue root's size when a listing found it
 	// empty (0 until one has); see removeMqueues.
 	mqEmptySize int64
@@ -32,21 +40,62 @@ type pool struct {
 // killDeadline bounds how long a reset waits for every process to go.
 const killDeadline = 5 * time.Second
 
-// renew records the view's empty state and makes a forker for it.
-func (p *pool) renew() error {
+// renew records the view's empty state and makes a forker for it, in a
+// network namespace of its own when freshNet.
+func (p *pool) renew(freshNet bool) error {
 	fp, err := takeFingerprint(&p.cfg)
 	if err != nil {
 		return fmt.Errorf("pool: %w", err)
 	}
-	f, err := newForker(p.cfg.Seccomp)
+	if err := p.newForker(freshNet); err != nil {
+		return err
+	}
+	p.base = fp
+	return nil
+}
+
+// newForker replaces the forker (if any) with a new one.
+func (p *pool) newForker(freshNet bool) error {
+	f, err := newForker(p.cfg.Seccomp, freshNet)
 	if err != nil {
 		return err
 	}
 	if p.forker != nil {
 		p.forker.stop()
 	}
-	p.base, p.forker = fp, f
+	p.forker, p.netOwn = f, !freshNet
+	if p.cfg.View {
+		p.netBase, _ = netState(f.tid)
+	}
 	return nil
+}
+
+// netFiles are what a process without CAP_NET_ADMIN or CAP_NET_RAW can
+// change in a loopback-only network namespace and a later one read: the
+// interface's counters and the IP, ICMP, TCP and UDP statistics (every
+// packet, and every connect that found no route, moves one of them; a
+// socket in TIME_WAIT needs packets too). Sockets themselves close with
+// their processes, and /proc/sys is read-only in the view.
+var netFiles = []string{"dev", "snmp", "snmp6", "netstat"}
+
+// netState reads netFiles in the network namespace of init's thread tid.
+func netState(tid int) ([]byte, error) {
+	var b []byte
+	for _, f := range netFiles {
+		c, err := os.ReadFile(poolProc + "/1/task/" + strconv.Itoa(tid) + "/net/" + f)
+		if err != nil && !os.IsNotExist(err) { // snmp6 without IPv6
+			return nil, err
+		}
+		b = append(append(b, f...), c...)
+	}
+	return b, nil
+}
+
+// netUnchanged says whether the forker's network namespace reads as it
+// did when the forker was made: no tenant since used it.
+func (p *pool) netUnchanged() bool {
+	now, err := netState(p.forker.tid)
+	return err == nil && p.netBase != nil && string(now) == string(p.netBase)
 }
 
 // reset kills every process but init and keep, removes SysV IPC objects
@@ -62,6 +111,7 @@ func (p *pool) reset(keep []int) (bool, error) {
 	if err := killAllBut(keep); err != nil {
 		return false, err
 	}
+	netKept := p.cfg.View && p.netUnchanged()
 	removeIPC()
 	if err := p.removeMqueues(); err != nil {
 		return false, err
@@ -77,6 +127,13 @@ func (p *pool) reset(keep []int) (bool, error) {
 		for _, pid := range keep {
 			_ = unix.Kill(pid, unix.SIGCONT)
 		}
+		if p.cfg.View && !netKept {
+			// The next tenant gets a network namespace of its own
+			// (attach does the same after a dirty reset).
+			if err := p.newForker(true); err != nil {
+				return false, fmt.Errorf("reset: %w", err)
+			}
+		}
 		return false, nil
 	}
 	if err := killAll(); err != nil {
@@ -87,9 +144,11 @@ func (p *pool) reset(keep []int) (bool, error) {
 	}
 	if p.cfg.View {
 		// The forker's root is in the view: its thread must end for the
-		// view's disk to be let go.
+		// view's disk to be let go. The next one serves in init's own
+		// network namespace again if that is the one nobody used.
 		p.forker.stop()
 		p.forker = nil
+		p.freshNext = !(netKept && p.netOwn)
 	}
 	if err := unmountView(&p.cfg); err != nil {
 		return true, fmt.Errorf("reset: %w", err)
@@ -100,7 +159,7 @@ func (p *pool) reset(keep []int) (bool, error) {
 	if err := mountView(&p.cfg); err != nil {
 		return true, fmt.Errorf("reset: %w", err)
 	}
-	if err := p.renew(); err != nil {
+	if err := p.renew(false); err != nil {
 		return true, fmt.Errorf("reset: %w", err)
 	}
 	return true, nil
@@ -118,7 +177,7 @@ func (p *pool) attach(fd int) error {
 	if err := attachView(&p.cfg, fd); err != nil {
 		return err
 	}
-	return p.renew()
+	return p.renew(p.freshNext)
 }
 
 // killAll SIGKILLs every process of the PID namespace but init until none

@@ -93,7 +93,8 @@ func DefaultProfile() *Profile {
 // which the commands' DefaultProfile is stacked: init itself re-mounts the
 // sandbox's view on reset (mount, umount2, and move_mount to attach a view
 // the node made) and confines the thread that
-// forks commands (unshare of CLONE_FS only, chroot). Commands never run
+// forks commands (unshare of CLONE_FS only, chroot; of CLONE_NEWNET only
+// for a recycled sandbox's next tenant). Commands never run
 // under this profile alone: they inherit DefaultProfile on top of it, and
 // with stacked filters the strictest answer wins.
 func PoolInitProfile() *Profile {
@@ -104,7 +105,10 @@ func PoolInitProfile() *Profile {
 	p.rules["move_mount"] = rule{def: actAllow, origin: "corral pool init",
 		why: "recyclable container sandbox: init attaches the fresh view the node made (a detached mount) after a reset found the last one written to"}
 	p.rules["unshare"] = rule{def: actEPERM, origin: "corral pool init",
-		why:    "pooled sandbox init: only CLONE_FS, to give the forking thread its own root",
-		checks: []check{{when: []cond{eq(0, unix.CLONE_FS)}, then: actAllow, why: "CLONE_FS only"}}}
+		why: "pooled sandbox init: only CLONE_FS, to give the forking thread its own root, and CLONE_NEWNET, to give a recycled sandbox's next tenant a network namespace of its own",
+		checks: []check{
+			{when: []cond{eq(0, unix.CLONE_FS)}, then: actAllow, why: "CLONE_FS only"},
+			{when: []cond{eq(0, unix.CLONE_NEWNET)}, then: actAllow, why: "CLONE_NEWNET only: owned by the sandbox's user namespace, like the one it replaces"},
+		}}
 	return p
 }
